@@ -1,0 +1,42 @@
+# Two set-up commands on a fresh Debian/Ubuntu machine: `make demo` and `make test`.
+# Both are idempotent: they install only what is missing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PROMPT ?= A red fox trots through fresh snow at dawn, its paws crunching softly.
+
+.PHONY: demo test lint ffmpeg venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+ffmpeg:
+	@command -v ffmpeg >/dev/null && command -v ffprobe >/dev/null || { \
+	  echo "ffmpeg/ffprobe not found: installing them with apt-get"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get install -y ffmpeg || { $$SUDO apt-get update && $$SUDO apt-get install -y ffmpeg; } || { \
+	    echo "error: could not install ffmpeg with apt-get; install ffmpeg and ffprobe by hand, then rerun make" >&2; \
+	    exit 1; }; }
+
+demo: venv ffmpeg
+	$(BIN)/h3serve make-tiny-checkpoint --default
+	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 8 --seed 0
+	@echo "wrote $$(pwd)/demo.mp4"
+	@ffprobe -v error -show_entries stream=codec_name,width,height,r_frame_rate,nb_frames,sample_rate,channels \
+	  -show_entries format=duration -of compact demo.mp4
+
+test: venv ffmpeg
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check h3serve tests
+
+clean:
+	rm -rf $(VENV) demo.mp4 .pytest_cache

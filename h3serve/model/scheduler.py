@@ -1,0 +1,44 @@
+"""Rectified-flow Euler schedule of MiniMax-H3 (spec §4).
+
+Conventions: t = 1 - sigma and t = 1 is clean; the model predicts a data-ward velocity (x0 = x_t + sigma·v).
+`num_steps` counts sigma grid points including the terminal 0, as the reference does, so N steps run N - 1
+transformer forwards. N = 1 is accepted and runs the same single forward as N = 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FlowSchedule:
+    sigmas: torch.Tensor  # [N] fp32, strictly decreasing, ending at 0
+    timesteps: torch.Tensor  # [N - 1] fp32, t = 1 - sigma
+
+    @classmethod
+    def shifted(cls, num_steps: int, shift: float) -> FlowSchedule:
+        """sigma = s·b / (1 + (s - 1)·b) over b = linspace(1, 0, N), consecutive duplicates collapsed."""
+        if shift <= 0:
+            raise ValueError(f"shift must be positive, got {shift}")
+        base = torch.linspace(1.0, 0.0, max(2, int(num_steps)), dtype=torch.float32)
+        sigmas = torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
+        return cls(sigmas=sigmas, timesteps=1.0 - sigmas[:-1])
+
+    def __len__(self) -> int:
+        return self.timesteps.numel()
+
+    def step(self, velocity: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
+        """One Euler (eta = 0) step from grid point `index` to `index + 1`, blended in fp32."""
+        t = self.timesteps[index].to(sample.device, sample.dtype)
+        denoised = sample + (1 - t) * velocity  # sigma taken from t, as the reference does
+        ratio = (self.sigmas[index + 1] / self.sigmas[index]).to(sample.device, torch.float32)
+        out = ratio * sample.float() + (1.0 - ratio) * denoised.float()
+        return out.to(sample.dtype)
+
+
+def scale_noise(sample: torch.Tensor, t: float, noise: torch.Tensor) -> torch.Tensor:
+    """Forward process at face-value t: t·x0 + (1 - t)·noise (used for condition anchors at t = 0.999)."""
+    tt = torch.tensor(t, dtype=sample.dtype, device=sample.device)
+    return tt * sample + (1.0 - tt) * noise

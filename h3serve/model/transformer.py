@@ -1,0 +1,361 @@
+"""MiniMax-H3 joint video + audio DiT.
+
+State-dict compatible with diffusers' `MiniMaxH3Transformer3DModel` (same keys, shapes and math; see
+`h3_model_spec.md` §2). One forward denoises one packed sequence: text rows, conditioning rows, target audio
+rows and target video rows, all attending to each other bidirectionally. Each row carries its own timestep
+(one row of a small table of distinct timesteps) and its own modality tag, which together pick its AdaLN
+modulation.
+
+Reading order: config -> rotary embedding -> small modules (attention, feed-forward, modulation) ->
+refiner -> block -> model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NUM_MODALITIES = 3  # video 0, text 1, audio 2: the AdaLN table has one slot per (timestep, modality)
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class H3TransformerConfig:
+    """Architecture of the DiT. Defaults are the released model; field names match diffusers' config.json."""
+
+    num_attention_heads: int = 56
+    attention_head_dim: int = 128
+    hidden_size: int = 5376
+    num_layers: int = 50
+    num_refiner_layers: int = 2
+    ffn_dim: int = 14336
+    in_channels: int = 24
+    audio_in_channels: int = 32
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    text_dim: int = 5120
+    freq_dim: int = 256
+    time_embed_hidden_dim: int = 5376
+    time_embed_dim: int = 2688
+    rope_freq_dim: int = 16
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    qk_norm_eps: float = 1e-5
+    final_norm_eps: float = 1e-5
+
+    @classmethod
+    def from_dict(cls, data: dict) -> H3TransformerConfig:
+        """Build from a diffusers `config.json` dict; bookkeeping keys (`_class_name`, ...) are ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in data if k not in known and not k.startswith("_"))
+        if unknown:
+            raise ValueError(f"unknown transformer config keys: {', '.join(unknown)}")
+        values = {k: v for k, v in data.items() if k in known}
+        if "patch_size" in values:
+            values["patch_size"] = tuple(values["patch_size"])
+        return cls(**values)
+
+    @property
+    def video_patch_dim(self) -> int:
+        return self.in_channels * math.prod(self.patch_size)
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rotary embedding (3 axes, NeoX rotate-half on the leading 6·Fr channels of each head)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RotaryEmbedding3D(nn.Module):
+    """(t, h, w) positions -> cos/sin tables of shape [S, 6·Fr]. The three axes share one frequency table."""
+
+    def __init__(self, rope_freq_dim: int, theta: float):
+        super().__init__()
+        exponents = torch.arange(0, 2 * rope_freq_dim, 2, dtype=torch.float32) / (2 * rope_freq_dim)
+        self.register_buffer("inv_freq", 1.0 / theta**exponents, persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = position_ids.to(torch.float32)[:, :, None] * self.inv_freq  # [S, 3, Fr]
+        angles = angles.flatten(1)  # [S, 3·Fr]: t block, h block, w block
+        angles = torch.cat((angles, angles), dim=-1)  # [S, 6·Fr]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading cos.shape[-1] channels of x [B, S, H, Dh]; the rest pass through."""
+    rot_dim = cos.shape[-1]
+    rot, rest = x[..., :rot_dim], x[..., rot_dim:]
+    cos = cos.to(x.dtype)[None, :, None, :]
+    sin = sin.to(x.dtype)[None, :, None, :]
+    x1, x2 = rot.chunk(2, dim=-1)
+    rotated = rot * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return torch.cat((rotated, rest), dim=-1)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Full bidirectional attention. q, k, v: [B, S, H, Dh] -> [B, S, H, Dh]."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Small modules
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head attention with per-head QK RMSNorm and optional RoPE. No biases.
+
+    `attention_fn` is the pluggable core (SDPA by default); sequence-parallel strategies replace it.
+    """
+
+    def __init__(self, hidden_size: int, heads: int, head_dim: int, qk_norm_eps: float):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim
+        inner = heads * head_dim
+        self.to_q = nn.Linear(hidden_size, inner, bias=False)
+        self.to_k = nn.Linear(hidden_size, inner, bias=False)
+        self.to_v = nn.Linear(hidden_size, inner, bias=False)
+        self.norm_q = nn.RMSNorm(head_dim, eps=qk_norm_eps)
+        self.norm_k = nn.RMSNorm(head_dim, eps=qk_norm_eps)
+        self.to_out = nn.ModuleList([nn.Linear(inner, hidden_size, bias=False), nn.Identity()])
+        self.attention_fn: AttentionFn = sdpa_attention
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        # x: [B, S, D]. Head count comes from the weights so that a tensor-parallel shard works unchanged.
+        q = self.norm_q(self.to_q(x).unflatten(-1, (-1, self.head_dim)))  # [B, S, H, Dh]
+        k = self.norm_k(self.to_k(x).unflatten(-1, (-1, self.head_dim)))
+        v = self.to_v(x).unflatten(-1, (-1, self.head_dim))
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        out = self.attention_fn(q, k, v).flatten(2).type_as(q)
+        return self.to_out[0](out)
+
+
+class SwiGLUProjection(nn.Module):
+    """One fused projection whose output halves are [value; gate] (diffusers' order)."""
+
+    def __init__(self, dim: int, inner_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, 2 * inner_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.proj(x).chunk(2, dim=-1)
+        return value * F.silu(gate)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU FFN, keys `net.0.proj` and `net.2` (slot 1 is the parameter-free dropout slot)."""
+
+    def __init__(self, dim: int, inner_dim: int):
+        super().__init__()
+        self.net = nn.ModuleList(
+            [SwiGLUProjection(dim, inner_dim), nn.Identity(), nn.Linear(inner_dim, dim, bias=False)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](self.net[0](x))
+
+
+class TimestepEmbedder(nn.Module):
+    """t in [0, 1] (unscaled) -> cos-first sinusoid -> MLP. Runs in the dtype of its weights (fp32 policy)."""
+
+    def __init__(self, freq_dim: int, hidden_dim: int, out_dim: int):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.linear_1 = nn.Linear(freq_dim, hidden_dim, bias=True)
+        self.linear_2 = nn.Linear(hidden_dim, out_dim, bias=True)
+
+    def sinusoid(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        exponent = -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+        angles = t.float()[:, None] * torch.exp(exponent)[None, :]
+        return torch.cat((angles.cos(), angles.sin()), dim=-1)  # [T, freq_dim], cos half first
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        e = self.sinusoid(t).to(self.linear_1.weight.dtype)
+        return self.linear_2(F.silu(self.linear_1(e)))
+
+
+class AdaLNModulation(nn.Module):
+    """temb [T, E] -> six [T·3, D] tables (shift/scale/gate for attention, then for the FFN).
+
+    Row `t·3 + modality` of each table belongs to that (timestep, modality) pair: the linear's output is
+    modality-major, feature `modality·6D + p·D + c`.
+    """
+
+    def __init__(self, time_embed_dim: int, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.linear = nn.Linear(time_embed_dim, 6 * hidden_size * NUM_MODALITIES, bias=True)
+
+    def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # SiLU at temb's precision (fp32); only its result is cast to the projection's dtype.
+        m = self.linear(F.silu(temb).to(self.linear.weight.dtype))
+        return m.view(-1, 6 * self.hidden_size).chunk(6, dim=-1)
+
+
+class AdaLNOut(nn.Module):
+    """Final RMSNorm modulated per row by its timestep only (halves are shift, then scale)."""
+
+    def __init__(self, hidden_size: int, time_embed_dim: int, eps: float):
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden_size, eps=eps)
+        self.linear = nn.Linear(time_embed_dim, 2 * hidden_size, bias=True)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.linear(F.silu(temb).to(self.linear.weight.dtype)).chunk(2, dim=-1)
+        return self.norm(x) * (1.0 + scale[timestep_indices]) + shift[timestep_indices]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Blocks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class TokenRefinerBlock(nn.Module):
+    """Pre-norm attention + FFN over the text rows only: no AdaLN, no RoPE, no mask."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.qk_norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.ff = FeedForward(cfg.hidden_size, cfg.ffn_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.ff(self.norm2(x))
+
+
+class TokenRefiner(nn.Module):
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.refiner_blocks = nn.ModuleList([TokenRefinerBlock(cfg) for _ in range(cfg.num_refiner_layers)])
+        self.final_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.final_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.refiner_blocks:
+            x = block(x)
+        return self.final_norm(x)
+
+
+class TransformerBlock(nn.Module):
+    """AdaLN-modulated attention (with RoPE) and SwiGLU FFN, each gated; no tanh on the gates."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.qk_norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.ff = FeedForward(cfg.hidden_size, cfg.ffn_dim)
+        self.adaln_proj = AdaLNModulation(cfg.time_embed_dim, cfg.hidden_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, D]
+        temb: torch.Tensor,  # [T, E]
+        adaln_idx: torch.Tensor,  # [S]: timestep_index·3 + modality
+        rotary: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = (m[adaln_idx] for m in self.adaln_proj(temb))  # [S, D]
+        x = x + gate1 * self.attn(self.norm1(x) * (1.0 + scale1) + shift1, rotary)
+        return x + gate2 * self.ff(self.norm2(x) * (1.0 + scale2) + shift2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where every row of the packed sequence comes from, its modality and its position.
+
+    Fixed for a whole request and shared by every item of a batch. Built by `h3serve.model.layout`.
+    """
+
+    token_tags: torch.Tensor  # [S] long: 0 video, 1 text, 2 audio
+    position_ids: torch.Tensor  # [S, 3] float64: (t, h, w) RoPE coordinates
+    video_indices: torch.Tensor  # [Nv] long: packed positions of video rows (conditions first)
+    audio_indices: torch.Tensor  # [Na] long: packed positions of audio rows (references first)
+    text_indices: torch.Tensor  # [L] long
+
+    @property
+    def seq_len(self) -> int:
+        return self.position_ids.shape[0]
+
+
+class H3Transformer(nn.Module):
+    """The MiniMax-H3 DiT. Keys and math match diffusers' `MiniMaxH3Transformer3DModel`."""
+
+    # Declarative capabilities read by generic machinery (offload, parallel, dtype policy).
+    repeated_blocks = ("transformer_blocks",)
+    # Kept in fp32 whatever the load dtype (matched as whole dotted name components).
+    keep_in_fp32_modules = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out", "rope")
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        if 2 * 3 * cfg.rope_freq_dim > cfg.attention_head_dim:
+            raise ValueError(
+                f"attention_head_dim ({cfg.attention_head_dim}) must be >= 6·rope_freq_dim ({6 * cfg.rope_freq_dim})"
+            )
+        self.config = cfg
+        d = cfg.hidden_size
+        self.proj_in = nn.Linear(cfg.video_patch_dim, d, bias=True)
+        self.audio_proj_in = nn.Linear(cfg.audio_in_channels, d, bias=True)
+        self.context_embedder = nn.Linear(cfg.text_dim, d, bias=True)
+        self.time_embedder = TimestepEmbedder(cfg.freq_dim, cfg.time_embed_hidden_dim, cfg.time_embed_dim)
+        self.rope = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta)
+        self.token_refiner = TokenRefiner(cfg)
+        self.transformer_blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.num_layers)])
+        self.norm_out = AdaLNOut(d, cfg.time_embed_dim, cfg.final_norm_eps)
+        self.proj_out = nn.Linear(d, cfg.video_patch_dim, bias=True)
+        self.audio_proj_out = nn.Linear(d, cfg.audio_in_channels, bias=True)
+
+    def embed_text(self, text: torch.Tensor) -> torch.Tensor:
+        """Text encoder states [B, L, text_dim] -> refined rows [B, L, D].
+
+        Depends only on the prompt, so the pipeline computes it once per request, not once per step.
+        """
+        return self.token_refiner(self.context_embedder(text.to(self.context_embedder.weight.dtype)))
+
+    def forward(
+        self,
+        video: torch.Tensor,  # [B, Nv, C·4] patchified video rows, in video_indices order
+        audio: torch.Tensor,  # [B, Na, 32] audio rows, in audio_indices order
+        text: torch.Tensor,  # [B, L, D] from embed_text()
+        timestep: torch.Tensor,  # [T] distinct timesteps in [0, 1]
+        timestep_indices: torch.Tensor,  # [S] row -> index into `timestep`
+        layout: PackedLayout,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocities of every video and audio row: ([B, Nv, C·4], [B, Na, 32]), fp32."""
+        rotary = self.rope(layout.position_ids)
+        v = self.proj_in(video.to(self.proj_in.weight.dtype))
+        a = self.audio_proj_in(audio.to(self.audio_proj_in.weight.dtype))
+
+        # Pack: text sets the residual stream's dtype; no padding and no mask (one attention document).
+        x = text.new_zeros((text.shape[0], layout.seq_len, text.shape[-1]))
+        x = x.index_copy(1, layout.text_indices, text)
+        x = x.index_copy(1, layout.video_indices, v.to(text.dtype))
+        x = x.index_copy(1, layout.audio_indices, a.to(text.dtype))
+
+        temb = self.time_embedder(timestep)  # [T, E], fp32
+        adaln_idx = timestep_indices * NUM_MODALITIES + layout.token_tags
+        for block in self.transformer_blocks:
+            x = block(x, temb, adaln_idx, rotary)
+
+        # The output norm is per-row, so only the video and audio rows need it: text rows are dropped first.
+        head_dtype = self.proj_out.weight.dtype
+        v_rows = self.norm_out(x[:, layout.video_indices], temb, timestep_indices[layout.video_indices])
+        a_rows = self.norm_out(x[:, layout.audio_indices], temb, timestep_indices[layout.audio_indices])
+        return self.proj_out(v_rows.to(head_dtype)), self.audio_proj_out(a_rows.to(head_dtype))

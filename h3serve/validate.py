@@ -1,0 +1,197 @@
+"""Request rules shared by every entry point: one `GenerationRequest` in, one `GenerationPlan` out.
+
+A violation raises `RequestError` naming the field and the limit, so the CLI prints one line and the
+server answers HTTP 400 with the same text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from h3serve import geometry, limits
+from h3serve.request import GenerationRequest
+
+
+class RequestError(ValueError):
+    """A request field breaks a rule. `str(err)` is one line: "field: what is wrong (the limit)"."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Per-checkpoint defaults (read from the checkpoint, never hard-coded by callers)."""
+
+    canvas_short_edge: int = 768
+    canvas_max_pixels: int = 1_032_192
+    reference_image_short_edge: int = 2048
+    flow_shift: float = 12.0
+    audio_flow_shift: float = 3.0
+    max_edge: int = 4096
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """A validated request with every default resolved: exactly what the pipeline runs."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int  # 17n + 5
+    steps: int
+    seed: int
+    flow_shift: float
+    audio_flow_shift: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.num_frames / limits.FPS
+
+    @property
+    def latent_frames(self) -> int:
+        return geometry.latent_frames(self.num_frames)
+
+    @property
+    def latent_height(self) -> int:
+        return self.height // limits.VAE_SPATIAL_COMPRESSION
+
+    @property
+    def latent_width(self) -> int:
+        return self.width // limits.VAE_SPATIAL_COMPRESSION
+
+    @property
+    def audio_latents(self) -> int:
+        return geometry.audio_latents(self.num_frames)
+
+
+def validate(request: GenerationRequest, defaults: ModelDefaults = ModelDefaults()) -> GenerationPlan:
+    """Check every rule and resolve every default. Raises `RequestError` on the first violation."""
+    height, width = _resolve_size(request, defaults)
+    return GenerationPlan(
+        prompt=_check_prompt(request.prompt),
+        width=width,
+        height=height,
+        num_frames=_resolve_frames(request),
+        steps=_check_int("steps", request.steps, limits.MIN_STEPS, limits.MAX_STEPS, limits.DEFAULT_STEPS),
+        seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
+        flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
+        audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
+    )
+
+
+def _check_prompt(prompt: object) -> str:
+    if not isinstance(prompt, str):
+        raise RequestError("prompt", "must be a string")
+    if not prompt.strip():
+        raise RequestError("prompt", "must not be empty")
+    if len(prompt) > limits.MAX_PROMPT_CHARS:
+        raise RequestError(
+            "prompt", f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}"
+        )
+    return prompt
+
+
+def _check_int(field: str, value: object, lo: int, hi: int, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(field, f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise RequestError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _check_shift(field: str, value: object, default: float) -> float:
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(field, f"must be a finite number, got {value!r}")
+    if value <= 0:
+        raise RequestError(field, f"must be greater than 0, got {value}")
+    return float(value)
+
+
+def _resolve_frames(request: GenerationRequest) -> int:
+    lo, hi = limits.MIN_DURATION_S, limits.MAX_DURATION_S
+    frames_from_duration = None
+    if request.duration_s is not None:
+        d = request.duration_s
+        if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
+            raise RequestError("duration", f"must be a number of seconds, got {d!r}")
+        if not lo <= d <= hi:
+            raise RequestError("duration", f"must be between {lo:g} and {hi:g} seconds, got {d:g}")
+        frames_from_duration = geometry.frames_for_duration(d)
+    if request.num_frames is None:
+        return frames_from_duration or geometry.frames_for_duration(limits.DEFAULT_DURATION_S)
+
+    n = request.num_frames
+    lo_frames, hi_frames = int(lo * limits.FPS), int(hi * limits.FPS)
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise RequestError("num_frames", f"must be an integer, got {n!r}")
+    if not lo_frames <= n <= hi_frames:
+        raise RequestError(
+            "num_frames",
+            f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps), got {n}",
+        )
+    snapped = geometry.snap_frames_up(n)
+    if frames_from_duration is not None and frames_from_duration != snapped:
+        raise RequestError(
+            "num_frames",
+            f"{n} frames ({snapped} after snapping) contradicts duration {request.duration_s:g} s "
+            f"({frames_from_duration} frames); give one of them",
+        )
+    return snapped
+
+
+def parse_aspect_ratio(text: str) -> tuple[float, float]:
+    """Parse "W:H" (or "WxH") into two positive numbers. Raises `RequestError` on malformed input."""
+    for sep in (":", "x", "/"):
+        if sep in text:
+            left, _, right = text.partition(sep)
+            try:
+                w, h = float(left), float(right)
+            except ValueError:
+                break
+            if w > 0 and h > 0 and math.isfinite(w) and math.isfinite(h):
+                return w, h
+            break
+    raise RequestError("aspect_ratio", f"must look like 16:9 (two positive numbers), got {text!r}")
+
+
+def _check_ratio(field: str, w: float, h: float) -> None:
+    ratio = w / h
+    if not limits.MIN_ASPECT_RATIO <= ratio <= limits.MAX_ASPECT_RATIO:
+        raise RequestError(
+            field, f"aspect ratio {w:g}:{h:g} ({ratio:.3g}) is outside the supported range 1:4 to 4:1"
+        )
+
+
+def _resolve_size(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, int]:
+    """(height, width): explicit size if given, else the checkpoint's canvas for the aspect ratio."""
+    w, h = request.width, request.height
+    if w is None and h is None:
+        if request.aspect_ratio is None:
+            aw, ah = limits.DEFAULT_ASPECT_RATIO
+        else:
+            aw, ah = parse_aspect_ratio(request.aspect_ratio)
+        _check_ratio("aspect_ratio", aw, ah)
+        return geometry.resolve_canvas_size(aw, ah, defaults.canvas_short_edge, defaults.canvas_max_pixels)
+
+    if w is None or h is None:
+        raise RequestError("width" if w is None else "height", "width and height must be given together")
+    if request.aspect_ratio is not None:
+        raise RequestError("aspect_ratio", "give either aspect_ratio or width/height, not both")
+    m = limits.SPATIAL_MULTIPLE
+    for field, v in (("width", w), ("height", h)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RequestError(field, f"must be an integer, got {v!r}")
+        if v < m or v > defaults.max_edge:
+            raise RequestError(field, f"must be between {m} and {defaults.max_edge} pixels, got {v}")
+        if v % m:
+            raise RequestError(field, f"must be a multiple of {m}, got {v}")
+    _check_ratio("width", w, h)
+    return h, w

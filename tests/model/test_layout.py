@@ -1,0 +1,77 @@
+"""Layout, RoPE grid and per-row timesteps against the spec's formulas and diffusers' block code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+    MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3SetTimestepsStep,
+)
+
+from h3serve.model.layout import AUDIO_TAG, TEXT_TAG, VIDEO_TAG, Role, build_keyframe_layout, patchify, unpatchify
+
+
+def test_spec_worked_example():
+    """Text 41 rows, canvas 32x64 -> latent 2x4, F = 37, A = 207 (spec §3.2)."""
+    layout = build_keyframe_layout(torch.full((41,), TEXT_TAG), 37, 2, 4, 207)
+    pos = layout.packed.position_ids
+    assert layout.packed.seq_len == 41 + 414 + 74 == 529
+    audio0, audio1, video0 = pos[41], pos[41 + 207], pos[41 + 414]
+    assert audio0.tolist() == pytest.approx([41, 0, -6.62742], abs=1e-5)
+    assert audio1.tolist() == pytest.approx([41, 0, 16.0], abs=1e-5)
+    assert video0.tolist() == pytest.approx([41, 4.68629, -6.62742], abs=1e-5)
+    assert pos[41 + 414 + 1].tolist() == pytest.approx([41, 4.68629, 16.0], abs=1e-5)
+    assert pos[41 + 414 + 2, 0].item() == pytest.approx(42.6667, abs=1e-4)  # frame 1 starts 5/3 later
+
+
+@pytest.mark.parametrize("anchors", [(), ("first",), ("last",), ("first", "last")])
+@pytest.mark.parametrize("shape", [(7, 2, 4, 12, 9), (37, 4, 6, 207, 41), (22, 6, 2, 60, 5)])
+def test_layout_bit_identical_to_diffusers(anchors, shape):
+    frames, lh, lw, audio, text_len = shape
+    tags = torch.full((text_len,), TEXT_TAG)
+    tags[1:3] = VIDEO_TAG  # a vision block inside the text stream is tagged video
+    ours = build_keyframe_layout(tags, frames, lh, lw, audio, anchors)
+    pos, ttags, vid, aud, txt, ncond, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        tags, frames, lh, lw, audio, (1, 2, 2), 2, AUDIO_TAG, VIDEO_TAG, anchors
+    )
+    p = ours.packed
+    assert torch.equal(p.position_ids, pos)
+    assert torch.equal(p.token_tags, ttags)
+    assert torch.equal(p.video_indices, vid) and torch.equal(p.audio_indices, aud) and torch.equal(p.text_indices, txt)
+    assert ours.num_video_condition_rows == ncond
+    for tv, ta in [(0.0, 0.0), (0.04, 0.142857), (0.9995, 0.5)]:
+        ref_t, ref_i = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+            vid, aud, ncond, 0, text_len, tv, ta, max(tv, 0.999), 1.0
+        )
+        t, i = ours.row_timesteps(tv, ta)
+        assert torch.equal(t, ref_t) and torch.equal(i, ref_i)
+
+
+def test_row_timesteps_roles():
+    layout = build_keyframe_layout(torch.full((3,), TEXT_TAG), 7, 2, 2, 4, ("first",))
+    t, idx = layout.row_timesteps(0.2, 0.5)
+    row_t = t[idx]
+    assert torch.all(row_t[layout.roles == Role.TEXT] == 0.2)  # text inherits the video timestep
+    assert torch.all(row_t[layout.roles == Role.VIDEO_CONDITION] == torch.tensor(0.999))
+    assert torch.all(row_t[layout.roles == Role.AUDIO] == 0.5)
+    t0, _ = layout.row_timesteps(0.0, 0.0)
+    assert t0.tolist() == pytest.approx([0.0, 0.999])
+
+
+def test_anchor_times_match_spec_run():
+    """Spec §10 FL2VA run: 54 text rows, 124 frames -> first anchor at 54, last at 259, last target frame 254."""
+    layout = build_keyframe_layout(torch.full((54,), TEXT_TAG), 37, 2, 4, 207, ("first", "last"))
+    pos = layout.packed.position_ids
+    assert pos[54, 0].item() == 54.0
+    assert pos[54 + 2, 0].item() == pytest.approx(259.0)
+    assert pos[-1, 0].item() == pytest.approx(254.0)
+
+
+def test_patchify_round_trip_and_feature_order():
+    x = torch.randn(1, 3, 2, 4, 6)
+    rows = patchify(x)
+    assert rows.shape == (2 * 2 * 3, 12)
+    assert rows[0, 0 * 4 + 1 * 2 + 0] == x[0, 0, 0, 1, 0]  # feature c·4 + dy·2 + dx
+    assert rows[1, 2 * 4 + 0 * 2 + 1] == x[0, 2, 0, 0, 3]  # row 1 is the next w patch
+    assert torch.equal(unpatchify(rows, 3, 2, 4, 6), x)
