@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -19,6 +20,10 @@ from torch import nn
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.validate import ModelDefaults
+
+if TYPE_CHECKING:
+    from h3serve.parallel.setup import RankParallel
+    from h3serve.parallel.tensor_parallel import TensorParallel
 
 INDEX_FILE = "modular_model_index.json"
 
@@ -167,8 +172,12 @@ def load_transformer(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     qkv_layout: native_keys.QkvLayout = "interleaved",
+    tp: TensorParallel | None = None,
 ) -> H3Transformer:
-    """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor)."""
+    """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
+
+    With `tp`, the model is this rank's tensor-parallel shard and only its slices are read.
+    """
     folder = Path(folder)
     cfg = H3TransformerConfig.from_dict(_read_json(folder / "config.json"))
     device = torch.device(device)
@@ -176,9 +185,15 @@ def load_transformer(
         model = H3Transformer(cfg)
     files = safetensors_files(folder)
     native = _is_native(files)
-    tensors = iter_tensors(files)
-    if native:
-        tensors = _converted(tensors, cfg, qkv_layout)
+    if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
+        from h3serve.parallel.dit_loading import iter_dit_shards
+
+        tp.shard_module(model)
+        tensors = iter_dit_shards(files, cfg, native, qkv_layout, tp)
+    else:
+        tensors = iter_tensors(files)
+        if native:
+            tensors = _converted(tensors, cfg, qkv_layout)
     materialize(model, tensors, dtype, device, H3Transformer.keep_in_fp32_modules)
     # The RoPE table is a non-persistent buffer: rebuilt off the meta device, never loaded.
     model.rope = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).to(device)
@@ -198,3 +213,78 @@ def _converted(
         yield from native_keys.split_native_tensor(
             name, tensor, cfg.num_attention_heads, cfg.attention_head_dim, qkv_layout
         )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Components
+# ------------------------------------------------------------------------------------------------------------
+
+
+def load_text_conditioner(folder: Path, tokenizer_folder: Path, dtype: torch.dtype, device: torch.device):
+    """Qwen3-VL truncated to the layers the conditioning reads (layer 50 + 1), plus its tokenizer.
+
+    hidden_states[50] is the 50th layer's output before the final norm. Keeping layer 51 keeps that
+    entry un-normed (transformers replaces the *last* entry with the normed state); later layers are
+    never loaded, which saves their memory and load time on the real 64-layer encoder.
+    """
+    from transformers import AutoConfig, AutoTokenizer, Qwen3VLForConditionalGeneration
+    from transformers.utils import logging as hf_logging
+
+    from h3serve import limits
+    from h3serve.model.text_encoder import TextConditioner
+
+    config = AutoConfig.from_pretrained(folder)
+    total = config.text_config.num_hidden_layers
+    if total <= limits.TEXT_ENCODER_LAYER:
+        raise CheckpointError(
+            f"{folder}: the text encoder has {total} layers; MiniMax-H3 needs more than {limits.TEXT_ENCODER_LAYER}"
+        )
+    config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the skipped layers' weights are "unused" on purpose
+    try:
+        encoder = Qwen3VLForConditionalGeneration.from_pretrained(folder, config=config, dtype=dtype)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model = encoder.model.to(device).eval()
+    del encoder  # the LM head is never used
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    return TextConditioner(model, tokenizer, limits.TEXT_ENCODER_LAYER)
+
+
+def load_components(
+    layout: CheckpointLayout,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    dits: tuple[str, ...] = ("transformer", "transformer_ref"),
+    parallel: RankParallel | None = None,
+):
+    """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
+
+    `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
+    """
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+
+    from h3serve.model.pipeline import H3Components
+    from h3serve.model.vision_inputs import VisionProcessorConfig
+
+    device = torch.device(device)
+    present = [name for name in dits if layout.has(name)]
+    if not present:
+        raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
+    tp = parallel.dit_tp if parallel is not None else None
+    loaded = {name: load_transformer(layout.component(name), dtype=dtype, device=device, tp=tp) for name in present}
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(device).eval()
+    # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
+    audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(device).eval()
+    # Multi-rank: the text encoder runs sharded on the first N ranks and is not loaded on the others.
+    load_text = parallel.load_text_conditioner if parallel is not None else load_text_conditioner
+    text = load_text(layout.component("text_encoder"), layout.component("tokenizer"), dtype, device)
+    return H3Components(
+        transformer=loaded.get("transformer"),
+        transformer_ref=loaded.get("transformer_ref"),
+        vae=vae,
+        audio_vae=audio_vae,
+        text=text,
+        vision_config=VisionProcessorConfig.from_dir(layout.component("processor")),
+    )

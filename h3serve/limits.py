@@ -30,6 +30,12 @@ SEED_MIN = 0
 SEED_MAX = 2**63 - 1
 DEFAULT_SEED = 42
 
+# Input media (keyframes and references): per-file byte limits and the total count of files in one request.
+MAX_IMAGE_BYTES = 30 * 2**20
+MAX_VIDEO_BYTES = 50 * 2**20
+MAX_AUDIO_BYTES = 15 * 2**20
+MAX_MEDIA_FILES = 12
+
 # Conditioning constants of the released model.
 TEXT_ENCODER_LAYER = 50  # hidden_states[50]: the 50th decoder layer's output, before the final norm
 PIXEL_MEAN = (0.485, 0.456, 0.406)
@@ -41,3 +47,18 @@ KEYFRAME_NOISE_AUG_T = 0.999
 VIDEO_TAG = 0
 TEXT_TAG = 1
 AUDIO_TAG = 2
+
+# Media intake (h3serve/media/intake.py): what one input file may be, and what a Ref2VA reference set may hold.
+# Per-file byte limits and the total file count are MAX_*_BYTES and MAX_MEDIA_FILES above. Durations are measured
+# by decoding (frames / fps, samples / rate), never read from container headers.
+MEDIA_IMAGE_MIN_EDGE = 256  # both edges of an image, in pixels (after EXIF orientation)
+MEDIA_IMAGE_MAX_EDGE = 5760
+MEDIA_MAX_ASPECT = (5, 2)  # long edge : short edge at most 5:2, images and videos alike (5:2 to 2:5)
+MEDIA_CLIP_MIN_S = 2.0  # each reference video clip and each reference audio clip
+MEDIA_CLIP_MAX_S = 15.0
+MEDIA_DURATION_SLACK_S = 0.05  # codec framing (AAC priming, MP3 without gapless info) read as in-limit
+MEDIA_VIDEO_MAX_DECODED_BYTES = 16 * 2**30  # guard, not from the model card: decoded rgb24 frames of one video
+REF_MAX_IMAGES = 9
+REF_MAX_VIDEOS = 3
+REF_MAX_AUDIOS = 3
+REF_TOTAL_MAX_S = 15.0  # per modality: all reference video clips together; all reference audio clips together

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+MediaKind = Literal["image", "video", "audio"]
+TASKS = ("t2va", "fl2va", "ref2va")
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """One input media file. Uploads and URL downloads are stored as local files before a request is built.
+
+    `kind` is what the client declared (or None); the media intake decides from the bytes, never the name.
+    """
+
+    path: Path
+    name: str  # how the client knows it (upload filename, URL, CLI path): used in error messages
+    kind: MediaKind | None = None
 
 
 @dataclass(frozen=True)
@@ -19,3 +36,7 @@ class GenerationRequest:
     seed: int | None = None
     flow_shift: float | None = None  # video sigma shift (checkpoint default 12)
     audio_flow_shift: float | None = None  # audio sigma shift (checkpoint default 3)
+    task: str | None = None  # t2va | fl2va | ref2va; None: inferred from the inputs
+    image: MediaRef | None = None  # FL2VA first keyframe
+    last_image: MediaRef | None = None  # FL2VA last keyframe
+    references: tuple[MediaRef, ...] = field(default_factory=tuple)  # Ref2VA images, videos, audio clips

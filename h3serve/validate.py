@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
-from h3serve.request import GenerationRequest
+from h3serve.request import TASKS, GenerationRequest, MediaRef
 
 
 class RequestError(ValueError):
@@ -46,6 +46,19 @@ class GenerationPlan:
     seed: int
     flow_shift: float
     audio_flow_shift: float
+    task: str = "t2va"
+    image: MediaRef | None = None
+    last_image: MediaRef | None = None
+    references: tuple[MediaRef, ...] = ()
+
+    @property
+    def keyframes(self) -> tuple[MediaRef, ...]:
+        """FL2VA keyframes in packed order (first, then last)."""
+        return tuple(k for k in (self.image, self.last_image) if k is not None)
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        return tuple(a for a, k in (("first", self.image), ("last", self.last_image)) if k is not None)
 
     @property
     def duration_s(self) -> float:
@@ -68,10 +81,23 @@ class GenerationPlan:
         return geometry.audio_latents(self.num_frames)
 
 
-def validate(request: GenerationRequest, defaults: ModelDefaults = ModelDefaults()) -> GenerationPlan:
-    """Check every rule and resolve every default. Raises `RequestError` on the first violation."""
-    height, width = _resolve_size(request, defaults)
+def validate(
+    request: GenerationRequest,
+    defaults: ModelDefaults = ModelDefaults(),
+    keyframe_size: tuple[int, int] | None = None,
+) -> GenerationPlan:
+    """Check every rule and resolve every default. Raises `RequestError` on the first violation.
+
+    `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
+    unless the request gives a size or an aspect ratio.
+    """
+    task = resolve_task(request)
+    height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
     return GenerationPlan(
+        task=task,
+        image=request.image,
+        last_image=request.last_image,
+        references=tuple(request.references),
         prompt=_check_prompt(request.prompt),
         width=width,
         height=height,
@@ -81,6 +107,27 @@ def validate(request: GenerationRequest, defaults: ModelDefaults = ModelDefaults
         flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
         audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
     )
+
+
+def resolve_task(request: GenerationRequest) -> str:
+    """references -> ref2va, keyframes -> fl2va, else t2va; an explicit task must agree with the inputs."""
+    has_keyframes = request.image is not None or request.last_image is not None
+    if has_keyframes and request.references:
+        raise RequestError("references", "keyframes (image / last_image) and references cannot be combined")
+    inferred = "ref2va" if request.references else "fl2va" if has_keyframes else "t2va"
+    task = request.task
+    if task is None:
+        return inferred
+    if task not in TASKS:
+        raise RequestError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+    if task != inferred and inferred != "t2va":
+        what = "references" if request.references else "keyframes"
+        raise RequestError("task", f"{task} does not take {what}; this request is {inferred}")
+    if task == "ref2va" and not request.references:
+        raise RequestError("task", "ref2va needs at least one reference (image, video or audio)")
+    if task == "fl2va" and not has_keyframes:
+        raise RequestError("task", "fl2va needs a first and/or last keyframe image")
+    return task
 
 
 def _check_prompt(prompt: object) -> str:
@@ -170,11 +217,16 @@ def _check_ratio(field: str, w: float, h: float) -> None:
         )
 
 
-def _resolve_size(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, int]:
-    """(height, width): explicit size if given, else the checkpoint's canvas for the aspect ratio."""
+def _resolve_size(
+    request: GenerationRequest, defaults: ModelDefaults, keyframe_size: tuple[int, int] | None
+) -> tuple[int, int]:
+    """(height, width): explicit size if given, else the checkpoint's canvas for the aspect ratio
+    (the request's, else the first keyframe's, else 16:9)."""
     w, h = request.width, request.height
     if w is None and h is None:
-        if request.aspect_ratio is None:
+        if request.aspect_ratio is None and keyframe_size is not None:
+            aw, ah = keyframe_size
+        elif request.aspect_ratio is None:
             aw, ah = limits.DEFAULT_ASPECT_RATIO
         else:
             aw, ah = parse_aspect_ratio(request.aspect_ratio)

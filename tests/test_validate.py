@@ -120,3 +120,42 @@ def test_plan_derived_sizes():
     p = ok(width=1344, height=768, duration_s=5)
     assert (p.latent_frames, p.latent_height, p.latent_width, p.audio_latents) == (37, 48, 84, 207)
     assert geometry.latent_frames(345) == 102 and geometry.audio_latents(345) == 575
+
+
+def _ref(name: str, kind=None):
+    from pathlib import Path
+
+    from h3serve.request import MediaRef
+
+    return MediaRef(path=Path(f"/tmp/{name}"), name=name, kind=kind)
+
+
+def test_task_inference():
+    assert ok().task == "t2va"
+    assert ok(image=_ref("a.png")).task == "fl2va"
+    assert ok(last_image=_ref("b.png")).anchors == ("last",)
+    assert ok(image=_ref("a.png"), last_image=_ref("b.png")).anchors == ("first", "last")
+    assert ok(references=(_ref("c.png"),)).task == "ref2va"
+
+
+def test_task_contradictions_are_refused():
+    assert "ref2va needs" in bad("task", task="ref2va")
+    assert "fl2va needs" in bad("task", task="fl2va")
+    assert "t2va does not take keyframes" in bad("task", task="t2va", image=_ref("a.png"))
+    assert "fl2va does not take references" in bad("task", task="fl2va", references=(_ref("c.png"),))
+    bad("task", task="i2v")
+    bad("references", image=_ref("a.png"), references=(_ref("c.png"),))
+
+
+def test_keyframe_aspect_sets_the_canvas():
+    req = GenerationRequest(prompt="x", image=_ref("a.png"))
+    assert (validate(req, keyframe_size=(1024, 1024)).height, validate(req, keyframe_size=(1024, 1024)).width) == (
+        768,
+        768,
+    )
+    portrait = validate(req, keyframe_size=(720, 1280))
+    assert (portrait.height, portrait.width) == (1344, 768)
+    sized = validate(GenerationRequest(prompt="x", image=_ref("a.png"), width=512, height=256), keyframe_size=(9, 16))
+    assert (sized.width, sized.height) == (512, 256)
+    # T2VA ignores a keyframe size: the canvas stays 16:9.
+    assert validate(GenerationRequest(prompt="x"), keyframe_size=(9, 16)).width == 1344

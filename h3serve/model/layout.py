@@ -3,6 +3,7 @@
 Pure functions over shapes (spec §2.4, §2.5, §3.2, §8). The packed order is
   T2VA   [text | target audio ch0, ch1 | target video]
   FL2VA  [text | keyframe rows (first, then last) | target audio | target video]
+  Ref2VA [text | reference blocks in request order | target audio | target video]
 Every coordinate is float64, exactly as the reference computes it, and cast to fp32 only inside RoPE.
 """
 
@@ -166,6 +167,56 @@ def build_keyframe_layout(
         rows.add_video_frames(torch.tensor([t], dtype=torch.float64), grid, Role.VIDEO_CONDITION)
     rows.add_audio(origin, audio_latents, width_axis, Role.AUDIO)
     rows.add_video_frames(frame_times(latent_frames, origin), grid, Role.VIDEO)
+    return rows.build()
+
+
+@dataclass(frozen=True)
+class ReferenceBlock:
+    """Geometry of one Ref2VA reference as encoded: visual latent (frames, h, w) and audio latents per channel."""
+
+    kind: str  # "image" | "video" | "audio"
+    latent_frames: int = 0
+    latent_h: int = 0
+    latent_w: int = 0
+    audio_latents: int = 0  # a video's soundtrack, or an audio reference
+
+
+def build_reference_layout(
+    text_tags: torch.Tensor,
+    references: list[ReferenceBlock],
+    latent_frames: int,
+    latent_h: int,
+    latent_w: int,
+    audio_latents: int,
+) -> Layout:
+    """The Ref2VA layout. A clock starts after the text; each reference occupies the next stretch of it:
+    an image one unit, an audio clip its latent count, a video the longer of its soundtrack and its frames.
+    The targets start at the final clock.
+    """
+    clock = float(text_tags.shape[0])
+    target_grid, target_width_axis = frame_grid(latent_h, latent_w)
+    rows = _Rows()
+    rows.add(text_positions(text_tags.shape[0]), text_tags, Role.TEXT)
+    for ref in references:
+        if ref.kind == "image":
+            grid, _ = frame_grid(ref.latent_h, ref.latent_w)
+            rows.add_video_frames(torch.tensor([clock], dtype=torch.float64), grid, Role.VIDEO_CONDITION)
+            clock += 1.0
+        elif ref.kind == "audio":
+            rows.add_audio(clock, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
+            clock += float(ref.audio_latents)
+        elif ref.kind == "video":
+            grid, width_axis = frame_grid(ref.latent_h, ref.latent_w)
+            if ref.audio_latents:  # the soundtrack sits right before its frames, on the video's own width axis
+                rows.add_audio(clock, ref.audio_latents, width_axis, Role.AUDIO_REFERENCE)
+            rows.add_video_frames(frame_times(ref.latent_frames, clock), grid, Role.VIDEO_CONDITION)
+            # Sequential Python float sum, as the reference computes this span (not numpy's pairwise sum).
+            span = sum(ROPE_FRAME_RESCALE * ROPE_FRAMES_PER_LATENT[i % 5] for i in range(ref.latent_frames))
+            clock += max(float(ref.audio_latents), span)
+        else:
+            raise ValueError(f"reference kind must be 'image', 'video' or 'audio', got {ref.kind!r}")
+    rows.add_audio(clock, audio_latents, target_width_axis, Role.AUDIO)
+    rows.add_video_frames(frame_times(latent_frames, clock), target_grid, Role.VIDEO)
     return rows.build()
 
 

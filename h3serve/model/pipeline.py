@@ -12,13 +12,36 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from h3serve.model.vision_inputs import VisionProcessorConfig, num_vision_tokens, preprocess_image, preprocess_video
+from PIL import Image
 from torch import nn
 
 from h3serve import limits
-from h3serve.model.layout import TEXT_TAG, Layout, build_keyframe_layout, patchify, unpatchify
-from h3serve.model.scheduler import FlowSchedule
-from h3serve.model.text_encoder import TextConditioner
+from h3serve.model.conditioning import (
+    ImageReference,
+    Presentation,
+    Reference,
+    VideoReference,
+    encode_audio_condition,
+    encode_visual_condition,
+    image_pixels,
+    reference_audio,
+    reference_kind,
+    sample_condition_frames,
+    video_condition_pixels,
+)
+from h3serve.model.layout import (
+    Layout,
+    ReferenceBlock,
+    build_keyframe_layout,
+    build_reference_layout,
+    patchify,
+    unpatchify,
+)
+from h3serve.model.scheduler import FlowSchedule, scale_noise
+from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD, TextConditioner
 from h3serve.model.transformer import H3Transformer, PackedLayout
 from h3serve.validate import GenerationPlan
 
@@ -29,10 +52,19 @@ StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to a
 class H3Components:
     """Everything one pipeline needs, already on its device."""
 
-    transformer: H3Transformer
+    transformer: H3Transformer | None  # T2VA / FL2VA DiT
+    transformer_ref: H3Transformer | None  # Ref2VA DiT
     vae: nn.Module  # AutoencoderKLMiniMaxH3
     audio_vae: nn.Module  # AutoencoderKLMiniMaxH3Audio
     text: TextConditioner
+    vision_config: VisionProcessorConfig  # Qwen3-VL image/video preprocessing
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """Tasks the loaded DiTs can serve."""
+        return (("t2va", "fl2va") if self.transformer is not None else ()) + (
+            ("ref2va",) if self.transformer_ref is not None else ()
+        )
 
 
 @dataclass
@@ -70,42 +102,71 @@ def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
     )
 
 
+@dataclass
+class Conditioning:
+    """Decoded, normalised conditioning for one request (empty for T2VA)."""
+
+    keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
+    anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
+    references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
+
+
+@dataclass
+class _Encoded:
+    """Everything the loop needs from the conditioning stage."""
+
+    text_states: torch.Tensor  # [1, L, text_dim]
+    layout: Layout
+    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
+    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
+
+
 class H3Pipeline:
-    """Runs T2VA requests on loaded components. Stateless between requests."""
+    """Runs T2VA, FL2VA and Ref2VA requests on loaded components. Stateless between requests."""
 
     def __init__(self, components: H3Components, device: str | torch.device = "cpu"):
         self.c = components
         self.device = torch.device(device)
 
     @torch.no_grad()
-    def generate(self, plan: GenerationPlan, on_step: StepCallback | None = None) -> GenerationResult:
+    def generate(
+        self, plan: GenerationPlan, conditioning: Conditioning | None = None, on_step: StepCallback | None = None
+    ) -> GenerationResult:
+        cond = conditioning or Conditioning()
         clock = _StageClock(self.device)
-        with clock("text_encode"):
-            ids = self.c.text.tokenize(plan.prompt)
-            text_states = self.c.text.encode(ids)  # [1, L, text_dim]
-            text_tags = torch.full((len(ids),), TEXT_TAG, dtype=torch.long)
+        if cond.references:
+            enc = self._encode_references(plan, cond.references, clock)
+        else:
+            enc = self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
 
-        layout = build_keyframe_layout(
-            text_tags, plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents
-        )
+        # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
         generator = torch.Generator("cpu").manual_seed(plan.seed)
+        condition_rows = [
+            patchify(scale_noise(z, limits.KEYFRAME_NOISE_AUG_T, torch.randn(z.shape, generator=generator)))
+            for z in enc.visual
+        ]
         video_noise = torch.randn(
             (1, self.c.vae.config.latent_channels, plan.latent_frames, plan.latent_height, plan.latent_width),
             generator=generator,
-            dtype=torch.float32,
         )
         audio_noise = torch.randn(
-            (limits.AUDIO_CHANNELS * plan.audio_latents, self.c.audio_vae.config.latent_channels),
-            generator=generator,
-            dtype=torch.float32,
+            (limits.AUDIO_CHANNELS * plan.audio_latents, self.c.audio_vae.config.latent_channels), generator=generator
         )
-        video_rows = patchify(video_noise).to(self.device)
-        audio_rows = audio_noise.to(self.device)
+        video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
+        audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
+        if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
+            raise ValueError("condition latents do not match the layout (canvas mismatch)")
 
+        dit = self.c.transformer_ref if cond.references else self.c.transformer
+        if dit is None:
+            raise ValueError(f"the {plan.task} DiT is not loaded")
         with clock("denoise"):
-            video_rows, audio_rows = self.denoise(plan, layout, text_states, video_rows, audio_rows, on_step)
+            video_rows, audio_rows = self.denoise(
+                plan, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
+            )
         clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(self._schedules(plan)[0]))
 
+        layout = enc.layout
         video_latents = unpatchify(
             video_rows[layout.num_video_condition_rows :],
             self.c.vae.config.latent_channels,
@@ -131,6 +192,110 @@ class H3Pipeline:
             stage_durations=clock.durations,
         )
 
+    # -- conditioning ----------------------------------------------------------------------------------------
+
+    def _encode_keyframes(
+        self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: _StageClock
+    ) -> _Encoded:
+        """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
+        text = Presentation(self.c.text.tokenizer)
+        vision: dict[str, torch.Tensor] = {}
+        with clock("vision_encode"):
+            if keyframes:
+                vision = self._image_inputs(keyframes)
+                merge = self.c.vision_config.merge_size
+                for k, grid in enumerate(vision["image_grid_thw"]):
+                    text.text(f"<Picture {k + 1}>: ")
+                    text.vision(IMAGE_PAD, num_vision_tokens(grid, merge))
+        text.text(plan.prompt)
+        with clock("text_encode"):
+            text_states = self.c.text.encode(text.ids, vision)
+        with clock("vae_encode"):
+            visual = [encode_visual_condition(self.c.vae, image_pixels(k).to(self.device)) for k in keyframes]
+        layout = build_keyframe_layout(
+            torch.tensor(text.tags),
+            plan.latent_frames,
+            plan.latent_height,
+            plan.latent_width,
+            plan.audio_latents,
+            anchors,
+        )
+        return _Encoded(text_states, layout, visual, [])
+
+    def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> _Encoded:
+        """Ref2VA: labels numbered per modality, a soundtrack's label before its video's, then the prompt."""
+        merge = self.c.vision_config.merge_size
+        with clock("vision_encode"):
+            images = [r.image for r in refs if isinstance(r, ImageReference)]
+            vision = self._image_inputs(images) if images else {}
+            video_blocks: list[tuple[int, list[float]]] = []  # (tokens per block, block timestamps) per video
+            video_inputs = []
+            for r in refs:
+                if isinstance(r, VideoReference):
+                    frames, stamps = sample_condition_frames(r.frames)
+                    inputs = preprocess_video(np.stack(frames), self.c.vision_config)
+                    grid = inputs["video_grid_thw"][0]
+                    video_blocks.append((int(grid[1]) * int(grid[2]) // merge**2, stamps))
+                    video_inputs.append(inputs)
+            if video_inputs:
+                vision["pixel_values_videos"] = torch.cat([v["pixel_values_videos"] for v in video_inputs])
+                vision["video_grid_thw"] = torch.cat([v["video_grid_thw"] for v in video_inputs])
+
+        text = Presentation(self.c.text.tokenizer)
+        counts = {"image": 0, "video": 0, "audio": 0}
+        for r in refs:
+            if reference_audio(r) is not None:
+                counts["audio"] += 1
+                text.text(f"<Audio {counts['audio']}>: ")
+            if isinstance(r, ImageReference):
+                counts["image"] += 1
+                text.text(f"<Picture {counts['image']}>: ")
+                text.vision(IMAGE_PAD, num_vision_tokens(vision["image_grid_thw"][counts["image"] - 1], merge))
+            elif isinstance(r, VideoReference):
+                counts["video"] += 1
+                text.text(f"<Video {counts['video']}>: ")
+                tokens, stamps = video_blocks[counts["video"] - 1]
+                for stamp in stamps:
+                    text.text(f"<{stamp:.1f} seconds>")
+                    text.vision(VIDEO_PAD, tokens)
+        text.text(plan.prompt)
+        with clock("text_encode"):
+            text_states = self.c.text.encode(text.ids, vision)
+
+        visual, audio_rows, blocks = [], [], []
+        with clock("vae_encode"):
+            for r in refs:
+                kind, audio_latents = reference_kind(r), 0
+                wave = reference_audio(r)
+                if wave is not None:
+                    audio_rows.append(encode_audio_condition(self.c.audio_vae, wave))
+                    audio_latents = audio_rows[-1].shape[0] // limits.AUDIO_CHANNELS
+                if kind == "audio":
+                    blocks.append(ReferenceBlock(kind, audio_latents=audio_latents))
+                    continue
+                pixels = image_pixels(r.image) if kind == "image" else video_condition_pixels(r.frames)
+                visual.append(encode_visual_condition(self.c.vae, pixels.to(self.device)))
+                f, h, w = visual[-1].shape[2:]
+                blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
+        layout = build_reference_layout(
+            torch.tensor(text.tags),
+            blocks,
+            plan.latent_frames,
+            plan.latent_height,
+            plan.latent_width,
+            plan.audio_latents,
+        )
+        return _Encoded(text_states, layout, visual, audio_rows)
+
+    def _image_inputs(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
+        per_image = [preprocess_image(img, self.c.vision_config) for img in images]
+        return {
+            "pixel_values": torch.cat([p["pixel_values"] for p in per_image]),
+            "image_grid_thw": torch.cat([p["image_grid_thw"] for p in per_image]),
+        }
+
+    # -- sampling and decoding -------------------------------------------------------------------------------
+
     def _schedules(self, plan: GenerationPlan) -> tuple[FlowSchedule, FlowSchedule]:
         video = FlowSchedule.shifted(plan.steps, plan.flow_shift)
         audio = FlowSchedule.shifted(plan.steps, plan.audio_flow_shift)
@@ -143,6 +308,7 @@ class H3Pipeline:
     def denoise(
         self,
         plan: GenerationPlan,
+        transformer: H3Transformer,
         layout: Layout,
         text_states: torch.Tensor,
         video_rows: torch.Tensor,  # [Nv, C·4] fp32, condition rows first
@@ -150,7 +316,6 @@ class H3Pipeline:
         on_step: StepCallback | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling loop. Only target rows are stepped; condition rows stay as given."""
-        transformer = self.c.transformer
         video_sched, audio_sched = self._schedules(plan)
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,16 @@ from torch import nn
 NUM_MODALITIES = 3  # video 0, text 1, audio 2: the AdaLN table has one slot per (timestep, modality)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SequenceSharder(Protocol):
+    """Sequence parallelism around the block loop (implemented in h3serve.parallel.sequence)."""
+
+    def shard(
+        self, x: torch.Tensor, adaln_idx: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -302,6 +313,17 @@ class H3Transformer(nn.Module):
     repeated_blocks = ("transformer_blocks",)
     # Kept in fp32 whatever the load dtype (matched as whole dotted name components).
     keep_in_fp32_modules = ("proj_in", "audio_proj_in", "time_embedder", "proj_out", "audio_proj_out", "rope")
+    # Tensor-parallel plan (h3serve.parallel.tensor_parallel): attention split by heads, the FFN by columns
+    # (its fused [value; gate] input as a pair), the per-block AdaLN projection split and all-gathered.
+    tensor_parallel_plan = {
+        "*.attn.to_q": "colwise",
+        "*.attn.to_k": "colwise",
+        "*.attn.to_v": "colwise",
+        "*.attn.to_out.0": "rowwise",
+        "*.ff.net.0.proj": "colwise_pair",
+        "*.ff.net.2": "rowwise",
+        "transformer_blocks.*.adaln_proj.linear": "colwise_gather",
+    }
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__()
@@ -321,6 +343,8 @@ class H3Transformer(nn.Module):
         self.norm_out = AdaLNOut(d, cfg.time_embed_dim, cfg.final_norm_eps)
         self.proj_out = nn.Linear(d, cfg.video_patch_dim, bias=True)
         self.audio_proj_out = nn.Linear(d, cfg.audio_in_channels, bias=True)
+        # Set by h3serve.parallel for sequence parallelism: splits the rows before the blocks, gathers after.
+        self.sequence_parallel: SequenceSharder | None = None
 
     def embed_text(self, text: torch.Tensor) -> torch.Tensor:
         """Text encoder states [B, L, text_dim] -> refined rows [B, L, D].
@@ -351,8 +375,13 @@ class H3Transformer(nn.Module):
 
         temb = self.time_embedder(timestep)  # [T, E], fp32
         adaln_idx = timestep_indices * NUM_MODALITIES + layout.token_tags
+        sp = self.sequence_parallel
+        if sp is not None:  # each rank runs the blocks on its own chunk of the rows (attention sees them all)
+            x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
         for block in self.transformer_blocks:
             x = block(x, temb, adaln_idx, rotary)
+        if sp is not None:
+            x = sp.gather(x)
 
         # The output norm is per-row, so only the video and audio rows need it: text rows are dropped first.
         head_dtype = self.proj_out.weight.dtype

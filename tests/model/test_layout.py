@@ -75,3 +75,70 @@ def test_patchify_round_trip_and_feature_order():
     assert rows[0, 0 * 4 + 1 * 2 + 0] == x[0, 0, 0, 1, 0]  # feature c·4 + dy·2 + dx
     assert rows[1, 2 * 4 + 0 * 2 + 1] == x[0, 2, 0, 0, 3]  # row 1 is the next w patch
     assert torch.equal(unpatchify(rows, 3, 2, 4, 6), x)
+
+
+def _ref_objects(blocks):
+    """diffusers reference objects + latents with the same geometry as our ReferenceBlocks."""
+    from PIL import Image
+
+    from diffusers.modular_pipelines.minimax_h3.references import (
+        MiniMaxH3AudioReference,
+        MiniMaxH3ImageReference,
+        MiniMaxH3VideoReference,
+    )
+
+    refs, visual, audio = [], [], []
+    for b in blocks:
+        wave = torch.zeros(2, 800 * b.audio_latents) if b.audio_latents else None
+        if b.kind == "image":
+            refs.append(MiniMaxH3ImageReference(image=Image.new("RGB", (64, 64))))
+        elif b.kind == "video":
+            frames = torch.zeros(22, 64, 64, 3, dtype=torch.uint8).numpy()
+            refs.append(MiniMaxH3VideoReference(frames=frames, fps=24.0, audio=wave, sample_rate=32000 if b.audio_latents else None))
+        else:
+            refs.append(MiniMaxH3AudioReference(audio=wave, sample_rate=32000))
+        if b.kind != "audio":
+            visual.append(torch.zeros(1, 24, b.latent_frames, b.latent_h, b.latent_w))
+        if b.audio_latents:
+            audio.append(torch.zeros(2 * b.audio_latents, 32))
+    return refs, visual, audio
+
+
+def test_reference_layout_bit_identical_to_diffusers():
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3Ref2VAPrepareLayoutStep
+
+    from h3serve.model.layout import ReferenceBlock, build_reference_layout
+
+    blocks = [
+        ReferenceBlock("image", 1, 4, 6),
+        ReferenceBlock("audio", audio_latents=80),
+        ReferenceBlock("video", 22, 2, 4, audio_latents=30),
+        ReferenceBlock("video", 7, 4, 2),
+        ReferenceBlock("image", 1, 2, 2),
+    ]
+    tags = torch.full((13,), TEXT_TAG)
+    tags[2:5] = VIDEO_TAG
+    ours = build_reference_layout(tags, blocks, 37, 2, 4, 207)
+    refs, visual, audio = _ref_objects(blocks)
+    pos, ttags, vid, aud, txt, nv, na = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+        tags, refs, visual, audio, 37, 2, 4, 207, (1, 2, 2), 2, AUDIO_TAG, VIDEO_TAG
+    )
+    p = ours.packed
+    assert torch.equal(p.position_ids, pos) and torch.equal(p.token_tags, ttags)
+    assert torch.equal(p.video_indices, vid) and torch.equal(p.audio_indices, aud) and torch.equal(p.text_indices, txt)
+    assert (ours.num_video_condition_rows, ours.num_audio_reference_rows) == (nv, na)
+    t, idx = ours.row_timesteps(0.0, 0.0)
+    assert t.tolist() == pytest.approx([0.0, 0.999, 1.0])  # spec: distinct t at step 0 of ref2va
+    assert torch.all(t[idx][ours.roles == Role.AUDIO_REFERENCE] == 1.0)
+
+
+def test_reference_clock_matches_spec_run():
+    """Spec §10: image ref + 2 s audio ref, 45 text rows -> image at t = 45, audio from 46, targets from 126."""
+    from h3serve.model.layout import ReferenceBlock, build_reference_layout
+
+    blocks = [ReferenceBlock("image", 1, 4, 4), ReferenceBlock("audio", audio_latents=80)]
+    layout = build_reference_layout(torch.full((45,), TEXT_TAG), blocks, 37, 2, 4, 207)
+    pos = layout.packed.position_ids
+    assert pos[45, 0] == 45.0 and pos[45 + 4, 0] == 46.0
+    assert pos[layout.roles == Role.AUDIO][0, 0] == 126.0 and pos[layout.roles == Role.VIDEO][0, 0] == 126.0
+    assert layout.num_audio_reference_rows == 160

@@ -1,0 +1,222 @@
+"""`h3serve` command line: generate | make-tiny-checkpoint (serve, bench, compare, probe build on these)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from h3serve.api import serve_cli
+from h3serve.tools import bench, compare, probe_cli
+
+EXIT_USAGE = 2
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _model_dir(arg: str | None) -> Path:
+    """The checkpoint to use: the given folder, else the tiny checkpoint, built on first use."""
+    if arg:
+        return Path(arg).expanduser()
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    return ensure_tiny_checkpoint()
+
+
+def format_stages(durations: dict[str, float]) -> str:
+    """One line: 'text_encode 0.10s | denoise 2.31s (0.33s/step) | ...'."""
+    parts = []
+    for name, seconds in durations.items():
+        if name == "denoise_per_step":
+            continue
+        part = f"{name} {seconds:.2f}s"
+        if name == "denoise" and "denoise_per_step" in durations:
+            part += f" ({durations['denoise_per_step']:.3f}s/step)"
+        parts.append(part)
+    return " | ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# generate
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate one MP4 (video + stereo audio) from a prompt")
+    p.add_argument("prompt")
+    p.add_argument("-o", "--output", required=True, help="output .mp4 path")
+    p.add_argument("--model", help="checkpoint folder (default: the tiny checkpoint, built on first use)")
+    p.add_argument("--aspect-ratio", help="W:H, e.g. 16:9 (canvas from the checkpoint's short edge)")
+    p.add_argument("--width", type=int, help="multiple of 32; with --height, instead of --aspect-ratio")
+    p.add_argument("--height", type=int, help="multiple of 32")
+    p.add_argument("--duration", type=float, help="seconds, 4-15, snapped up to a 17n+5 frame count (default 5)")
+    p.add_argument("--steps", type=int, help="num_inference_steps (grid points; N runs N-1 forwards; default 50)")
+    p.add_argument("--seed", type=int, help="default 42")
+    p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
+    p.add_argument("--audio-flow-shift", type=float, help="audio sigma shift (default: the checkpoint's, 3)")
+    p.add_argument("--image", metavar="FIRST", help="FL2VA first keyframe (image file)")
+    p.add_argument("--last-image", metavar="LAST", help="FL2VA last keyframe (image file)")
+    for kind in ("image", "video", "audio"):
+        p.add_argument(
+            f"--ref-{kind}",
+            dest="references",
+            action=_AppendReference,
+            kind=kind,
+            metavar="FILE",
+            help=f"Ref2VA {kind} reference (repeatable; references keep their command-line order)",
+        )
+    p.add_argument("--task", help="t2va | fl2va | ref2va (default: from the inputs)")
+    p.add_argument("--task-type", default="auto", help="which DiT to load: auto (all) | fl2va | ref2va")
+    p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
+    p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
+    p.add_argument("--audio-bitrate", type=int, default=192_000, help="AAC bitrate in bit/s (default 192000)")
+    p.set_defaults(func=cmd_generate)
+
+
+class _AppendReference(argparse.Action):
+    """--ref-image/--ref-video/--ref-audio all append to one ordered list of (kind, path)."""
+
+    def __init__(self, *args, kind: str, **kwargs):
+        self.kind = kind
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        refs = list(getattr(namespace, self.dest, None) or [])
+        refs.append((self.kind, values))
+        setattr(namespace, self.dest, refs)
+
+
+def _media(path: str | None, kind: str | None = None):
+    from h3serve.request import MediaRef
+
+    return None if path is None else MediaRef(path=Path(path), name=path, kind=kind)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from h3serve.checkpoint import CheckpointError, read_layout
+    from h3serve.config import ConfigError, EngineConfig
+    from h3serve.engine.planning import plan_request
+    from h3serve.media.intake import MediaError
+    from h3serve.request import GenerationRequest
+    from h3serve.validate import RequestError
+
+    request = GenerationRequest(
+        prompt=args.prompt,
+        width=args.width,
+        height=args.height,
+        aspect_ratio=args.aspect_ratio,
+        duration_s=args.duration,
+        steps=args.steps,
+        seed=args.seed,
+        flow_shift=args.flow_shift,
+        audio_flow_shift=args.audio_flow_shift,
+        task=args.task,
+        image=_media(args.image, "image"),
+        last_image=_media(args.last_image, "image"),
+        references=tuple(_media(path, kind) for kind, path in (args.references or [])),
+    )
+    try:
+        model = _model_dir(args.model)
+        plan = plan_request(request, read_layout(model).defaults())  # fail fast, before any weight is read
+        config = EngineConfig(
+            model=model, device=args.device, dtype=args.dtype, threads=args.threads, task_type=args.task_type
+        ).validate()
+    except (RequestError, MediaError, ConfigError, CheckpointError) as e:
+        return _fail(str(e))
+
+    from tqdm import tqdm
+
+    from h3serve.engine.local import LocalEngine
+    from h3serve.media.mp4 import EncoderOptions, write_mp4
+    from h3serve.media.raw import write_raw
+
+    print(
+        f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), {plan.steps} steps, "
+        f"seed {plan.seed}, model {model}",
+        file=sys.stderr,
+    )
+    engine = LocalEngine(config)
+    try:
+        plan = engine.plan(request)  # the loaded DiT must serve the task
+    except RequestError as e:
+        return _fail(str(e))
+    bar = tqdm(total=None, desc="denoise", unit="step", file=sys.stderr)
+
+    def on_step(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        output = engine.generate(plan, on_step)
+    finally:
+        bar.close()
+    start = time.perf_counter()
+    options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate)
+    try:
+        write_mp4(args.output, output.video, output.audio, options=options)
+    except (ValueError, OSError) as e:
+        return _fail(f"--output: {e}")
+    output.stage_durations["mux"] = time.perf_counter() - start
+    if args.save_raw:
+        write_raw(args.save_raw, output.video, output.audio)
+    print(format_stages(output.stage_durations), f"| peak {output.peak_memory_mb:.0f} MB", file=sys.stderr)
+    print(Path(args.output).resolve())
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# make-tiny-checkpoint
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-tiny-checkpoint", help="build a deterministic random-weight H3 checkpoint")
+    p.add_argument("dir", nargs="?", help="output folder (omit with --default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", default="tiny", help="tiny | cpu-bench")
+    p.add_argument("--default", action="store_true", help="build (if missing) the cached default and print its path")
+    p.set_defaults(func=cmd_make_tiny)
+
+
+def cmd_make_tiny(args: argparse.Namespace) -> int:
+    from h3serve.tools.tiny_checkpoint import PRESETS, build_tiny_checkpoint, ensure_tiny_checkpoint
+
+    if args.preset not in PRESETS:
+        return _fail(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
+    if args.default == bool(args.dir):
+        return _fail("give either DIR or --default")
+    if args.default:
+        path = ensure_tiny_checkpoint(preset=args.preset, seed=args.seed)
+    else:
+        path = build_tiny_checkpoint(args.dir, seed=args.seed, preset=args.preset)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="h3serve", description="Serve and run MiniMax-H3 (video + audio).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_make_tiny(sub)
+    serve_cli.register(sub)
+    compare.register(sub)
+    probe_cli.register(sub)
+    bench.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

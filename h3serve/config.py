@@ -1,0 +1,113 @@
+"""EngineConfig: every engine flag, parsed and cross-checked once at start-up (frozen)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TASK_TYPES = ("auto", "fl2va", "ref2va")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """An illegal flag or combination; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: Path  # checkpoint root (modular layout)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
+    threads: int = 0  # CPU intra-op threads; 0 = torch's default
+    num_ranks: int = 0  # --num-gpus: rank processes (one per GPU); 0 = tensor_parallel_size·ulysses·ring
+    task_type: str = "auto"  # auto: every DiT the checkpoint has | fl2va (t2va + fl2va) | ref2va
+    # Multi-rank execution (h3serve.parallel); checked against the checkpoint's shapes in `validate`.
+    tensor_parallel_size: int = 1  # DiT tensor parallel: heads and FFN columns split over TP ranks
+    ulysses_degree: int = 1  # --usp: Ulysses sequence parallel (all-to-all rows <-> heads)
+    ring_degree: int = 1  # --ring: Ring sequence parallel (key/value blocks passed around)
+    text_encoder_tp_size: int = 1  # Qwen3-VL tensor parallel on the first N ranks
+    vae_patch_parallel_size: int = 1  # VAE decode tiles over ranks: 1 or every rank
+    vae_parallel_mode: str = "tile"  # the only mode H3's VAE has
+    cfg_parallel_size: int = 1  # must be 1: H3 is CFG-distilled
+    enforce_eager: bool = False  # never torch.compile the DiT
+    attention_backend: str = "auto"  # --diffusion-attention-backend (dense attention runs through torch SDPA)
+
+    @property
+    def dits(self) -> tuple[str, ...]:
+        """Which DiT components to load."""
+        return {"auto": ("transformer", "transformer_ref"), "fl2va": ("transformer",), "ref2va": ("transformer_ref",)}[
+            self.task_type
+        ]
+
+    @property
+    def world_size(self) -> int:
+        return self.num_ranks or self.tensor_parallel_size * self.ulysses_degree * self.ring_degree
+
+    def parallel_degrees(self):
+        """The degrees as an `h3serve.parallel.degrees.ParallelDegrees`."""
+        from h3serve.parallel.degrees import ParallelDegrees
+
+        return ParallelDegrees(
+            tensor_parallel=self.tensor_parallel_size,
+            ulysses=self.ulysses_degree,
+            ring=self.ring_degree,
+            text_encoder_tp=self.text_encoder_tp_size,
+            vae_patch_parallel=self.vae_patch_parallel_size,
+            world_size=self.world_size,
+        )
+
+    def notices(self) -> list[str]:
+        """One line per flag applied in a way the user may not expect (printed once, at start-up)."""
+        from h3serve.parallel.degrees import parallel_notices
+
+        return parallel_notices(self.parallel_degrees())
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ConfigError(
+                f"--device: unknown device {self.device!r}; choose from: auto, cpu, cuda, cuda:N"
+            ) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device: CUDA was requested but no GPU is visible; use --device cpu")
+        return device
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype: unknown dtype {self.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
+        dtype = DTYPES[self.dtype]
+        if dtype != torch.float32 and self.resolved_device().type == "cpu":
+            print(
+                f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default",
+                file=sys.stderr,
+            )
+        return dtype
+
+    def validate(self) -> EngineConfig:
+        """Fail loudly, at start-up, on any illegal value."""
+        self.resolved_dtype()
+        if self.task_type not in TASK_TYPES:
+            raise ConfigError(f"--task-type: unknown {self.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+        if self.num_ranks < 0:
+            raise ConfigError(f"--num-gpus must be >= 1, got {self.num_ranks}")
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+        if not (self.model / "modular_model_index.json").exists():
+            raise ConfigError(f"--model: {self.model} is not an H3 checkpoint (no modular_model_index.json)")
+        from h3serve.parallel.degrees import check_degrees, read_model_dims
+
+        check_degrees(
+            self.parallel_degrees(),
+            read_model_dims(self.model, self.dits),
+            self.cfg_parallel_size,
+            self.vae_parallel_mode,
+        )
+        return self

@@ -1,0 +1,86 @@
+"""In-process engine: one pipeline on this process' device; requests run one at a time in the calling thread.
+
+The executor runs one of these in every rank process; tests and tools may use it directly.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+
+import torch
+
+from h3serve.checkpoint import load_components, read_layout
+from h3serve.config import EngineConfig
+from h3serve.engine.conditioning import load_conditioning
+from h3serve.engine.output import GenerationOutput
+from h3serve.engine.planning import plan_request
+from h3serve.model.pipeline import H3Pipeline, StepCallback
+from h3serve.parallel.setup import RankParallel
+from h3serve.request import GenerationRequest
+from h3serve.validate import GenerationPlan, RequestError
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Device allocator high-water mark on GPU; the process' peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+def check_task_served(task: str, tasks: tuple[str, ...]) -> None:
+    if task not in tasks:
+        raise RequestError(
+            "task", f"{task} is not served here: the loaded DiT serves {', '.join(tasks)} (see --task-type)"
+        )
+
+
+class LocalEngine:
+    """Loads the checkpoint once, then validates and runs requests."""
+
+    def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1):
+        self.config = config.validate()
+        self.rank, self.world_size = rank, world_size
+        self.layout = read_layout(config.model)
+        self.defaults = self.layout.defaults()
+        self.device = config.resolved_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        start = time.perf_counter()
+        # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
+        self.parallel = RankParallel.build(config.parallel_degrees(), rank, self.device) if world_size > 1 else None
+        components = load_components(
+            self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel
+        )
+        if self.parallel is not None:
+            self.parallel.install(components)
+        self.load_seconds = time.perf_counter() - start
+        self.tasks = components.tasks
+        self.pipeline = H3Pipeline(components, self.device)
+
+    def plan(self, request: GenerationRequest) -> GenerationPlan:
+        """Validate a request (and its media) against this checkpoint. Raises client errors."""
+        plan = plan_request(request, self.defaults)
+        check_task_served(plan.task, self.tasks)
+        return plan
+
+    def generate(self, plan: GenerationPlan, on_step: StepCallback | None = None) -> GenerationOutput:
+        check_task_served(plan.task, self.tasks)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = time.perf_counter()
+        conditioning = load_conditioning(plan, self.defaults)
+        load_s = time.perf_counter() - start
+        result = self.pipeline.generate(plan, conditioning, on_step)
+        if plan.task != "t2va":
+            result.stage_durations = {"media_load": load_s, **result.stage_durations}
+        return GenerationOutput(
+            video=result.video.numpy(),
+            audio=result.audio.numpy(),
+            stage_durations=result.stage_durations,
+            peak_memory_mb=peak_memory_mb(self.device),
+        )

@@ -1,0 +1,102 @@
+"""One rank process: load the model once, then run every job the executor sends.
+
+Rank 0 talks to the parent (queues); all ranks agree on each job and on cancellation through
+`torch.distributed` broadcasts, so every rank leaves a request at the same step and no collective hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from h3serve.config import EngineConfig
+
+
+class _CancelledHere(Exception):
+    pass
+
+
+def _broadcast_object(obj, rank: int, world: int):
+    if world == 1:
+        return obj
+    box = [obj if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: torch.device) -> bool:
+    """Rank 0 reads the shared flag; the decision is broadcast so that every rank stops at the same step."""
+    flag = torch.tensor([1 if rank == 0 and cancel_value.value == seq else 0], device=device)
+    if world > 1:
+        dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def worker_main(
+    rank: int,
+    world: int,
+    init_method: str,
+    config: EngineConfig,
+    requests,
+    events,
+    cancel_value,
+    local_rank: int | None = None,
+) -> None:
+    """Entry point of a rank process (spawned by `Executor`). `local_rank` picks the GPU on this node."""
+    from h3serve.engine.local import LocalEngine
+    from h3serve.media.raw import write_raw
+
+    try:
+        if world > 1:
+            cuda = config.resolved_device().type == "cuda"
+            if cuda:  # before any CUDA work: NCCL and every allocation of this rank go to its own GPU
+                torch.cuda.set_device(rank if local_rank is None else local_rank)
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world)
+        engine = LocalEngine(config, rank=rank, world_size=world)
+    except Exception as e:  # report, then exit: the parent turns this into a start-up error
+        if rank == 0:
+            events.put(("fatal", f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+    comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
+    if rank == 0:
+        events.put(("ready", engine.defaults))
+
+    while True:
+        job = _broadcast_object(requests.get() if rank == 0 else None, rank, world)
+        if job is None:
+            break
+
+        def on_step(done: int, total: int, seq: int = job.seq) -> None:
+            if rank == 0:
+                events.put(("progress", seq, done, total))
+            if _cancel_requested(cancel_value, seq, rank, world, comm_device):
+                raise _CancelledHere
+
+        try:
+            output = engine.generate(job.plan, on_step)
+        except _CancelledHere:
+            if rank == 0:
+                events.put(("cancelled", job.seq))
+            continue
+        except Exception as e:
+            if world > 1:
+                # Another rank may be waiting in a collective this rank will never join: continuing would
+                # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
+                traceback.print_exc()
+                events.put(("error", job.seq, f"generation failed on rank {rank}: {type(e).__name__}: {e}"))
+                events.close()
+                events.join_thread()  # flush the report before the hard exit
+                os._exit(1)
+            traceback.print_exc()
+            events.put(("error", job.seq, f"generation failed: {type(e).__name__}: {e}"))
+            continue
+        if rank == 0:
+            write_raw(job.spool, output.video, output.audio)
+            events.put(("done", job.seq, output.stage_durations, output.peak_memory_mb))
+
+    if world > 1:
+        dist.destroy_process_group()
+    os._exit(0)

@@ -1,0 +1,27 @@
+"""Shared fixtures, built once per test session: the tiny checkpoint and its loaded components."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the user's cache: the default checkpoint location points into a temp dir.
+os.environ.setdefault("H3SERVE_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"h3serve-test-{os.getpid()}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tiny_checkpoint):
+    from h3serve.checkpoint import load_components, read_layout
+    from h3serve.model.pipeline import H3Pipeline
+
+    layout = read_layout(tiny_checkpoint)
+    return H3Pipeline(load_components(layout)), layout.defaults()

@@ -1,0 +1,92 @@
+"""Checkpoint folders: layout resolution, defaults, lazy loading of sharded, native and diffusers weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from diffusers import MiniMaxH3Transformer3DModel
+from safetensors.torch import save_file
+
+from h3serve.checkpoint import CheckpointError, load_transformer, read_layout
+from h3serve.model import keys
+
+
+def test_layout_and_defaults_come_from_the_checkpoint(tiny_checkpoint, tmp_path):
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_checkpoint, moved)
+    layout = read_layout(moved)
+    assert layout.component("transformer") == moved / "transformer"
+    assert layout.has("transformer_ref") and layout.has("audio_scheduler")
+    d = layout.defaults()
+    assert (d.canvas_short_edge, d.canvas_max_pixels, d.reference_image_short_edge) == (64, 8192, 64)
+    assert (d.flow_shift, d.audio_flow_shift) == (12.0, 3.0)
+
+
+def test_missing_index_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="modular_model_index.json"):
+        read_layout(tmp_path)
+    with pytest.raises(CheckpointError, match="not found"):
+        read_layout(tmp_path / "nope")
+
+
+@pytest.fixture(scope="module")
+def reference_dit(tiny_checkpoint):
+    return MiniMaxH3Transformer3DModel.from_pretrained(tiny_checkpoint / "transformer").eval()
+
+
+def _same_weights(ours, ref):
+    ref_sd = ref.state_dict()
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, ref_sd[k]), k
+
+
+def test_loads_diffusers_layout_lazily(tiny_checkpoint, reference_dit):
+    model = load_transformer(tiny_checkpoint / "transformer")
+    _same_weights(model, reference_dit)
+    assert model.rope.inv_freq.device.type == "cpu" and not model.rope.inv_freq.is_meta
+
+
+def test_loads_sharded_diffusers_layout(tmp_path, tiny_checkpoint, reference_dit):
+    folder = tmp_path / "sharded"
+    reference_dit.save_pretrained(folder, max_shard_size="20KB")
+    assert len(list(folder.glob("*.safetensors"))) > 2 and list(folder.glob("*.index.json"))
+    _same_weights(load_transformer(folder), reference_dit)
+
+
+@pytest.mark.parametrize("qkv_layout", ["interleaved", "stacked"])
+def test_loads_native_key_names(tmp_path, tiny_checkpoint, reference_dit, qkv_layout):
+    folder = tmp_path / f"native-{qkv_layout}"
+    folder.mkdir()
+    shutil.copy(tiny_checkpoint / "transformer" / "config.json", folder / "config.json")
+    native = keys.diffusers_to_native(reference_dit.state_dict(), reference_dit.config.attention_head_dim, qkv_layout)
+    names = sorted(native)
+    half = len(names) // 2  # two shards with an index, as the MiniMaxAI release ships them
+    save_file({k: native[k].contiguous() for k in names[:half]}, folder / "model-00001-of-00002.safetensors")
+    save_file({k: native[k].contiguous() for k in names[half:]}, folder / "model-00002-of-00002.safetensors")
+    weight_map = {k: f"model-0000{1 if i < half else 2}-of-00002.safetensors" for i, k in enumerate(names)}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _same_weights(load_transformer(folder, qkv_layout=qkv_layout), reference_dit)
+
+
+def test_bf16_dtype_policy(tiny_checkpoint):
+    model = load_transformer(tiny_checkpoint / "transformer", dtype=torch.bfloat16)
+    sd = model.state_dict()
+    assert sd["proj_in.weight"].dtype == torch.float32
+    assert sd["time_embedder.linear_1.weight"].dtype == torch.float32
+    assert sd["audio_proj_out.bias"].dtype == torch.float32
+    assert sd["context_embedder.weight"].dtype == torch.bfloat16
+    assert sd["transformer_blocks.0.adaln_proj.linear.weight"].dtype == torch.bfloat16
+    assert sd["norm_out.linear.weight"].dtype == torch.bfloat16
+
+
+def test_wrong_shape_is_named(tmp_path, tiny_checkpoint):
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny_checkpoint / "transformer", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["ffn_dim"] = 80
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="ff.net.0.proj.weight.*shape"):
+        load_transformer(folder)
