@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from h3serve.api import serve_cli
-from h3serve.tools import bench, compare, probe_cli
 
 EXIT_USAGE = 2
 
@@ -206,10 +204,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_make_tiny(sub)
-    serve_cli.register(sub)
-    compare.register(sub)
-    probe_cli.register(sub)
-    bench.register(sub)
     return parser
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from h3serve.model.vision_inputs import VisionProcessorConfig, num_vision_tokens, preprocess_image, preprocess_video
 from PIL import Image
 from torch import nn
 
@@ -43,6 +42,7 @@ from h3serve.model.layout import (
 from h3serve.model.scheduler import FlowSchedule, scale_noise
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD, TextConditioner
 from h3serve.model.transformer import H3Transformer, PackedLayout
+from h3serve.model.vision_inputs import VisionProcessorConfig, num_vision_tokens, preprocess_image, preprocess_video
 from h3serve.validate import GenerationPlan
 
 StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
@@ -112,9 +112,10 @@ class Conditioning:
 
 
 @dataclass
-class _Encoded:
+class Encoded:
     """Everything the loop needs from the conditioning stage."""
 
+    token_ids: list[int]  # the presentation the text encoder read
     text_states: torch.Tensor  # [1, L, text_dim]
     layout: Layout
     visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
@@ -134,10 +135,7 @@ class H3Pipeline:
     ) -> GenerationResult:
         cond = conditioning or Conditioning()
         clock = _StageClock(self.device)
-        if cond.references:
-            enc = self._encode_references(plan, cond.references, clock)
-        else:
-            enc = self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
+        enc = self.encode(plan, cond, clock)
 
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
         generator = torch.Generator("cpu").manual_seed(plan.seed)
@@ -194,24 +192,32 @@ class H3Pipeline:
 
     # -- conditioning ----------------------------------------------------------------------------------------
 
+    @torch.no_grad()
+    def encode(self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock | None = None) -> Encoded:
+        """Presentation -> text states, condition latents and the packed layout."""
+        clock = clock or _StageClock(self.device)
+        if cond.references:
+            return self._encode_references(plan, cond.references, clock)
+        return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
+
     def _encode_keyframes(
         self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: _StageClock
-    ) -> _Encoded:
+    ) -> Encoded:
         """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
         text = Presentation(self.c.text.tokenizer)
         vision: dict[str, torch.Tensor] = {}
-        with clock("vision_encode"):
-            if keyframes:
+        visual: list[torch.Tensor] = []
+        if keyframes:
+            with clock("vision_encode"):
                 vision = self._image_inputs(keyframes)
-                merge = self.c.vision_config.merge_size
-                for k, grid in enumerate(vision["image_grid_thw"]):
-                    text.text(f"<Picture {k + 1}>: ")
-                    text.vision(IMAGE_PAD, num_vision_tokens(grid, merge))
+            for k, grid in enumerate(vision["image_grid_thw"]):
+                text.text(f"<Picture {k + 1}>: ")
+                text.vision(IMAGE_PAD, num_vision_tokens(grid, self.c.vision_config.merge_size))
+            with clock("vae_encode"):
+                visual = [encode_visual_condition(self.c.vae, image_pixels(k).to(self.device)) for k in keyframes]
         text.text(plan.prompt)
         with clock("text_encode"):
             text_states = self.c.text.encode(text.ids, vision)
-        with clock("vae_encode"):
-            visual = [encode_visual_condition(self.c.vae, image_pixels(k).to(self.device)) for k in keyframes]
         layout = build_keyframe_layout(
             torch.tensor(text.tags),
             plan.latent_frames,
@@ -220,9 +226,9 @@ class H3Pipeline:
             plan.audio_latents,
             anchors,
         )
-        return _Encoded(text_states, layout, visual, [])
+        return Encoded(text.ids, text_states, layout, visual, [])
 
-    def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> _Encoded:
+    def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> Encoded:
         """Ref2VA: labels numbered per modality, a soundtrack's label before its video's, then the prompt."""
         merge = self.c.vision_config.merge_size
         with clock("vision_encode"):
@@ -285,7 +291,7 @@ class H3Pipeline:
             plan.latent_width,
             plan.audio_latents,
         )
-        return _Encoded(text_states, layout, visual, audio_rows)
+        return Encoded(text.ids, text_states, layout, visual, audio_rows)
 
     def _image_inputs(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
         per_image = [preprocess_image(img, self.c.vision_config) for img in images]

@@ -1,0 +1,206 @@
+"""Inspect an output MP4 with the system ffprobe/ffmpeg and check it against the H3 output contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from h3serve.media.raw import PathLike
+
+CONTRACT_FPS = "24/1"
+CONTRACT_FPS_VALUE = 24
+CONTRACT_SAMPLE_RATE = 32000
+CONTRACT_CHANNELS = 2
+AAC_FRAME_SAMPLES = 1024
+_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What ffprobe/ffmpeg found in a file; fields are None where a stream or value is missing.
+
+    ``nb_frames`` and ``audio_duration`` come from decoding, not from the header.
+    ``error`` is set when the file cannot be opened or parsed at all.
+    """
+
+    path: str
+    error: str | None = None
+    video_codec: str | None = None
+    pix_fmt: str | None = None
+    width: int | None = None
+    height: int | None = None
+    r_frame_rate: str | None = None
+    nb_frames: int | None = None
+    audio_codec: str | None = None
+    audio_profile: str | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
+    audio_samples: int | None = None
+    audio_duration: float | None = None
+    duration: float | None = None
+    decode_errors: tuple[str, ...] = ()
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which(args[0])
+    if exe is None:
+        raise RuntimeError(f"{args[0]} not found on PATH; install ffmpeg (e.g. `apt-get install ffmpeg`)")
+    return subprocess.run(
+        [exe, *args[1:]], capture_output=True, text=True, errors="replace", timeout=_TIMEOUT_S, check=False
+    )
+
+
+def _first_line(text: str, default: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if lines else default
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _float(value: object) -> float | None:
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def decode_errors(path: PathLike) -> tuple[str, ...]:
+    """Fully decode ``path`` with ``ffmpeg -v error -f null``; return its error lines (empty if clean).
+
+    ffmpeg exits 0 even for a truncated file ("partial file", "Invalid data"), so stderr is what counts.
+    """
+    try:
+        proc = _run(["ffmpeg", "-nostdin", "-hide_banner", "-v", "error", "-i", str(path), "-f", "null", "-"])
+    except subprocess.TimeoutExpired:
+        return (f"ffmpeg decode timed out after {_TIMEOUT_S:.0f} s",)
+    errors = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    if proc.returncode != 0:
+        errors.append(f"ffmpeg exited with status {proc.returncode}")
+    return tuple(errors)
+
+
+def probe(path: PathLike) -> ProbeResult:
+    """Probe ``path``: stream parameters via ffprobe, frame/sample counts by decoding, plus a full decode check.
+
+    Never raises for a missing, unreadable or corrupt file: ``error`` (or ``decode_errors``) says what is wrong.
+    Raises RuntimeError only when ffprobe/ffmpeg are not installed.
+    """
+    p = str(path)
+    if not Path(p).is_file():
+        return ProbeResult(p, error="file not found" if not Path(p).exists() else "not a regular file")
+    cmd = ["ffprobe", "-v", "error", "-show_format", "-show_streams"]
+    cmd += ["-show_entries", "frame=media_type,nb_samples", "-of", "json", p]
+    try:
+        proc = _run(cmd)
+    except subprocess.TimeoutExpired:
+        return ProbeResult(p, error=f"ffprobe timed out after {_TIMEOUT_S:.0f} s")
+    try:
+        info = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        info = {}
+    if proc.returncode != 0 or "format" not in info:
+        return ProbeResult(p, error=f"ffprobe cannot read the file: {_first_line(proc.stderr, 'no output')}")
+
+    streams = info.get("streams", [])
+    video = next((s for s in streams if s.get("codec_type") == "video"), None)
+    audio = next((s for s in streams if s.get("codec_type") == "audio"), None)
+    if video is None and audio is None:
+        return ProbeResult(p, error="no video or audio stream (truncated, or not a media file?)")
+    frames = info.get("frames", [])
+    n_video = sum(1 for f in frames if f.get("media_type") == "video")
+    n_samples = sum(_int(f.get("nb_samples")) or 0 for f in frames if f.get("media_type") == "audio")
+    sample_rate = _int(audio.get("sample_rate")) if audio else None
+
+    return ProbeResult(
+        path=p,
+        video_codec=video.get("codec_name") if video else None,
+        pix_fmt=video.get("pix_fmt") if video else None,
+        width=_int(video.get("width")) if video else None,
+        height=_int(video.get("height")) if video else None,
+        r_frame_rate=video.get("r_frame_rate") if video else None,
+        nb_frames=n_video if video else None,
+        audio_codec=audio.get("codec_name") if audio else None,
+        audio_profile=audio.get("profile") if audio else None,
+        sample_rate=sample_rate,
+        channels=_int(audio.get("channels")) if audio else None,
+        audio_samples=n_samples if audio else None,
+        audio_duration=n_samples / sample_rate if audio and sample_rate else None,
+        duration=_float(info["format"].get("duration")),
+        decode_errors=decode_errors(p),
+    )
+
+
+def check_output_contract(result: ProbeResult) -> list[str]:
+    """Every way ``result`` violates the output contract; an empty list means the file is OK.
+
+    Contract: H.264 yuv420p at 24/1 fps with 17n+5 frames (n >= 1); AAC-LC, 32000 Hz, stereo, lasting
+    frames/24 s to within 1/24 s + one AAC frame; and a full decode without errors.
+    """
+    if result.error is not None:
+        return [f"unreadable: {result.error}"]
+    v: list[str] = []
+    if result.video_codec is None:
+        v.append("no video stream")
+    else:
+        if result.video_codec != "h264":
+            v.append(f"video codec is {result.video_codec}, expected h264")
+        if result.pix_fmt != "yuv420p":
+            v.append(f"pix_fmt is {result.pix_fmt}, expected yuv420p")
+        if result.r_frame_rate != CONTRACT_FPS:
+            v.append(f"r_frame_rate is {result.r_frame_rate}, expected {CONTRACT_FPS}")
+        n = result.nb_frames or 0
+        if n < 22 or (n - 5) % 17:
+            v.append(f"{n} video frames decoded, expected 17n+5 with n >= 1 (22, 39, ..., 107, 124, ...)")
+    if result.audio_codec is None:
+        v.append("no audio stream")
+    else:
+        if result.audio_codec != "aac":
+            v.append(f"audio codec is {result.audio_codec}, expected aac")
+        elif result.audio_profile not in (None, "LC"):
+            v.append(f"AAC profile is {result.audio_profile}, expected LC")
+        if result.sample_rate != CONTRACT_SAMPLE_RATE:
+            v.append(f"sample rate is {result.sample_rate} Hz, expected {CONTRACT_SAMPLE_RATE}")
+        if result.channels != CONTRACT_CHANNELS:
+            v.append(f"{result.channels} audio channels, expected {CONTRACT_CHANNELS}")
+        if result.nb_frames is not None and result.audio_duration is not None:
+            expected = result.nb_frames / CONTRACT_FPS_VALUE
+            tolerance = 1 / CONTRACT_FPS_VALUE + AAC_FRAME_SAMPLES / CONTRACT_SAMPLE_RATE
+            if abs(result.audio_duration - expected) > tolerance:
+                v.append(
+                    f"audio lasts {result.audio_duration:.3f} s, expected {expected:.3f} s "
+                    f"(frames/24) within {tolerance:.3f} s"
+                )
+    if result.decode_errors:
+        shown = "; ".join(result.decode_errors[:3])
+        more = f" (+{len(result.decode_errors) - 3} more)" if len(result.decode_errors) > 3 else ""
+        v.append(f"decode errors: {shown}{more}")
+    return v
+
+
+def summary_line(result: ProbeResult) -> str:
+    """One line describing ``result``, e.g. ``out.mp4: h264 yuv420p 1344x768 24/1 124f | aac ... | 5.167s``."""
+    if result.error is not None:
+        return f"{result.path}: ERROR {result.error}"
+    if result.video_codec is None:
+        vpart = "no video"
+    else:
+        vpart = (
+            f"{result.video_codec} {result.pix_fmt} {result.width}x{result.height} "
+            f"{result.r_frame_rate} {result.nb_frames}f"
+        )
+    if result.audio_codec is None:
+        apart = "no audio"
+    else:
+        dur = f"{result.audio_duration:.3f}s" if result.audio_duration is not None else "?s"
+        apart = f"{result.audio_codec} {result.sample_rate}Hz {result.channels}ch {dur}"
+    total = f"{result.duration:.3f}s" if result.duration is not None else "?s"
+    errs = f" | {len(result.decode_errors)} decode errors" if result.decode_errors else ""
+    return f"{result.path}: {vpart} | {apart} | {total}{errs}"

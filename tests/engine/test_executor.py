@@ -1,0 +1,74 @@
+"""The executor's rank processes: results, progress, cancellation, timeouts and recovery from a dead rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from h3serve.config import EngineConfig
+from h3serve.engine.executor import Cancelled, EngineError, Executor
+from h3serve.engine.local import LocalEngine
+from h3serve.request import GenerationRequest
+from h3serve.validate import validate
+
+
+@pytest.fixture(scope="module")
+def executor(tiny_checkpoint):
+    ex = Executor(EngineConfig(model=tiny_checkpoint, threads=1))
+    yield ex
+    ex.close()
+
+
+def _plan(ex, steps=3, seed=1):
+    return validate(GenerationRequest(prompt="waves on a beach", steps=steps, seed=seed, duration_s=4), ex.defaults)
+
+
+def test_result_equals_in_process_engine(executor, tiny_checkpoint):
+    steps_seen = []
+    out = executor.generate(_plan(executor), on_progress=lambda d, t: steps_seen.append((d, t)))
+    assert steps_seen == [(1, 2), (2, 2)]
+    assert out.video.shape == (107, 64, 128, 3) and out.video.dtype == np.float32
+    assert out.audio.shape == (2, 178 * 800)
+    assert {"text_encode", "denoise", "video_decode", "audio_decode"} <= set(out.stage_durations)
+    # Same thread count: CPU reductions (the audio VAE convs) are only bit-stable at equal parallelism.
+    threads = torch.get_num_threads()
+    try:
+        local = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1)).generate(_plan(executor))
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(out.video, local.video)
+    np.testing.assert_array_equal(out.audio, local.audio)
+
+
+def test_cancel_at_next_step(executor):
+    handle = {}
+
+    def on_progress(done, total):
+        executor.cancel(handle["seq"])
+
+    with pytest.raises(Cancelled):
+        executor.generate(_plan(executor, steps=6), on_progress=on_progress, on_start=lambda s: handle.update(seq=s))
+    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107  # still serving
+
+
+def test_timeout_aborts_the_job(executor):
+    with pytest.raises(TimeoutError, match="timed out"):
+        executor.generate(_plan(executor, steps=30), timeout_s=0.01)
+    assert executor.alive()
+
+
+def test_killed_rank_fails_request_then_recovers(executor):
+    pid = executor.pids()[0]
+
+    def kill_on_first_step(done, total):
+        if done == 1:
+            os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(EngineError, match="rank 0 exited"):
+        executor.generate(_plan(executor, steps=8), on_progress=kill_on_first_step)
+    assert executor.restarts == 1 and executor.alive() and executor.pids()[0] != pid
+    assert executor.generate(_plan(executor, steps=2)).audio.shape[0] == 2
