@@ -198,7 +198,12 @@ class Executor:
                 raise
 
     def _next_event(self, deadline: float | None, starting: bool = False) -> tuple:
+        """The next event from rank 0; EngineError if a rank died, TimeoutError past `deadline`."""
         while True:
+            # Checked before every read, not only when the queue is idle: steady progress events must not
+            # postpone a timeout.
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the engine did not answer in time")
             try:
                 return self._events.get(timeout=0.2)
             except queue.Empty:
@@ -209,8 +214,6 @@ class Executor:
                 rank = self._ranks[self._procs.index(p)]
                 what = "starting the engine" if starting else "the request was running"
                 raise EngineError(f"rank {rank} exited with code {p.exitcode} while {what}")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("the engine did not answer in time")
 
     @staticmethod
     def _read_result(spool: str, stage_durations: dict, peak_memory_mb: float) -> GenerationOutput:
