@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from h3serve.api import serve_cli
+from h3serve.tools import bench, compare, probe_cli
 
 EXIT_USAGE = 2
 
@@ -44,6 +46,8 @@ def format_stages(durations: dict[str, float]) -> str:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
+    from h3serve.engine.args import add_engine_args
+
     p = sub.add_parser("generate", help="generate one MP4 (video + stereo audio) from a prompt")
     p.add_argument("prompt")
     p.add_argument("-o", "--output", required=True, help="output .mp4 path")
@@ -68,14 +72,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
             help=f"Ref2VA {kind} reference (repeatable; references keep their command-line order)",
         )
     p.add_argument("--task", help="t2va | fl2va | ref2va (default: from the inputs)")
-    p.add_argument("--task-type", default="auto", help="which DiT to load: auto (all) | fl2va | ref2va")
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
     p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
     p.add_argument("--audio-bitrate", type=int, default=192_000, help="AAC bitrate in bit/s (default 192000)")
+    add_engine_args(p)  # device, parallel layout (--num-gpus, --usp, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_generate)
 
 
@@ -98,9 +99,17 @@ def _media(path: str | None, kind: str | None = None):
     return None if path is None else MediaRef(path=Path(path), name=path, kind=kind)
 
 
+def _tasks_served(dits: tuple[str, ...], layout) -> tuple[str, ...]:
+    """Tasks the DiTs of `dits` present in the checkpoint serve (as `H3Components.tasks`, before loading)."""
+    present = {name for name in dits if layout.has(name)}
+    keyframes = ("t2va", "fl2va") if "transformer" in present else ()
+    return keyframes + (("ref2va",) if "transformer_ref" in present else ())
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.checkpoint import CheckpointError, read_layout
-    from h3serve.config import ConfigError, EngineConfig
+    from h3serve.config import ConfigError
+    from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
     from h3serve.media.intake import MediaError
     from h3serve.request import GenerationRequest
@@ -124,15 +133,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         model = _model_dir(args.model)
         plan = plan_request(request, read_layout(model).defaults())  # fail fast, before any weight is read
-        config = EngineConfig(
-            model=model, device=args.device, dtype=args.dtype, threads=args.threads, task_type=args.task_type
-        ).validate()
+        config = engine_config_from_args(args, model)
     except (RequestError, MediaError, ConfigError, CheckpointError) as e:
         return _fail(str(e))
 
     from tqdm import tqdm
 
-    from h3serve.engine.local import LocalEngine
+    from h3serve.engine.executor import EngineError, Executor
+    from h3serve.engine.local import LocalEngine, check_task_served
     from h3serve.media.mp4 import EncoderOptions, write_mp4
     from h3serve.media.raw import write_raw
 
@@ -141,10 +149,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"seed {plan.seed}, model {model}",
         file=sys.stderr,
     )
-    engine = LocalEngine(config)
-    try:
-        plan = engine.plan(request)  # the loaded DiT must serve the task
+    try:  # the DiT this config loads must serve the task
+        check_task_served(plan.task, _tasks_served(config.dits, read_layout(model)))
     except RequestError as e:
+        return _fail(str(e))
+    multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
+    try:
+        engine = Executor(config) if multi_rank else LocalEngine(config)  # loads the weights
+    except EngineError as e:
         return _fail(str(e))
     bar = tqdm(total=None, desc="denoise", unit="step", file=sys.stderr)
 
@@ -153,9 +165,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        output = engine.generate(plan, on_step)
+        output = engine.generate(plan, on_progress=on_step) if multi_rank else engine.generate(plan, on_step)
+    except EngineError as e:
+        return _fail(str(e))
     finally:
         bar.close()
+        if multi_rank:
+            engine.close()
     start = time.perf_counter()
     options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate)
     try:
@@ -204,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_make_tiny(sub)
+    serve_cli.register(sub)
+    compare.register(sub)
+    probe_cli.register(sub)
+    bench.register(sub)
     return parser
 
 

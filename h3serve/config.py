@@ -34,6 +34,7 @@ class EngineConfig:
     cfg_parallel_size: int = 1  # must be 1: H3 is CFG-distilled
     enforce_eager: bool = False  # never torch.compile the DiT
     attention_backend: str = "auto"  # --diffusion-attention-backend (dense attention runs through torch SDPA)
+    init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -63,7 +64,10 @@ class EngineConfig:
         """One line per flag applied in a way the user may not expect (printed once, at start-up)."""
         from h3serve.parallel.degrees import parallel_notices
 
-        return parallel_notices(self.parallel_degrees())
+        notices = parallel_notices(self.parallel_degrees())
+        if self.world_size > 1 and self.resolved_device().type == "cpu":
+            notices.append(f"notice: --num-gpus {self.world_size} on CPU: {self.world_size} rank processes over gloo")
+        return notices
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -103,6 +107,7 @@ class EngineConfig:
         if not (self.model / "modular_model_index.json").exists():
             raise ConfigError(f"--model: {self.model} is not an H3 checkpoint (no modular_model_index.json)")
         from h3serve.parallel.degrees import check_degrees, read_model_dims
+        from h3serve.parallel.rendezvous import nodes_from_env
 
         check_degrees(
             self.parallel_degrees(),
@@ -110,4 +115,11 @@ class EngineConfig:
             self.cfg_parallel_size,
             self.vae_parallel_mode,
         )
+        if self.resolved_device().type == "cuda":
+            per_node, visible = self.world_size // nodes_from_env(), torch.cuda.device_count()
+            if per_node > visible:
+                raise ConfigError(
+                    f"--num-gpus {self.world_size} needs {per_node} GPUs on this node, {visible} are visible; "
+                    f"use --num-gpus {visible} (or run across nodes, see h3serve.parallel.rendezvous)"
+                )
         return self

@@ -55,10 +55,12 @@ class Executor:
     ranks; only the leader (global rank 0's node) serves `generate`, the others call `run_follower`.
     """
 
-    def __init__(self, config: EngineConfig, start_timeout_s: float = 600.0, rendezvous: Rendezvous | None = None):
+    def __init__(
+        self, config: EngineConfig, start_timeout_s: float | None = None, rendezvous: Rendezvous | None = None
+    ):
         self.config = config
         self.rendezvous = rendezvous or Rendezvous.from_env()
-        self.start_timeout_s = start_timeout_s
+        self.start_timeout_s = config.init_timeout_s if start_timeout_s is None else start_timeout_s
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()  # one request at a time
         self._seq = itertools.count(1)
@@ -190,12 +192,38 @@ class Executor:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                         raise Cancelled(f"job {job.seq} was cancelled")
                     elif kind == "error" and event[1] == job.seq:
-                        raise EngineError(event[2])
+                        raise EngineError(self._root_cause(event))
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
                 if not self.alive() or self.config.world_size > 1:
                     self.restart()
                 raise
+
+    def _root_cause(self, error: tuple, settle_s: float = 2.0) -> str:
+        """With several ranks, a rank's error is often a symptom (its collective lost a peer that died): give
+        the processes a moment to settle and name a rank that died without reporting, if any."""
+        if len(self._procs) <= 1:
+            return error[2]
+        reporters = {error[3]} if len(error) > 3 else set()
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            # Exit codes first, reports second: a rank's report is flushed before it exits, so any report from
+            # a rank seen dead here is already readable.
+            dead = [(rank, p.exitcode) for rank, p in zip(self._ranks, self._procs, strict=True) if p.exitcode]
+            while True:
+                try:
+                    event = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                if event[0] == "error" and len(event) > 3:
+                    reporters.add(event[3])
+            silent = [(rank, code) for rank, code in dead if rank not in reporters]
+            if silent:
+                return f"rank {silent[0][0]} exited with code {silent[0][1]} while the request was running"
+            if reporters <= {rank for rank, _ in dead}:
+                break  # every reporter is gone and no other rank died: the report is the cause
+        return error[2]
 
     def _next_event(self, deadline: float | None, starting: bool = False) -> tuple:
         """The next event from rank 0; EngineError if a rank died, TimeoutError past `deadline`."""

@@ -52,7 +52,7 @@ class LocalEngine:
             torch.set_num_threads(config.threads)
         start = time.perf_counter()
         # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
-        self.parallel = RankParallel.build(config.parallel_degrees(), rank, self.device) if world_size > 1 else None
+        self.parallel = RankParallel.build(config.parallel_degrees(), rank) if world_size > 1 else None
         components = load_components(
             self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel
         )

@@ -6,7 +6,9 @@ Rank 0 talks to the parent (queues); all ranks agree on each job and on cancella
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import threading
 import traceback
 
 import torch
@@ -35,6 +37,23 @@ def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: tor
     return bool(flag.item())
 
 
+def _exit_with_parent() -> None:
+    """End this rank when the process that spawned it dies (even by SIGKILL).
+
+    A rank holds both ends of its request queue's pipe, so it would never see end-of-file and would keep
+    the model (and its GPU memory) loaded forever as an orphan, starving a restarted server.
+    """
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()  # waits on the parent's sentinel: returns when the parent is gone
+        os._exit(1)
+
+    threading.Thread(target=watch, name="h3serve-parent-watch", daemon=True).start()
+
+
 def worker_main(
     rank: int,
     world: int,
@@ -49,6 +68,7 @@ def worker_main(
     from h3serve.engine.local import LocalEngine
     from h3serve.media.raw import write_raw
 
+    _exit_with_parent()
     try:
         if world > 1:
             cuda = config.resolved_device().type == "cuda"
@@ -86,7 +106,7 @@ def worker_main(
                 # Another rank may be waiting in a collective this rank will never join: continuing would
                 # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
                 traceback.print_exc()
-                events.put(("error", job.seq, f"generation failed on rank {rank}: {type(e).__name__}: {e}"))
+                events.put(("error", job.seq, f"generation failed on rank {rank}: {type(e).__name__}: {e}", rank))
                 events.close()
                 events.join_thread()  # flush the report before the hard exit
                 os._exit(1)

@@ -72,3 +72,39 @@ def test_killed_rank_fails_request_then_recovers(executor):
         executor.generate(_plan(executor, steps=8), on_progress=kill_on_first_step)
     assert executor.restarts == 1 and executor.alive() and executor.pids()[0] != pid
     assert executor.generate(_plan(executor, steps=2)).audio.shape[0] == 2
+
+
+_PARENT = r"""
+import sys, time
+from pathlib import Path
+from h3serve.config import EngineConfig
+from h3serve.engine.executor import Executor
+ex = Executor(EngineConfig(model=Path(sys.argv[1]), threads=1))
+print("PIDS", *ex.pids(), flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_ranks_exit_when_the_parent_is_killed(tiny_checkpoint):
+    """A SIGKILLed server must not leave ranks holding the model (and a GPU) as orphans."""
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tiny_checkpoint)], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in parent.stdout.readline().split()[1:]]
+    assert pids and all(_running(p) for p in pids)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 15
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_running(p) for p in pids)

@@ -79,13 +79,12 @@ def test_patchify_round_trip_and_feature_order():
 
 def _ref_objects(blocks):
     """diffusers reference objects + latents with the same geometry as our ReferenceBlocks."""
-    from PIL import Image
-
     from diffusers.modular_pipelines.minimax_h3.references import (
         MiniMaxH3AudioReference,
         MiniMaxH3ImageReference,
         MiniMaxH3VideoReference,
     )
+    from PIL import Image
 
     refs, visual, audio = [], [], []
     for b in blocks:
@@ -94,7 +93,11 @@ def _ref_objects(blocks):
             refs.append(MiniMaxH3ImageReference(image=Image.new("RGB", (64, 64))))
         elif b.kind == "video":
             frames = torch.zeros(22, 64, 64, 3, dtype=torch.uint8).numpy()
-            refs.append(MiniMaxH3VideoReference(frames=frames, fps=24.0, audio=wave, sample_rate=32000 if b.audio_latents else None))
+            refs.append(
+                MiniMaxH3VideoReference(
+                    frames=frames, fps=24.0, audio=wave, sample_rate=32000 if b.audio_latents else None
+                )
+            )
         else:
             refs.append(MiniMaxH3AudioReference(audio=wave, sample_rate=32000))
         if b.kind != "audio":

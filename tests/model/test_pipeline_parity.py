@@ -4,29 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import ModularPipeline
 
 from h3serve.request import GenerationRequest
-from h3serve.tools.tiny_checkpoint import load_processor
+from h3serve.tools.bench.peer import run_reference
 from h3serve.validate import validate
 
 PROMPT = "A red fox trots through fresh snow at dawn."
-
-
-def run_reference(checkpoint, prompt: str, num_frames: int, steps: int, seed: int):
-    pipe = ModularPipeline.from_pretrained(str(checkpoint), workflow="t2va")
-    pipe.load_components(
-        names=["text_encoder", "tokenizer", "scheduler", "audio_scheduler", "transformer", "vae", "audio_vae"],
-        torch_dtype=torch.float32,
-    )
-    pipe.update_components(processor=load_processor(checkpoint))  # no torchvision: assembled by hand
-    return pipe(
-        prompt=prompt,
-        num_frames=num_frames,
-        num_inference_steps=steps,
-        generator=torch.Generator().manual_seed(seed),
-        output_type="np",
-    )
 
 
 @pytest.mark.parametrize("steps, seed", [(4, 0), (6, 7)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from diffusers import ModularPipeline
 from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference, MiniMaxH3ImageReference
 from PIL import Image
 
@@ -14,7 +13,7 @@ from h3serve.media.intake import AudioMedia
 from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import Conditioning
 from h3serve.request import GenerationRequest, MediaRef
-from h3serve.tools.tiny_checkpoint import load_processor
+from h3serve.tools.bench.peer import load_reference_pipeline
 from h3serve.validate import validate
 
 PROMPT = "The scene comes alive."
@@ -30,15 +29,7 @@ def picture(w: int, h: int, seed: int) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def reference_pipe(tiny_checkpoint):
-    def load(workflow: str):
-        pipe = ModularPipeline.from_pretrained(str(tiny_checkpoint), workflow=workflow)
-        dit = "transformer_ref" if workflow == "ref2va" else "transformer"
-        names = ["text_encoder", "tokenizer", "scheduler", "audio_scheduler", dit, "vae", "audio_vae"]
-        pipe.load_components(names=names, torch_dtype=torch.float32)
-        pipe.update_components(processor=load_processor(tiny_checkpoint))
-        return pipe
-
-    return {w: load(w) for w in ("fl2va", "ref2va")}
+    return {w: load_reference_pipeline(tiny_checkpoint, w) for w in ("fl2va", "ref2va")}
 
 
 def _compare(ours, state):

@@ -1,0 +1,67 @@
+"""The FastAPI app factory: routes, the API key on /v1, the body cap, the error envelope, the job lifecycle."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI
+from starlette.concurrency import run_in_threadpool
+
+import h3serve
+from h3serve.api.auth import bearer_auth
+from h3serve.api.body_limit import BodySizeLimit
+from h3serve.api.config import ServerConfig
+from h3serve.api.context import ServerContext
+from h3serve.api.errors import install_error_handlers
+from h3serve.api.metrics import Metrics
+from h3serve.api.routes import system, videos, web
+from h3serve.api.store import SQLiteJobStore
+from h3serve.api.url_fetch import MediaFetcher
+from h3serve.engine.jobs import JobManager
+
+
+def create_app(
+    config: ServerConfig,
+    manager: JobManager,
+    store: SQLiteJobStore,
+    fetcher: MediaFetcher | None = None,
+) -> FastAPI:
+    """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
+    metrics = Metrics()
+    manager.add_listener(metrics.on_job_finished)
+    context = ServerContext(
+        config=config,
+        manager=manager,
+        store=store,
+        fetcher=fetcher or MediaFetcher(config.media_fetch_timeout_s, config.allow_private_media_urls),
+        metrics=metrics,
+        started_at=int(time.time()),
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(manager.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(manager.close)
+
+    app = FastAPI(
+        title="h3serve",
+        version=h3serve.__version__,
+        summary="OpenAI-compatible video API for MiniMax-H3 (joint video + audio)",
+        lifespan=lifespan,
+    )
+    app.state.context = context
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(config.api_key))])
+    v1.include_router(videos.router)
+    v1.include_router(system.v1_router)
+    app.include_router(v1)
+    app.include_router(system.router)
+    app.include_router(web.router)
+    return app

@@ -1,0 +1,72 @@
+"""ServerConfig: every `h3serve serve` flag that is not an engine flag, cross-checked once at start-up."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from h3serve import limits
+from h3serve.config import ConfigError
+from h3serve.media.mp4 import EncoderOptions
+from h3serve.media.mp4 import _validate_options as check_encoder_options
+
+MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
+
+
+def default_data_dir() -> Path:
+    """`$H3SERVE_DATA_DIR`, else `$XDG_DATA_HOME/h3serve`, else `~/.local/share/h3serve`."""
+    if env := os.environ.get("H3SERVE_DATA_DIR"):
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "h3serve"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # Bearer token every /v1 route requires; None: open
+    data_dir: Path = field(default_factory=default_data_dir)  # jobs.sqlite3 + jobs/<id>/ folders
+    max_queue: int = 16  # queued jobs (the running one excluded) before 429
+    sync_timeout_s: float = 600.0  # /v1/videos/sync: 504 and the job is aborted after this
+    output_ttl_s: float = 86_400.0  # outputs are deleted this long after a job finishes; 0: never
+    sweep_interval_s: float = 60.0
+    poll_after_ms: int = 1000  # `openai-poll-after-ms` on retrieve: the SDK's polling interval
+    allow_private_media_urls: bool = False  # let media URLs reach loopback/private/link-local hosts
+    media_fetch_timeout_s: float = 30.0
+    max_body_bytes: int = MAX_BODY_BYTES
+    encoder_options: EncoderOptions = field(default_factory=EncoderOptions)
+
+    @property
+    def store_path(self) -> Path:
+        return self.data_dir / "jobs.sqlite3"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.data_dir / "jobs"
+
+    def validate(self) -> ServerConfig:
+        """Fail loudly, at start-up, on any illegal value."""
+        checks = (
+            (0 <= self.port <= 65535, f"--port must be in 0..65535, got {self.port}"),
+            (self.max_queue >= 1, f"--max-queue must be >= 1, got {self.max_queue}"),
+            (self.sync_timeout_s > 0, f"--sync-timeout must be > 0 seconds, got {self.sync_timeout_s:g}"),
+            (self.output_ttl_s >= 0, f"--output-ttl must be >= 0 seconds (0: keep), got {self.output_ttl_s:g}"),
+            (self.sweep_interval_s > 0, f"--ttl-sweep-interval must be > 0, got {self.sweep_interval_s:g}"),
+            (self.poll_after_ms >= 1, f"--poll-after-ms must be >= 1, got {self.poll_after_ms}"),
+            (self.media_fetch_timeout_s > 0, f"--media-fetch-timeout must be > 0, got {self.media_fetch_timeout_s:g}"),
+            (self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty"),
+            (bool(self.served_model_name), "--served-model-name must not be empty"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        try:
+            check_encoder_options(self.encoder_options, limits.AUDIO_SAMPLE_RATE)
+        except ValueError as e:  # a bad --x264-preset/--crf/--audio-bitrate fails here, not in every job
+            raise ConfigError(f"encoder: {e}") from None
+        if self.data_dir.exists() and not self.data_dir.is_dir():
+            raise ConfigError(f"--data-dir: {self.data_dir} exists and is not a folder")
+        return self

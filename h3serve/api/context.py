@@ -1,0 +1,27 @@
+"""What every route needs, built once by the app factory and reached through `request.app.state`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from h3serve.api.config import ServerConfig
+from h3serve.api.metrics import Metrics
+from h3serve.api.store import SQLiteJobStore
+from h3serve.api.url_fetch import MediaFetcher
+from h3serve.engine.jobs import JobManager
+
+
+@dataclass(frozen=True)
+class ServerContext:
+    config: ServerConfig
+    manager: JobManager
+    store: SQLiteJobStore
+    fetcher: MediaFetcher
+    metrics: Metrics
+    started_at: int
+
+
+def get_context(request: Request) -> ServerContext:
+    return request.app.state.context

@@ -1,0 +1,99 @@
+"""The OpenAI error envelope `{"error": {"message", "type", "param", "code"}}` for every failure.
+
+Handlers turn every exception into that envelope with the right status; an unexpected exception is logged
+with its traceback and answered with a generic 500, so no stack trace or server path reaches a client.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from h3serve.validate import RequestError
+
+log = logging.getLogger("h3serve.api")
+
+_TYPES = {
+    401: "authentication_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    """An HTTP error with the OpenAI envelope. `headers` go on the response (e.g. Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = headers or {}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, code, param)
+
+
+def from_request_error(err: RequestError, aliases: dict[str, str] | None = None) -> APIError:
+    """A validation error as a 400 naming the field as the client sent it (`steps` -> `num_inference_steps`)."""
+    param = (aliases or {}).get(err.field, err.field)
+    return APIError(400, f"{param}: {err.message}", "invalid_value", param)
+
+
+def not_found(video_id: str) -> APIError:
+    return APIError(404, f"Video with id '{video_id}' not found.", "video_not_found", "video_id")
+
+
+def error_response(status: int, message: str, code: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    phrase = HTTPStatus(exc.status_code).phrase
+    message = exc.detail if isinstance(exc.detail, str) else phrase
+    code = phrase.lower().replace(" ", "_").replace("-", "_")
+    return error_response(exc.status_code, message, code, headers=getattr(exc, "headers", None))
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
+    param = ".".join(location) or None
+    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+    return error_response(400, message, "invalid_value", param)
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", exc_info=exc)
+    return error_response(500, "Internal server error.", "internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,56 @@
+"""Assemble the `GenerationRequest` from the typed fields and the stored media.
+
+Where each file goes follows vLLM-Omni's task resolution: with `extra_params.task` fl2va, or no task and
+images only, the images are keyframes (placed by `frame_indices`: [0] first, [-1] last, [0, -1] both;
+default [0] for one image and [0, -1] for two). Otherwise every file is a Ref2VA reference, and the
+task (if not given) is left for `validate` to infer.
+"""
+
+from __future__ import annotations
+
+from h3serve.api.errors import bad_request
+from h3serve.api.media_inputs import StoredMedia
+from h3serve.api.request_fields import ParsedFields
+from h3serve.request import GenerationRequest, MediaRef
+
+FIRST, LAST = 0, -1
+
+
+def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef | None, MediaRef | None]:
+    for m in media:
+        if m.kind != "image":
+            found = f"a {m.kind} file" if m.kind else "not a recognisable image"
+            raise bad_request(f"{m.source.field}: fl2va takes images only (keyframes); this is {found}",
+                              m.source.field)
+    if len(media) > 2:
+        raise bad_request(f"fl2va takes at most 2 images (first and last keyframe), got {len(media)}",
+                          media[2].source.field)
+    indices = parsed.frame_indices or ((FIRST,) if len(media) == 1 else (FIRST, LAST))
+    if len(indices) != len(media) or len(set(indices)) != len(indices) or not set(indices) <= {FIRST, LAST}:
+        raise bad_request(
+            f"frame_indices: must be [0], [-1] or [0, -1], one index per keyframe image ({len(media)} given), "
+            f"got {list(indices)}",
+            "extra_params.frame_indices",
+        )
+    by_index = {index: m.ref for index, m in zip(indices, media, strict=True)}
+    return by_index.get(FIRST), by_index.get(LAST)
+
+
+def build_request(parsed: ParsedFields, media: list[StoredMedia]) -> GenerationRequest:
+    task = parsed.values.get("task")
+    only_images = bool(media) and all(m.kind == "image" for m in media)
+    if task == "fl2va" or (task is None and only_images):
+        image, last_image = _keyframes(parsed, media) if media else (None, None)
+        return GenerationRequest(**parsed.values, image=image, last_image=last_image)
+    if parsed.frame_indices is not None:
+        raise bad_request("frame_indices: only fl2va keyframe images take frame indices",
+                          "extra_params.frame_indices")
+    return GenerationRequest(**parsed.values, references=tuple(m.ref for m in media))
+
+
+def media_aliases(request: GenerationRequest, media: list[StoredMedia]) -> dict[str, str]:
+    """How validation errors name each file ("image", "references[2]") -> the field the client sent it in."""
+    source_of = {id(m.ref): m.source.field for m in media}
+    named = [("image", request.image), ("last_image", request.last_image)]
+    named += [(f"references[{i}]", ref) for i, ref in enumerate(request.references)]
+    return {name: source_of[id(ref)] for name, ref in named if ref is not None and id(ref) in source_of}

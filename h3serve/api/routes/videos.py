@@ -1,0 +1,147 @@
+"""The /v1/videos routes: create (async job or synchronous MP4), list, retrieve, download, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from h3serve.api.context import ServerContext, get_context
+from h3serve.api.errors import APIError, not_found
+from h3serve.api.openapi import CREATE_REQUEST_BODY, error_responses
+from h3serve.api.schemas import Video, VideoDeleted, VideoList
+from h3serve.api.submission import submit
+from h3serve.engine.artifacts import VARIANTS
+from h3serve.engine.jobs import UNFINISHED, Job
+
+router = APIRouter(tags=["videos"])
+Context = Annotated[ServerContext, Depends(get_context)]
+SYNC_POLL_S = 0.05
+
+
+def _job(ctx: ServerContext, video_id: str) -> Job:
+    job = ctx.store.get(video_id)
+    if job is None:
+        raise not_found(video_id)
+    return job
+
+
+@router.post(
+    "/videos",
+    response_model=Video,
+    summary="Create a video job (returns at once, status queued)",
+    openapi_extra={"requestBody": CREATE_REQUEST_BODY},
+    responses=error_responses(400, 401, 413, 415, 429),
+)
+async def create_video(request: Request, ctx: Context) -> Video:
+    return Video.from_job(await submit(request, ctx, sync=False))
+
+
+@router.post(
+    "/videos/sync",
+    summary="Generate a video and return the MP4 in the response body",
+    openapi_extra={"requestBody": CREATE_REQUEST_BODY},
+    responses={200: {"content": {"video/mp4": {}}}, **error_responses(400, 401, 413, 415, 429, 500, 504)},
+)
+async def create_video_sync(request: Request, ctx: Context) -> Response:
+    job = await submit(request, ctx, sync=True)
+    try:
+        finished = await _wait(ctx, job.id, ctx.config.sync_timeout_s)
+        if finished is None:
+            raise APIError(409, "The video was deleted before it finished.", "video_deleted")
+        if finished.status == "failed":
+            assert finished.error is not None
+            raise APIError(500, f"Video generation failed: {finished.error.message}", finished.error.code)
+        data = await run_in_threadpool(ctx.manager.files.file(job.id, VARIANTS["video"].file_name).read_bytes)
+    except APIError as e:
+        e.headers["X-Request-Id"] = job.id
+        raise
+    finally:  # a synchronous job lives only as long as its request: aborted (if running) and removed
+        await run_in_threadpool(ctx.manager.delete, job.id)
+    return Response(
+        data,
+        media_type=VARIANTS["video"].media_type,
+        headers={
+            "X-Request-Id": job.id,
+            "X-Model": finished.model,
+            "X-Inference-Time-S": f"{finished.inference_time_s or 0.0:.3f}",
+            "X-Stage-Durations": json.dumps(finished.stage_durations, separators=(",", ":")),
+            "X-Peak-Memory-MB": f"{finished.peak_memory_mb:.3f}",
+        },
+    )
+
+
+async def _wait(ctx: ServerContext, job_id: str, timeout_s: float) -> Job | None:
+    """The job once it has finished (None if it was deleted); 504 after `timeout_s`."""
+    event = ctx.manager.done_event(job_id)
+    deadline = time.monotonic() + timeout_s
+    while event is not None and not event.is_set():
+        if time.monotonic() > deadline:
+            raise APIError(504, f"Video generation timed out after {timeout_s:g} s; the job was aborted.", "timeout")
+        await asyncio.sleep(SYNC_POLL_S)
+    return await run_in_threadpool(ctx.store.get, job_id)
+
+
+@router.get("/videos", response_model=VideoList, summary="List video jobs", responses=error_responses(400, 401))
+def list_videos(
+    ctx: Context,
+    after: Annotated[str | None, Query(description="id of the last job of the previous page")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    order: Literal["asc", "desc"] = "desc",
+) -> VideoList:
+    jobs, has_more = ctx.store.page(after, limit, order)
+    data = [Video.from_job(j) for j in jobs]
+    return VideoList(
+        data=data,
+        first_id=data[0].id if data else None,
+        last_id=data[-1].id if data else None,
+        has_more=has_more,
+    )
+
+
+@router.get("/videos/{video_id}", response_model=Video, summary="Retrieve a video job",
+            responses=error_responses(401, 404))
+def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
+    job = _job(ctx, video_id)
+    return JSONResponse(
+        Video.from_job(job).model_dump(mode="json"),
+        headers={"openai-poll-after-ms": str(ctx.config.poll_after_ms)},
+    )
+
+
+@router.get(
+    "/videos/{video_id}/content",
+    summary="Download the MP4, its thumbnail (WebP) or its spritesheet (JPEG)",
+    responses={200: {"content": {v.media_type: {} for v in VARIANTS.values()}},
+               **error_responses(400, 401, 404, 409, 422)},
+)
+def download_video(
+    video_id: str, ctx: Context, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
+) -> FileResponse:
+    job = _job(ctx, video_id)
+    if job.status in UNFINISHED:
+        raise APIError(409, f"The video is not ready yet (status {job.status}, {job.progress}%).",
+                       "video_not_ready", headers={"x-should-retry": "false"})
+    if job.status == "failed":
+        raise APIError(422, "Video generation failed; retrieve the job for the error.", "video_failed")
+    if job.expired:
+        raise APIError(404, f"The files of video '{video_id}' expired and were deleted.", "video_expired")
+    spec = VARIANTS[variant]
+    path: Path = ctx.manager.files.file(job.id, spec.file_name)
+    if not path.is_file():
+        raise APIError(404, f"The {variant} of video '{video_id}' is not on disk.", "file_not_found")
+    return FileResponse(path, media_type=spec.media_type, filename=f"{job.id}.{spec.extension}")
+
+
+@router.delete("/videos/{video_id}", response_model=VideoDeleted, summary="Delete a job (cancels it if unfinished)",
+               responses=error_responses(401, 404))
+def delete_video(video_id: str, ctx: Context) -> VideoDeleted:
+    if not ctx.manager.delete(video_id):
+        raise not_found(video_id)
+    return VideoDeleted(id=video_id)

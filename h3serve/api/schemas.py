@@ -1,0 +1,97 @@
+"""Response bodies: OpenAI's Video object (plus h3serve's measurements), lists, deletions, errors, models."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from h3serve.engine.jobs import Job
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+
+
+class Video(BaseModel):
+    """OpenAI's `Video` with every field always present, plus num_frames, fps, duration_s and measurements."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: Literal["queued", "in_progress", "completed", "failed"]
+    progress: int
+    created_at: int
+    completed_at: int | None
+    expires_at: int | None
+    prompt: str
+    size: str
+    seconds: str
+    remixed_from_video_id: str | None = None
+    error: VideoError | None
+    num_frames: int
+    fps: int
+    duration_s: float
+    stage_durations: dict[str, float]
+    peak_memory_mb: float
+    inference_time_s: float | None
+
+    @classmethod
+    def from_job(cls, job: Job) -> Video:
+        return cls(
+            id=job.id,
+            model=job.model,
+            status=job.status,
+            progress=job.progress,
+            created_at=job.created_at,
+            completed_at=job.completed_at,
+            expires_at=job.expires_at,
+            prompt=job.request.prompt,
+            size=job.size,
+            seconds=job.seconds,
+            error=None if job.error is None else VideoError(code=job.error.code, message=job.error.message),
+            num_frames=job.num_frames,
+            fps=job.fps,
+            duration_s=round(job.duration_s, 6),
+            stage_durations={k: round(v, 6) for k, v in job.stage_durations.items()},
+            peak_memory_mb=round(job.peak_memory_mb, 3),
+            inference_time_s=None if job.inference_time_s is None else round(job.inference_time_s, 3),
+        )
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Video]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Model(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "h3serve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Model]

@@ -1,0 +1,89 @@
+"""Create a job from an HTTP request: body -> fields -> stored media -> GenerationRequest -> plan -> queue.
+
+Every failure before the job is queued is a 4xx naming the field, and removes whatever the request had
+already stored. Blocking work (file copies, SQLite, media checks) runs in the thread pool, never on the loop.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from h3serve import limits
+from h3serve.api.body import read_body
+from h3serve.api.context import ServerContext
+from h3serve.api.errors import APIError, bad_request, from_request_error
+from h3serve.api.media_inputs import store_media
+from h3serve.api.request_builder import build_request, media_aliases
+from h3serve.api.request_fields import ParsedFields, parse_fields
+from h3serve.engine.jobs import Job, QueueFull, ShuttingDown, new_job_id
+from h3serve.engine.planning import plan_request
+from h3serve.media.intake import MediaError
+from h3serve.validate import GenerationPlan, RequestError
+
+
+def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
+    if isinstance(err, ShuttingDown):
+        return APIError(503, "The server is shutting down; retry later.", "shutting_down")
+    return APIError(
+        429,
+        f"The job queue is full ({err.depth} jobs waiting). Retry after {err.retry_after_s} s.",
+        "queue_full",
+        headers={"Retry-After": str(err.retry_after_s)},
+    )
+
+
+def _seconds_label(parsed: ParsedFields, plan: GenerationPlan) -> str:
+    """The job's `seconds`: as requested, else what `num_frames` gives, else the default duration."""
+    if parsed.seconds is not None:
+        return parsed.seconds
+    if "num_frames" in parsed.values:
+        return f"{plan.duration_s:g}"
+    return f"{limits.DEFAULT_DURATION_S:g}"
+
+
+async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
+    """Parse, store, validate and queue one request. Raises `APIError` with the right status."""
+    try:
+        try:
+            await run_in_threadpool(ctx.manager.check_capacity)  # before spending time on uploads
+        except (QueueFull, ShuttingDown) as e:
+            raise _queue_error(e) from None
+        parsed = parse_fields(await read_body(request, ctx.config.max_body_bytes))
+        if parsed.model is not None and parsed.model != ctx.config.served_model_name:
+            raise bad_request(
+                f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}", "model",
+                "model_not_found",
+            )
+        job_id = new_job_id()
+        try:
+            return await _create(job_id, parsed, ctx, sync)
+        except BaseException:
+            await run_in_threadpool(ctx.manager.files.remove, job_id)
+            raise
+    finally:
+        await request.close()  # closes the spooled upload files
+
+
+async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: bool) -> Job:
+    media = []
+    if parsed.media:
+        folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
+        media = await store_media(parsed.media, folder, ctx.fetcher)
+    generation_request = build_request(parsed, media)
+    aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
+    try:
+        plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults)
+    except RequestError as e:
+        raise from_request_error(e, aliases) from None
+    except MediaError as e:
+        param = aliases.get(e.field, e.field)
+        raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
+    job = Job.planned(
+        job_id, ctx.config.served_model_name, generation_request, plan, _seconds_label(parsed, plan),
+        created_at=int(ctx.manager.clock()), sync=sync,
+    )
+    try:
+        return await run_in_threadpool(ctx.manager.submit, job, plan)
+    except (QueueFull, ShuttingDown) as e:
+        raise _queue_error(e) from None

@@ -1,0 +1,187 @@
+"""Fetch media from http(s) and data URLs into files, with byte caps, a deadline, and an SSRF guard.
+
+The guard resolves the host once, refuses it if any address is loopback, private, link-local, multicast,
+reserved or otherwise not public, and then connects to exactly the address it checked (the Host header and
+TLS SNI keep the name), so a DNS answer that changes between the check and the connection cannot slip
+through. Redirects are followed by hand, each hop checked the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import os
+import socket
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+
+from h3serve.media.raw import atomic_output
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+AddressPolicy = Callable[[IPAddress], str | None]
+MAX_REDIRECTS = 5
+CHUNK_BYTES = 1 << 16
+
+
+def _write(dest: Path, data: bytes) -> None:
+    with atomic_output(dest) as tmp:
+        tmp.write_bytes(data)
+
+
+def _move_into_place(part: Path, dest: Path) -> None:
+    """A finished download becomes `dest` atomically (fsynced, then renamed)."""
+    with atomic_output(dest) as tmp:
+        os.replace(part, tmp)
+
+
+class MediaFetchError(ValueError):
+    """The URL cannot be used: the message is client-safe. `too_large` maps to 413, the rest to 400."""
+
+    def __init__(self, message: str, too_large: bool = False):
+        super().__init__(message)
+        self.too_large = too_large
+
+
+def public_address_only(ip: IPAddress) -> str | None:
+    """Why `ip` may not be fetched from (None: it is a public unicast address)."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for reason, hit in (
+        ("an unspecified address", ip.is_unspecified),
+        ("a loopback address", ip.is_loopback),
+        ("a link-local address", ip.is_link_local),
+        ("a private address", ip.is_private),
+        ("a multicast address", ip.is_multicast),
+        ("a reserved address", ip.is_reserved),
+        ("not a public address", not ip.is_global),
+    ):
+        if hit:
+            return reason
+    return None
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [info[4][0] for info in infos]
+
+
+def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
+    """The payload and media type of `data:[<type>][;base64],<data>`."""
+    header, comma, payload = url[len("data:"):].partition(",")
+    if not comma:
+        raise MediaFetchError("not a valid data URL (no comma)")
+    media_type = header.split(";")[0].strip() or "text/plain"
+    if header.endswith(";base64"):
+        payload = "".join(payload.split())
+        if len(payload) * 3 // 4 > max_bytes + 2:
+            raise MediaFetchError(f"the data URL holds more than {max_bytes // 2**20} MiB", too_large=True)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise MediaFetchError("the data URL is not valid base64") from None
+    else:
+        data = urllib.parse.unquote_to_bytes(payload)
+    if len(data) > max_bytes:
+        raise MediaFetchError(f"the data URL holds more than {max_bytes // 2**20} MiB", too_large=True)
+    return data, media_type
+
+
+class MediaFetcher:
+    """Downloads one URL into one file; `fetch` returns the media type the server declared."""
+
+    def __init__(
+        self,
+        timeout_s: float,
+        allow_private: bool = False,
+        resolver: Resolver = system_resolver,
+        policy: AddressPolicy = public_address_only,
+        max_redirects: int = MAX_REDIRECTS,
+    ):
+        self.timeout_s = timeout_s
+        self.allow_private = allow_private
+        self.resolver = resolver
+        self.policy = policy
+        self.max_redirects = max_redirects
+
+    async def fetch(self, url: str, dest: Path, max_bytes: int) -> str | None:
+        """Write the URL's content to `dest` (atomically). Raises `MediaFetchError` with a client-safe message."""
+        if url.startswith("data:"):
+            data, media_type = _data_url_bytes(url, max_bytes)
+            await asyncio.to_thread(_write, dest, data)
+            return media_type
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._fetch_http(url, dest, max_bytes)
+        except TimeoutError:
+            raise MediaFetchError(f"the download did not finish within {self.timeout_s:g} s") from None
+        except httpx.HTTPError as e:
+            raise MediaFetchError(f"the download failed ({type(e).__name__})") from None
+
+    async def _pinned_address(self, url: httpx.URL) -> str:
+        """The checked address to connect to for `url`'s host."""
+        if url.scheme not in ("http", "https") or not url.host:
+            raise MediaFetchError("must be an http(s) or data URL")
+        try:
+            addresses = await self.resolver(url.host, url.port or (443 if url.scheme == "https" else 80))
+        except (OSError, UnicodeError):
+            raise MediaFetchError(f"the host {url.host!r} could not be resolved") from None
+        if not addresses:
+            raise MediaFetchError(f"the host {url.host!r} could not be resolved")
+        for address in addresses:
+            ip = ipaddress.ip_address(address.split("%")[0])
+            reason = None if self.allow_private else self.policy(ip)
+            if reason:
+                raise MediaFetchError(
+                    f"the host {url.host!r} resolves to {reason}, which media URLs may not reach"
+                )
+        return addresses[0].split("%")[0]
+
+    async def _fetch_http(self, url: str, dest: Path, max_bytes: int) -> str | None:
+        timeout = httpx.Timeout(self.timeout_s)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+            target = httpx.URL(url)
+            for _ in range(self.max_redirects + 1):
+                address = await self._pinned_address(target)
+                request = client.build_request(
+                    "GET",
+                    target.copy_with(host=address),
+                    headers={"Host": target.netloc.decode("ascii"), "Accept": "*/*"},
+                    extensions={"sni_hostname": target.host} if target.scheme == "https" else {},
+                )
+                response = await client.send(request, stream=True)
+                try:
+                    if response.is_redirect:
+                        target = target.join(response.headers.get("location", ""))
+                        continue
+                    if response.status_code != 200:
+                        raise MediaFetchError(f"the URL answered HTTP {response.status_code}")
+                    await self._save(response, dest, max_bytes)
+                    return response.headers.get("content-type")
+                finally:
+                    await response.aclose()
+        raise MediaFetchError(f"more than {self.max_redirects} redirects")
+
+    @staticmethod
+    async def _save(response: httpx.Response, dest: Path, max_bytes: int) -> None:
+        too_large = MediaFetchError(f"the download is larger than {max_bytes // 2**20} MiB", too_large=True)
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise too_large
+        part = dest.with_name(f".{dest.name}.part")
+        try:
+            received = 0
+            with open(part, "wb") as f:
+                async for chunk in response.aiter_bytes(CHUNK_BYTES):
+                    received += len(chunk)
+                    if received > max_bytes:
+                        raise too_large
+                    f.write(chunk)
+            await asyncio.to_thread(_move_into_place, part, dest)
+        finally:
+            part.unlink(missing_ok=True)

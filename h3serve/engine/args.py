@@ -1,0 +1,217 @@
+"""Engine flags shared by `h3serve generate` and `h3serve serve`, including every flag of vLLM-Omni's H3 launch
+recipes (so a recipe runs with `h3serve serve` in place of `vllm serve`).
+
+`add_engine_args(parser)` declares them; `engine_config_from_args(args)` turns them into a validated, frozen
+`EngineConfig`. A recipe flag h3serve cannot honour on this hardware or build is refused with a message that
+names the fix; one it honours differently (or that has nothing to do here) is applied with a one-line notice
+on stderr. None is silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
+    from h3serve.config import EngineConfig
+
+TASK_TYPES = {"auto": "auto", "combined": "auto", "t2va": "fl2va", "fl2va": "fl2va", "ref2va": "ref2va"}
+# vLLM-Omni's backend names. Dense exact attention runs through torch SDPA (flash / cuDNN / memory-efficient
+# kernels on CUDA, the fused flash kernel on CPU); the approximate or sparse ones would change the math.
+DENSE_ATTENTION = ("TORCH_SDPA", "FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN", "FLASH_ATTN_HUB", "FLASH_ATTN_3_HUB",
+                   "TRTLLM_ATTN")
+APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "FASTVIDEO_VSA", "RAINFUSION_ATTN")
+CACHE_BACKENDS = ("none", "cache_dit", "tea_cache", "mag_cache", "sea_cache", "step_cache")
+COMPILE_GRANULARITIES = ("regional", "full")
+ULYSSES_MODES = ("strict", "advanced_uaa")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Declare the engine flags (device, parallel layout, vLLM-Omni recipe compatibility) on `parser`."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
+    g.add_argument("--task-type", default="auto", help="DiTs to load: auto | combined (both) | t2va | fl2va | ref2va")
+
+    p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
+    p.add_argument("--num-gpus", type=int, default=0, help="ranks (default: tensor-parallel · ulysses · ring)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="DiT tensor parallel (divides 56 heads)")
+    p.add_argument("--usp", "--ulysses-degree", dest="ulysses_degree", type=int, default=1,
+                   help="Ulysses sequence parallel (divides heads / TP)")
+    p.add_argument("--ring", "--ring-degree", dest="ring_degree", type=int, default=1, help="Ring sequence parallel")
+    p.add_argument("--text-encoder-tp-size", type=int, default=1, help="Qwen3-VL tensor parallel on the first N ranks")
+    p.add_argument("--vae-patch-parallel-size", type=int, default=1, help="VAE decode tiles over 1 or all ranks")
+    p.add_argument("--vae-parallel-mode", default="tile", help="tile (the only mode of H3's VAE)")
+    p.add_argument("--vae-use-tiling", action="store_true", help="tiled VAE decode (always on for H3)")
+    p.add_argument("--cfg-parallel-size", type=int, default=1, help="must be 1: H3 is CFG-distilled")
+
+    r = parser.add_argument_group("vLLM-Omni recipe compatibility")
+    r.add_argument("--omni", action="store_true", help="accepted: h3serve always serves video + audio")
+    r.add_argument("--trust-remote-code", action="store_true", help="accepted: h3serve runs no checkpoint code")
+    r.add_argument("--enforce-eager", action="store_true", help="never torch.compile the DiT")
+    r.add_argument("--diffusion-compile-granularity", help="regional | full")
+    r.add_argument("--diffusion-compile-dynamic", action=argparse.BooleanOptionalAction, default=None)
+    r.add_argument("--diffusion-attention-backend", help="auto | " + " | ".join(DENSE_ATTENTION))
+    r.add_argument("--diffusion-attention-config", "-dac", help='JSON, e.g. {"default": {"backend": "FLASH_ATTN"}}')
+    r.add_argument("--fa-deterministic", action="store_true")
+    r.add_argument("--ulysses-mode", help="strict | advanced_uaa")
+    r.add_argument("--ulysses-a2a-permute", action="store_true")
+    r.add_argument("--allgather-degree", type=int, default=1)
+    r.add_argument("--cache-backend", default="none", help="none (h3serve has no DiT cache yet)")
+    r.add_argument("--cache-config", help="JSON")
+    r.add_argument("--enable-cpu-offload", action="store_true")
+    r.add_argument("--enable-layerwise-offload", action="store_true")
+    r.add_argument("--enable-distributed-layerwise-offload", action="store_true")
+    r.add_argument("--dlo-use-allgather", dest="dlo_use_allgather", action="store_const", const=True, default=None)
+    r.add_argument("--dlo-no-use-allgather", dest="dlo_use_allgather", action="store_const", const=False)
+    r.add_argument("--dlo-resident-layers", type=int)
+    r.add_argument("--diffusion-offload-config", help="JSON")
+    r.add_argument("--lora-path")
+    r.add_argument("--lora-backend", help="peft | distill")
+    r.add_argument("--deploy-config")
+    r.add_argument("--stage-overrides")
+    r.add_argument("--step-execution", action="store_true")
+    r.add_argument("--request-batch-max-wait-ms", type=int, default=0)
+    r.add_argument("--enable-diffusion-pipeline-profiler", action="store_true")
+    r.add_argument("--stage-init-timeout", type=float, help="seconds for the ranks to load (with --init-timeout)")
+    r.add_argument("--init-timeout", type=float, help="seconds for the ranks to load (default 600)")
+    r.add_argument("--api-server-count", type=int, default=1)
+
+
+def _json_arg(flag: str, text: str | None) -> dict:
+    from h3serve.config import ConfigError
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{flag}: invalid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
+    from h3serve.config import ConfigError
+
+    dac = _json_arg("--diffusion-attention-config", args.diffusion_attention_config)
+    from_dac = (dac.get("default") or {}).get("backend")
+    if from_dac and args.diffusion_attention_backend:
+        raise ConfigError(
+            "--diffusion-attention-backend and --diffusion-attention-config's default.backend are mutually "
+            "exclusive; give one of them"
+        )
+    name = args.diffusion_attention_backend or from_dac or "auto"
+    if name != "auto" and name not in DENSE_ATTENTION:
+        approximate = name in APPROXIMATE_ATTENTION
+        what = "would change the attention math, not available in h3serve" if approximate else "unknown backend"
+        choices = ", ".join(("auto", *DENSE_ATTENTION))
+        raise ConfigError(f"--diffusion-attention-backend {name}: {what}; choose from: {choices}")
+    if name not in ("auto", "TORCH_SDPA"):
+        notices.append(f"notice: --diffusion-attention-backend {name}: dense attention runs through torch SDPA "
+                       "(its flash / cuDNN / memory-efficient kernels on CUDA)")
+    roles = {role: (cfg or {}).get("backend") for role, cfg in (dac.get("per_role") or {}).items()}
+    if any(backend not in (None, name) for backend in roles.values()):
+        notices.append(f"notice: --diffusion-attention-config per_role: every attention role uses {name}")
+    return name
+
+
+def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> None:
+    """Refuse what cannot work; give a one-line notice for what is applied differently or has no effect."""
+    from h3serve.config import ConfigError
+
+    if args.api_server_count != 1:
+        raise ConfigError(f"--api-server-count {args.api_server_count}: job state lives in one API process; use 1")
+    if args.allgather_degree != 1:
+        raise ConfigError(f"--allgather-degree {args.allgather_degree}: all-gather sequence parallel is not "
+                          "available; use --usp and/or --ring")
+    if args.cache_backend not in CACHE_BACKENDS:
+        raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
+    if args.cache_backend != "none":
+        raise ConfigError(f"--cache-backend {args.cache_backend}: DiT caching is not available in h3serve yet; "
+                          "use --cache-backend none")
+    if args.cache_config:
+        notices.append("notice: --cache-config has no effect with --cache-backend none")
+    if args.lora_path or args.lora_backend:
+        raise ConfigError("--lora-path/--lora-backend: LoRA is not available in h3serve yet; drop these flags")
+    if args.deploy_config or args.stage_overrides:
+        raise ConfigError("--deploy-config/--stage-overrides: h3serve runs H3 as one stage; pass the parallel "
+                          "flags (--usp, --ring, --tensor-parallel-size, --text-encoder-tp-size, ...) directly")
+    offload = [flag for flag, on in (
+        ("--enable-cpu-offload", args.enable_cpu_offload),
+        ("--enable-layerwise-offload", args.enable_layerwise_offload),
+        ("--enable-distributed-layerwise-offload", args.enable_distributed_layerwise_offload),
+        ("--dlo-use-allgather", args.dlo_use_allgather is not None),
+        ("--dlo-resident-layers", args.dlo_resident_layers is not None),
+        ("--diffusion-offload-config", args.diffusion_offload_config),
+    ) if on]
+    if offload and on_cpu:
+        notices.append(f"notice: {', '.join(offload)}: no effect on CPU (the weights already live in host memory)")
+    elif offload:
+        raise ConfigError(f"{', '.join(offload)}: offloading is not available in h3serve yet; shard the DiT "
+                          "instead (--tensor-parallel-size) or drop these flags")
+    if args.diffusion_compile_granularity not in (None, *COMPILE_GRANULARITIES):
+        raise ConfigError(f"--diffusion-compile-granularity {args.diffusion_compile_granularity}: "
+                          f"choose from: {', '.join(COMPILE_GRANULARITIES)}")
+    if args.ulysses_mode not in (None, *ULYSSES_MODES):
+        raise ConfigError(f"--ulysses-mode {args.ulysses_mode}: choose from: {', '.join(ULYSSES_MODES)}")
+    if args.diffusion_compile_granularity or args.diffusion_compile_dynamic is not None:
+        notices.append("notice: --diffusion-compile-*: h3serve runs the DiT eagerly (no torch.compile)")
+    if args.ulysses_mode == "advanced_uaa" or args.ulysses_a2a_permute:
+        notices.append("notice: --ulysses-mode/--ulysses-a2a-permute: h3serve pads the rows to equal chunks and "
+                       "exchanges q, k and v in one all-to-all; any sequence length works")
+    for flag, on, why in (
+        ("--omni", args.omni, "h3serve always serves the omni (video + audio) pipeline"),
+        ("--trust-remote-code", args.trust_remote_code, "h3serve runs no checkpoint code"),
+        ("--vae-use-tiling", args.vae_use_tiling, "H3's VAE always decodes tiled"),
+        ("--step-execution", args.step_execution, "cancellation is always checked between denoise steps"),
+        ("--request-batch-max-wait-ms", args.request_batch_max_wait_ms, "requests run one at a time, unbatched"),
+        ("--enable-diffusion-pipeline-profiler", args.enable_diffusion_pipeline_profiler,
+         "stage durations are always measured"),
+        ("--fa-deterministic", args.fa_deterministic, "h3serve's attention forward is deterministic"),
+    ):
+        if on:
+            notices.append(f"notice: {flag}: {why}")
+
+
+def engine_config_from_args(args: argparse.Namespace, model: Path | None = None) -> EngineConfig:
+    """The validated `EngineConfig` for `add_engine_args` flags (`model`, else `args.model`); prints notices.
+
+    Raises `ConfigError` with the fix in its message.
+    """
+    from h3serve.config import ConfigError, EngineConfig
+
+    if args.task_type not in TASK_TYPES:
+        raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+    notices: list[str] = []
+    draft = EngineConfig(model=Path(model if model is not None else args.model), device=args.device)
+    on_cpu = draft.resolved_device().type == "cpu"
+    _recipe_checks(args, on_cpu, notices)
+    timeout = args.init_timeout or args.stage_init_timeout
+    config = EngineConfig(
+        model=draft.model,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        task_type=TASK_TYPES[args.task_type],
+        num_ranks=args.num_gpus,
+        tensor_parallel_size=args.tensor_parallel_size,
+        ulysses_degree=args.ulysses_degree,
+        ring_degree=args.ring_degree,
+        text_encoder_tp_size=args.text_encoder_tp_size,
+        vae_patch_parallel_size=args.vae_patch_parallel_size,
+        vae_parallel_mode=args.vae_parallel_mode,
+        cfg_parallel_size=args.cfg_parallel_size,
+        enforce_eager=args.enforce_eager,
+        attention_backend=_attention_backend(args, notices),
+        **({"init_timeout_s": timeout} if timeout else {}),
+    ).validate()
+    notices += config.notices()
+    for line in notices:
+        print(line, file=sys.stderr)
+    return config

@@ -1,0 +1,400 @@
+"""Video jobs: a durable, bounded FIFO queue and one runner thread that feeds the executor a job at a time.
+
+The queue lives in memory; every job's state lives in a `JobStore` (SQLite in the server) and its files in
+`JobFiles`, so a restarted manager finds every job again: finished ones stay finished, queued and in-progress
+ones run again from the start, in their original order (generation is deterministic, so a re-run gives the
+same output). A running job is cancelled at its next denoise step; a queued one simply leaves the queue.
+Nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from h3serve import limits
+from h3serve.engine.artifacts import write_artifacts
+from h3serve.engine.executor import Cancelled, EngineError
+from h3serve.engine.output import GenerationOutput
+from h3serve.engine.planning import plan_request
+from h3serve.engine.storage import JobFiles
+from h3serve.media.intake import MediaError
+from h3serve.media.mp4 import EncoderOptions
+from h3serve.request import GenerationRequest
+from h3serve.validate import GenerationPlan, ModelDefaults, RequestError
+
+log = logging.getLogger("h3serve.jobs")
+
+JobStatus = Literal["queued", "in_progress", "completed", "failed"]
+UNFINISHED: tuple[JobStatus, ...] = ("queued", "in_progress")
+DEFAULT_RETRY_AFTER_S = 30
+
+
+def new_job_id() -> str:
+    return f"video_{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class JobError:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Job:
+    """One video job as stored. `seq` (assigned by the store) is the FIFO order; `sync` jobs are never listed."""
+
+    id: str
+    model: str
+    request: GenerationRequest
+    created_at: int
+    size: str  # "WxH" of the planned canvas
+    seconds: str  # the requested duration, as the OpenAI schema's string
+    num_frames: int
+    fps: int
+    duration_s: float
+    status: JobStatus = "queued"
+    progress: int = 0
+    completed_at: int | None = None
+    expires_at: int | None = None
+    stage_durations: dict[str, float] = field(default_factory=dict)
+    peak_memory_mb: float = 0.0
+    inference_time_s: float | None = None
+    error: JobError | None = None
+    sync: bool = False
+    expired: bool = False  # the output files were swept after `expires_at`
+    seq: int = 0
+
+    @classmethod
+    def planned(cls, job_id: str, model: str, request: GenerationRequest, plan: GenerationPlan, seconds: str,
+                created_at: int, sync: bool = False) -> Job:
+        return cls(
+            id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
+            seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
+        )
+
+
+class JobStore(Protocol):
+    """Durable job records. Every method is atomic and thread-safe."""
+
+    def insert(self, job: Job) -> Job: ...  # returns the job with its `seq`
+    def get(self, job_id: str) -> Job | None: ...
+    def update(self, job_id: str, **changes: Any) -> None: ...  # no-op for a missing id
+    def delete(self, job_id: str) -> bool: ...
+    def ids(self) -> set[str]: ...
+    def unfinished(self) -> list[Job]: ...  # queued or in progress, by seq
+    def sync_jobs(self) -> list[Job]: ...
+    def due_to_expire(self, now: int) -> list[Job]: ...  # expires_at <= now and files not yet swept
+
+
+class ExecutorLike(Protocol):
+    """What the manager needs from `h3serve.engine.executor.Executor`."""
+
+    defaults: ModelDefaults
+
+    def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
+                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
+                 ) -> GenerationOutput: ...
+    def cancel(self, seq: int) -> None: ...
+    def alive(self) -> bool: ...
+
+
+class QueueFull(RuntimeError):
+    """The queue holds `max_queue` jobs already; try again after `retry_after_s`."""
+
+    def __init__(self, depth: int, retry_after_s: int):
+        super().__init__(f"the queue is full ({depth} jobs waiting); retry in about {retry_after_s} s")
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(RuntimeError):
+    """The manager is closing and takes no new jobs."""
+
+
+@dataclass
+class _Active:
+    """The job the runner holds. `seq` is the executor's handle, known once the executor has taken the job."""
+
+    job_id: str
+    seq: int | None = None
+    deleted: bool = False
+
+
+JobListener = Callable[[Job], None]
+
+
+class JobManager:
+    """Owns the queue and the runner thread; the executor runs one job at a time, in submission order."""
+
+    def __init__(
+        self,
+        executor: ExecutorLike,
+        store: JobStore,
+        files: JobFiles,
+        *,
+        max_queue: int = 16,
+        output_ttl_s: float | None = None,
+        sweep_interval_s: float = 60.0,
+        encoder_options: EncoderOptions = EncoderOptions(),  # noqa: B008 (frozen)
+        clock: Callable[[], float] = time.time,
+    ):
+        self.executor = executor
+        self.store = store
+        self.files = files
+        self.max_queue = max_queue
+        self.output_ttl_s = output_ttl_s or None
+        self.sweep_interval_s = sweep_interval_s
+        self.encoder_options = encoder_options
+        self.clock = clock
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[str, GenerationPlan]] = deque()
+        self._active: _Active | None = None
+        self._done: dict[str, threading.Event] = {}
+        self._listeners: list[JobListener] = []
+        self._run_seconds: deque[float] = deque(maxlen=8)
+        self._stopping = False
+        self._stop_sweeper = threading.Event()
+        self._runner: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def defaults(self) -> ModelDefaults:
+        return self.executor.defaults
+
+    def start(self) -> None:
+        """Recover the stored jobs, then start the runner and the TTL sweeper."""
+        self._recover()
+        self._runner = threading.Thread(target=self._run_forever, name="h3serve-job-runner", daemon=True)
+        self._runner.start()
+        self._sweeper = threading.Thread(target=self._sweep_forever, name="h3serve-ttl-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop taking jobs; a running job is stopped at its next step and stays queued for the next start."""
+        with self._cond:
+            self._stopping = True
+            if self._active is not None and self._active.seq is not None:
+                self.executor.cancel(self._active.seq)
+            self._cond.notify_all()
+        self._stop_sweeper.set()
+        for thread in (self._runner, self._sweeper):
+            if thread is not None:
+                thread.join(timeout_s)
+
+    def healthy(self) -> bool:
+        return self._runner is not None and self._runner.is_alive() and self.executor.alive()
+
+    def add_listener(self, listener: JobListener) -> None:
+        """`listener(job)` is called from the runner thread whenever a job completes or fails."""
+        self._listeners.append(listener)
+
+    # -- requests from the API -------------------------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    def check_capacity(self) -> None:
+        """Raise `QueueFull` now, before a request spends time on uploads and downloads."""
+        with self._cond:
+            self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        if self._stopping:
+            raise ShuttingDown("the server is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise QueueFull(len(self._queue), self._retry_after_s())
+
+    def _retry_after_s(self) -> int:
+        """A slot frees when the running job ends: about one job's duration, from the recent ones."""
+        if not self._run_seconds:
+            return DEFAULT_RETRY_AFTER_S
+        return max(1, math.ceil(sum(self._run_seconds) / len(self._run_seconds)))
+
+    def submit(self, job: Job, plan: GenerationPlan) -> Job:
+        """Store `job` and queue it behind the others. Raises `QueueFull` or `ShuttingDown`."""
+        with self._cond:
+            self._check_capacity()
+            job = self.store.insert(job)
+            self._queue.append((job.id, plan))
+            self._done[job.id] = threading.Event()
+            self._cond.notify_all()
+        return job
+
+    def done_event(self, job_id: str) -> threading.Event | None:
+        """Set once the job completes, fails or is deleted; None when the job is not in the queue or running.
+
+        Lock-free (one dict read), so the event loop can call it without waiting on a store write."""
+        return self._done.get(job_id)
+
+    def delete(self, job_id: str) -> bool:
+        """Forget a job and its files. A queued job leaves the queue; a running one stops at its next step."""
+        with self._cond:
+            if not self.store.delete(job_id):
+                return False
+            if self._active is not None and self._active.job_id == job_id:
+                self._active.deleted = True  # the runner removes the files once the executor lets go
+                if self._active.seq is not None:
+                    self.executor.cancel(self._active.seq)
+                return True
+            for item in self._queue:
+                if item[0] == job_id:
+                    self._queue.remove(item)
+                    break
+            self._finish_waiters(job_id)
+        self.files.remove(job_id)
+        return True
+
+    # -- runner ----------------------------------------------------------------------------------------------
+
+    def _run_forever(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                job_id, plan = self._queue.popleft()
+                self._active = _Active(job_id)
+            try:
+                self._run(self._active, plan)
+            except Exception:  # the runner must survive anything one job does
+                log.exception("job %s: unexpected failure in the runner", job_id)
+            finally:
+                with self._cond:
+                    if self._active.deleted:
+                        self.files.remove(job_id)
+                    self._active = None
+                    self._finish_waiters(job_id)
+
+    def _run(self, active: _Active, plan: GenerationPlan) -> None:
+        if active.deleted:  # deleted between leaving the queue and reaching here
+            return
+        job_id = active.job_id
+        started = time.monotonic()
+        reported = [0]
+
+        def on_start(seq: int) -> None:
+            with self._cond:
+                active.seq = seq
+                if active.deleted or self._stopping:
+                    self.executor.cancel(seq)
+                else:
+                    self.store.update(job_id, status="in_progress")
+
+        def on_progress(done: int, total: int) -> None:
+            percent = min(99, done * 100 // max(total, 1))  # 100 only once the files are written
+            if percent > reported[0]:
+                reported[0] = percent
+                with self._cond:
+                    if not active.deleted:
+                        self.store.update(job_id, progress=percent)
+
+        try:
+            output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start)
+        except Cancelled:
+            with self._cond:
+                if not active.deleted:  # stopped for a shutdown: run it again on the next start
+                    self.store.update(job_id, status="queued", progress=0)
+            return
+        except EngineError as e:
+            self._finish(active, status="failed", error=JobError("generation_failed", str(e)))
+            return
+        if active.deleted:
+            return
+        encode_start = time.monotonic()
+        try:
+            write_artifacts(self.files.job_dir(job_id), output, self.encoder_options)
+        except Exception:
+            log.exception("job %s: writing the output failed", job_id)
+            self._finish(active, status="failed", error=JobError("output_failed", "writing the video file failed"))
+            return
+        now = time.monotonic()
+        self._run_seconds.append(now - started)
+        frames = int(output.video.shape[0])
+        self._finish(
+            active,
+            status="completed",
+            progress=100,
+            num_frames=frames,
+            fps=limits.FPS,
+            duration_s=frames / limits.FPS,
+            stage_durations={**output.stage_durations, "encode": now - encode_start},
+            peak_memory_mb=float(output.peak_memory_mb),
+            inference_time_s=now - started,
+        )
+
+    def _finish(self, active: _Active, **changes: Any) -> None:
+        now = int(self.clock())
+        changes["completed_at"] = now
+        if self.output_ttl_s is not None:
+            changes["expires_at"] = now + math.ceil(self.output_ttl_s)
+        with self._cond:
+            if active.deleted:
+                return
+            self.store.update(active.job_id, **changes)
+        job = self.store.get(active.job_id)
+        for listener in self._listeners if job is not None else ():
+            try:
+                listener(job)
+            except Exception:
+                log.exception("job listener failed")
+
+    def _finish_waiters(self, job_id: str) -> None:
+        event = self._done.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    # -- recovery and expiry ---------------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Requeue what a previous process left unfinished, in order; drop what no client can still collect."""
+        for job in self.store.sync_jobs():  # their HTTP clients went away with the old process
+            self.store.delete(job.id)
+            self.files.remove(job.id)
+        for job in self.store.unfinished():
+            if job.status != "queued" or job.progress:
+                self.store.update(job.id, status="queued", progress=0)
+            try:
+                plan = plan_request(job.request, self.defaults)
+            except (RequestError, MediaError) as e:  # the model or the input files changed under the job
+                self.store.update(job.id, status="failed", completed_at=int(self.clock()),
+                                  error=JobError("invalid_request", str(e)))
+                continue
+            self._queue.append((job.id, plan))
+            self._done[job.id] = threading.Event()
+        for orphan in self.files.job_ids() - self.store.ids():  # a crash between record and folder removal
+            self.files.remove(orphan)
+        if self._queue:
+            log.info("recovered %d unfinished job(s)", len(self._queue))
+        self.sweep_expired()
+
+    def sweep_expired(self) -> int:
+        """Delete the files of every job past its `expires_at`; the record stays, marked expired."""
+        swept = 0
+        for job in self.store.due_to_expire(int(self.clock())):
+            with self._cond:
+                if self._active is not None and self._active.job_id == job.id:
+                    continue
+                self.store.update(job.id, expired=True)
+            self.files.remove(job.id)
+            swept += 1
+        return swept
+
+    def _sweep_forever(self) -> None:
+        while not self._stop_sweeper.wait(self.sweep_interval_s):
+            try:
+                self.sweep_expired()
+            except Exception:
+                log.exception("TTL sweep failed")
+

@@ -1,0 +1,50 @@
+"""Collective helpers shared by the strategies. A `None` group means "this degree is 1": every helper is a no-op.
+
+All of them work on gloo (CPU) and NCCL (CUDA); tensors are made contiguous first because both backends
+require it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+# torch 2.13 renamed all_gather_into_tensor (now deprecated); older releases only have the old name.
+_all_gather_single = dist.all_gather_single if hasattr(dist, "all_gather_single") else dist.all_gather_into_tensor
+
+
+def group_size(group: ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def group_rank(group: ProcessGroup | None) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def all_reduce_(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """In-place sum over the group."""
+    if group is not None:
+        dist.all_reduce(x, group=group)
+    return x
+
+
+def all_gather_dim(x: torch.Tensor, dim: int, group: ProcessGroup | None) -> torch.Tensor:
+    """Concatenate every member's `x` along `dim`, in group-rank order."""
+    n = group_size(group)
+    if n == 1:
+        return x
+    dim = dim % x.dim()
+    out = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
+    _all_gather_single(out.flatten(0, 1), x.contiguous(), group=group)  # the backends want [n·d0, ...]
+    return out.movedim(0, dim).flatten(dim, dim + 1)
+
+
+def all_to_all(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """Exchange equal chunks along dim 0: chunk i goes to member i; the result's chunk j came from member j."""
+    if group_size(group) == 1:
+        return x
+    x = x.contiguous()
+    out = torch.empty_like(x)  # from the contiguous x: empty_like would keep a permuted input's strides
+    dist.all_to_all_single(out, x, group=group)
+    return out

@@ -1,0 +1,47 @@
+"""Sliced loading of one DiT shard, from diffusers-named or native (fused QKV, [gate; value]) checkpoints.
+
+Every rank reads only its own rows/columns. A native fused QKV keeps whole heads together, so a shard's
+heads are one contiguous row block (interleaved layout) or three (stacked layout); it is then split into
+q/k/v exactly as the unsharded loader does, with the local head count. The native SwiGLU input is
+[gate; value]: the pair split reads each half's share and the usual conversion swaps the halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from h3serve.model import keys as native_keys
+from h3serve.model.transformer import H3TransformerConfig
+from h3serve.parallel.tensor_parallel import TensorParallel
+
+
+def _native_qkv_ranges(tp: TensorParallel, cfg: H3TransformerConfig, layout: native_keys.QkvLayout):
+    heads = cfg.num_attention_heads // tp.size
+    dh, inner = cfg.attention_head_dim, cfg.inner_dim
+    h0 = tp.rank * heads
+    if layout == "interleaved":  # [h: q k v] per head
+        return 0, [(h0 * 3 * dh, (h0 + heads) * 3 * dh)]
+    return 0, [(part * inner + h0 * dh, part * inner + (h0 + heads) * dh) for part in range(3)]
+
+
+def iter_dit_shards(
+    files: list[Path], cfg: H3TransformerConfig, native: bool, qkv_layout: native_keys.QkvLayout, tp: TensorParallel
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(diffusers name, this rank's tensor) for every weight of the DiT."""
+    local_heads = cfg.num_attention_heads // tp.size
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if not native:
+                    yield key, tp.read(f, key)
+                    continue
+                name = native_keys.native_to_diffusers_name(key)
+                if name.endswith(".attn.qkv_proj.weight"):
+                    block = tp.read_ranges(f, key, _native_qkv_ranges(tp, cfg, qkv_layout))
+                else:  # includes the native [gate; value] FFN input: the pair split reads each half's share
+                    block = tp.read(f, key, name)
+                yield from native_keys.split_native_tensor(name, block, local_heads, cfg.attention_head_dim, qkv_layout)

@@ -1,0 +1,76 @@
+"""Where the rank processes meet: one machine (a free local port) or several nodes (torchrun / env variables).
+
+Multi-node: start one `h3serve` process per node, e.g.
+    torchrun --nnodes 2 --nproc-per-node 1 --node-rank K --master-addr HOST --master-port 29500 \\
+        -m h3serve.cli serve MODEL --num-gpus 16 ...
+or set MASTER_ADDR, MASTER_PORT, NNODES and NODE_RANK by hand. Each node's executor spawns its share of
+the ranks (`world / nnodes`, global ranks `node · local .. node · local + local - 1`); node 0 holds global
+rank 0, which takes the requests; the other nodes only keep their ranks alive. Under torchrun the agent
+already listens on MASTER_PORT, so the ranks meet on MASTER_PORT + 1 (H3SERVE_DIST_PORT overrides).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nodes_from_env(env: Mapping[str, str] | None = None) -> int:
+    """How many nodes the environment describes (1 without a multi-node launcher)."""
+    env = os.environ if env is None else env
+    if "NNODES" in env:
+        return int(env["NNODES"])
+    if "WORLD_SIZE" in env and "MASTER_ADDR" in env:  # torchrun: one launcher process per node
+        return int(env["WORLD_SIZE"]) // int(env.get("LOCAL_WORLD_SIZE", "1"))
+    return 1
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    init_method: str  # tcp://HOST:PORT where global rank 0 hosts the store
+    node_rank: int = 0
+    nnodes: int = 1
+
+    @property
+    def is_leader(self) -> bool:
+        """The node with global rank 0: the only one that takes requests."""
+        return self.node_rank == 0
+
+    def local_ranks(self, world_size: int) -> range:
+        if world_size % self.nnodes:
+            raise ValueError(f"--num-gpus {world_size} is not a multiple of the {self.nnodes} nodes")
+        local = world_size // self.nnodes
+        return range(self.node_rank * local, (self.node_rank + 1) * local)
+
+    @classmethod
+    def local(cls) -> Rendezvous:
+        return cls(init_method=f"tcp://127.0.0.1:{free_port()}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Rendezvous:
+        """Multi-node when the environment names several nodes; otherwise a fresh local port."""
+        env = os.environ if env is None else env
+        nnodes = nodes_from_env(env)
+        if nnodes <= 1:
+            return cls.local()
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise ValueError("multi-node runs need MASTER_ADDR and MASTER_PORT (set by torchrun, or by hand)")
+        node_rank = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("RANK", "0"))))
+        port = int(env["MASTER_PORT"])
+        if "H3SERVE_DIST_PORT" in env:
+            port = int(env["H3SERVE_DIST_PORT"])
+        elif env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+            port += 1  # the torchrun agent's own store holds MASTER_PORT
+        return cls(init_method=f"tcp://{env['MASTER_ADDR']}:{port}", node_rank=node_rank, nnodes=nnodes)
+
+    def fresh(self) -> Rendezvous:
+        """The rendezvous for a restart: single-node picks a new port (the old one may linger in TIME_WAIT)."""
+        return Rendezvous.local() if self.nnodes == 1 else self

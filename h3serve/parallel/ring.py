@@ -1,0 +1,98 @@
+"""Ring attention: every rank keeps its queries and passes its key/value block around the ring.
+
+Each step attends the local queries to one key/value block and folds the result into a running
+(output, log-sum-exp) pair with the online-softmax merge, which is exact. Padding keys are never
+attended: the caller says how many leading keys of each block are real (padding sits at the end of the
+packed sequence, so a block's real keys are always a prefix), and an all-padding block is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed import ProcessGroup
+
+
+def _math_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, dim=-1)
+    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bidirectional attention [B, H, S, D] -> (output [B, H, Sq, D], log-sum-exp [B, H, Sq] fp32).
+
+    Uses the fused kernels that return the LSE: the CPU flash kernel, CUDA flash (half precision) or
+    memory-efficient attention; anything else falls back to the explicit formula.
+    """
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+        return out, lse.float()
+    if q.device.type == "cuda":
+        sq = q.shape[-2]
+        if q.dtype in (torch.float16, torch.bfloat16):
+            try:
+                out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+                return out, lse[..., :sq].float()
+            except RuntimeError:  # head_dim or architecture not supported by flash: try the next kernel
+                pass
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
+        return out, lse[..., :sq].float()  # the efficient kernel pads the LSE's sequence dim
+    return _math_attention_with_lse(q, k, v)
+
+
+def merge_partial(
+    acc: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor, lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online-softmax merge of two partial attentions over disjoint key sets (fp32 accumulator)."""
+    out = out.float()
+    if acc is None:
+        return out, lse
+    acc_out, acc_lse = acc
+    new_lse = torch.logaddexp(acc_lse, lse)
+    merged = acc_out * torch.exp(acc_lse - new_lse)[..., None] + out * torch.exp(lse - new_lse)[..., None]
+    return merged, new_lse
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: ProcessGroup,
+    valid_keys: Callable[[int], int],
+) -> torch.Tensor:
+    """q, k, v [B, H, S_block, D] (this rank's block) -> attention over all blocks' real keys, [B, H, S_block, D].
+
+    `valid_keys(source_rank)` is how many leading keys of the block owned by ring rank `source_rank` are real.
+    """
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    send_to = dist.get_global_rank(group, (rank + 1) % size)
+    recv_from = dist.get_global_rank(group, (rank - 1) % size)
+    kv = torch.stack([k, v]).contiguous()  # one message per step instead of two
+    spare = torch.empty_like(kv)
+    acc = None
+    for step in range(size):
+        pending = []
+        if step < size - 1:
+            # Post the next exchange before computing, so the transfer overlaps this step's attention. Every
+            # rank posts one send and one receive per step, in the same order, so the ring cannot deadlock.
+            ops = [dist.P2POp(dist.isend, kv, send_to, group), dist.P2POp(dist.irecv, spare, recv_from, group)]
+            pending = dist.batch_isend_irecv(ops)
+        n = valid_keys((rank - step) % size)
+        if n > 0:
+            acc = merge_partial(acc, *attention_with_lse(q, kv[0, :, :, :n], kv[1, :, :, :n]))
+        for req in pending:
+            req.wait()
+        if pending:
+            kv, spare = spare, kv  # the block just sent is free again: it receives the next one
+    if acc is None:  # cannot happen for a non-empty sequence: the first block always holds real keys
+        raise RuntimeError("ring attention: no real keys in any block")
+    return acc[0].to(q.dtype)
+
+
+def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_valid: int) -> torch.Tensor:
+    """Plain SDPA over the first `num_valid` keys ([B, H, S, D] layout)."""
+    return F.scaled_dot_product_attention(q, k[:, :, :num_valid], v[:, :, :num_valid])

@@ -1,0 +1,91 @@
+"""`h3serve bench`: tasks x shapes x engine configs, warm-up + N measured runs, one JSON record per run,
+a Markdown summary and PNG plots; optionally the diffusers reference side by side (`--peer diffusers`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark a matrix of tasks x shapes x engine configs (records, summary, plots)")
+    p.add_argument("--matrix", metavar="FILE.yaml", help="matrix file (see benchmarks/cpu-bench.yaml); flags override")
+    p.add_argument("--model", help="checkpoint folder (default: the tiny checkpoint of --preset)")
+    p.add_argument("--preset", help="tiny checkpoint preset when no --model: tiny | cpu-bench (default tiny)")
+    p.add_argument("--task", action="append", dest="tasks", help="t2va | fl2va | ref2va (repeatable)")
+    p.add_argument(
+        "--shape", action="append", dest="shapes", metavar="WxHxFRAMES", help="e.g. 448x256x124 (repeatable)"
+    )
+    p.add_argument(
+        "--engine", action="append", dest="engines", metavar="K=V,...",
+        help="an engine config of EngineConfig options, e.g. name=fp32,threads=2,dtype=float32 (repeatable)",
+    )
+    p.add_argument("--steps", type=int, help="num_inference_steps (default 4)")
+    p.add_argument("--seed", type=int, help="default 0")
+    p.add_argument("--prompt")
+    p.add_argument("--warmup", type=int, help="warm-up runs per side and case (default 1)")
+    p.add_argument("--runs", type=int, help="measured runs per side and case (default 3)")
+    p.add_argument(
+        "--peer", choices=["diffusers"], help="run the diffusers reference pipeline alongside, A/B alternated"
+    )
+    p.add_argument("--profile", action="store_true", default=None, help="one extra torch.profiler run per side")
+    p.add_argument("--reference", help="fidelity reference: peer | first | FILE.mp4/.npz (default: peer if any)")
+    p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
+    p.add_argument("--keep-raw", action="store_true", help="keep every run's float arrays (.npz) under OUT/raw")
+    p.set_defaults(func=cmd_bench)
+
+
+def _default_out() -> Path:
+    from h3serve.tools.tiny_checkpoint import cache_root
+
+    root = cache_root() / "bench"
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=root))
+
+
+_FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
+_NOT_FLAGS = ("command", "func")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `h3serve bench ...` command equivalent to the parsed arguments (recorded with the results)."""
+    words = ["h3serve", "bench"]
+    for key, value in vars(args).items():
+        if key in _NOT_FLAGS or value is None or value is False:
+            continue
+        flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
+        for item in value if isinstance(value, list) else [value]:
+            words += [flag] if item is True else [flag, str(item)]
+    return shlex.join(words)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from h3serve.checkpoint import CheckpointError
+    from h3serve.config import ConfigError
+    from h3serve.media.intake import MediaError
+    from h3serve.tools.bench.matrix import MatrixError, load_matrix
+    from h3serve.tools.bench.run import run_bench
+    from h3serve.tools.bench.worker import BenchError
+    from h3serve.validate import RequestError
+
+    overrides = {k: getattr(args, k) for k in (
+        "model", "preset", "tasks", "shapes", "engines", "steps", "seed", "prompt", "warmup", "runs", "peer",
+        "profile", "reference",
+    )}
+    try:
+        matrix = load_matrix(args.matrix, overrides)
+        out = Path(args.out) if args.out else _default_out()
+        result = run_bench(matrix, out, command=command_line(args), keep_raw=args.keep_raw,
+                           log=lambda line: print(line, file=sys.stderr))
+    except (MatrixError, ConfigError, RequestError, MediaError, CheckpointError, BenchError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"records: {out / 'runs.jsonl'}", file=sys.stderr)
+    print(result.summary_path)
+    return 0

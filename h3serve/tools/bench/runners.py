@@ -1,0 +1,129 @@
+"""The two sides a bench worker can run: the h3serve engine and the diffusers reference pipeline.
+
+Both load everything in their constructor (so no measured run pays for loading), take the same
+`GenerationRequest`, resolve it with the same rules, and return host arrays plus stage durations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from h3serve.checkpoint import read_layout
+from h3serve.config import EngineConfig
+from h3serve.engine.executor import Executor
+from h3serve.engine.local import LocalEngine
+from h3serve.engine.planning import plan_request
+from h3serve.model.transformer import H3TransformerConfig
+from h3serve.request import GenerationRequest
+from h3serve.tools.bench.flops import ForwardShape
+from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs, timed_stages
+from h3serve.validate import GenerationPlan
+
+ShapeOf = Callable[[tuple, dict], ForwardShape]
+
+
+@dataclass
+class RunOutput:
+    video: np.ndarray  # [T, H, W, 3] float32 in [0, 1]
+    audio: np.ndarray  # [2, N] float32
+    stage_durations: dict[str, float]
+    plan: GenerationPlan
+
+
+class H3Runner:
+    """The h3serve engine: in-process for one rank, the rank executor for more."""
+
+    name = "h3serve"
+
+    def __init__(self, config: EngineConfig, tasks: tuple[str, ...]):
+        self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
+        self.local = LocalEngine(config) if config.world_size == 1 else None
+        self.engine: LocalEngine | Executor = self.local or Executor(config)
+
+    def run(self, request: GenerationRequest) -> RunOutput:
+        plan = self.local.plan(request) if self.local else plan_request(request, self.engine.defaults)
+        out = self.engine.generate(plan)
+        return RunOutput(out.video, out.audio, dict(out.stage_durations), plan)
+
+    def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
+        """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""
+        if self.local is None:
+            return []
+        dits = [self.local.pipeline.c.transformer, self.local.pipeline.c.transformer_ref]
+        return [(m, m.config, _h3_shape) for m in dits if m is not None]
+
+    def close(self) -> None:
+        if isinstance(self.engine, Executor):
+            self.engine.close()
+
+
+def _h3_shape(args: tuple, kwargs: dict) -> ForwardShape:
+    video, audio, text, timestep = args[:4]  # H3Transformer.forward(video, audio, text, timestep, ...)
+    return ForwardShape(video.shape[1], audio.shape[1], text.shape[1], timestep.numel())
+
+
+def _diffusers_shape(args: tuple, kwargs: dict) -> ForwardShape:
+    # The reference pipeline calls its transformer with keyword arguments only.
+    return ForwardShape(
+        kwargs["hidden_states"].shape[1],
+        kwargs["audio_hidden_states"].shape[1],
+        kwargs["encoder_hidden_states"].shape[1],
+        kwargs["timestep"].numel(),
+    )
+
+
+class DiffusersRunner:
+    """The diffusers reference pipeline, one per task, on the same checkpoint, device and dtype."""
+
+    name = "diffusers"
+
+    def __init__(self, config: EngineConfig, tasks: tuple[str, ...]):
+        if config.world_size != 1:
+            raise ValueError("--peer diffusers runs in one process; use it with single-rank engine configs")
+        self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
+        self.defaults = read_layout(config.model).defaults()
+        self.pipes = {t: load_reference_pipeline(config.model, t, self.dtype, self.device) for t in tasks}
+        self._forwards = 0
+        for task, pipe in self.pipes.items():
+            pipe.set_progress_bar_config(disable=True)
+            self._dit(task).register_forward_pre_hook(self._count)
+
+    def _dit(self, task: str) -> nn.Module:
+        return self.pipes[task].transformer_ref if task == "ref2va" else self.pipes[task].transformer
+
+    def _count(self, *_: object) -> None:
+        self._forwards += 1
+
+    def run(self, request: GenerationRequest) -> RunOutput:
+        plan = plan_request(request, self.defaults)
+        refs = [("image", plan.image), ("last_image", plan.last_image)]
+        refs += [(f"reference{i}", r) for i, r in enumerate(plan.references)]
+        images = {k: Image.open(r.path).convert("RGB") for k, r in refs if r is not None}
+        durations: dict[str, float] = {}
+        self._forwards = 0
+        with timed_stages(durations, self.device):
+            state = self.pipes[plan.task](**reference_inputs(plan, images))
+        durations["denoise_per_step"] = durations["denoise"] / max(1, self._forwards)
+        video = np.asarray(state.get("videos")[0], dtype=np.float32)
+        audio = state.get("audio")[0]
+        audio = audio.float().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio, np.float32)
+        return RunOutput(video, audio, durations, plan)
+
+    def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
+        out = []
+        for task in self.pipes:
+            dit = self._dit(task)
+            out.append((dit, H3TransformerConfig.from_dict(dict(dit.config)), _diffusers_shape))
+        return out
+
+    def close(self) -> None:
+        self.pipes.clear()
+
+
+RUNNERS = {"h3serve": H3Runner, "diffusers": DiffusersRunner}

@@ -1,0 +1,207 @@
+"""One bench side (h3serve or the diffusers peer) in its own process: its memory, threads and profile are its own.
+
+The parent sends ("run", RunSpec) / ("gemm", seconds) / ("stop", None) over a pipe. For a run the worker answers
+("result", record) right after the MP4 is written (so the parent's client clock stops there), then writes the
+raw arrays and answers ("raw", path). Any failure answers ("error", traceback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import resource
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from h3serve.config import EngineConfig
+from h3serve.request import GenerationRequest
+
+
+class BenchError(RuntimeError):
+    """A bench side failed to start or to run; the message carries its traceback."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    case_id: str
+    request: GenerationRequest
+    phase: str  # warmup | measured | profile
+    index: int
+    mp4_path: str
+    raw_path: str | None = None  # where to write the float arrays (for fidelity); None: not kept
+    trace_path: str | None = None  # profile this run into a Chrome trace here
+
+
+def _max_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
+
+
+def _run(runner: Any, counter: Any, spec: RunSpec) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+    import torch
+
+    from h3serve.media.mp4 import write_mp4
+    from h3serve.tools.bench.measure import RssSampler, cpu_seconds
+    from h3serve.tools.bench.profiling import profiled
+
+    device = runner.device
+    counter.reset()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    profile: dict[str, Any] = {}
+    tracing = profiled(Path(spec.trace_path), device, profile) if spec.trace_path else nullcontext()
+    load_before, cpu_before = os.getloadavg()[0], cpu_seconds()
+    with RssSampler() as rss, tracing:
+        start = time.perf_counter()
+        out = runner.run(spec.request)
+        engine_s = time.perf_counter() - start
+        start = time.perf_counter()
+        Path(spec.mp4_path).parent.mkdir(parents=True, exist_ok=True)
+        write_mp4(spec.mp4_path, out.video, out.audio)
+        out.stage_durations["mux"] = time.perf_counter() - start
+    cpu_s = cpu_seconds() - cpu_before
+    raw = hashlib.sha256(np.ascontiguousarray(out.video).tobytes())
+    raw.update(np.ascontiguousarray(out.audio).tobytes())
+    plan = out.plan
+    record = {
+        "request": {
+            "task": plan.task, "width": plan.width, "height": plan.height, "num_frames": plan.num_frames,
+            "steps": plan.steps, "seed": plan.seed, "prompt": plan.prompt,
+        },
+        "e2e_engine_s": engine_s,
+        "cpu_s": cpu_s,  # CPU seconds this side's processes spent on the run (engine + mux)
+        "host_load_1min": [load_before, os.getloadavg()[0]],  # before / after: high values flag a contended run
+        "stages": out.stage_durations,
+        "dit": {
+            "forwards": counter.forwards,
+            "flops": counter.flops,
+            "forward_s": counter.forward_s,
+            "forward_shapes": [asdict(s) | {"seq_len": s.seq_len} for s in sorted(counter.shapes, key=str)],
+        } if runner.dits() else None,
+        "memory": {
+            "peak_device_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20
+            if device.type == "cuda" else None,
+            "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
+            "peak_rss_process_mb": _max_rss_mb(),
+        },
+        "output": {
+            "mp4": spec.mp4_path,
+            "mp4_sha256": hashlib.sha256(Path(spec.mp4_path).read_bytes()).hexdigest(),
+            "raw_sha256": raw.hexdigest(),
+            "frames": int(out.video.shape[0]),
+            "samples": int(out.audio.shape[-1]),
+        },
+        "profile": profile or None,
+    }
+    return record, out
+
+
+def worker_main(side: str, config: EngineConfig, tasks: tuple[str, ...], conn: Connection) -> None:
+    """Process entry: build the side's runner, report readiness, then serve commands until "stop"."""
+    try:
+        import torch
+
+        from h3serve.media.raw import write_raw
+        from h3serve.tools.bench.flops import FlopCounter
+        from h3serve.tools.bench.measure import environment, gemm_peak
+        from h3serve.tools.bench.runners import RUNNERS
+
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        start = time.perf_counter()
+        runner = RUNNERS[side](config, tasks)
+        counter = FlopCounter()
+        for dit, cfg, shape_of in runner.dits():
+            counter.attach(dit, cfg, shape_of)
+        conn.send(("ready", {"load_s": time.perf_counter() - start, "environment": environment(runner.device)}))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    try:
+        while True:
+            command, payload = conn.recv()
+            if command == "stop":
+                return
+            try:
+                if command == "gemm":
+                    conn.send(("gemm", gemm_peak(runner.device, runner.dtype, payload)))
+                elif command == "run":
+                    record, out = _run(runner, counter, payload)
+                    conn.send(("result", record))
+                    if payload.raw_path:
+                        Path(payload.raw_path).parent.mkdir(parents=True, exist_ok=True)
+                        write_raw(payload.raw_path, out.video, out.audio)
+                        conn.send(("raw", payload.raw_path))
+                else:
+                    conn.send(("error", f"unknown command {command!r}"))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        runner.close()
+
+
+class Worker:
+    """The parent's handle on one side's process. Call `wait_ready` before anything else."""
+
+    def __init__(self, side: str, config: EngineConfig, tasks: tuple[str, ...]):
+        self.side = side
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        # Not a daemon: a multi-rank engine starts its rank processes from inside this one.
+        self._proc = ctx.Process(target=worker_main, args=(side, config, tasks, child), name=f"h3serve-bench-{side}")
+        self._proc.start()
+        child.close()
+        self.info: dict[str, Any] = {}
+
+    def wait_ready(self, timeout_s: float = 1800.0) -> dict[str, Any]:
+        """Block until the side has loaded; returns {load_s, environment}."""
+        self.info = self._expect("ready", timeout_s)
+        return self.info
+
+    def _expect(self, kind: str, timeout_s: float | None = None) -> Any:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._conn.poll(0.5):
+            if not self._proc.is_alive():
+                raise BenchError(f"{self.side} worker exited with code {self._proc.exitcode}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise BenchError(f"{self.side} worker did not answer within {timeout_s:g} s")
+        got, payload = self._conn.recv()
+        if got == "error":
+            raise BenchError(f"{self.side} worker failed:\n{payload}")
+        if got != kind:
+            raise BenchError(f"{self.side} worker answered {got!r}, expected {kind!r}")
+        return payload
+
+    def gemm_peak(self, budget_s: float) -> dict[str, float]:
+        self._conn.send(("gemm", budget_s))
+        return self._expect("gemm")
+
+    def run(self, spec: RunSpec) -> dict[str, Any]:
+        """One request; adds the client-side E2E (send -> MP4 written) to the worker's record."""
+        start = time.perf_counter()
+        self._conn.send(("run", spec))
+        record = self._expect("result")
+        record["e2e_client_s"] = time.perf_counter() - start
+        if spec.raw_path:
+            self._expect("raw")
+        return record
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(("stop", None))
+            except OSError:
+                pass
+            self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=10)
+        self._conn.close()

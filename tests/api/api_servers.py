@@ -1,0 +1,104 @@
+"""Servers for the API tests: the app on a fake engine (served in a thread), and `h3serve serve` as a process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from fake_executor import FakeExecutor
+
+from h3serve.api.config import ServerConfig
+from h3serve.api.store import SQLiteJobStore
+from h3serve.engine.jobs import JobManager
+from h3serve.engine.storage import JobFiles
+
+API_KEY = "test-key"
+START_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not become healthy within {timeout_s:g} s")
+
+
+@dataclass
+class FakeServer:
+    url: str
+    executor: FakeExecutor
+    manager: JobManager
+    store: SQLiteJobStore
+    files: JobFiles
+    config: ServerConfig
+
+    def client(self, key: str | None = API_KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+
+@dataclass
+class LiveServer:
+    """`h3serve serve` in its own process group (its rank processes included)."""
+
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the server process only, as a crash would (its rank processes are left to notice)."""
+        self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        try:  # whatever is left of the group (rank processes of a killed server)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | None = None) -> LiveServer:
+    port = port or free_port()
+    log_path = data_dir.parent / f"{data_dir.name}-server-{port}.log"
+    command = [
+        sys.executable, "-m", "h3serve.cli", "serve", str(checkpoint), "--port", str(port), "--data-dir",
+        str(data_dir), "--x264-preset", "ultrafast", "--log-level", "warning", *args,
+    ]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        wait_healthy(server.url, START_TIMEOUT_S, proc)
+    except RuntimeError as e:
+        server.stop()
+        raise RuntimeError(f"{e}\n--- server log ---\n{server.log()}") from None
+    return server

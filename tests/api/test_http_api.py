@@ -1,0 +1,294 @@
+"""The HTTP API over the real app, store and job manager, with a fake engine (fast): bodies, errors, limits,
+the job lifecycle, cancellation, the queue bound, /sync, metrics."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+from fake_executor import FAIL_PROMPT
+from PIL import Image
+from waiting import wait_until
+
+JOB_FIELDS = {
+    "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
+    "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations",
+    "peak_memory_mb", "inference_time_s",
+}
+REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 3, "seed": 5}
+
+
+@pytest.fixture
+def client(fake_server):
+    with fake_server.client() as c:
+        yield c
+
+
+def multipart(fields: dict, files: list | None = None) -> list:
+    """httpx `files=` entries that send every field as a multipart text part (as the OpenAI SDK does)."""
+    parts = [(k, (None, v if isinstance(v, str) else json.dumps(v))) for k, v in fields.items()]
+    return parts + (files or [])
+
+
+def wait_finished(client: httpx.Client, video_id: str, timeout_s: float = 30) -> dict:
+    def finished() -> dict | None:
+        job = client.get(f"/v1/videos/{video_id}").json()
+        return job if job["status"] in ("completed", "failed") else None
+
+    return wait_until(finished, timeout_s, f"{video_id} to finish", 0.02)
+
+
+def wait_status(client: httpx.Client, video_id: str, status: str, timeout_s: float = 10) -> None:
+    wait_until(lambda: client.get(f"/v1/videos/{video_id}").json()["status"] == status, timeout_s,
+               f"{video_id} to reach {status}", 0.02)
+
+
+def assert_error(response: httpx.Response, status: int, code: str, param: str | None = None) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == (code, param)
+    assert "Traceback" not in error["message"] and "/tmp" not in error["message"]
+    return error["message"]
+
+
+def png(width: int = 256, height: int = 256) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 80, 20)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# -- bodies -----------------------------------------------------------------------------------------------------
+
+
+def test_multipart_urlencoded_and_json_bodies_make_the_same_job(client, fake_server):
+    as_form = {**{k: str(v) for k, v in REQUEST.items()}, "extra_params": '{"audio_flow_shift": 2}'}
+    bracketed = {k: v for k, v in as_form.items() if k != "extra_params"} | {"extra_params[audio_flow_shift]": "2"}
+    responses = [
+        client.post("/v1/videos", files=multipart(as_form)),
+        client.post("/v1/videos", data=as_form),
+        client.post("/v1/videos", json={**REQUEST, "extra_params": {"audio_flow_shift": 2}}),
+        client.post("/v1/videos", files=multipart(bracketed)),  # how the SDK sends extra_body
+    ]
+    jobs = []
+    for response in responses:
+        assert response.status_code == 200, response.text
+        job = response.json()
+        assert set(job) == JOB_FIELDS
+        assert (job["object"], job["status"], job["progress"], job["model"]) == ("video", "queued", 0, "tiny")
+        assert (job["size"], job["seconds"], job["num_frames"], job["fps"]) == ("128x64", "4", 107, 24)
+        jobs.append(job)
+    stored = [fake_server.store.get(j["id"]).request for j in jobs]
+    assert all(r == stored[0] for r in stored) and stored[0].audio_flow_shift == 2.0 and stored[0].steps == 3
+    videos = []
+    for job in jobs:
+        assert wait_finished(client, job["id"])["status"] == "completed"
+        videos.append(client.get(f"/v1/videos/{job['id']}/content").content)
+    assert all(v == videos[0] for v in videos)  # same request, same (deterministic) output
+
+
+def test_job_lifecycle_and_downloads(client):
+    created = client.post("/v1/videos", json=REQUEST).json()
+    retrieved = client.get(f"/v1/videos/{created['id']}")
+    assert retrieved.headers["openai-poll-after-ms"] == "50"
+    job = wait_finished(client, created["id"])
+    assert (job["status"], job["progress"], job["error"]) == ("completed", 100, None)
+    assert job["completed_at"] >= job["created_at"] and job["expires_at"] == job["completed_at"] + 3600
+    assert job["duration_s"] == pytest.approx(107 / 24) and job["peak_memory_mb"] == 12.5
+    assert {"denoise", "encode"} <= set(job["stage_durations"])
+
+    expected = {"video": ("video/mp4", "mp4"), "thumbnail": ("image/webp", "webp"),
+                "spritesheet": ("image/jpeg", "jpg")}
+    for variant, (media_type, extension) in expected.items():
+        response = client.get(f"/v1/videos/{job['id']}/content", params={"variant": variant},
+                              headers={"Accept": "application/binary"})
+        assert response.status_code == 200
+        assert response.headers["content-type"] == media_type
+        assert f'filename="{job["id"]}.{extension}"' in response.headers["content-disposition"]
+    assert client.get(f"/v1/videos/{job['id']}/content").content[4:8] == b"ftyp"
+
+    assert client.delete(f"/v1/videos/{job['id']}").json() == {"id": job["id"], "object": "video.deleted",
+                                                               "deleted": True}
+    assert_error(client.get(f"/v1/videos/{job['id']}"), 404, "video_not_found", "video_id")
+    assert_error(client.get(f"/v1/videos/{job['id']}/content"), 404, "video_not_found", "video_id")
+    assert_error(client.delete(f"/v1/videos/{job['id']}"), 404, "video_not_found", "video_id")
+
+
+def test_keyframe_upload_is_stored_with_the_job(client, fake_server):
+    image = png()
+    response = client.post("/v1/videos", files=multipart(
+        {"prompt": "a fox", "seconds": "4", "num_inference_steps": "2"},
+        [("input_reference", ("fox.png", image, "image/png"))],
+    ))
+    assert response.status_code == 200, response.text
+    job = response.json()
+    request = fake_server.store.get(job["id"]).request
+    assert request.image is not None and request.references == ()
+    assert (request.image.name, request.image.kind) == ("fox.png", "image")
+    assert request.image.path.read_bytes() == image
+    assert fake_server.files.job_dir(job["id"]) in request.image.path.parents
+    assert job["size"] == "64x64"  # the canvas follows the keyframe's aspect ratio
+    assert wait_finished(client, job["id"])["status"] == "completed"
+
+
+# -- errors and limits --------------------------------------------------------------------------------------------
+
+
+def test_errors_use_the_openai_envelope(client, fake_server):
+    message = assert_error(client.post("/v1/videos", json={**REQUEST, "colour": "red"}), 400, "unknown_field",
+                           "colour")
+    assert "colour" in message
+    message = assert_error(client.post("/v1/videos", data={**REQUEST, "seconds": "20"}), 400, "invalid_value",
+                           "seconds")
+    assert message.startswith("seconds: must be between 4 and 15")
+    assert_error(client.post("/v1/videos", json={**REQUEST, "num_inference_steps": 500}), 400, "invalid_value",
+                 "num_inference_steps")
+    assert_error(client.post("/v1/videos", json={**REQUEST, "model": "sora-2"}), 400, "model_not_found", "model")
+    assert_error(client.post("/v1/videos", content=b"{oops", headers={"Content-Type": "application/json"}), 400,
+                 "invalid_json")
+    assert_error(client.post("/v1/videos", content=b"prompt", headers={"Content-Type": "text/plain"}), 415,
+                 "unsupported_media_type")
+    assert_error(client.get("/v1/videos", params={"limit": 101}), 400, "invalid_value", "limit")
+    assert_error(client.get("/v1/videos/video_nope/content", params={"variant": "gif"}), 400, "invalid_value",
+                 "variant")
+    assert_error(client.get("/v1/videos/video_nope"), 404, "video_not_found", "video_id")
+    assert_error(client.get("/v1/nothing-here"), 404, "not_found")
+    assert fake_server.files.job_ids() <= fake_server.store.ids()  # refused requests left no folders behind
+
+
+def test_api_key_guards_every_v1_route(fake_server):
+    with fake_server.client(key=None) as anonymous, fake_server.client(key="wrong") as wrong:
+        for c in (anonymous, wrong):
+            for method, path in (("GET", "/v1/videos"), ("POST", "/v1/videos"), ("GET", "/v1/models"),
+                                 ("GET", "/v1/videos/video_x"), ("DELETE", "/v1/videos/video_x"),
+                                 ("POST", "/v1/videos/sync"), ("GET", "/v1/videos/video_x/content")):
+                response = c.request(method, path)
+                assert_error(response, 401, "invalid_api_key")
+                assert response.headers["www-authenticate"] == "Bearer"
+        assert anonymous.get("/health").json() == {"status": "healthy"}
+        assert anonymous.get("/metrics").status_code == 200
+    with fake_server.client() as c:
+        assert c.get("/v1/models").json()["data"][0]["id"] == "tiny"
+
+
+def test_a_70_mb_body_is_refused_with_413(client, fake_server):
+    big = b"\0" * (70 * 2**20)
+    response = client.post("/v1/videos", files=multipart(REQUEST, [("input_reference", ("x.png", big, "image/png"))]))
+    assert_error(response, 413, "request_too_large")
+
+    def chunks():  # no Content-Length: counted while it streams
+        for _ in range(70):
+            yield b"\0" * 2**20
+
+    response = client.post("/v1/videos", content=chunks(), headers={"Content-Type": "application/json"})
+    assert_error(response, 413, "request_too_large")
+
+
+def test_per_file_byte_limit(client, fake_server):
+    image = png()[:64] + b"\0" * (31 * 2**20)  # PNG magic bytes: an image, over the 30 MiB image limit
+    response = client.post("/v1/videos", files=multipart(REQUEST, [("input_reference", ("big.png", image))]))
+    assert "30 MiB" in assert_error(response, 413, "file_too_large", "input_reference")
+    assert fake_server.files.job_ids() <= fake_server.store.ids()
+
+
+def test_media_urls_to_loopback_are_refused(client):
+    for url in ("http://127.0.0.1:8000/cat.png", "http://localhost/cat.png"):
+        response = client.post("/v1/videos", json={**REQUEST, "image_reference": {"image_url": url}})
+        assert "loopback" in assert_error(response, 400, "invalid_media_url", "image_reference")
+
+
+# -- queue, cancellation, failures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_engine(fake_server):
+    fake_server.executor.step_s = 0.05
+    yield fake_server.executor
+    fake_server.executor.step_s = 0.01
+
+
+def test_queue_full_is_429_with_retry_after(client, fake_server, slow_engine):
+    running = client.post("/v1/videos", json={**REQUEST, "num_inference_steps": 200}).json()
+    wait_status(client, running["id"], "in_progress")
+    queued = [client.post("/v1/videos", json=REQUEST).json()["id"] for _ in range(fake_server.config.max_queue)]
+    response = client.post("/v1/videos", json=REQUEST)
+    assert_error(response, 429, "queue_full")
+    assert int(response.headers["retry-after"]) >= 1
+    assert_error(client.post("/v1/videos/sync", json=REQUEST), 429, "queue_full")
+    for video_id in [running["id"], *queued]:
+        assert client.delete(f"/v1/videos/{video_id}").status_code == 200
+    assert client.post("/v1/videos", json=REQUEST).status_code == 200  # room again
+
+
+def test_deleting_a_running_job_stops_it_at_the_next_step(client, fake_server, slow_engine):
+    stops = len(slow_engine.cancelled_at)
+    running = client.post("/v1/videos", json={**REQUEST, "num_inference_steps": 200}).json()
+    wait_status(client, running["id"], "in_progress")
+    assert_error(client.get(f"/v1/videos/{running['id']}/content"), 409, "video_not_ready")
+    assert client.delete(f"/v1/videos/{running['id']}").status_code == 200
+    wait_until(lambda: len(slow_engine.cancelled_at) > stops, 5, "the running job to stop")
+    step, total = slow_engine.cancelled_at[-1]
+    assert total == 199 and step < total
+    assert_error(client.get(f"/v1/videos/{running['id']}"), 404, "video_not_found", "video_id")
+    assert wait_finished(client, client.post("/v1/videos", json=REQUEST).json()["id"])["status"] == "completed"
+
+
+def test_a_failed_job_reports_its_error(client):
+    job = wait_finished(client, client.post("/v1/videos", json={**REQUEST, "prompt": FAIL_PROMPT}).json()["id"])
+    assert job["status"] == "failed" and job["error"]["code"] == "generation_failed"
+    assert "asked to fail" in job["error"]["message"]
+    assert_error(client.get(f"/v1/videos/{job['id']}/content"), 422, "video_failed")
+
+
+# -- /sync -------------------------------------------------------------------------------------------------------
+
+
+def test_sync_returns_the_mp4_with_measurement_headers(client):
+    response = client.post("/v1/videos/sync", files=multipart({
+        "prompt": "waves on a beach", "width": "128", "height": "64", "fps": "24", "num_inference_steps": "3",
+        "flow_shift": "12", "seed": "42", "extra_params": '{"task": "t2va", "duration": 4}',
+    }))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "video/mp4" and response.content[4:8] == b"ftyp"
+    video_id = response.headers["x-request-id"]
+    assert video_id.startswith("video_") and response.headers["x-model"] == "tiny"
+    assert float(response.headers["x-inference-time-s"]) > 0
+    assert "denoise" in json.loads(response.headers["x-stage-durations"])
+    assert response.headers["x-peak-memory-mb"] == "12.500"
+    assert client.get(f"/v1/videos/{video_id}").status_code == 404  # a sync job lives as long as its request
+    assert video_id not in [v["id"] for v in client.get("/v1/videos", params={"limit": 100}).json()["data"]]
+
+
+def test_sync_timeout_is_504_and_aborts_the_job(client, fake_server, slow_engine):
+    stops = len(slow_engine.cancelled_at)
+    response = client.post("/v1/videos/sync", json={**REQUEST, "num_inference_steps": 200})
+    assert "timed out after 2 s" in assert_error(response, 504, "timeout")
+    wait_until(lambda: len(slow_engine.cancelled_at) > stops, 5, "the timed-out job to stop")
+    assert_error(client.get(f"/v1/videos/{response.headers['x-request-id']}"), 404, "video_not_found", "video_id")
+
+
+# -- metrics, docs, page -----------------------------------------------------------------------------------------
+
+
+def test_metrics_report_queue_states_and_stage_latencies(client, fake_server):
+    wait_finished(client, client.post("/v1/videos", json=REQUEST).json()["id"])
+    text = httpx.get(f"{fake_server.url}/metrics").text
+    assert "h3serve_queue_depth 0" in text
+    completed = fake_server.store.count_by_status()["completed"]
+    assert f'h3serve_jobs{{state="completed"}} {completed}' in text
+    assert 'h3serve_stage_duration_seconds_bucket{stage="denoise",le="+Inf"}' in text
+    assert 'h3serve_job_duration_seconds_count{status="completed"}' in text
+    assert "h3serve_engine_up 1" in text
+
+
+def test_openapi_and_web_page(fake_server):
+    spec = httpx.get(f"{fake_server.url}/openapi.json").json()
+    create = spec["paths"]["/v1/videos"]["post"]
+    assert set(create["requestBody"]["content"]) == {"multipart/form-data", "application/x-www-form-urlencoded",
+                                                     "application/json"}
+    assert {"/v1/videos/sync", "/v1/videos/{video_id}/content", "/health", "/metrics"} <= set(spec["paths"])
+    page = httpx.get(fake_server.url + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/videos" in page.text

@@ -1,0 +1,183 @@
+"""Create-request parsing: bracketed keys, field typing and precedence, unknown fields, media routing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from h3serve.api.body import RequestBody
+from h3serve.api.brackets import BracketError, unflatten
+from h3serve.api.errors import APIError
+from h3serve.api.media_inputs import StoredMedia
+from h3serve.api.request_builder import build_request, media_aliases
+from h3serve.api.request_fields import MediaSource, parse_fields
+from h3serve.request import GenerationRequest, MediaRef
+
+
+def parse(**fields):
+    return parse_fields(RequestBody(fields))
+
+
+def request_of(**fields) -> GenerationRequest:
+    return build_request(parse(**fields), [])
+
+
+def rejected(**fields) -> APIError:
+    with pytest.raises(APIError) as e:
+        request_of(**fields)
+    assert e.value.status == 400
+    return e.value
+
+
+# -- brackets -------------------------------------------------------------------------------------------------
+
+
+def test_unflatten_rebuilds_what_the_sdk_flattens():
+    pairs = [
+        ("prompt", "a cat"),
+        ("extra_params[task]", "t2va"),
+        ("extra_params[target][duration_seconds]", "6"),
+        ("extra_params[frame_indices][]", "0"),
+        ("extra_params[frame_indices][]", "-1"),
+        ("image_reference[][image_url]", "https://a/1.png"),
+        ("image_reference[][image_url]", "https://a/2.png"),
+        ("tags", "x"),
+        ("tags", "y"),
+        ("idx[1]", "b"),
+        ("idx[0]", "a"),
+    ]
+    assert unflatten(pairs) == {
+        "prompt": "a cat",
+        "extra_params": {"task": "t2va", "target": {"duration_seconds": "6"}, "frame_indices": ["0", "-1"]},
+        "image_reference": [{"image_url": "https://a/1.png"}, {"image_url": "https://a/2.png"}],
+        "tags": ["x", "y"],
+        "idx": ["a", "b"],
+    }
+
+
+def test_unflatten_refuses_one_name_with_two_shapes():
+    with pytest.raises(BracketError):
+        unflatten([("extra_params", "{}"), ("extra_params[task]", "t2va")])
+
+
+# -- fields ---------------------------------------------------------------------------------------------------
+
+
+def test_form_strings_and_json_values_build_the_same_request():
+    form = request_of(prompt="a cat", width="128", height="64", seconds="5", num_inference_steps="2",
+                      flow_shift="7.5", seed="3", fps="24", extra_params='{"audio_flow_shift": 2.5, "task": "t2va"}')
+    json_body = request_of(prompt="a cat", width=128, height=64, seconds=5, num_inference_steps=2, flow_shift=7.5,
+                           seed=3, fps=24, extra_params={"audio_flow_shift": 2.5, "task": "t2va"})
+    bracketed = request_of(prompt="a cat", width="128", height="64", seconds="5", num_inference_steps="2",
+                           flow_shift="7.5", seed="3", fps="24",
+                           extra_params={"audio_flow_shift": "2.5", "task": "t2va"})
+    expected = GenerationRequest(prompt="a cat", width=128, height=64, duration_s=5.0, steps=2, flow_shift=7.5,
+                                 seed=3, audio_flow_shift=2.5, task="t2va")
+    assert form == json_body == bracketed == expected
+
+
+def test_extra_params_win_over_top_level_fields_as_in_vllm_omni():
+    assert request_of(prompt="p", seconds="4", extra_params={"duration": 6}).duration_s == 6
+    both = {"duration": 6, "duration_seconds": 7, "target": {"duration_seconds": 8}}
+    assert request_of(prompt="p", seconds="4", extra_params=both).duration_s == 8
+    assert request_of(prompt="p", flow_shift="5", extra_params={"flow_shift": 9}).flow_shift == 9
+    assert request_of(prompt="p", aspect_ratio="1:1", extra_params={"aspect_ratio": "9:16"}).aspect_ratio == "9:16"
+
+
+def test_size_sets_width_and_height_and_names_itself_in_errors():
+    parsed = parse(prompt="p", size="1344x768")
+    assert (parsed.values["width"], parsed.values["height"]) == (1344, 768)
+    assert parsed.aliases["width"] == parsed.aliases["height"] == "size"
+    assert rejected(prompt="p", size="big").param == "size"
+
+
+def test_seconds_label_is_kept_as_sent():
+    assert parse(prompt="p", seconds="8").seconds == "8"
+    assert parse(prompt="p", extra_params={"duration": 4.5}).seconds == "4.5"
+    assert parse(prompt="p").seconds is None
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"seed": "abc"}, "seed"),
+        ({"width": "1.5", "height": "64"}, "width"),
+        ({"fps": "30"}, "fps"),
+        ({"num_outputs_per_prompt": "2"}, "num_outputs_per_prompt"),
+        ({"extra_params": "{not json"}, "extra_params"),
+        ({"extra_params": "[1, 2]"}, "extra_params"),
+        ({"seconds": ["4", "5"]}, "seconds"),
+        ({"flow_shift": "nan"}, "flow_shift"),
+    ],
+)
+def test_ill_typed_values_are_400_naming_the_field(fields, param):
+    assert rejected(prompt="p", **fields).param == param
+
+
+def test_missing_prompt():
+    assert rejected(seconds="4").param == "prompt"
+
+
+def test_unknown_fields_are_named():
+    err = rejected(prompt="p", colour="red", zoom="2")
+    assert err.code == "unknown_field" and "colour, zoom" in err.message
+    err = rejected(prompt="p", extra_params={"task": "t2va", "long_video": True})
+    assert err.param == "extra_params.long_video"
+    assert rejected(prompt="p", extra_params={"target": {"short_edge": 768}}).param == "extra_params.target.short_edge"
+
+
+def test_vllm_fields_without_meaning_here_are_refused_with_the_reason():
+    err = rejected(prompt="p", guidance_scale="5", negative_prompt="blurry")
+    assert err.code == "unsupported_field" and "guidance-distilled" in err.message
+    assert "guidance_scale" in err.message and "negative_prompt" in err.message
+
+
+# -- media fields and routing ---------------------------------------------------------------------------------
+
+
+def test_url_reference_forms():
+    url = "https://example.com/cat.png"
+    for value in ({"image_url": url}, f'{{"image_url": "{url}"}}', url, [{"image_url": url}]):
+        media = parse(prompt="p", input_reference=value).media
+        assert [(m.field, m.kind, m.url) for m in media] == [("input_reference", "image", url)]
+    media = parse(prompt="p", video_reference=[{"video_url": "https://a/1.mp4"}, {"video_url": "https://a/2.mp4"}])
+    assert [(m.field, m.kind) for m in media.media] == [("video_reference[0]", "video"),
+                                                        ("video_reference[1]", "video")]
+    assert "file_id" in rejected(prompt="p", image_reference={"file_id": "file_1"}).message
+    assert rejected(prompt="p", audio_reference={"image_url": url}).param == "audio_reference"
+
+
+def test_reference_combinations_follow_vllm_omni():
+    url = {"image_url": "https://example.com/a.png"}
+    assert rejected(prompt="p", input_reference=url, image_reference=url).param == "input_reference"
+    assert rejected(prompt="p", input_references="x").param == "input_references"
+    too_many = [{"image_url": f"https://example.com/{i}.png"} for i in range(13)]
+    assert rejected(prompt="p", image_reference=too_many).code == "too_many_files"
+
+
+def _stored(field: str, kind: str | None) -> StoredMedia:
+    return StoredMedia(MediaSource(field, None, url="https://x"), MediaRef(Path(f"/data/{field}"), field, None), kind)
+
+
+def test_images_alone_are_keyframes_placed_by_frame_indices():
+    first, second = _stored("image_reference[0]", "image"), _stored("image_reference[1]", "image")
+    two = build_request(parse(prompt="p"), [first, second])
+    assert (two.image, two.last_image, two.references) == (first.ref, second.ref, ())
+    last_only = build_request(parse(prompt="p", extra_params={"frame_index": -1}), [first])
+    assert (last_only.image, last_only.last_image) == (None, first.ref)
+    assert media_aliases(last_only, [first]) == {"last_image": "image_reference[0]"}
+    with pytest.raises(APIError, match="frame_indices"):
+        build_request(parse(prompt="p", extra_params={"frame_indices": [0, 0]}), [first, second])
+
+
+def test_video_or_audio_or_ref2va_makes_every_file_a_reference():
+    image, video = _stored("input_references[0]", "image"), _stored("input_references[1]", "video")
+    mixed = build_request(parse(prompt="p"), [image, video])
+    assert (mixed.image, mixed.references) == (None, (image.ref, video.ref))
+    assert media_aliases(mixed, [image, video]) == {"references[0]": "input_references[0]",
+                                                    "references[1]": "input_references[1]"}
+    explicit = build_request(parse(prompt="p", extra_params={"task": "ref2va"}), [image])
+    assert explicit.references == (image.ref,) and explicit.task == "ref2va"
+    with pytest.raises(APIError, match="fl2va takes images only"):
+        build_request(parse(prompt="p", extra_params={"task": "fl2va"}), [image, video])

@@ -1,0 +1,216 @@
+"""The job manager: FIFO order, progress, files, queue bound, cancellation, failures, recovery, expiry."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+from fake_executor import FAIL_PROMPT, FakeExecutor
+from PIL import Image
+from waiting import wait_until
+
+from h3serve.api.store import SQLiteJobStore
+from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
+from h3serve.engine.jobs import Job, JobManager, QueueFull, new_job_id
+from h3serve.engine.storage import JobFiles
+from h3serve.media.mp4 import EncoderOptions
+from h3serve.request import GenerationRequest
+from h3serve.validate import validate
+
+FAST_ENCODE = EncoderOptions(preset="ultrafast")
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def env(tmp_path):
+    """Builds managers over one data dir (a restart is a second manager on the same store and files)."""
+    store = SQLiteJobStore(tmp_path / "jobs.sqlite3")
+    files = JobFiles(tmp_path / "jobs")
+    managers = []
+
+    def make(executor=None, **kw) -> JobManager:
+        kw.setdefault("encoder_options", FAST_ENCODE)
+        manager = JobManager(executor or FakeExecutor(), store, files, **kw)
+        managers.append(manager)
+        return manager
+
+    yield make, store, files
+    for m in managers:
+        m.close(timeout_s=10)
+    store.close()
+
+
+def submit(manager: JobManager, seed: int = 1, steps: int = 3, prompt: str = "waves", **kw) -> Job:
+    request = GenerationRequest(prompt=prompt, width=128, height=64, duration_s=4, steps=steps, seed=seed)
+    plan = validate(request, manager.defaults)
+    job = Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=int(manager.clock()), **kw)
+    return manager.submit(job, plan)
+
+
+def finished(store, job_id):
+    job = store.get(job_id)
+    return job if job is not None and job.status in ("completed", "failed") else None
+
+
+def test_jobs_run_in_order_and_leave_their_files(env):
+    make, store, files = env
+    manager = make(output_ttl_s=3600)
+    seen = []
+    manager.add_listener(lambda job: seen.append(job.id))
+    manager.start()
+    jobs = [submit(manager, seed=s) for s in (1, 2, 3)]
+    done = [wait_until(lambda j=j: finished(store, j.id), what="completion") for j in jobs]
+
+    assert [p.seed for p in manager.executor.plans] == [1, 2, 3]
+    assert seen == [j.id for j in jobs]
+    for job in done:
+        assert (job.status, job.progress, job.num_frames, job.fps, job.error) == ("completed", 100, 107, 24, None)
+        assert job.expires_at == job.completed_at + 3600 and job.inference_time_s > 0
+        assert {"denoise", "encode"} <= set(job.stage_durations) and job.peak_memory_mb == 12.5
+        for variant in VARIANTS.values():
+            assert files.file(job.id, variant.file_name).stat().st_size > 0
+        with Image.open(files.file(job.id, VARIANTS["thumbnail"].file_name)) as thumb:
+            assert (thumb.format, thumb.size) == ("WEBP", (128, 64))
+        with Image.open(files.file(job.id, VARIANTS["spritesheet"].file_name)) as sheet:
+            assert (sheet.format, sheet.size) == ("JPEG", (128 * SPRITE_COLUMNS, 64 * SPRITE_ROWS))
+
+
+def test_progress_is_stored_at_every_step_and_status_follows_the_executor(env):
+    make, store, _ = env
+    manager = make()
+    updates = []
+    original = store.update
+
+    def recording_update(job_id, **changes):
+        updates.append(changes)
+        original(job_id, **changes)
+
+    store.update = recording_update
+    manager.start()
+    job = submit(manager, steps=5)  # 4 forwards
+    wait_until(lambda: finished(store, job.id))
+    progress = [u["progress"] for u in updates if "progress" in u]
+    assert updates[0] == {"status": "in_progress"}
+    assert progress == [25, 50, 75, 99, 100]
+
+
+def test_queue_is_bounded(env):
+    make, store, _ = env
+    manager = make(FakeExecutor(step_s=0.2), max_queue=2)
+    manager.start()
+    running = submit(manager, steps=20)
+    wait_until(lambda: store.get(running.id).status == "in_progress")
+    submit(manager)
+    submit(manager)
+    with pytest.raises(QueueFull) as e:
+        submit(manager)
+    assert e.value.depth == 2 and e.value.retry_after_s >= 1
+    with pytest.raises(QueueFull):
+        manager.check_capacity()
+    assert manager.queue_depth == 2 and len(store.ids()) == 3  # the refused job was never stored
+
+
+def test_delete_cancels_queued_and_running_jobs(env):
+    make, store, files = env
+    executor = FakeExecutor(step_s=0.05)
+    manager = make(executor)
+    manager.start()
+    running = submit(manager, seed=1, steps=200)
+    queued = submit(manager, seed=2)
+    wait_until(lambda: store.get(running.id).progress >= 1, what="first step")
+    files.inputs_dir(queued.id)  # both jobs have folders to remove
+    files.inputs_dir(running.id)
+
+    assert manager.delete(queued.id)
+    assert store.get(queued.id) is None and not files.job_dir(queued.id).exists()
+    event = manager.done_event(running.id)
+    assert manager.delete(running.id)
+    assert store.get(running.id) is None
+    assert event.wait(5), "the running job did not stop"
+    step, total = executor.cancelled_at[0]
+    assert total == 199 and step < 20  # stopped at the next step, not at the end
+    assert not files.job_dir(running.id).exists()
+    assert [p.seed for p in executor.plans] == [1]  # the deleted queued job never started
+    later = submit(manager, seed=3)
+    assert wait_until(lambda: finished(store, later.id)).status == "completed"
+    assert not manager.delete(queued.id)
+
+
+def test_a_failed_job_is_recorded_and_the_next_one_runs(env):
+    make, store, _ = env
+    manager = make(output_ttl_s=60)
+    manager.start()
+    bad, good = submit(manager, prompt=FAIL_PROMPT), submit(manager)
+    failed = wait_until(lambda: finished(store, bad.id))
+    assert failed.status == "failed" and failed.error.code == "generation_failed"
+    assert "asked to fail" in failed.error.message and failed.expires_at == failed.completed_at + 60
+    assert wait_until(lambda: finished(store, good.id)).status == "completed"
+
+
+def test_restart_requeues_unfinished_jobs_in_order_and_drops_the_rest(env):
+    make, store, files = env
+    first = make()  # never started: it only writes the state a crashed process would leave
+    jobs = [submit(first, seed=s) for s in (1, 2, 3)]
+    store.update(jobs[0].id, status="completed", progress=100)
+    store.update(jobs[1].id, status="in_progress", progress=60)
+    sync_job = submit(first, seed=9, sync=True)
+    orphan = new_job_id()
+    files.inputs_dir(orphan)
+    bad_request = replace(jobs[2], id=new_job_id(), request=replace(jobs[2].request, steps=500))
+    store.insert(bad_request)
+
+    second = make()
+    second.start()
+    for job in jobs[1:]:
+        assert wait_until(lambda j=job: finished(store, j.id)).status == "completed"
+    assert [p.seed for p in second.executor.plans] == [2, 3]  # the completed job did not run again
+    assert store.get(sync_job.id) is None and not files.job_dir(orphan).exists()
+    failed = store.get(bad_request.id)
+    assert failed.status == "failed" and failed.error.code == "invalid_request" and "steps" in failed.error.message
+
+
+def test_close_puts_the_running_job_back_in_the_queue(env):
+    make, store, _ = env
+    first = make(FakeExecutor(step_s=0.05))
+    first.start()
+    job = submit(first, steps=200)
+    wait_until(lambda: store.get(job.id).progress >= 1)
+    first.close()
+    assert (store.get(job.id).status, store.get(job.id).progress) == ("queued", 0)
+    second = make(FakeExecutor(step_s=0.001))
+    second.start()
+    assert wait_until(lambda: finished(store, job.id)).status == "completed"
+
+
+def test_expired_outputs_are_swept_and_the_record_stays(env):
+    make, store, files = env
+    clock = Clock()
+    manager = make(output_ttl_s=10, clock=clock)
+    manager.start()
+    submitted = submit(manager)
+    job = wait_until(lambda: finished(store, submitted.id))
+    assert job.expires_at == int(clock.now) + 10
+    clock.now += 9
+    assert manager.sweep_expired() == 0 and files.job_dir(job.id).exists()
+    clock.now += 2
+    assert manager.sweep_expired() == 1
+    assert not files.job_dir(job.id).exists() and store.get(job.id).expired
+
+
+def test_done_event_wakes_a_waiter(env):
+    make, store, _ = env
+    manager = make()
+    manager.start()
+    job = submit(manager, sync=True)
+    woke = threading.Event()
+    event = manager.done_event(job.id)
+    threading.Thread(target=lambda: event.wait(10) and woke.set(), daemon=True).start()
+    assert woke.wait(10) and store.get(job.id).status == "completed"

@@ -1,0 +1,69 @@
+"""A stand-in for `h3serve.engine.executor.Executor` that needs no model: tests of the job queue and the HTTP
+layer run in milliseconds per job, with the executor's contract (one job at a time, progress per step,
+cancellation at the next step, `EngineError` on failure) and small deterministic outputs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from h3serve import geometry, limits
+from h3serve.engine.executor import Cancelled, EngineError
+from h3serve.engine.output import GenerationOutput
+from h3serve.validate import GenerationPlan, ModelDefaults
+
+TINY_DEFAULTS = ModelDefaults(canvas_short_edge=64, canvas_max_pixels=64 * 128)
+FAIL_PROMPT = "please fail"
+
+
+def fake_video(plan: GenerationPlan) -> np.ndarray:
+    """Smooth, seed-dependent frames (cheap to encode), [T, H, W, 3] float32 in [0, 1]."""
+    t = np.linspace(0, 1, plan.num_frames, dtype=np.float32)[:, None, None, None]
+    x = np.linspace(0, 1, plan.width, dtype=np.float32)[None, None, :, None]
+    rgb = np.array([0.2, 0.5, 0.8], dtype=np.float32)[None, None, None, :]
+    return np.broadcast_to((t * 0.5 + x * 0.3 + rgb + plan.seed * 0.01) % 1.0,
+                           (plan.num_frames, plan.height, plan.width, 3)).copy()
+
+
+def fake_audio(plan: GenerationPlan) -> np.ndarray:
+    samples = geometry.audio_latents(plan.num_frames) * (limits.AUDIO_SAMPLE_RATE // limits.AUDIO_LATENTS_PER_SECOND)
+    tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(samples, dtype=np.float32) / limits.AUDIO_SAMPLE_RATE)
+    return np.stack([tone, tone]).astype(np.float32)
+
+
+class FakeExecutor:
+    def __init__(self, step_s: float = 0.01):
+        self.step_s = step_s
+        self.defaults = TINY_DEFAULTS
+        self.plans: list[GenerationPlan] = []  # every plan started, in order
+        self.cancelled_at: list[tuple[int, int]] = []  # (step, total) where a job stopped
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._cancel = 0
+
+    def generate(self, plan, on_progress=None, on_start=None, timeout_s=None) -> GenerationOutput:
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            if on_start is not None:
+                on_start(seq)
+            self.plans.append(plan)
+            total = plan.steps - 1
+            for done in range(1, total + 1):
+                time.sleep(self.step_s)
+                if on_progress is not None:
+                    on_progress(done, total)
+                if self._cancel == seq:
+                    self.cancelled_at.append((done, total))
+                    raise Cancelled(f"job {seq} was cancelled")
+            if plan.prompt == FAIL_PROMPT:
+                raise EngineError("generation failed: RuntimeError: the fake engine was asked to fail")
+            return GenerationOutput(fake_video(plan), fake_audio(plan), {"denoise": total * self.step_s}, 12.5)
+
+    def cancel(self, seq: int) -> None:
+        self._cancel = seq
+
+    def alive(self) -> bool:
+        return True

@@ -1,0 +1,91 @@
+"""What the spawned ranks run for the multi-rank tests (importable by the spawned processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from h3serve.config import EngineConfig
+from h3serve.engine.local import LocalEngine
+from h3serve.parallel.setup import parameter_bytes
+from h3serve.parallel.vae_tiles import TileParallelDecode
+from h3serve.request import GenerationRequest
+from h3serve.validate import GenerationPlan, ModelDefaults, validate
+
+# 17 byte-level tokens: with 4 s at 128x64 the packed sequence is 17 + 2·178 audio + 256 video = 629 rows,
+# which no degree used here (2, 3, 4) divides, so every layout runs with padded chunks.
+PROMPT = "waves on a beach!"
+
+
+def plan_for(defaults: ModelDefaults) -> GenerationPlan:
+    return validate(GenerationRequest(prompt=PROMPT, steps=3, seed=1, duration_s=4), defaults)
+
+
+def packed_length(plan: GenerationPlan) -> int:
+    video_rows = plan.latent_frames * (plan.latent_height // 2) * (plan.latent_width // 2)
+    return len(PROMPT.encode()) + 2 * plan.audio_latents + video_rows
+
+
+def _config(checkpoint: Path, **overrides) -> EngineConfig:
+    return EngineConfig(model=checkpoint, threads=1, task_type="fl2va", **overrides)
+
+
+def _summary(engine: LocalEngine, keep_video: bool) -> dict:
+    result = engine.pipeline.generate(plan_for(engine.defaults))
+    text = engine.pipeline.c.text.model
+    parallel = engine.parallel
+    return {
+        # (tp, ulysses, ring, text-encoder tp, vae tiles) as installed on this rank
+        "applied": (
+            parallel.dit_tp.size if parallel and parallel.dit_tp else 1,
+            parallel.sequence.ulysses if parallel and parallel.sequence else 1,
+            parallel.sequence.ring if parallel and parallel.sequence else 1,
+            parallel.text_tp.size if parallel and parallel.text_tp else 1,
+            bool(parallel and parallel.vae_group is not None),
+        ),
+        "video_latents": result.video_latents,
+        "audio_latents": result.audio_latents,
+        "video": result.video if keep_video else None,
+        "dit_bytes": parameter_bytes(engine.pipeline.c.transformer),
+        "text_bytes": sum(p.numel() * p.element_size() for p in text.parameters() if not p.is_meta),
+    }
+
+
+def pipeline_cases(
+    rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]], tile_decodes: bool = False
+) -> dict:
+    """Rank 0 first runs the one-rank reference (same thread count), then every rank runs each layout
+    (and, with `tile_decodes`, the standalone VAE tile-parallel decodes)."""
+    out = {}
+    if tile_decodes:
+        out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
+    if rank == 0:  # the other ranks wait for it in the next case's first collective
+        out["reference"] = _summary(LocalEngine(_config(checkpoint), 0, 1), keep_video=True)
+    for name, overrides in cases:
+        engine = LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world)
+        out[name] = _summary(engine, keep_video=name.startswith("vae"))
+        del engine
+    return out
+
+
+def vae_tile_decodes(rank: int, world: int, checkpoint: Path) -> list[dict] | None:
+    """Tile-parallel decode against the VAE's own one-rank tiled decode, on the same latents."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(checkpoint / "vae").eval()
+    parallel = TileParallelDecode(vae, dist.group.WORLD)
+    cases = [
+        ((1, 24, 12, 4, 8), (32, 32, 16, 16)),  # 2 temporal chunks x 3x7 spatial tiles: 42 units over the ranks
+        ((1, 24, 7, 4, 8), (256, 256, 64, 64)),  # the default tiles: one chunk, one tile, so rank 1 owns none
+    ]
+    out = []
+    for shape, tiling in cases:
+        vae.enable_tiling(*tiling)
+        z = torch.randn(shape, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            mine = parallel(z)
+            reference = type(vae)._decode(vae, z) if rank == 0 else None
+        out.append({"parallel": mine, "reference": reference})
+    return out if rank == 0 else None

@@ -1,0 +1,78 @@
+"""Engine flags: vLLM-Omni recipe lines parse into an EngineConfig; what cannot apply is refused or announced."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+import pytest
+
+from h3serve.config import ConfigError
+from h3serve.engine.args import add_engine_args, engine_config_from_args
+
+# Every flag of the reference's launch-recipe table (§5) and its "related flags" list.
+RECIPE = (
+    "--omni --trust-remote-code --task-type combined --num-gpus 4 --tensor-parallel-size 1 --usp 2 --ring 2 "
+    "--text-encoder-tp-size 2 --vae-patch-parallel-size 4 --vae-parallel-mode tile --vae-use-tiling "
+    "--enforce-eager --diffusion-attention-backend FLASH_ATTN --cache-backend none --cfg-parallel-size 1 "
+    "--diffusion-compile-granularity regional --ulysses-mode strict --stage-init-timeout 300 --init-timeout 900 "
+    "--api-server-count 1 --enable-diffusion-pipeline-profiler --fa-deterministic --request-batch-max-wait-ms 0 "
+    "--step-execution --dlo-no-use-allgather --dlo-resident-layers 2 --enable-distributed-layerwise-offload "
+    "--enable-cpu-offload --diffusion-compile-dynamic --ulysses-a2a-permute"
+)
+
+
+def _parse(line: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model")
+    add_engine_args(parser)
+    return parser.parse_args(shlex.split(line))
+
+
+def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, capsys):
+    config = engine_config_from_args(_parse(RECIPE + " --device cpu"), parallel_checkpoint)
+    assert (config.world_size, config.ulysses_degree, config.ring_degree) == (4, 2, 2)
+    assert (config.text_encoder_tp_size, config.vae_patch_parallel_size, config.task_type) == (2, 4, "auto")
+    assert config.enforce_eager and config.attention_backend == "FLASH_ATTN" and config.init_timeout_s == 900
+    notices = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("notice: ") for line in notices)
+    for flag in ("--omni", "--trust-remote-code", "--vae-use-tiling", "--diffusion-attention-backend FLASH_ATTN",
+                 "--enable-cpu-offload", "--diffusion-compile-*", "--step-execution", "--num-gpus 4 on CPU"):
+        assert any(flag in line for line in notices), flag
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("--cache-backend cache_dit", "DiT caching is not available in h3serve yet; use --cache-backend none"),
+        ("--cache-backend magic", "choose from: none, cache_dit"),
+        ("--lora-path /x.safetensors", "LoRA is not available"),
+        ("--deploy-config d.yaml", "h3serve runs H3 as one stage"),
+        ("--api-server-count 2", "use 1"),
+        ("--allgather-degree 2", "use --usp and/or --ring"),
+        ("--diffusion-attention-backend SAGE_ATTN", "would change the attention math"),
+        ("--diffusion-attention-backend NOPE", "NOPE: unknown backend; choose from: auto, TORCH_SDPA"),
+        ("--diffusion-attention-backend FLASH_ATTN -dac '{\"default\": {\"backend\": \"TORCH_SDPA\"}}'",
+         "mutually exclusive"),
+        ("-dac '[1]'", "expected a JSON object"),
+        ("--task-type t2v", "choose from: auto, combined, t2va, fl2va, ref2va"),
+        ("--diffusion-compile-granularity everything", "choose from: regional, full"),
+        ("--cfg-parallel-size 2", "CFG-distilled"),
+        ("--usp 8", "choose from: 1, 2, 4"),
+    ],
+)
+def test_what_cannot_apply_is_refused_with_the_fix(parallel_checkpoint, line, message):
+    with pytest.raises(ConfigError, match=message):
+        engine_config_from_args(_parse(line + " --device cpu"), parallel_checkpoint)
+
+
+def test_task_types_map_onto_the_dits_to_load(parallel_checkpoint):
+    for given, dits in (("t2va", ("transformer",)), ("combined", ("transformer", "transformer_ref"))):
+        config = engine_config_from_args(_parse(f"--task-type {given} --device cpu"), parallel_checkpoint)
+        assert config.dits == dits
+
+
+def test_defaults_are_one_rank(parallel_checkpoint, capsys):
+    config = engine_config_from_args(_parse(f"--model {parallel_checkpoint} --device cpu"))
+    assert config.world_size == 1 and config.notices() == []
+    assert capsys.readouterr().err == ""

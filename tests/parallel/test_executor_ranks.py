@@ -1,0 +1,68 @@
+"""The executor with several ranks: a killed rank fails its request and the ranks restart; two "nodes" meet
+through an explicit rendezvous (what torchrun's environment describes) and give the single-node result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+from rank_sessions import plan_for
+
+from h3serve.config import EngineConfig
+from h3serve.engine.executor import EngineError, Executor
+from h3serve.parallel.rendezvous import Rendezvous, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _config(checkpoint) -> EngineConfig:
+    return EngineConfig(model=checkpoint, threads=1, task_type="fl2va", ulysses_degree=2)
+
+
+@pytest.fixture(scope="module")
+def executor(parallel_checkpoint):
+    ex = Executor(_config(parallel_checkpoint))
+    yield ex
+    ex.close()
+
+
+@pytest.fixture(scope="module")
+def single_node_output(executor):
+    return executor.generate(plan_for(executor.defaults))
+
+
+def test_killed_rank_fails_request_then_recovers(executor, single_node_output):
+    assert len(executor.pids()) == 2
+    victim = executor.pids()[1]
+
+    def kill_on_first_step(done: int, total: int) -> None:
+        if done == 1:
+            os.kill(victim, signal.SIGKILL)
+
+    with pytest.raises(EngineError, match="rank 1 exited with code -9 while the request was running"):
+        executor.generate(plan_for(executor.defaults), on_progress=kill_on_first_step)
+    assert executor.restarts == 1 and executor.alive() and victim not in executor.pids()
+    again = executor.generate(plan_for(executor.defaults))
+    np.testing.assert_array_equal(again.video, single_node_output.video)
+    np.testing.assert_array_equal(again.audio, single_node_output.audio)
+
+
+def test_two_nodes_through_rendezvous_match_one_node(parallel_checkpoint, single_node_output):
+    init = f"tcp://127.0.0.1:{free_port()}"
+    follower = Executor(_config(parallel_checkpoint), rendezvous=Rendezvous(init, node_rank=1, nnodes=2))
+    watcher = threading.Thread(target=follower.run_follower, kwargs={"poll_s": 0.2}, daemon=True)
+    watcher.start()
+    leader = Executor(_config(parallel_checkpoint), rendezvous=Rendezvous(init, node_rank=0, nnodes=2))
+    try:
+        assert len(leader.pids()) == len(follower.pids()) == 1
+        out = leader.generate(plan_for(leader.defaults))
+    finally:
+        leader.close()  # rank 0 tells every rank to stop, so the follower's rank exits cleanly
+        watcher.join(timeout=60)
+        follower.close()
+    assert not watcher.is_alive() and follower.restarts == 0
+    np.testing.assert_array_equal(out.video, single_node_output.video)
+    np.testing.assert_array_equal(out.audio, single_node_output.audio)
