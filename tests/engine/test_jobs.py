@@ -70,6 +70,8 @@ def test_jobs_run_in_order_and_leave_their_files(env):
     done = [wait_until(lambda j=j: finished(store, j.id), what="completion") for j in jobs]
 
     assert [p.seed for p in manager.executor.plans] == [1, 2, 3]
+    # Listeners run after the store is updated, so the last one may still be on its way.
+    wait_until(lambda: len(seen) == 3, what="listeners")
     assert seen == [j.id for j in jobs]
     for job in done:
         assert (job.status, job.progress, job.num_frames, job.fps, job.error) == ("completed", 100, 107, 24, None)

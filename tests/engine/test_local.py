@@ -1,0 +1,39 @@
+"""The in-process engine: which DiTs it loads for --task-type, and refusing a task it cannot serve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from h3serve.config import EngineConfig
+from h3serve.engine.local import LocalEngine
+from h3serve.request import GenerationRequest, MediaRef
+from h3serve.validate import RequestError
+
+
+@pytest.fixture(scope="module")
+def keyframe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kf") / "first.png"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (256, 384, 3), dtype=np.uint8)).save(path)
+    return MediaRef(path, "first.png")
+
+
+def test_ref2va_only_engine_refuses_t2va_and_fl2va(tiny_checkpoint, keyframe):
+    engine = LocalEngine(EngineConfig(model=tiny_checkpoint, task_type="ref2va"))
+    assert engine.tasks == ("ref2va",)
+    assert engine.pipeline.c.transformer is None and engine.pipeline.c.transformer_ref is not None
+    for request in (GenerationRequest(prompt="x"), GenerationRequest(prompt="x", image=keyframe)):
+        with pytest.raises(RequestError, match="is not served here: the loaded DiT serves ref2va"):
+            engine.plan(request)
+
+
+def test_default_engine_loads_both_dits_and_runs_fl2va(tiny_checkpoint, keyframe):
+    engine = LocalEngine(EngineConfig(model=tiny_checkpoint))
+    assert engine.tasks == ("t2va", "fl2va", "ref2va")
+    plan = engine.plan(GenerationRequest(prompt="x", image=keyframe, steps=2, duration_s=4))
+    assert (plan.task, plan.width, plan.height) == ("fl2va", 96, 64)  # the keyframe's 3:2 aspect at short edge 64
+    out = engine.generate(plan)
+    assert out.video.shape == (107, 64, 96, 3)
+    assert {"media_load", "vision_encode", "vae_encode", "denoise"} <= set(out.stage_durations)
