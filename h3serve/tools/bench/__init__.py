@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--profile", action="store_true", default=None, help="one extra torch.profiler run per side")
     p.add_argument("--reference", help="fidelity reference: peer | first | FILE.mp4/.npz (default: peer if any)")
+    p.add_argument("--gemm-seconds", type=float, help="time budget of each same-run GEMM peak measurement (default 3)")
     p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
     p.add_argument("--keep-raw", action="store_true", help="keep every run's float arrays (.npz) under OUT/raw")
     p.set_defaults(func=cmd_bench)
@@ -76,7 +77,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in (
         "model", "preset", "tasks", "shapes", "engines", "steps", "seed", "prompt", "warmup", "runs", "peer",
-        "profile", "reference",
+        "profile", "reference", "gemm_seconds",
     )}
     try:
         matrix = load_matrix(args.matrix, overrides)

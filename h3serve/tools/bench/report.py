@@ -40,7 +40,7 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
         "cpu_s": _median([r["cpu_s"] for r in runs]),
         "dit_forward_best_s": min((t for d in dits for t in d["forward_s"]), default=None),
         "stages_s": {s: _median([r["stages"][s] for r in runs]) for s in STAGES if s in runs[0]["stages"]},
-        "dit_flops_per_forward": dits[0]["flops"] / dits[0]["forwards"] if dits and dits[0]["forwards"] else None,
+        "dit_flops_per_run": dits[0]["flops"] if dits else None,  # every forward + text embedding of one run
         "dit_flops_per_s": _median([d["flops_per_s"] for d in dits]) if dits else None,
         "fraction_of_gemm_peak": _median([d["fraction_of_gemm_peak"] for d in dits]) if dits else None,
         "gemm_peak_flops_per_s": runs[0]["gemm_peak"]["flops_per_s"],

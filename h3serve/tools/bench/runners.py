@@ -37,7 +37,10 @@ class RunOutput:
 
 
 class H3Runner:
-    """The h3serve engine: in-process for one rank, the rank executor for more."""
+    """The h3serve engine: in-process for one rank, the rank executor for more.
+
+    `tasks` is unused: the engine config's `task_type` decides which DiTs load.
+    """
 
     name = "h3serve"
 

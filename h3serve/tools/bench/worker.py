@@ -10,18 +10,22 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
-import resource
-import sys
 import time
 import traceback
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from h3serve.config import EngineConfig
 from h3serve.request import GenerationRequest
+
+if TYPE_CHECKING:  # the parent never imports torch through this module
+    from h3serve.tools.bench.flops import FlopCounter
+    from h3serve.tools.bench.runners import DiffusersRunner, H3Runner, RunOutput
+
+    Runner = H3Runner | DiffusersRunner
 
 
 class BenchError(RuntimeError):
@@ -39,15 +43,11 @@ class RunSpec:
     trace_path: str | None = None  # profile this run into a Chrome trace here
 
 
-def _max_rss_mb() -> float:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
-
-
-def _run(runner: Any, counter: Any, spec: RunSpec) -> tuple[dict[str, Any], Any]:
+def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str, Any], RunOutput]:
     import numpy as np
     import torch
 
+    from h3serve.engine.local import peak_memory_mb
     from h3serve.media.mp4 import write_mp4
     from h3serve.tools.bench.measure import RssSampler, cpu_seconds
     from h3serve.tools.bench.profiling import profiled
@@ -90,7 +90,7 @@ def _run(runner: Any, counter: Any, spec: RunSpec) -> tuple[dict[str, Any], Any]
             "peak_device_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20
             if device.type == "cuda" else None,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
-            "peak_rss_process_mb": _max_rss_mb(),
+            "peak_rss_process_mb": peak_memory_mb(torch.device("cpu")),  # ru_maxrss: the process lifetime
         },
         "output": {
             "mp4": spec.mp4_path,
