@@ -37,6 +37,17 @@ def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: tor
     return bool(flag.item())
 
 
+def _client_message(e: Exception) -> str:
+    """What a client may read about a failure: request/media errors say what is wrong with the input; anything
+    else is summarised by its type only (the traceback, with its internal paths, goes to the server log)."""
+    from h3serve.media.intake import MediaError
+    from h3serve.validate import RequestError
+
+    if isinstance(e, RequestError | MediaError):
+        return str(e)
+    return f"internal error during generation ({type(e).__name__}); see the server log"
+
+
 def _exit_with_parent() -> None:
     """End this rank when the process that spawned it dies (even by SIGKILL).
 
@@ -106,12 +117,12 @@ def worker_main(
                 # Another rank may be waiting in a collective this rank will never join: continuing would
                 # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
                 traceback.print_exc()
-                events.put(("error", job.seq, f"generation failed on rank {rank}: {type(e).__name__}: {e}", rank))
+                events.put(("error", job.seq, f"rank {rank}: {_client_message(e)}", rank))
                 events.close()
                 events.join_thread()  # flush the report before the hard exit
                 os._exit(1)
             traceback.print_exc()
-            events.put(("error", job.seq, f"generation failed: {type(e).__name__}: {e}"))
+            events.put(("error", job.seq, _client_message(e)))
             continue
         if rank == 0:
             write_raw(job.spool, output.video, output.audio)

@@ -108,3 +108,14 @@ def test_ranks_exit_when_the_parent_is_killed(tiny_checkpoint):
     while any(_running(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_running(p) for p in pids)
+
+
+def test_internal_errors_reach_the_client_without_internals(executor, tiny_checkpoint):
+    import dataclasses
+
+    broken = dataclasses.replace(_plan(executor, steps=2), width=80)  # bypasses validation: not a multiple of 32
+    with pytest.raises(EngineError) as e:
+        executor.generate(broken)
+    assert str(e.value) == "internal error during generation (RuntimeError); see the server log"
+    assert str(tiny_checkpoint) not in str(e.value) and "Traceback" not in str(e.value)
+    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107  # the engine keeps serving
