@@ -225,7 +225,7 @@ class AdaLNOut(nn.Module):
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
         shift, scale = self.linear(F.silu(temb).to(self.linear.weight.dtype)).chunk(2, dim=-1)
-        return self.norm(x) * (1.0 + scale[timestep_indices]) + shift[timestep_indices]
+        return self.norm(x) * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -278,7 +278,9 @@ class TransformerBlock(nn.Module):
         adaln_idx: torch.Tensor,  # [S]: timestep_index·3 + modality
         rotary: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = (m[adaln_idx] for m in self.adaln_proj(temb))  # [S, D]
+        shift1, scale1, gate1, shift2, scale2, gate2 = (
+            m.index_select(0, adaln_idx) for m in self.adaln_proj(temb)
+        )  # [S, D] each (index_select: a plain row gather, cheaper than advanced indexing on CPU)
         x = x + gate1 * self.attn(self.norm1(x) * (1.0 + scale1) + shift1, rotary)
         return x + gate2 * self.ff(self.norm2(x) * (1.0 + scale2) + shift2)
 
@@ -385,6 +387,6 @@ class H3Transformer(nn.Module):
 
         # The output norm is per-row, so only the video and audio rows need it: text rows are dropped first.
         head_dtype = self.proj_out.weight.dtype
-        v_rows = self.norm_out(x[:, layout.video_indices], temb, timestep_indices[layout.video_indices])
-        a_rows = self.norm_out(x[:, layout.audio_indices], temb, timestep_indices[layout.audio_indices])
+        v_rows = self.norm_out(x.index_select(1, layout.video_indices), temb, timestep_indices[layout.video_indices])
+        a_rows = self.norm_out(x.index_select(1, layout.audio_indices), temb, timestep_indices[layout.audio_indices])
         return self.proj_out(v_rows.to(head_dtype)), self.audio_proj_out(a_rows.to(head_dtype))
