@@ -252,6 +252,28 @@ def load_text_conditioner(folder: Path, tokenizer_folder: Path, dtype: torch.dty
     return TextConditioner(model, tokenizer, limits.TEXT_ENCODER_LAYER)
 
 
+def read_vision_config(folder: str | Path):
+    """The Qwen3-VL image/video preprocessing settings of a `processor/` folder, with transformers' priority:
+    the nested `processor_config.json`, else `preprocessor_config.json` for images and
+    `video_preprocessor_config.json` (else `preprocessor_config.json`) for videos."""
+    from h3serve.model.vision_inputs import VisionProcessorConfig
+
+    folder = Path(folder)
+    if (folder / "processor").is_dir():
+        folder = folder / "processor"
+
+    def read(name: str) -> dict | None:
+        return _read_json(folder / name) if (folder / name).is_file() else None
+
+    nested = read("processor_config.json") or {}
+    flat_image = read("preprocessor_config.json")
+    image = nested.get("image_processor", flat_image)
+    video = nested.get("video_processor") or read("video_preprocessor_config.json") or flat_image
+    if image is None or video is None:
+        raise CheckpointError(f"{folder}: no Qwen image/video processor config")
+    return VisionProcessorConfig.from_dict({"image_processor": image, "video_processor": video})
+
+
 def load_components(
     layout: CheckpointLayout,
     dtype: torch.dtype = torch.float32,
@@ -266,7 +288,6 @@ def load_components(
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
     from h3serve.model.pipeline import H3Components
-    from h3serve.model.vision_inputs import VisionProcessorConfig
 
     device = torch.device(device)
     present = [name for name in dits if layout.has(name)]
@@ -286,5 +307,5 @@ def load_components(
         vae=vae,
         audio_vae=audio_vae,
         text=text,
-        vision_config=VisionProcessorConfig.from_dir(layout.component("processor")),
+        vision_config=read_vision_config(layout.component("processor")),
     )

@@ -3,28 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
 from h3serve.api import serve_cli
+from h3serve.cli_util import EXIT_ERROR, fail, model_dir
 from h3serve.tools import bench, compare, probe_cli
-
-EXIT_USAGE = 2
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _model_dir(arg: str | None) -> Path:
-    """The checkpoint to use: the given folder, else the tiny checkpoint, built on first use."""
-    if arg:
-        return Path(arg).expanduser()
-    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
-
-    return ensure_tiny_checkpoint()
 
 
 def format_stages(durations: dict[str, float]) -> str:
@@ -99,23 +85,10 @@ def _media(path: str | None, kind: str | None = None):
     return None if path is None else MediaRef(path=Path(path), name=path, kind=kind)
 
 
-def _tasks_served(dits: tuple[str, ...], layout) -> tuple[str, ...]:
-    """Tasks the DiTs of `dits` present in the checkpoint serve (as `H3Components.tasks`, before loading)."""
-    present = {name for name in dits if layout.has(name)}
-    keyframes = ("t2va", "fl2va") if "transformer" in present else ()
-    return keyframes + (("ref2va",) if "transformer_ref" in present else ())
-
-
-def cmd_generate(args: argparse.Namespace) -> int:
-    from h3serve.checkpoint import CheckpointError, read_layout
-    from h3serve.config import ConfigError
-    from h3serve.engine.args import engine_config_from_args
-    from h3serve.engine.planning import plan_request
-    from h3serve.media.intake import MediaError
+def _request_from_args(args: argparse.Namespace):
     from h3serve.request import GenerationRequest
-    from h3serve.validate import RequestError
 
-    request = GenerationRequest(
+    return GenerationRequest(
         prompt=args.prompt,
         width=args.width,
         height=args.height,
@@ -130,34 +103,68 @@ def cmd_generate(args: argparse.Namespace) -> int:
         last_image=_media(args.last_image, "image"),
         references=tuple(_media(path, kind) for kind, path in (args.references or [])),
     )
+
+
+def _check_writable(flag: str, path: str | None) -> None:
+    """Refuse an output path that cannot be written before any work is done (not after a long generation)."""
+    from h3serve.config import ConfigError
+
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag}: {path} is a directory; give a file name")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"{flag}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{flag}: folder {folder} is not writable")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from h3serve.checkpoint import CheckpointError, read_layout
+    from h3serve.config import ConfigError
+    from h3serve.engine.args import engine_config_from_args
+    from h3serve.engine.planning import plan_request
+    from h3serve.media.intake import MediaError
+    from h3serve.media.mp4 import EncoderOptions
+    from h3serve.request import tasks_served
+    from h3serve.validate import RequestError
+
+    # Everything that can be refused is refused here, before a weight is read.
     try:
-        model = _model_dir(args.model)
-        plan = plan_request(request, read_layout(model).defaults())  # fail fast, before any weight is read
+        options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate)
+        options.validate()
+        _check_writable("--output", args.output)
+        _check_writable("--save-raw", args.save_raw)
+        model = model_dir(args.model)
+        layout = read_layout(model)
         config = engine_config_from_args(args, model)
-    except (RequestError, MediaError, ConfigError, CheckpointError) as e:
-        return _fail(str(e))
-
-    from tqdm import tqdm
-
-    from h3serve.engine.executor import EngineError, Executor
-    from h3serve.engine.local import LocalEngine, check_task_served
-    from h3serve.media.mp4 import EncoderOptions, write_mp4
-    from h3serve.media.raw import write_raw
-
+        tasks = tasks_served(d for d in config.dits if layout.has(d))
+        plan = plan_request(_request_from_args(args), layout.defaults(), tasks)
+    except (RequestError, MediaError, ConfigError, CheckpointError, ValueError) as e:
+        return fail(str(e))
     print(
         f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), {plan.steps} steps, "
         f"seed {plan.seed}, model {model}",
         file=sys.stderr,
     )
-    try:  # the DiT this config loads must serve the task
-        check_task_served(plan.task, _tasks_served(config.dits, read_layout(model)))
-    except RequestError as e:
-        return _fail(str(e))
-    multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
     try:
-        engine = Executor(config) if multi_rank else LocalEngine(config)  # loads the weights
-    except EngineError as e:
-        return _fail(str(e))
+        output = _run_engine(config, plan)
+    except Exception as e:  # one line, never a traceback: the request was valid, the run failed
+        return fail(f"generation failed: {type(e).__name__}: {e}", EXIT_ERROR)
+    return _write_outputs(args, output, options)
+
+
+def _run_engine(config, plan):
+    """Load the weights (in-process, or one process per rank) and run one plan with a progress bar."""
+    from tqdm import tqdm
+
+    from h3serve.engine.executor import Executor
+    from h3serve.engine.local import LocalEngine
+
+    multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
+    engine = Executor(config) if multi_rank else LocalEngine(config)
     bar = tqdm(total=None, desc="denoise", unit="step", file=sys.stderr)
 
     def on_step(done: int, total: int) -> None:
@@ -165,22 +172,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        output = engine.generate(plan, on_progress=on_step) if multi_rank else engine.generate(plan, on_step)
-    except EngineError as e:
-        return _fail(str(e))
+        return engine.generate(plan, on_progress=on_step) if multi_rank else engine.generate(plan, on_step)
     finally:
         bar.close()
         if multi_rank:
             engine.close()
+
+
+def _write_outputs(args: argparse.Namespace, output, options) -> int:
+    from h3serve.media.mp4 import write_mp4
+    from h3serve.media.raw import write_raw
+
     start = time.perf_counter()
-    options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate)
     try:
         write_mp4(args.output, output.video, output.audio, options=options)
+        output.stage_durations["mux"] = time.perf_counter() - start
+        if args.save_raw:
+            write_raw(args.save_raw, output.video, output.audio)
     except (ValueError, OSError) as e:
-        return _fail(f"--output: {e}")
-    output.stage_durations["mux"] = time.perf_counter() - start
-    if args.save_raw:
-        write_raw(args.save_raw, output.video, output.audio)
+        return fail(f"writing the output failed: {e}", EXIT_ERROR)
     print(format_stages(output.stage_durations), f"| peak {output.peak_memory_mb:.0f} MB", file=sys.stderr)
     print(Path(args.output).resolve())
     return 0
@@ -204,9 +214,9 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     from h3serve.tools.tiny_checkpoint import PRESETS, build_tiny_checkpoint, ensure_tiny_checkpoint
 
     if args.preset not in PRESETS:
-        return _fail(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
+        return fail(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
     if args.default == bool(args.dir):
-        return _fail("give either DIR or --default")
+        return fail("give either DIR or --default")
     if args.default:
         path = ensure_tiny_checkpoint(preset=args.preset, seed=args.seed)
     else:

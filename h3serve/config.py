@@ -1,15 +1,19 @@
-"""EngineConfig: every engine flag, parsed and cross-checked once at start-up (frozen)."""
+"""EngineConfig: every engine flag, parsed and cross-checked once at start-up (frozen).
+
+torch is imported lazily: the API process builds and ships an `EngineConfig` without ever loading torch.
+"""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 TASK_TYPES = ("auto", "fl2va", "ref2va")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -35,6 +39,8 @@ class EngineConfig:
     enforce_eager: bool = False  # never torch.compile the DiT
     attention_backend: str = "auto"  # --diffusion-attention-backend (dense attention runs through torch SDPA)
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
+    idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
+    collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -67,9 +73,13 @@ class EngineConfig:
         notices = parallel_notices(self.parallel_degrees())
         if self.world_size > 1 and self.resolved_device().type == "cpu":
             notices.append(f"notice: --num-gpus {self.world_size} on CPU: {self.world_size} rank processes over gloo")
+        if self.dtype in ("bfloat16", "float16") and self.resolved_device().type == "cpu":
+            notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
 
     def resolved_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
@@ -83,17 +93,13 @@ class EngineConfig:
         return device
 
     def resolved_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype: unknown dtype {self.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
-        dtype = DTYPES[self.dtype]
-        if dtype != torch.float32 and self.resolved_device().type == "cpu":
-            print(
-                f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default",
-                file=sys.stderr,
-            )
-        return dtype
+        return getattr(torch, self.dtype)
 
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value."""
@@ -101,7 +107,13 @@ class EngineConfig:
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"--task-type: unknown {self.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
         if self.num_ranks < 0:
-            raise ConfigError(f"--num-gpus must be >= 1, got {self.num_ranks}")
+            raise ConfigError(
+                f"--num-gpus must be >= 1 (or 0: the product of the parallel degrees), got {self.num_ranks}"
+            )
+        if self.init_timeout_s <= 0:
+            raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
+        if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
+            raise ConfigError("idle_keepalive_s must be > 0 and shorter than collective_timeout_s")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():
@@ -116,6 +128,8 @@ class EngineConfig:
             self.vae_parallel_mode,
         )
         if self.resolved_device().type == "cuda":
+            import torch
+
             per_node, visible = self.world_size // nodes_from_env(), torch.cuda.device_count()
             if per_node > visible:
                 raise ConfigError(

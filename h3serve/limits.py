@@ -29,6 +29,9 @@ DEFAULT_STEPS = 50
 SEED_MIN = 0
 SEED_MAX = 2**63 - 1
 DEFAULT_SEED = 42
+# Sigma shifts (video default 12, audio 3). Far below the ~2e4 where fp32 schedules start to collapse, so the
+# video and audio schedules always have the same number of steps.
+MAX_FLOW_SHIFT = 100.0
 
 # Input media (keyframes and references): per-file byte limits and the total count of files in one request.
 MAX_IMAGE_BYTES = 30 * 2**20

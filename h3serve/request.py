@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 MediaKind = Literal["image", "video", "audio"]
 TASKS = ("t2va", "fl2va", "ref2va")
+DIT_TASKS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}  # checkpoint DiT -> what it serves
+
+
+def tasks_served(dits: Iterable[str]) -> tuple[str, ...]:
+    """The tasks a set of loaded DiT components serves, in TASKS order."""
+    served = {task for dit in dits for task in DIT_TASKS[dit]}
+    return tuple(task for task in TASKS if task in served)
 
 
 @dataclass(frozen=True)

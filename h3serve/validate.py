@@ -157,8 +157,8 @@ def _check_shift(field: str, value: object, default: float) -> float:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RequestError(field, f"must be a finite number, got {value!r}")
-    if value <= 0:
-        raise RequestError(field, f"must be greater than 0, got {value}")
+    if not 0 < value <= limits.MAX_FLOW_SHIFT:
+        raise RequestError(field, f"must be greater than 0 and at most {limits.MAX_FLOW_SHIFT:g}, got {value:g}")
     return float(value)
 
 

@@ -1,21 +1,33 @@
 """A stand-in for `h3serve.engine.executor.Executor` that needs no model: tests of the job queue and the HTTP
 layer run in milliseconds per job, with the executor's contract (one job at a time, progress per step,
-cancellation at the next step, `EngineError` on failure) and small deterministic outputs."""
+cancellation at the next step, `EngineError` on failure, `close` failing the job in flight) and small
+deterministic outputs. Some prompts make a job fail in a given way (see `FAILURES`)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from h3serve import geometry, limits
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.output import GenerationOutput
+from h3serve.request import TASKS
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 TINY_DEFAULTS = ModelDefaults(canvas_short_edge=64, canvas_max_pixels=64 * 128)
-FAIL_PROMPT = "please fail"
+FAIL_PROMPT = "please fail"  # a rank raised: EngineError
+CLIENT_FAIL_PROMPT = "please reject my media"  # a rank found the request at fault: EngineError(client_error=True)
+TIMEOUT_PROMPT = "please time out"  # the engine did not answer: TimeoutError
+CRASH_PROMPT = "please crash"  # a bug in the executor itself: RuntimeError
+FAILURES: dict[str, Callable[[], Exception]] = {
+    FAIL_PROMPT: lambda: EngineError("generation failed: RuntimeError: the fake engine was asked to fail"),
+    CLIENT_FAIL_PROMPT: lambda: EngineError("references[0] ('x.png'): not a recognised image", client_error=True),
+    TIMEOUT_PROMPT: lambda: TimeoutError("the engine did not answer in time"),
+    CRASH_PROMPT: lambda: RuntimeError("/secret/path/spool.npz: something broke"),
+}
 
 
 def fake_video(plan: GenerationPlan) -> np.ndarray:
@@ -34,11 +46,17 @@ def fake_audio(plan: GenerationPlan) -> np.ndarray:
 
 
 class FakeExecutor:
-    def __init__(self, step_s: float = 0.01):
+    """`ignore_cancel`: steps never notice `cancel` (as a step longer than the close timeout would not);
+    only `close` stops such a job."""
+
+    def __init__(self, step_s: float = 0.01, tasks: tuple[str, ...] = TASKS, ignore_cancel: bool = False):
         self.step_s = step_s
         self.defaults = TINY_DEFAULTS
+        self.tasks = tasks
+        self.ignore_cancel = ignore_cancel
         self.plans: list[GenerationPlan] = []  # every plan started, in order
         self.cancelled_at: list[tuple[int, int]] = []  # (step, total) where a job stopped
+        self.closed = False
         self._lock = threading.Lock()
         self._seq = 0
         self._cancel = 0
@@ -55,15 +73,20 @@ class FakeExecutor:
                 time.sleep(self.step_s)
                 if on_progress is not None:
                     on_progress(done, total)
-                if self._cancel == seq:
+                if self.closed:  # as `Executor.close` killing the ranks under a running job
+                    raise EngineError("rank 0 exited with code -9 while the request was running")
+                if self._cancel == seq and not self.ignore_cancel:
                     self.cancelled_at.append((done, total))
                     raise Cancelled(f"job {seq} was cancelled")
-            if plan.prompt == FAIL_PROMPT:
-                raise EngineError("generation failed: RuntimeError: the fake engine was asked to fail")
+            if plan.prompt in FAILURES:
+                raise FAILURES[plan.prompt]()
             return GenerationOutput(fake_video(plan), fake_audio(plan), {"denoise": total * self.step_s}, 12.5)
 
     def cancel(self, seq: int) -> None:
         self._cancel = seq
 
     def alive(self) -> bool:
-        return True
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True

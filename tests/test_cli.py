@@ -87,6 +87,10 @@ def test_raw_arrays_are_what_went_into_the_mp4(outputs):
         (["--steps", "0"], "steps: must be between 1 and 200"),
         (["--aspect-ratio", "5:1"], "aspect_ratio"),
         (["--image", "/nonexistent.png"], "image"),
+        (["--flow-shift", "1e6"], "flow_shift: must be greater than 0 and at most 100"),
+        (["--crf", "99"], "crf"),
+        (["--save-raw", "/nonexistent-dir/raw.npz"], "--save-raw: folder /nonexistent-dir does not exist"),
+        (["--diffusion-attention-config", '{"default": "FLASH_ATTN"}'], "--diffusion-attention-config: default"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(tiny_checkpoint, tmp_path, extra, message):
@@ -101,3 +105,9 @@ def test_empty_and_long_prompts_are_refused(tiny_checkpoint, tmp_path):
     for prompt, message in (("", "prompt: must not be empty"), ("x" * 7001, "the limit is 7000")):
         r = _run("generate", prompt, "-o", str(tmp_path / "o.mp4"), "--model", str(tiny_checkpoint))
         assert r.returncode != 0 and message in r.stderr
+
+
+def test_unwritable_output_is_refused_before_generating(tiny_checkpoint, tmp_path):
+    r = _run("generate", "x", "-o", str(tmp_path / "missing" / "o.mp4"), "--model", str(tiny_checkpoint))
+    assert r.returncode != 0 and "--output: folder" in r.stderr and "does not exist" in r.stderr
+    assert "denoise" not in r.stderr  # refused before any weight was read

@@ -112,6 +112,10 @@ def test_seed_and_shift_limits():
     bad("seed", seed=2**63)
     assert ok(flow_shift=0.5).flow_shift == 0.5
     bad("flow_shift", flow_shift=0)
+    assert ok(flow_shift=100).flow_shift == 100.0
+    assert "at most 100" in bad("flow_shift", flow_shift=100.01)
+    assert ok(audio_flow_shift=100).audio_flow_shift == 100.0
+    bad("audio_flow_shift", audio_flow_shift=1e6)
     bad("audio_flow_shift", audio_flow_shift=-1.0)
     assert ok().flow_shift == 12.0 and ok().audio_flow_shift == 3.0
 

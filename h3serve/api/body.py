@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +12,7 @@ from starlette.formparsers import MultiPartException
 
 from h3serve import limits
 from h3serve.api.brackets import BracketError, base_name, unflatten
+from h3serve.api.coerce import parse_json
 from h3serve.api.errors import APIError, bad_request
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -61,8 +61,8 @@ async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        value = parse_json(raw)
+    except ValueError as e:
         raise bad_request(f"The body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise bad_request(f"The JSON body must be an object, got {type(value).__name__}.", code="invalid_json")

@@ -10,15 +10,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from h3serve.api.coerce import MAX_NESTING
+
 _KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
 
 
 class BracketError(ValueError):
-    """Two keys give one name two different shapes (`a=1` and `a[b]=2`)."""
+    """Two keys give one name two different shapes (`a=1` and `a[b]=2`), or a key nests too deep."""
 
-    def __init__(self, key: str):
-        super().__init__(f"form field {key!r} conflicts with another field of the same name")
+    def __init__(self, key: str, reason: str = "conflicts with another field of the same name"):
+        super().__init__(f"form field {key[:100]!r} {reason}")
         self.key = key
 
 
@@ -79,6 +81,8 @@ def unflatten(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     root: dict[str, Any] = {}
     for key, value in pairs:
         path = split_key(key)
+        if len(path) > MAX_NESTING:  # the rebuilt value is walked recursively: bound its depth
+            raise BracketError(key, f"nests more than {MAX_NESTING} levels deep")
         parent: dict | list = root
         for depth, segment in enumerate(path[:-1]):
             parent = _container(parent, segment, path[depth + 1 :], key)

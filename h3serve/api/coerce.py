@@ -13,6 +13,39 @@ from typing import Any
 from h3serve.api.errors import APIError, bad_request
 
 _INT = re.compile(r"^[+-]?\d+$")
+# Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust
+# the stack of json.loads or of any code that walks a value recursively.
+MAX_NESTING = 32
+
+
+def _too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """Whether lists/objects nest more than `limit` levels (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def parse_json(text: str | bytes) -> Any:
+    """`json.loads` that also refuses nesting deeper than `MAX_NESTING`; `ValueError` with a one-line reason."""
+    too_deep = ValueError(f"nested more than {MAX_NESTING} levels deep")
+    try:
+        value = json.loads(text)
+    except RecursionError:  # deep enough to exhaust the parser's stack
+        raise too_deep from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg} at position {e.pos}") from None
+    except ValueError as e:  # bytes that are not UTF-8
+        raise ValueError(f"not UTF-8 text ({e})") from None
+    if _too_deep(value):
+        raise too_deep
+    return value
 
 
 def _single(value: Any, param: str) -> Any:
@@ -58,9 +91,9 @@ def as_json(value: Any, param: str) -> Any:
     """A structured value: already structured (JSON body, bracketed form keys) or JSON text in a form field."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError as e:
-            raise bad_request(f"{param}: invalid JSON ({e.msg} at position {e.pos})", param, "invalid_json") from None
+            return parse_json(value)
+        except ValueError as e:
+            raise bad_request(f"{param}: invalid JSON ({e})", param, "invalid_json") from None
     return value
 
 

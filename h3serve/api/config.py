@@ -9,7 +9,6 @@ from pathlib import Path
 from h3serve import limits
 from h3serve.config import ConfigError
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.media.mp4 import _validate_options as check_encoder_options
 
 MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
 
@@ -35,7 +34,7 @@ class ServerConfig:
     sweep_interval_s: float = 60.0
     poll_after_ms: int = 1000  # `openai-poll-after-ms` on retrieve: the SDK's polling interval
     allow_private_media_urls: bool = False  # let media URLs reach loopback/private/link-local hosts
-    media_fetch_timeout_s: float = 30.0
+    media_fetch_timeout_s: float = 30.0  # every media URL of one request together
     max_body_bytes: int = MAX_BODY_BYTES
     encoder_options: EncoderOptions = field(default_factory=EncoderOptions)
 
@@ -64,7 +63,7 @@ class ServerConfig:
             if not ok:
                 raise ConfigError(message)
         try:
-            check_encoder_options(self.encoder_options, limits.AUDIO_SAMPLE_RATE)
+            self.encoder_options.validate(limits.AUDIO_SAMPLE_RATE)
         except ValueError as e:  # a bad --x264-preset/--crf/--audio-bitrate fails here, not in every job
             raise ConfigError(f"encoder: {e}") from None
         if self.data_dir.exists() and not self.data_dir.is_dir():

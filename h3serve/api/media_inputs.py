@@ -1,7 +1,7 @@
 """Store a request's media (uploads and URL downloads) as files in the job's input folder.
 
-The files live under the data dir, so a job that is re-run after a restart still finds them. Per-file byte
-limits (images 30 MiB, videos 50 MiB, audio 15 MiB) apply by the file's kind: read from its bytes when they
+The files live under the data dir, so a job that is re-run after a restart still finds them. The intake's
+per-file byte limits (`h3serve.limits.MAX_*_BYTES`) apply by the file's kind: read from its bytes when they
 are recognisable, else what the field declares; a file of unknown kind gets the largest limit and is left
 to the media intake to reject.
 """
@@ -18,19 +18,15 @@ from typing import BinaryIO
 
 from starlette.datastructures import UploadFile
 
-from h3serve import limits
 from h3serve.api.errors import APIError
 from h3serve.api.request_fields import MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
+from h3serve.media.intake import MAX_BYTES
 from h3serve.media.raw import atomic_output
 from h3serve.media.sniff import HEAD_BYTES, identify, read_head
 from h3serve.request import MediaKind, MediaRef
 
-BYTE_LIMITS: dict[MediaKind, int] = {
-    "image": limits.MAX_IMAGE_BYTES,
-    "video": limits.MAX_VIDEO_BYTES,
-    "audio": limits.MAX_AUDIO_BYTES,
-}
+BYTE_LIMITS: dict[MediaKind, int] = MAX_BYTES  # the intake's own per-kind limits, applied before it runs
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _MAX_NAME = 80
 
@@ -87,31 +83,45 @@ async def _store_upload(index: int, source: MediaSource, upload: UploadFile, fol
     return StoredMedia(source, MediaRef(path=dest, name=name, kind=declared), kind)
 
 
-async def _store_url(index: int, source: MediaSource, url: str, folder: Path, fetcher: MediaFetcher) -> StoredMedia:
-    is_data = url.startswith("data:")
-    name = url[: url.find(",")] + ",..." if is_data else url
-    path_name = "data" if is_data else urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]
-    dest = folder / _file_name(index, path_name)
+def _url_file_name(url: str) -> str:
+    """The last path segment of an http(s) URL ("" for a data URL or one too malformed to split)."""
+    if url.startswith("data:"):
+        return "data"
     try:
-        media_type = await fetcher.fetch(url, dest, _limit(source.kind))
+        return urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1]
+    except ValueError:  # e.g. "http://[::1": the fetcher reports what is wrong with it
+        return ""
+
+
+async def _store_url(
+    index: int, source: MediaSource, url: str, folder: Path, fetcher: MediaFetcher, deadline: float
+) -> StoredMedia:
+    name = url[: url.find(",")] + ",..." if url.startswith("data:") else url
+    dest = folder / _file_name(index, _url_file_name(url))
+    try:
+        media_type = await fetcher.fetch(url, dest, _limit(source.kind), deadline)
     except MediaFetchError as e:
         status, code = (413, "file_too_large") if e.too_large else (400, "invalid_media_url")
         raise APIError(status, f"{source.field}: {e}", code, source.field) from None
     fmt = identify(await asyncio.to_thread(read_head, dest))
     kind = fmt.kind if fmt else source.kind or _declared_kind(media_type)
-    size = dest.stat().st_size
+    size = (await asyncio.to_thread(dest.stat)).st_size
     if size > _limit(kind):
         raise _too_large(source, kind, size)
     return StoredMedia(source, MediaRef(path=dest, name=name, kind=source.kind), kind)
 
 
 async def store_media(sources: tuple[MediaSource, ...], folder: Path, fetcher: MediaFetcher) -> list[StoredMedia]:
-    """Every source saved into `folder`, in order. Raises `APIError` (400/413) naming the failing input."""
+    """Every source saved into `folder`, in order. Raises `APIError` (400/413) naming the failing input.
+
+    The URLs of one request share one deadline (`fetcher.timeout_s`), so a request of many slow URLs cannot
+    hold its uploads and a queue slot for many times the fetch timeout."""
     stored = []
+    deadline = fetcher.deadline()
     for index, source in enumerate(sources):
         if source.upload is not None:
             stored.append(await _store_upload(index, source, source.upload, folder))
         else:
             assert source.url is not None
-            stored.append(await _store_url(index, source, source.url, folder, fetcher))
+            stored.append(await _store_url(index, source, source.url, folder, fetcher, deadline))
     return stored

@@ -1,9 +1,13 @@
 """Assemble the `GenerationRequest` from the typed fields and the stored media.
 
-Where each file goes follows vLLM-Omni's task resolution: with `extra_params.task` fl2va, or no task and
-images only, the images are keyframes (placed by `frame_indices`: [0] first, [-1] last, [0, -1] both;
-default [0] for one image and [0, -1] for two). Otherwise every file is a Ref2VA reference, and the
-task (if not given) is left for `validate` to infer.
+Where each file goes (`keyframes_requested` decides):
+- `extra_params.task` fl2va: every file is a keyframe image, whatever field it came in;
+- any other task given (ref2va, t2va): every file is a Ref2VA reference;
+- no task: `input_reference` (the OpenAI SDK's single image, at most one file) is the first keyframe, so
+  the request is FL2VA; files in `input_references` and `image_reference` / `video_reference` /
+  `audio_reference` are references, so it is Ref2VA (the task is left for `validate` to infer).
+Keyframes are placed by `frame_indices`: [0] first, [-1] last, [0, -1] both; default [0] for one image
+and [0, -1] for two.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from h3serve.api.request_fields import ParsedFields
 from h3serve.request import GenerationRequest, MediaRef
 
 FIRST, LAST = 0, -1
+KEYFRAME_FIELD = "input_reference"
+
+
+def keyframes_requested(task: str | None, media: list[StoredMedia]) -> bool:
+    """Whether the files are FL2VA keyframes (else Ref2VA references); the rule is the module docstring's."""
+    if task is not None:
+        return task == "fl2va"
+    return bool(media) and all(m.source.field == KEYFRAME_FIELD for m in media)
 
 
 def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef | None, MediaRef | None]:
@@ -37,9 +49,7 @@ def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef
 
 
 def build_request(parsed: ParsedFields, media: list[StoredMedia]) -> GenerationRequest:
-    task = parsed.values.get("task")
-    only_images = bool(media) and all(m.kind == "image" for m in media)
-    if task == "fl2va" or (task is None and only_images):
+    if keyframes_requested(parsed.values.get("task"), media):
         image, last_image = _keyframes(parsed, media) if media else (None, None)
         return GenerationRequest(**parsed.values, image=image, last_image=last_image)
     if parsed.frame_indices is not None:

@@ -225,8 +225,6 @@ def _media_sources(body: RequestBody) -> tuple[MediaSource, ...]:
     sources: list[MediaSource] = []
     for name, (kind, url_key) in MEDIA_FIELDS.items():
         uploads = body.uploads.get(name, [])
-        if name == "input_reference" and len(uploads) > 1:
-            raise bad_request("input_reference: one file only (use input_references for several)", name)
         many = name == "input_references" or len(uploads) > 1
         sources += [MediaSource(f"{name}[{i}]" if many else name, kind, upload=u) for i, u in enumerate(uploads)]
         if name in body.fields:
@@ -235,6 +233,9 @@ def _media_sources(body: RequestBody) -> tuple[MediaSource, ...]:
             urls = _url_items(body.fields[name], name, url_key)
             many = many or len(urls) > 1
             sources += [MediaSource(f"{name}[{i}]" if many else name, kind, url=u) for i, u in enumerate(urls)]
+    if sum(s.field.split("[")[0] == "input_reference" for s in sources) > 1:
+        # One keyframe, as in the OpenAI API: several files go in input_references or the *_reference fields.
+        raise bad_request("input_reference: one file only (use input_references for several)", "input_reference")
     _check_combination({s.field.split("[")[0] for s in sources})
     if len(sources) > limits.MAX_MEDIA_FILES:
         raise bad_request(f"at most {limits.MAX_MEDIA_FILES} media inputs per request, got {len(sources)}",

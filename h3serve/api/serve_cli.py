@@ -5,40 +5,69 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from h3serve.cli_util import EXIT_ERROR, fail, model_dir
 
 if TYPE_CHECKING:
     from h3serve.api.config import ServerConfig
+    from h3serve.api.store import SQLiteJobStore
     from h3serve.config import EngineConfig
+    from h3serve.engine.executor import Executor
+    from h3serve.engine.jobs import JobManager
+    from h3serve.engine.storage import JobFiles
+    from h3serve.parallel.rendezvous import Rendezvous
+
+log = logging.getLogger("h3serve.serve")
+RUNNER_JOIN_S = 60.0  # after the ranks are killed the runner only records the requeue: seconds at most
+
+
+def _default(cls: type, name: str) -> Any:
+    """A dataclass field's default, so each flag's default is defined once, on the config it fills."""
+    return cls.__dataclass_fields__[name].default
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from h3serve.api.config import ServerConfig
     from h3serve.engine.args import add_engine_args
+    from h3serve.media.mp4 import EncoderOptions
+
+    def server(name: str) -> Any:
+        return _default(ServerConfig, name)
+
+    def encoder(name: str) -> Any:
+        return _default(EncoderOptions, name)
 
     p = sub.add_parser("serve", help="serve the OpenAI-compatible /v1/videos API")
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="checkpoint folder (default: the tiny checkpoint, built on first use)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=server("host"), help="address to bind (default %(default)s)")
+    p.add_argument("--port", type=int, default=server("port"), help="port to bind (default %(default)s)")
     p.add_argument("--api-key", default=os.environ.get("H3SERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $H3SERVE_API_KEY)")
     p.add_argument("--data-dir", type=Path,
-                   help="jobs, inputs and outputs (default: $H3SERVE_DATA_DIR, else ~/.local/share/h3serve)")
+                   help="jobs, inputs and outputs (default: $H3SERVE_DATA_DIR, else ~/.local/share/h3serve); "
+                        "one server per data dir")
     p.add_argument("--served-model-name", help="the model id clients see (default: the checkpoint folder name)")
-    p.add_argument("--max-queue", type=int, default=16, help="queued jobs before 429 (default 16)")
-    p.add_argument("--sync-timeout", type=float, default=600.0, help="/v1/videos/sync timeout in s (default 600)")
-    p.add_argument("--output-ttl", type=float, default=86_400.0,
-                   help="seconds a finished job's files are kept (default 86400; 0 keeps them)")
-    p.add_argument("--ttl-sweep-interval", type=float, default=60.0, help="seconds between expiry sweeps")
-    p.add_argument("--poll-after-ms", type=int, default=1000, help="openai-poll-after-ms on retrieve (default 1000)")
+    p.add_argument("--max-queue", type=int, default=server("max_queue"),
+                   help="queued jobs before 429 (default %(default)s)")
+    p.add_argument("--sync-timeout", type=float, default=server("sync_timeout_s"),
+                   help="/v1/videos/sync timeout in s (default %(default)g)")
+    p.add_argument("--output-ttl", type=float, default=server("output_ttl_s"),
+                   help="seconds a finished job's files are kept (default %(default)g; 0 keeps them)")
+    p.add_argument("--ttl-sweep-interval", type=float, default=server("sweep_interval_s"),
+                   help="seconds between expiry sweeps (default %(default)g)")
+    p.add_argument("--poll-after-ms", type=int, default=server("poll_after_ms"),
+                   help="openai-poll-after-ms on retrieve (default %(default)s)")
     p.add_argument("--allow-private-media-urls", action="store_true",
                    help="let media URLs reach loopback, private and link-local addresses")
-    p.add_argument("--media-fetch-timeout", type=float, default=30.0, help="seconds per media URL (default 30)")
-    p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
-    p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18)")
-    p.add_argument("--audio-bitrate", type=int, default=192_000, help="AAC bitrate in bit/s (default 192000)")
+    p.add_argument("--media-fetch-timeout", type=float, default=server("media_fetch_timeout_s"),
+                   help="seconds for all media URLs of one request together (default %(default)g)")
+    p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
+    p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
+    p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
+                   help="AAC bitrate in bit/s (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_serve)
@@ -47,14 +76,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.config import ServerConfig, default_data_dir
     from h3serve.checkpoint import CheckpointError
-    from h3serve.cli import _fail, _model_dir
     from h3serve.config import ConfigError
     from h3serve.engine.args import engine_config_from_args
     from h3serve.media.mp4 import EncoderOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        model = _model_dir(args.model_dir)
+        model = model_dir(args.model_dir)
         engine_config = engine_config_from_args(args, model)
         server_config = ServerConfig(
             served_model_name=args.served_model_name or model.resolve().name,
@@ -72,42 +100,73 @@ def cmd_serve(args: argparse.Namespace) -> int:
             encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate),
         ).validate()
     except (ConfigError, CheckpointError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     return run_server(engine_config, server_config)
 
 
 def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
     """Start the rank processes (the model loads once), then serve until SIGINT/SIGTERM."""
+    from h3serve.api.data_lock import DataDirBusy, DataDirLock
+    from h3serve.parallel.rendezvous import Rendezvous
+
+    try:
+        rendezvous = Rendezvous.from_env()
+    except ValueError as e:
+        return fail(str(e), EXIT_ERROR)
+    if not rendezvous.is_leader:  # another node serves HTTP; this one only hosts its ranks
+        return _serve_follower(engine_config, rendezvous)
+    lock = DataDirLock(server_config.data_dir)
+    try:  # before the model loads: a second server on this data dir fails in a moment, not minutes
+        lock.acquire()
+    except (DataDirBusy, OSError) as e:
+        return fail(f"--data-dir: {e}", EXIT_ERROR)
+    try:
+        return _serve_leader(engine_config, server_config, rendezvous)
+    finally:
+        lock.release()
+
+
+def _open_storage(server_config: ServerConfig) -> tuple[SQLiteJobStore, JobFiles]:
+    """The job store and files. `OSError` (an unusable folder), `sqlite3.Error` (a broken or locked database)
+    or `RuntimeError` (a database from a newer h3serve) if the data dir cannot hold them."""
+    from h3serve.api.store import SQLiteJobStore
+    from h3serve.engine.storage import JobFiles
+
+    store = SQLiteJobStore(server_config.store_path)
+    try:
+        return store, JobFiles(server_config.jobs_dir)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rendezvous: Rendezvous) -> int:
+    import sqlite3
+
     import uvicorn
 
     from h3serve.api.app import create_app
-    from h3serve.api.store import SQLiteJobStore
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
-    from h3serve.engine.storage import JobFiles
 
-    log = logging.getLogger("h3serve.serve")
     if server_config.api_key is None and server_config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without --api-key: anyone who can reach it can submit jobs", server_config.host)
+    try:  # before the engine too: a bad data dir should not cost a model load
+        store, files = _open_storage(server_config)
+    except (OSError, sqlite3.Error, RuntimeError) as e:
+        return fail(f"--data-dir {server_config.data_dir}: {e}", EXIT_ERROR)
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)
     try:
-        executor = Executor(engine_config)
+        executor = Executor(engine_config, rendezvous=rendezvous)
     except EngineError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if not executor.rendezvous.is_leader:  # another node serves HTTP; this one only hosts its ranks
-        log.info("follower node: serving ranks %s for the leader", executor.pids())
-        try:
-            executor.run_follower()
-        finally:
-            executor.close()
-        return 0
-    store = SQLiteJobStore(server_config.store_path)
+        store.close()
+        return fail(str(e), EXIT_ERROR)
+    manager = None
     try:
         manager = JobManager(
             executor,
             store,
-            JobFiles(server_config.jobs_dir),
+            files,
             max_queue=server_config.max_queue,
             output_ttl_s=server_config.output_ttl_s or None,
             sweep_interval_s=server_config.sweep_interval_s,
@@ -119,6 +178,33 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=logging.root.level,
                     timeout_graceful_shutdown=10)
     finally:
+        shut_down(manager, executor, store)
+    return 0
+
+
+def shut_down(manager: JobManager | None, executor: Executor, store: SQLiteJobStore) -> None:
+    """Stop in the order that keeps every job: the runner is asked to stop (the app's lifespan did so and
+    waited a while already), the ranks are closed (killing any still busy: the runner gets `EngineError` and
+    puts its job back in the queue), the runner is joined, and only then is the store closed."""
+    if manager is not None:
+        manager.stop()
+    executor.close()
+    if manager is not None and not manager.join(RUNNER_JOIN_S):
+        log.warning("the job runner did not stop within %g s; its job may run again on the next start",
+                    RUNNER_JOIN_S)
+    store.close()
+
+
+def _serve_follower(engine_config: EngineConfig, rendezvous: Rendezvous) -> int:
+    from h3serve.engine.executor import EngineError, Executor
+
+    try:
+        executor = Executor(engine_config, rendezvous=rendezvous)
+    except EngineError as e:
+        return fail(str(e), EXIT_ERROR)
+    log.info("follower node: serving ranks %s for the leader", executor.pids())
+    try:
+        executor.run_follower()
+    finally:
         executor.close()
-        store.close()
     return 0

@@ -73,7 +73,7 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     generation_request = build_request(parsed, media)
     aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
     try:
-        plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults)
+        plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults, ctx.manager.tasks)
     except RequestError as e:
         raise from_request_error(e, aliases) from None
     except MediaError as e:

@@ -27,6 +27,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 AddressPolicy = Callable[[IPAddress], str | None]
 MAX_REDIRECTS = 5
 CHUNK_BYTES = 1 << 16
+WRITE_BYTES = 1 << 20  # a download is written in pieces this large, each in a worker thread
 
 
 def _write(dest: Path, data: bytes) -> None:
@@ -40,12 +41,31 @@ def _move_into_place(part: Path, dest: Path) -> None:
         os.replace(part, tmp)
 
 
+def _discard(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
 class MediaFetchError(ValueError):
     """The URL cannot be used: the message is client-safe. `too_large` maps to 413, the rest to 400."""
 
     def __init__(self, message: str, too_large: bool = False):
         super().__init__(message)
         self.too_large = too_large
+
+
+def _parse_url(text: str, base: httpx.URL | None = None) -> httpx.URL:
+    """`text` as an http(s) URL with a host (resolved against `base`, for a redirect's Location).
+
+    `MediaFetchError` if it is anything else or malformed: httpx raises `InvalidURL` (no `httpx.HTTPError`)
+    while parsing, and `idna.IDNAError` (a ValueError) only when `.host` is first read."""
+    try:
+        url = base.join(text) if base is not None else httpx.URL(text)
+        scheme, host = url.scheme, url.host
+    except (httpx.InvalidURL, ValueError):
+        raise MediaFetchError("not a valid URL") from None
+    if scheme not in ("http", "https") or not host:
+        raise MediaFetchError("must be an http(s) or data URL")
+    return url
 
 
 def public_address_only(ip: IPAddress) -> str | None:
@@ -93,7 +113,10 @@ def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
 
 
 class MediaFetcher:
-    """Downloads one URL into one file; `fetch` returns the media type the server declared."""
+    """Downloads one URL into one file; `fetch` returns the media type the server declared.
+
+    `timeout_s` bounds every download of one request together: `deadline()` starts that clock, and each
+    `fetch` of the request is given the same deadline."""
 
     def __init__(
         self,
@@ -109,24 +132,30 @@ class MediaFetcher:
         self.policy = policy
         self.max_redirects = max_redirects
 
-    async def fetch(self, url: str, dest: Path, max_bytes: int) -> str | None:
-        """Write the URL's content to `dest` (atomically). Raises `MediaFetchError` with a client-safe message."""
-        if url.startswith("data:"):
-            data, media_type = _data_url_bytes(url, max_bytes)
+    def deadline(self) -> float:
+        """The event-loop time by which a request's downloads starting now must all have finished."""
+        return asyncio.get_running_loop().time() + self.timeout_s
+
+    async def fetch(self, url: str, dest: Path, max_bytes: int, deadline: float | None = None) -> str | None:
+        """Write the URL's content to `dest` (atomically) by `deadline` (default: `timeout_s` from now).
+
+        Raises `MediaFetchError` with a client-safe message."""
+        if url.startswith("data:"):  # decoding up to 50 MiB of base64 is CPU work: off the loop too
+            data, media_type = await asyncio.to_thread(_data_url_bytes, url, max_bytes)
             await asyncio.to_thread(_write, dest, data)
             return media_type
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout_at(self.deadline() if deadline is None else deadline):
                 return await self._fetch_http(url, dest, max_bytes)
         except TimeoutError:
-            raise MediaFetchError(f"the download did not finish within {self.timeout_s:g} s") from None
+            raise MediaFetchError(
+                f"the download did not finish within the {self.timeout_s:g} s allowed for the request's media"
+            ) from None
         except httpx.HTTPError as e:
             raise MediaFetchError(f"the download failed ({type(e).__name__})") from None
 
     async def _pinned_address(self, url: httpx.URL) -> str:
         """The checked address to connect to for `url`'s host."""
-        if url.scheme not in ("http", "https") or not url.host:
-            raise MediaFetchError("must be an http(s) or data URL")
         try:
             addresses = await self.resolver(url.host, url.port or (443 if url.scheme == "https" else 80))
         except (OSError, UnicodeError):
@@ -145,7 +174,7 @@ class MediaFetcher:
     async def _fetch_http(self, url: str, dest: Path, max_bytes: int) -> str | None:
         timeout = httpx.Timeout(self.timeout_s)
         async with httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-            target = httpx.URL(url)
+            target = _parse_url(url)
             for _ in range(self.max_redirects + 1):
                 address = await self._pinned_address(target)
                 request = client.build_request(
@@ -157,7 +186,7 @@ class MediaFetcher:
                 response = await client.send(request, stream=True)
                 try:
                     if response.is_redirect:
-                        target = target.join(response.headers.get("location", ""))
+                        target = _parse_url(response.headers.get("location", ""), base=target)
                         continue
                     if response.status_code != 200:
                         raise MediaFetchError(f"the URL answered HTTP {response.status_code}")
@@ -175,13 +204,20 @@ class MediaFetcher:
             raise too_large
         part = dest.with_name(f".{dest.name}.part")
         try:
-            received = 0
-            with open(part, "wb") as f:
+            f = await asyncio.to_thread(open, part, "wb")  # file I/O in worker threads: the loop serves others
+            try:
+                received, pending = 0, bytearray()
                 async for chunk in response.aiter_bytes(CHUNK_BYTES):
                     received += len(chunk)
                     if received > max_bytes:
                         raise too_large
-                    f.write(chunk)
+                    pending += chunk
+                    if len(pending) >= WRITE_BYTES:
+                        await asyncio.to_thread(f.write, pending)
+                        pending.clear()
+                await asyncio.to_thread(f.write, pending)
+            finally:
+                await asyncio.to_thread(f.close)
             await asyncio.to_thread(_move_into_place, part, dest)
         finally:
-            part.unlink(missing_ok=True)
+            await asyncio.to_thread(_discard, part)

@@ -21,8 +21,15 @@ if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
 TASK_TYPES = {"auto": "auto", "combined": "auto", "t2va": "fl2va", "fl2va": "fl2va", "ref2va": "ref2va"}
 # vLLM-Omni's backend names. Dense exact attention runs through torch SDPA (flash / cuDNN / memory-efficient
 # kernels on CUDA, the fused flash kernel on CPU); the approximate or sparse ones would change the math.
-DENSE_ATTENTION = ("TORCH_SDPA", "FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN", "FLASH_ATTN_HUB", "FLASH_ATTN_3_HUB",
-                   "TRTLLM_ATTN")
+DENSE_ATTENTION = (
+    "TORCH_SDPA",
+    "FLASH_ATTN",
+    "CUDNN_ATTN",
+    "FLASHINFER_ATTN",
+    "FLASH_ATTN_HUB",
+    "FLASH_ATTN_3_HUB",
+    "TRTLLM_ATTN",
+)
 APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "FASTVIDEO_VSA", "RAINFUSION_ATTN")
 CACHE_BACKENDS = ("none", "cache_dit", "tea_cache", "mag_cache", "sea_cache", "step_cache")
 COMPILE_GRANULARITIES = ("regional", "full")
@@ -40,8 +47,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
     p.add_argument("--num-gpus", type=int, default=0, help="ranks (default: tensor-parallel · ulysses · ring)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="DiT tensor parallel (divides 56 heads)")
-    p.add_argument("--usp", "--ulysses-degree", dest="ulysses_degree", type=int, default=1,
-                   help="Ulysses sequence parallel (divides heads / TP)")
+    p.add_argument(
+        "--usp",
+        "--ulysses-degree",
+        dest="ulysses_degree",
+        type=int,
+        default=1,
+        help="Ulysses sequence parallel (divides heads / TP)",
+    )
     p.add_argument("--ring", "--ring-degree", dest="ring_degree", type=int, default=1, help="Ring sequence parallel")
     p.add_argument("--text-encoder-tp-size", type=int, default=1, help="Qwen3-VL tensor parallel on the first N ranks")
     p.add_argument("--vae-patch-parallel-size", type=int, default=1, help="VAE decode tiles over 1 or all ranks")
@@ -96,10 +109,33 @@ def _json_arg(flag: str, text: str | None) -> dict:
     return value
 
 
+def _check_dac_shape(dac: dict) -> None:
+    """-dac is {"default": {"backend": NAME}, "per_role": {ROLE: {"backend": NAME}}}: refuse any other shape."""
+    from h3serve.config import ConfigError
+
+    def backend_entry(where: str, value: object) -> None:
+        if not isinstance(value, dict) or not isinstance(value.get("backend", ""), str):
+            raise ConfigError(f'--diffusion-attention-config: {where} must be an object like {{"backend": "NAME"}}')
+
+    unknown = sorted(set(dac) - {"default", "per_role"})
+    if unknown:
+        raise ConfigError(
+            f"--diffusion-attention-config: unknown keys {', '.join(unknown)}; choose from: default, per_role"
+        )
+    if "default" in dac:
+        backend_entry("default", dac["default"])
+    roles = dac.get("per_role", {})
+    if not isinstance(roles, dict):
+        raise ConfigError('--diffusion-attention-config: per_role must be an object {ROLE: {"backend": NAME}}')
+    for role, value in roles.items():
+        backend_entry(f"per_role.{role}", value)
+
+
 def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
     from h3serve.config import ConfigError
 
     dac = _json_arg("--diffusion-attention-config", args.diffusion_attention_config)
+    _check_dac_shape(dac)
     from_dac = (dac.get("default") or {}).get("backend")
     if from_dac and args.diffusion_attention_backend:
         raise ConfigError(
@@ -113,8 +149,10 @@ def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
         choices = ", ".join(("auto", *DENSE_ATTENTION))
         raise ConfigError(f"--diffusion-attention-backend {name}: {what}; choose from: {choices}")
     if name not in ("auto", "TORCH_SDPA"):
-        notices.append(f"notice: --diffusion-attention-backend {name}: dense attention runs through torch SDPA "
-                       "(its flash / cuDNN / memory-efficient kernels on CUDA)")
+        notices.append(
+            f"notice: --diffusion-attention-backend {name}: dense attention runs through torch SDPA "
+            "(its flash / cuDNN / memory-efficient kernels on CUDA)"
+        )
     roles = {role: (cfg or {}).get("backend") for role, cfg in (dac.get("per_role") or {}).items()}
     if any(backend not in (None, name) for backend in roles.values()):
         notices.append(f"notice: --diffusion-attention-config per_role: every attention role uses {name}")
@@ -128,51 +166,70 @@ def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -
     if args.api_server_count != 1:
         raise ConfigError(f"--api-server-count {args.api_server_count}: job state lives in one API process; use 1")
     if args.allgather_degree != 1:
-        raise ConfigError(f"--allgather-degree {args.allgather_degree}: all-gather sequence parallel is not "
-                          "available; use --usp and/or --ring")
+        raise ConfigError(
+            f"--allgather-degree {args.allgather_degree}: all-gather sequence parallel is not "
+            "available; use --usp and/or --ring"
+        )
     if args.cache_backend not in CACHE_BACKENDS:
         raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
     if args.cache_backend != "none":
-        raise ConfigError(f"--cache-backend {args.cache_backend}: DiT caching is not available in h3serve yet; "
-                          "use --cache-backend none")
+        raise ConfigError(
+            f"--cache-backend {args.cache_backend}: DiT caching is not available in h3serve yet; "
+            "use --cache-backend none"
+        )
     if args.cache_config:
         notices.append("notice: --cache-config has no effect with --cache-backend none")
     if args.lora_path or args.lora_backend:
         raise ConfigError("--lora-path/--lora-backend: LoRA is not available in h3serve yet; drop these flags")
     if args.deploy_config or args.stage_overrides:
-        raise ConfigError("--deploy-config/--stage-overrides: h3serve runs H3 as one stage; pass the parallel "
-                          "flags (--usp, --ring, --tensor-parallel-size, --text-encoder-tp-size, ...) directly")
-    offload = [flag for flag, on in (
-        ("--enable-cpu-offload", args.enable_cpu_offload),
-        ("--enable-layerwise-offload", args.enable_layerwise_offload),
-        ("--enable-distributed-layerwise-offload", args.enable_distributed_layerwise_offload),
-        ("--dlo-use-allgather", args.dlo_use_allgather is not None),
-        ("--dlo-resident-layers", args.dlo_resident_layers is not None),
-        ("--diffusion-offload-config", args.diffusion_offload_config),
-    ) if on]
+        raise ConfigError(
+            "--deploy-config/--stage-overrides: h3serve runs H3 as one stage; pass the parallel "
+            "flags (--usp, --ring, --tensor-parallel-size, --text-encoder-tp-size, ...) directly"
+        )
+    offload = [
+        flag
+        for flag, on in (
+            ("--enable-cpu-offload", args.enable_cpu_offload),
+            ("--enable-layerwise-offload", args.enable_layerwise_offload),
+            ("--enable-distributed-layerwise-offload", args.enable_distributed_layerwise_offload),
+            ("--dlo-use-allgather", args.dlo_use_allgather is not None),
+            ("--dlo-resident-layers", args.dlo_resident_layers is not None),
+            ("--diffusion-offload-config", args.diffusion_offload_config),
+        )
+        if on
+    ]
     if offload and on_cpu:
         notices.append(f"notice: {', '.join(offload)}: no effect on CPU (the weights already live in host memory)")
     elif offload:
-        raise ConfigError(f"{', '.join(offload)}: offloading is not available in h3serve yet; shard the DiT "
-                          "instead (--tensor-parallel-size) or drop these flags")
+        raise ConfigError(
+            f"{', '.join(offload)}: offloading is not available in h3serve yet; shard the DiT "
+            "instead (--tensor-parallel-size) or drop these flags"
+        )
     if args.diffusion_compile_granularity not in (None, *COMPILE_GRANULARITIES):
-        raise ConfigError(f"--diffusion-compile-granularity {args.diffusion_compile_granularity}: "
-                          f"choose from: {', '.join(COMPILE_GRANULARITIES)}")
+        raise ConfigError(
+            f"--diffusion-compile-granularity {args.diffusion_compile_granularity}: "
+            f"choose from: {', '.join(COMPILE_GRANULARITIES)}"
+        )
     if args.ulysses_mode not in (None, *ULYSSES_MODES):
         raise ConfigError(f"--ulysses-mode {args.ulysses_mode}: choose from: {', '.join(ULYSSES_MODES)}")
     if args.diffusion_compile_granularity or args.diffusion_compile_dynamic is not None:
         notices.append("notice: --diffusion-compile-*: h3serve runs the DiT eagerly (no torch.compile)")
     if args.ulysses_mode == "advanced_uaa" or args.ulysses_a2a_permute:
-        notices.append("notice: --ulysses-mode/--ulysses-a2a-permute: h3serve pads the rows to equal chunks and "
-                       "exchanges q, k and v in one all-to-all; any sequence length works")
+        notices.append(
+            "notice: --ulysses-mode/--ulysses-a2a-permute: h3serve pads the rows to equal chunks and "
+            "exchanges q, k and v in one all-to-all; any sequence length works"
+        )
     for flag, on, why in (
         ("--omni", args.omni, "h3serve always serves the omni (video + audio) pipeline"),
         ("--trust-remote-code", args.trust_remote_code, "h3serve runs no checkpoint code"),
         ("--vae-use-tiling", args.vae_use_tiling, "H3's VAE always decodes tiled"),
         ("--step-execution", args.step_execution, "cancellation is always checked between denoise steps"),
         ("--request-batch-max-wait-ms", args.request_batch_max_wait_ms, "requests run one at a time, unbatched"),
-        ("--enable-diffusion-pipeline-profiler", args.enable_diffusion_pipeline_profiler,
-         "stage durations are always measured"),
+        (
+            "--enable-diffusion-pipeline-profiler",
+            args.enable_diffusion_pipeline_profiler,
+            "stage durations are always measured",
+        ),
         ("--fa-deterministic", args.fa_deterministic, "h3serve's attention forward is deterministic"),
     ):
         if on:

@@ -32,7 +32,15 @@ ProgressCallback = Callable[[int, int], None]
 
 
 class EngineError(RuntimeError):
-    """The request could not run: a rank died, failed to start, or raised. The message is client-safe."""
+    """The request could not run: a rank died, failed to start, or raised. The message is client-safe.
+
+    `client_error` is True when the request itself was at fault (its media or fields failed a check at run
+    time): a 4xx for HTTP clients, not a server error.
+    """
+
+    def __init__(self, message: str, client_error: bool = False):
+        super().__init__(message)
+        self.client_error = client_error
 
 
 class Cancelled(RuntimeError):
@@ -40,7 +48,7 @@ class Cancelled(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Job:
+class RankJob:
     """What travels from the parent to rank 0 (and from rank 0 to every rank)."""
 
     seq: int
@@ -64,12 +72,14 @@ class Executor:
         self._ctx = mp.get_context("spawn")
         self._lock = threading.Lock()  # one request at a time
         self._seq = itertools.count(1)
-        self._spool = Path(tempfile.mkdtemp(prefix="h3serve-spool-"))
+        self._spool: Path | None = None  # created once the ranks are up, removed by close()
         self._procs: list[mp.process.BaseProcess] = []
         self._ranks: list[int] = []  # global rank of each local process
         self.defaults: ModelDefaults = ModelDefaults()
+        self.tasks: tuple[str, ...] = ()  # what the loaded DiTs serve (sent by rank 0 when ready)
         self.restarts = 0
         self.cancel_grace_s = 120.0
+        self._closed = False  # after close(), a dying rank is not restarted (shutdown, not a failure)
         self._start()
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -99,9 +109,20 @@ class Executor:
             return  # rank 0 (and its "ready") lives on the leader node
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            event = self._next_event(deadline, starting=True)
+            try:
+                event = self._next_event(deadline, starting=True)
+            except (TimeoutError, EngineError) as e:
+                self._stop_procs()
+                if isinstance(e, TimeoutError):
+                    raise EngineError(
+                        f"engine failed to start: the ranks did not load within {self.start_timeout_s:g}s "
+                        "(raise --init-timeout)"
+                    ) from None
+                raise
             if event[0] == "ready":
-                self.defaults = event[1]
+                self.defaults, self.tasks = event[1], event[2]
+                if self._spool is None:
+                    self._spool = Path(tempfile.mkdtemp(prefix="h3serve-spool-"))
                 return
             if event[0] == "fatal":
                 self._stop_procs()
@@ -116,17 +137,21 @@ class Executor:
         self._procs = []
 
     def restart(self) -> None:
+        if self._closed:
+            return
         self._stop_procs()
         self.restarts += 1
         self._start()
 
     def close(self) -> None:
+        self._closed = True
         if self._procs and all(p.is_alive() for p in self._procs):
             self._requests.put(None)
             for p in self._procs:
                 p.join(timeout=10)
         self._stop_procs()
-        shutil.rmtree(self._spool, ignore_errors=True)
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
 
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
@@ -160,9 +185,11 @@ class Executor:
     ) -> GenerationOutput:
         """Run one plan on all ranks. `on_start(seq)` gives the handle `cancel` takes."""
         with self._lock:
+            if self._closed:
+                raise EngineError("the engine is shut down")
             if not self.alive():
                 self.restart()
-            job = Job(
+            job = RankJob(
                 seq=next(self._seq), plan=plan, spool=str(self._spool / f"job-{os.getpid()}-{time.time_ns()}.npz")
             )
             if on_start is not None:
@@ -192,7 +219,7 @@ class Executor:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                         raise Cancelled(f"job {job.seq} was cancelled")
                     elif kind == "error" and event[1] == job.seq:
-                        raise EngineError(self._root_cause(event))
+                        raise EngineError(self._root_cause(event), client_error=event[4])
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
                 if not self.alive() or self.config.world_size > 1:
@@ -204,7 +231,7 @@ class Executor:
         the processes a moment to settle and name a rank that died without reporting, if any."""
         if len(self._procs) <= 1:
             return error[2]
-        reporters = {error[3]} if len(error) > 3 else set()
+        reporters = {error[3]} if error[3] is not None else set()
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             time.sleep(0.1)
@@ -216,7 +243,7 @@ class Executor:
                     event = self._events.get_nowait()
                 except queue.Empty:
                     break
-                if event[0] == "error" and len(event) > 3:
+                if event[0] == "error" and event[3] is not None:
                     reporters.add(event[3])
             silent = [(rank, code) for rank, code in dead if rank not in reporters]
             if silent:

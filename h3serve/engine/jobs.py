@@ -41,10 +41,23 @@ def new_job_id() -> str:
     return f"video_{secrets.token_hex(16)}"
 
 
+# Codes of failures the request itself caused (its fields or media failed a check at run time): a client
+# error, not a server one. Every other code (generation_failed, output_failed, internal_error) is the server's.
+CLIENT_ERROR_CODES = frozenset({"invalid_request", "invalid_media"})
+INTERNAL_ERROR_MESSAGE = "the server hit an internal error while running the job"
+
+
 @dataclass(frozen=True)
 class JobError:
+    """Why a job failed; `message` is client-safe."""
+
     code: str
     message: str
+
+    @property
+    def client_error(self) -> bool:
+        """The request was at fault (an HTTP client gets a 4xx), not the server."""
+        return self.code in CLIENT_ERROR_CODES
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,7 @@ class ExecutorLike(Protocol):
     """What the manager needs from `h3serve.engine.executor.Executor`."""
 
     defaults: ModelDefaults
+    tasks: tuple[str, ...]  # what the loaded DiTs serve
 
     def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
                  on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
@@ -126,6 +140,7 @@ class _Active:
     job_id: str
     seq: int | None = None
     deleted: bool = False
+    started: float = field(default_factory=time.monotonic)
 
 
 JobListener = Callable[[Job], None]
@@ -171,6 +186,10 @@ class JobManager:
     def defaults(self) -> ModelDefaults:
         return self.executor.defaults
 
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return self.executor.tasks
+
     def start(self) -> None:
         """Recover the stored jobs, then start the runner and the TTL sweeper."""
         self._recover()
@@ -180,16 +199,29 @@ class JobManager:
         self._sweeper.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop taking jobs; a running job is stopped at its next step and stays queued for the next start."""
+        """`stop`, then `join`: a running job stops at its next step and stays queued for the next start."""
+        self.stop()
+        self.join(timeout_s)
+
+    def stop(self) -> None:
+        """Stop taking jobs and ask the running one to stop; returns at once. Idempotent.
+
+        From here on a run that ends in `Cancelled` or `EngineError` (its ranks killed by `executor.close`)
+        puts its job back in the queue instead of failing it."""
         with self._cond:
             self._stopping = True
             if self._active is not None and self._active.seq is not None:
                 self.executor.cancel(self._active.seq)
             self._cond.notify_all()
         self._stop_sweeper.set()
+
+    def join(self, timeout_s: float = 30.0) -> bool:
+        """Wait for the runner and the sweeper to exit; True once both have (the store may then be closed)."""
+        deadline = time.monotonic() + timeout_s
         for thread in (self._runner, self._sweeper):
             if thread is not None:
-                thread.join(timeout_s)
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t is not None and t.is_alive() for t in (self._runner, self._sweeper))
 
     def healthy(self) -> bool:
         return self._runner is not None and self._runner.is_alive() and self.executor.alive()
@@ -265,23 +297,22 @@ class JobManager:
                 if self._stopping:
                     return
                 job_id, plan = self._queue.popleft()
-                self._active = _Active(job_id)
+                active = self._active = _Active(job_id)
             try:
-                self._run(self._active, plan)
-            except Exception:  # the runner must survive anything one job does
-                log.exception("job %s: unexpected failure in the runner", job_id)
+                self._run(active, plan)
+            except Exception as e:  # whatever a run raises ends that job, never the runner
+                self._record_failure(active, e)
             finally:
                 with self._cond:
-                    if self._active.deleted:
+                    if active.deleted:
                         self.files.remove(job_id)
                     self._active = None
-                    self._finish_waiters(job_id)
+                    self._finish_waiters(job_id)  # after the outcome is stored: a sync waiter reads it next
 
     def _run(self, active: _Active, plan: GenerationPlan) -> None:
         if active.deleted:  # deleted between leaving the queue and reaching here
             return
         job_id = active.job_id
-        started = time.monotonic()
         reported = [0]
 
         def on_start(seq: int) -> None:
@@ -300,16 +331,7 @@ class JobManager:
                     if not active.deleted:
                         self.store.update(job_id, progress=percent)
 
-        try:
-            output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start)
-        except Cancelled:
-            with self._cond:
-                if not active.deleted:  # stopped for a shutdown: run it again on the next start
-                    self.store.update(job_id, status="queued", progress=0)
-            return
-        except EngineError as e:
-            self._finish(active, status="failed", error=JobError("generation_failed", str(e)))
-            return
+        output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start)
         if active.deleted:
             return
         encode_start = time.monotonic()
@@ -317,10 +339,11 @@ class JobManager:
             write_artifacts(self.files.job_dir(job_id), output, self.encoder_options)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
-            self._finish(active, status="failed", error=JobError("output_failed", "writing the video file failed"))
+            self._finish(active, status="failed", error=JobError("output_failed", "writing the video file failed"),
+                         inference_time_s=time.monotonic() - active.started)
             return
         now = time.monotonic()
-        self._run_seconds.append(now - started)
+        self._run_seconds.append(now - active.started)
         frames = int(output.video.shape[0])
         self._finish(
             active,
@@ -331,8 +354,36 @@ class JobManager:
             duration_s=frames / limits.FPS,
             stage_durations={**output.stage_durations, "encode": now - encode_start},
             peak_memory_mb=float(output.peak_memory_mb),
-            inference_time_s=now - started,
+            inference_time_s=now - active.started,
         )
+
+    def _record_failure(self, active: _Active, exc: Exception) -> None:
+        """End a run that raised: back in the queue when a shutdown stopped it, else failed. Never raises."""
+        if active.deleted:  # deleting cancels the run; there is no record left to update
+            return
+        try:
+            error = self._error_for(active, exc)
+            if error is None:
+                with self._cond:
+                    if not active.deleted:
+                        self.store.update(active.job_id, status="queued", progress=0)
+                return
+            # The wall time is recorded for failures too, so they reach the job duration histogram.
+            self._finish(active, status="failed", error=error, inference_time_s=time.monotonic() - active.started)
+        except Exception:
+            log.exception("job %s: recording how it ended failed", active.job_id)
+
+    def _error_for(self, active: _Active, exc: Exception) -> JobError | None:
+        """The job's error for what its run raised; None when a shutdown stopped it (the next start reruns it)."""
+        client_error = isinstance(exc, EngineError) and exc.client_error
+        # Closing cancels the running job, and `executor.close` kills ranks that are still busy (EngineError).
+        if self._stopping and (isinstance(exc, Cancelled) or isinstance(exc, EngineError) and not client_error):
+            return None
+        if isinstance(exc, EngineError):
+            return JobError("invalid_request" if client_error else "generation_failed", str(exc))
+        # Anything else (TimeoutError, RuntimeError, a bug) is the server's; its text may name paths.
+        log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
+        return JobError("internal_error", INTERNAL_ERROR_MESSAGE)
 
     def _finish(self, active: _Active, **changes: Any) -> None:
         now = int(self.clock())
@@ -366,10 +417,10 @@ class JobManager:
             if job.status != "queued" or job.progress:
                 self.store.update(job.id, status="queued", progress=0)
             try:
-                plan = plan_request(job.request, self.defaults)
+                plan = plan_request(job.request, self.defaults, self.tasks)
             except (RequestError, MediaError) as e:  # the model or the input files changed under the job
-                self.store.update(job.id, status="failed", completed_at=int(self.clock()),
-                                  error=JobError("invalid_request", str(e)))
+                code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
+                self.store.update(job.id, status="failed", completed_at=int(self.clock()), error=JobError(code, str(e)))
                 continue
             self._queue.append((job.id, plan))
             self._done[job.id] = threading.Event()

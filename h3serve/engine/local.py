@@ -5,8 +5,6 @@ The executor runs one of these in every rank process; tests and tools may use it
 
 from __future__ import annotations
 
-import resource
-import sys
 import time
 
 import torch
@@ -14,27 +12,13 @@ import torch
 from h3serve.checkpoint import load_components, read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.conditioning import load_conditioning
+from h3serve.engine.memory import PeakMemory
 from h3serve.engine.output import GenerationOutput
-from h3serve.engine.planning import plan_request
+from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline, StepCallback
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, RequestError
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Device allocator high-water mark on GPU; the process' peak RSS on CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
-
-
-def check_task_served(task: str, tasks: tuple[str, ...]) -> None:
-    if task not in tasks:
-        raise RequestError(
-            "task", f"{task} is not served here: the loaded DiT serves {', '.join(tasks)} (see --task-type)"
-        )
+from h3serve.validate import GenerationPlan
 
 
 class LocalEngine:
@@ -64,23 +48,20 @@ class LocalEngine:
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
-        plan = plan_request(request, self.defaults)
-        check_task_served(plan.task, self.tasks)
-        return plan
+        return plan_request(request, self.defaults, self.tasks)
 
     def generate(self, plan: GenerationPlan, on_step: StepCallback | None = None) -> GenerationOutput:
         check_task_served(plan.task, self.tasks)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        start = time.perf_counter()
-        conditioning = load_conditioning(plan, self.defaults)
-        load_s = time.perf_counter() - start
-        result = self.pipeline.generate(plan, conditioning, on_step)
+        with PeakMemory(self.device) as memory:
+            start = time.perf_counter()
+            conditioning = load_conditioning(plan, self.defaults)
+            load_s = time.perf_counter() - start
+            result = self.pipeline.generate(plan, conditioning, on_step)
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         return GenerationOutput(
             video=result.video.numpy(),
             audio=result.audio.numpy(),
             stage_durations=result.stage_durations,
-            peak_memory_mb=peak_memory_mb(self.device),
+            peak_memory_mb=memory.mb,
         )

@@ -7,17 +7,31 @@ from __future__ import annotations
 
 from h3serve.media import intake
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, ModelDefaults, resolve_task, validate
+from h3serve.validate import GenerationPlan, ModelDefaults, RequestError, resolve_task, validate
 
 
-def plan_request(request: GenerationRequest, defaults: ModelDefaults) -> GenerationPlan:
-    """Validate a request and its media. Raises `RequestError` or `intake.MediaError` (both client errors)."""
+def check_task_served(task: str, tasks: tuple[str, ...]) -> None:
+    """`RequestError` on field "task" unless the loaded DiTs serve `task`."""
+    if task not in tasks:
+        raise RequestError(
+            "task", f"{task} is not served here: the loaded DiT serves {', '.join(tasks)} (see --task-type)"
+        )
+
+
+def plan_request(
+    request: GenerationRequest, defaults: ModelDefaults, tasks: tuple[str, ...] | None = None
+) -> GenerationPlan:
+    """Validate a request and its media, and (given `tasks`) that its task is served here.
+
+    Raises `RequestError` or `intake.MediaError` (both client errors)."""
     task = resolve_task(request)
+    if tasks is not None:  # before the media: no point decoding files for a task that cannot run
+        check_task_served(task, tasks)
     keyframe_size = None
     if task == "fl2va":
         fields = [("image", request.image), ("last_image", request.last_image)]
         images = [intake.load_image(ref, field) for field, ref in fields if ref is not None]
         keyframe_size = images[0].image.size
     elif task == "ref2va":
-        intake.load_references(request.references)
+        intake.check_references(request.references)  # every rule, without keeping decoded frames
     return validate(request, defaults, keyframe_size)

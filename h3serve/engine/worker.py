@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import threading
 import traceback
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,15 +39,41 @@ def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: tor
     return bool(flag.item())
 
 
-def _client_message(e: Exception) -> str:
-    """What a client may read about a failure: request/media errors say what is wrong with the input; anything
-    else is summarised by its type only (the traceback, with its internal paths, goes to the server log)."""
+def _is_client_error(e: Exception) -> bool:
     from h3serve.media.intake import MediaError
     from h3serve.validate import RequestError
 
-    if isinstance(e, RequestError | MediaError):
+    return isinstance(e, RequestError | MediaError)
+
+
+def _client_message(e: Exception) -> str:
+    """What a client may read about a failure: request/media errors say what is wrong with the input; anything
+    else is summarised by its type only (the traceback, with its internal paths, goes to the server log)."""
+    if _is_client_error(e):
         return str(e)
     return f"internal error during generation ({type(e).__name__}); see the server log"
+
+
+_KEEPALIVE = "keepalive"
+
+
+def _next_job(requests, rank: int, world: int, keepalive_s: float):
+    """Rank 0 takes the next job from the parent; every rank gets it by broadcast.
+
+    While idle, rank 0 broadcasts a keepalive every `keepalive_s`: the other ranks wait for the next job inside
+    a collective, which would otherwise hit the process group's timeout (30 min on gloo, 10 on NCCL) on a quiet
+    server and take the engine down.
+    """
+    while True:
+        item = None
+        if rank == 0:
+            try:
+                item = requests.get(timeout=keepalive_s if world > 1 else None)
+            except queue.Empty:
+                item = _KEEPALIVE
+        item = _broadcast_object(item, rank, world)
+        if not (isinstance(item, str) and item == _KEEPALIVE):
+            return item
 
 
 def _exit_with_parent() -> None:
@@ -85,7 +113,10 @@ def worker_main(
             cuda = config.resolved_device().type == "cuda"
             if cuda:  # before any CUDA work: NCCL and every allocation of this rank go to its own GPU
                 torch.cuda.set_device(rank if local_rank is None else local_rank)
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world)
+            timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
+            dist.init_process_group(
+                "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timeout
+            )
         engine = LocalEngine(config, rank=rank, world_size=world)
     except Exception as e:  # report, then exit: the parent turns this into a start-up error
         if rank == 0:
@@ -93,10 +124,10 @@ def worker_main(
         raise SystemExit(1) from None
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
     if rank == 0:
-        events.put(("ready", engine.defaults))
+        events.put(("ready", engine.defaults, engine.tasks))
 
     while True:
-        job = _broadcast_object(requests.get() if rank == 0 else None, rank, world)
+        job = _next_job(requests, rank, world, config.idle_keepalive_s)
         if job is None:
             break
 
@@ -117,12 +148,12 @@ def worker_main(
                 # Another rank may be waiting in a collective this rank will never join: continuing would
                 # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
                 traceback.print_exc()
-                events.put(("error", job.seq, f"rank {rank}: {_client_message(e)}", rank))
+                events.put(("error", job.seq, f"rank {rank}: {_client_message(e)}", rank, _is_client_error(e)))
                 events.close()
                 events.join_thread()  # flush the report before the hard exit
                 os._exit(1)
             traceback.print_exc()
-            events.put(("error", job.seq, _client_message(e)))
+            events.put(("error", job.seq, _client_message(e), None, _is_client_error(e)))
             continue
         if rank == 0:
             write_raw(job.spool, output.video, output.audio)

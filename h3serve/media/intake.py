@@ -31,6 +31,7 @@ from h3serve.media.sniff import Format, Kind, identify, read_head, sniff
 from h3serve.request import MediaRef
 
 __all__ = [
+    "MAX_BYTES",
     "AudioMedia",
     "ImageMedia",
     "Media",
@@ -54,7 +55,10 @@ _VIDEO_CONTAINERS = {"mp4": "mov", "matroska": "matroska", "mpegts": "mpegts"}  
 _AUDIO_CONTAINERS = {"wav": "wav", "mp3": "mp3"}
 _VIDEO_CODECS = {"h264": "H.264", "hevc": "H.265"}
 _SOUNDTRACK_CODECS = {"aac": "AAC", "mp3": "MP3"}
-_MAX_BYTES = {"image": limits.MAX_IMAGE_BYTES, "video": limits.MAX_VIDEO_BYTES, "audio": limits.MAX_AUDIO_BYTES}
+# Per-file byte limit by kind (the server applies it while storing uploads and downloads, too).
+MAX_BYTES: dict[Kind, int] = {
+    "image": limits.MAX_IMAGE_BYTES, "video": limits.MAX_VIDEO_BYTES, "audio": limits.MAX_AUDIO_BYTES
+}
 
 ACCEPTED = {
     "image": "images JPEG, PNG, WEBP or HEIC/HEIF",
@@ -157,7 +161,7 @@ def _inspect(ref: MediaRef, field: str, expected: Kind | None) -> Format:
         raise MediaFormatError(
             ref.name, field, f"expected {expected}, but the file is {fmt.kind} ({fmt.label})", ACCEPTED[expected]
         )
-    max_bytes = _MAX_BYTES[fmt.kind]
+    max_bytes = MAX_BYTES[fmt.kind]
     if size > max_bytes:
         raise MediaLimitError(
             ref.name, field, f"file is {size:,} bytes", f"{fmt.kind} files at most {max_bytes / 2**20:g} MiB"
@@ -375,9 +379,11 @@ def _average_fps(stream: av.video.stream.VideoStream) -> float | None:
 class _FrameStore:
     """Decoded frames, upright, with the aspect and decoded-size guards applied as they arrive."""
 
-    def __init__(self, ref: MediaRef, field: str):
-        self.ref, self.field = ref, field
+    def __init__(self, ref: MediaRef, field: str, keep: bool = True):
+        self.ref, self.field, self.keep = ref, field, keep
         self.frames: list[np.ndarray] = []
+        self.count = 0
+        self.shape: tuple[int, ...] | None = None
         self.nbytes = 0
         self.first_pts: float | None = None
         self.last_pts: float | None = None
@@ -389,9 +395,10 @@ class _FrameStore:
         rgb = frame.to_ndarray(format="rgb24")
         if turns:
             rgb = np.rot90(rgb, k=turns)
-        if not self.frames:
+        if self.shape is None:
             _check_aspect(self.ref, self.field, "video", rgb.shape[1], rgb.shape[0])
-        elif rgb.shape != self.frames[0].shape:
+            self.shape = rgb.shape
+        elif rgb.shape != self.shape:
             raise MediaFormatError(
                 self.ref.name, self.field, "the frame size changes within the video", "a constant frame size"
             )
@@ -406,15 +413,22 @@ class _FrameStore:
         if frame.time is not None:
             self.first_pts = frame.time if self.first_pts is None else self.first_pts
             self.last_pts = frame.time
-        self.frames.append(rgb)
+        self.count += 1
+        if self.keep:
+            self.frames.append(rgb)
 
     def fps_from_timestamps(self) -> float | None:
-        if len(self.frames) > 1 and self.first_pts is not None and self.last_pts > self.first_pts:
-            return (len(self.frames) - 1) / (self.last_pts - self.first_pts)
+        if self.count > 1 and self.first_pts is not None and self.last_pts > self.first_pts:
+            return (self.count - 1) / (self.last_pts - self.first_pts)
         return None
 
     def stack(self) -> np.ndarray:
-        """One (T, H, W, 3) array, filled frame by frame so that peak memory stays near one copy."""
+        """One (T, H, W, 3) array, filled frame by frame so that peak memory stays near one copy.
+
+        Without `keep` (a check, not a load) it is a zero-strided read-only view of the right shape: no memory.
+        """
+        if not self.keep:
+            return np.broadcast_to(np.zeros(3, dtype=np.uint8), (self.count, *self.shape))
         out = np.empty((len(self.frames), *self.frames[0].shape), dtype=np.uint8)
         for i in range(len(self.frames)):
             out[i] = self.frames[i]
@@ -423,14 +437,17 @@ class _FrameStore:
         return out
 
 
-def load_video(ref: MediaRef, field: str = "video") -> VideoMedia:
-    """Decode an H.264/H.265 clip of 2-15 s to rgb24 frames, with its AAC/MP3 soundtrack if it has one."""
+def load_video(ref: MediaRef, field: str = "video", keep_frames: bool = True) -> VideoMedia:
+    """Decode an H.264/H.265 clip of 2-15 s to rgb24 frames, with its AAC/MP3 soundtrack if it has one.
+
+    `keep_frames=False` checks every rule (decoding every frame) without keeping the frames (see `_FrameStore`).
+    """
     fmt = _inspect(ref, field, "video")
     if fmt.name not in _VIDEO_CONTAINERS:
         raise MediaFormatError(ref.name, field, f"unsupported video container {fmt.label}", ACCEPTED["video"])
     try:
         with av.open(str(ref.path), format=_VIDEO_CONTAINERS[fmt.name]) as container:
-            return _decode_video(container, ref, field)
+            return _decode_video(container, ref, field, keep_frames)
     except MediaError:
         raise
     except Exception as exc:
@@ -439,7 +456,9 @@ def load_video(ref: MediaRef, field: str = "video") -> VideoMedia:
         ) from None
 
 
-def _decode_video(container: av.container.InputContainer, ref: MediaRef, field: str) -> VideoMedia:
+def _decode_video(
+    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool
+) -> VideoMedia:
     if not container.streams.video:
         raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
     video = container.streams.video[0]
@@ -452,7 +471,7 @@ def _decode_video(container: av.container.InputContainer, ref: MediaRef, field: 
     video.thread_type = "AUTO"
     fps = _average_fps(video)
     max_frames = None if fps is None else _max_clip_samples(fps)  # same rule as audio, counted in frames
-    store = _FrameStore(ref, field)
+    store = _FrameStore(ref, field, keep_frames)
     soundtrack = None
     if sound is not None:
         soundtrack = _AudioCollector(sound, _max_clip_samples(int(sound.codec_context.sample_rate or 1)) - 1)
@@ -462,17 +481,17 @@ def _decode_video(container: av.container.InputContainer, ref: MediaRef, field: 
         for frame in packet.decode():
             if isinstance(frame, av.VideoFrame):
                 store.add(frame)
-                if max_frames is not None and len(store.frames) >= max_frames:
+                if max_frames is not None and store.count >= max_frames:
                     raise _too_long(ref, field, "video")
             else:
                 soundtrack.add(frame)
 
-    if not store.frames:
+    if store.count == 0:
         raise MediaDecodeError(ref.name, field, "the file has no decodable video frames", "a complete, valid file")
     fps = fps or store.fps_from_timestamps()
     if fps is None:
         raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
-    _check_clip_duration(ref, field, "video", len(store.frames) / fps)
+    _check_clip_duration(ref, field, "video", store.count / fps)
     samples = None if soundtrack is None else soundtrack.samples()
     audio = None if samples is None else AudioMedia(name=ref.name, samples=samples, sample_rate=soundtrack.rate)
     return VideoMedia(name=ref.name, frames=store.stack(), fps=fps, audio=audio)
@@ -490,7 +509,13 @@ def load_media(ref: MediaRef, field: str) -> Media:
     return _LOADERS[_inspect(ref, field, None).kind](ref, field)
 
 
-def load_references(refs: Sequence[MediaRef]) -> list[Media]:
+def check_references(refs: Sequence[MediaRef]) -> None:
+    """Apply every rule of `load_references` without keeping decoded video frames (for request validation:
+    a server checks each request's media before queueing it, and must not hold GiBs of frames to do so)."""
+    load_references(refs, keep_frames=False)
+
+
+def load_references(refs: Sequence[MediaRef], keep_frames: bool = True) -> list[Media]:
     """Decode a Ref2VA reference set, in order, with the set rules applied (fields "references[i]").
 
     Rules: at most 9 images, 3 videos, 3 audio clips and 12 files; audio needs at least one image or video;
@@ -519,7 +544,7 @@ def load_references(refs: Sequence[MediaRef]) -> list[Media]:
     media: list[Media] = []
     totals = {"video": 0.0, "audio": 0.0}
     for ref, field, kind in zip(refs, fields, kinds, strict=True):
-        item = _LOADERS[kind](ref, field)
+        item = load_video(ref, field, keep_frames) if kind == "video" else _LOADERS[kind](ref, field)
         if isinstance(item, VideoMedia | AudioMedia):
             totals[kind] += item.duration_s
             if totals[kind] > limits.REF_TOTAL_MAX_S + limits.MEDIA_DURATION_SLACK_S:

@@ -9,6 +9,7 @@ import av
 import numpy as np
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation
 
+from h3serve import limits
 from h3serve.media.raw import PathLike, atomic_output, validate_media
 
 AAC_FRAME_SAMPLES = 1024
@@ -38,6 +39,11 @@ class EncoderOptions:
     crf: int = 18  # x264 CRF
     audio_bitrate: int = 192_000
     threads: int = 0  # 0 = auto
+
+    def validate(self, sample_rate: int = limits.AUDIO_SAMPLE_RATE) -> EncoderOptions:
+        """`self` if every option is legal for audio at `sample_rate`; else `ValueError` naming the option."""
+        _validate_options(self, sample_rate)
+        return self
 
 
 def _validate_options(options: EncoderOptions, sample_rate: int) -> None:

@@ -43,6 +43,7 @@ from h3serve.model.scheduler import FlowSchedule, scale_noise
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD, TextConditioner
 from h3serve.model.transformer import H3Transformer, PackedLayout
 from h3serve.model.vision_inputs import VisionProcessorConfig, num_vision_tokens, preprocess_image, preprocess_video
+from h3serve.request import tasks_served
 from h3serve.validate import GenerationPlan
 
 StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
@@ -62,9 +63,8 @@ class H3Components:
     @property
     def tasks(self) -> tuple[str, ...]:
         """Tasks the loaded DiTs can serve."""
-        return (("t2va", "fl2va") if self.transformer is not None else ()) + (
-            ("ref2va",) if self.transformer_ref is not None else ()
-        )
+        loaded = {"transformer": self.transformer, "transformer_ref": self.transformer_ref}
+        return tasks_served(name for name, dit in loaded.items() if dit is not None)
 
 
 @dataclass

@@ -14,10 +14,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -126,27 +124,6 @@ class VisionProcessorConfig:
             image=ProcessorParams.from_dict(image_dict, _IMAGE_DEFAULTS, legacy_pixels=True),
             video=ProcessorParams.from_dict(video_dict, _VIDEO_DEFAULTS),
         )
-
-    @classmethod
-    def from_dir(cls, path: str | Path) -> VisionProcessorConfig:
-        """Read a checkpoint's `processor/` folder (or the checkpoint folder holding it), with transformers'
-        priority: the nested `processor_config.json`, else `preprocessor_config.json` for images and
-        `video_preprocessor_config.json` (else `preprocessor_config.json`) for videos."""
-        folder = Path(path)
-        if (folder / "processor").is_dir():
-            folder = folder / "processor"
-
-        def read(name: str) -> dict[str, Any] | None:
-            file = folder / name
-            return json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
-
-        nested = read("processor_config.json") or {}
-        flat_image = read("preprocessor_config.json")
-        image = nested.get("image_processor", flat_image)
-        video = nested.get("video_processor") or read("video_preprocessor_config.json") or flat_image
-        if image is None or video is None:
-            raise FileNotFoundError(f"no Qwen image/video processor config in {folder}")
-        return cls.from_dict({"image_processor": image, "video_processor": video})
 
 
 # --------------------------------------------------------------------------------------------------------------------

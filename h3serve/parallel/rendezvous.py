@@ -16,6 +16,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from h3serve.config import ConfigError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,13 +25,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _env_int(env: Mapping[str, str], name: str, default: str | None = None, minimum: int = 0) -> int:
+    """An integer launcher variable; a malformed one is a ConfigError naming it (never a traceback)."""
+    text = env.get(name, default)
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"environment variable {name}={text!r} must be an integer") from None
+    if value < minimum:
+        raise ConfigError(f"environment variable {name}={value} must be >= {minimum}")
+    return value
+
+
 def nodes_from_env(env: Mapping[str, str] | None = None) -> int:
     """How many nodes the environment describes (1 without a multi-node launcher)."""
     env = os.environ if env is None else env
     if "NNODES" in env:
-        return int(env["NNODES"])
+        return _env_int(env, "NNODES", minimum=1)
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:  # torchrun: one launcher process per node
-        return int(env["WORLD_SIZE"]) // int(env.get("LOCAL_WORLD_SIZE", "1"))
+        return max(1, _env_int(env, "WORLD_SIZE", minimum=1) // _env_int(env, "LOCAL_WORLD_SIZE", "1", minimum=1))
     return 1
 
 
@@ -46,7 +60,7 @@ class Rendezvous:
 
     def local_ranks(self, world_size: int) -> range:
         if world_size % self.nnodes:
-            raise ValueError(f"--num-gpus {world_size} is not a multiple of the {self.nnodes} nodes")
+            raise ConfigError(f"--num-gpus {world_size} is not a multiple of the {self.nnodes} nodes")
         local = world_size // self.nnodes
         return range(self.node_rank * local, (self.node_rank + 1) * local)
 
@@ -62,11 +76,14 @@ class Rendezvous:
         if nnodes <= 1:
             return cls.local()
         if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
-            raise ValueError("multi-node runs need MASTER_ADDR and MASTER_PORT (set by torchrun, or by hand)")
-        node_rank = int(env.get("NODE_RANK", env.get("GROUP_RANK", env.get("RANK", "0"))))
-        port = int(env["MASTER_PORT"])
+            raise ConfigError("multi-node runs need MASTER_ADDR and MASTER_PORT (set by torchrun, or by hand)")
+        rank_var = next((v for v in ("NODE_RANK", "GROUP_RANK", "RANK") if v in env), "NODE_RANK")
+        node_rank = _env_int(env, rank_var, "0")
+        if node_rank >= nnodes:
+            raise ConfigError(f"environment variable {rank_var}={node_rank} must be below the {nnodes} nodes")
+        port = _env_int(env, "MASTER_PORT", minimum=1)
         if "H3SERVE_DIST_PORT" in env:
-            port = int(env["H3SERVE_DIST_PORT"])
+            port = _env_int(env, "H3SERVE_DIST_PORT", minimum=1)
         elif env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
             port += 1  # the torchrun agent's own store holds MASTER_PORT
         return cls(init_method=f"tcp://{env['MASTER_ADDR']}:{port}", node_rank=node_rank, nnodes=nnodes)

@@ -3,12 +3,13 @@ the job lifecycle, cancellation, the queue bound, /sync, metrics."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
 import httpx
 import pytest
-from fake_executor import FAIL_PROMPT
+from fake_executor import CLIENT_FAIL_PROMPT, CRASH_PROMPT, FAIL_PROMPT, TIMEOUT_PROMPT
 from PIL import Image
 from waiting import wait_until
 
@@ -194,6 +195,49 @@ def test_per_file_byte_limit(client, fake_server):
     assert fake_server.files.job_ids() <= fake_server.store.ids()
 
 
+def test_deeply_nested_bodies_are_400(client, fake_server):
+    deep = b'{"prompt": "p", "extra_params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    response = client.post("/v1/videos", content=deep, headers={"Content-Type": "application/json"})
+    assert "levels deep" in assert_error(response, 400, "invalid_json")
+    bracketed = {**{k: str(v) for k, v in REQUEST.items()}, "extra_params" + "[a]" * 5000: "1"}
+    assert_error(client.post("/v1/videos", data=bracketed), 400, "invalid_body", "extra_params")
+    assert fake_server.files.job_ids() <= fake_server.store.ids()
+
+
+def test_a_malformed_media_url_is_400(client, fake_server):
+    for url in ("http://[::1", "http://host:port/x.png", "https://xn--/x.png"):
+        response = client.post("/v1/videos", json={**REQUEST, "image_reference": {"image_url": url}})
+        assert "not a valid URL" in assert_error(response, 400, "invalid_media_url", "image_reference")
+    assert fake_server.files.job_ids() <= fake_server.store.ids()
+
+
+@pytest.fixture
+def ref2va_only(fake_server):
+    fake_server.executor.tasks = ("ref2va",)
+    yield fake_server.executor
+    fake_server.executor.tasks = ("t2va", "fl2va", "ref2va")
+
+
+def test_a_task_the_loaded_dit_cannot_serve_is_400_before_queueing(client, fake_server, ref2va_only):
+    stored = fake_server.store.ids()
+    message = assert_error(client.post("/v1/videos", json=REQUEST), 400, "invalid_value", "task")
+    assert "t2va is not served here" in message and "ref2va" in message
+    response = client.post("/v1/videos", json={**REQUEST, "extra_params": {"task": "t2va"}})
+    assert_error(response, 400, "invalid_value", "extra_params.task")
+    assert_error(client.post("/v1/videos/sync", json=REQUEST), 400, "invalid_value", "task")
+    assert fake_server.store.ids() == stored and fake_server.manager.queue_depth == 0
+
+
+def test_reference_images_without_a_task_make_a_ref2va_job(client, fake_server):
+    url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    response = client.post("/v1/videos", json={**REQUEST, "image_reference": [{"image_url": url}] * 3})
+    assert response.status_code == 200, response.text
+    request = fake_server.store.get(response.json()["id"]).request
+    assert (request.image, len(request.references)) == (None, 3)
+    assert wait_finished(client, response.json()["id"])["status"] == "completed"
+    assert fake_server.executor.plans[-1].task == "ref2va"
+
+
 def test_media_urls_to_loopback_are_refused(client):
     for url in ("http://127.0.0.1:8000/cat.png", "http://localhost/cat.png"):
         response = client.post("/v1/videos", json={**REQUEST, "image_reference": {"image_url": url}})
@@ -260,6 +304,22 @@ def test_sync_returns_the_mp4_with_measurement_headers(client):
     assert response.headers["x-peak-memory-mb"] == "12.500"
     assert client.get(f"/v1/videos/{video_id}").status_code == 404  # a sync job lives as long as its request
     assert video_id not in [v["id"] for v in client.get("/v1/videos", params={"limit": 100}).json()["data"]]
+
+
+@pytest.mark.parametrize(
+    "prompt, status, code",
+    [
+        (CLIENT_FAIL_PROMPT, 400, "invalid_request"),  # the request was at fault, found only at run time
+        (FAIL_PROMPT, 500, "generation_failed"),
+        (TIMEOUT_PROMPT, 500, "internal_error"),
+        (CRASH_PROMPT, 500, "internal_error"),
+    ],
+)
+def test_sync_failures_are_4xx_only_when_the_request_was_at_fault(client, prompt, status, code):
+    response = client.post("/v1/videos/sync", json={**REQUEST, "prompt": prompt})
+    message = assert_error(response, status, code)
+    assert "secret" not in message  # an unexpected exception's text never reaches the client
+    assert client.get(f"/v1/videos/{response.headers['x-request-id']}").status_code == 404
 
 
 def test_sync_timeout_is_504_and_aborts_the_job(client, fake_server, slow_engine):

@@ -65,8 +65,9 @@ class HealthProbe:
 
 def test_openai_sdk_end_to_end(sdk, live, tmp_path):
     with HealthProbe(live.url) as health:
+        # 40 steps: long enough on a fast host for the probe to sample the API many times while the job runs.
         video = sdk.videos.create_and_poll(prompt="waves on a beach", seconds="4", size="128x64",
-                                           extra_body={**SHORT, "seed": 7})
+                                           extra_body={**SHORT, "num_inference_steps": 40, "seed": 7})
     assert (video.status, video.progress, video.size, video.seconds, video.error) == (
         "completed", 100, "128x64", "4", None
     )

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from fake_executor import TINY_DEFAULTS
+from PIL import Image
 
-from h3serve.api.body import RequestBody
+from h3serve.api.body import RequestBody, _json_object
 from h3serve.api.brackets import BracketError, unflatten
+from h3serve.api.coerce import MAX_NESTING
 from h3serve.api.errors import APIError
 from h3serve.api.media_inputs import StoredMedia
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import MediaSource, parse_fields
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.engine.planning import plan_request
+from h3serve.request import TASKS, GenerationRequest, MediaRef
 
 
 def parse(**fields):
@@ -59,6 +64,21 @@ def test_unflatten_rebuilds_what_the_sdk_flattens():
 def test_unflatten_refuses_one_name_with_two_shapes():
     with pytest.raises(BracketError):
         unflatten([("extra_params", "{}"), ("extra_params[task]", "t2va")])
+
+
+def test_deep_nesting_is_a_400_not_a_recursion_error():
+    deep = "[" * 100_000 + "]" * 100_000  # deeper than json.loads' stack
+    nested = "[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1)  # parses, but is deeper than any valid request
+    for text in (deep, nested):
+        with pytest.raises(APIError) as e:
+            _json_object(f'{{"prompt": "p", "extra_params": {text}}}'.encode())
+        assert (e.value.status, e.value.code) == (400, "invalid_json") and "levels deep" in e.value.message
+        err = rejected(prompt="p", extra_params=text)  # JSON text in a form field
+        assert (err.code, err.param) == ("invalid_json", "extra_params")
+    with pytest.raises(BracketError, match="levels deep"):
+        unflatten([("extra_params" + "[a]" * 5000, "1")])
+    ok = "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)
+    assert _json_object(f'{{"x": {ok}}}'.encode())["x"] == json.loads(ok)
 
 
 # -- fields ---------------------------------------------------------------------------------------------------
@@ -160,18 +180,44 @@ def _stored(field: str, kind: str | None) -> StoredMedia:
     return StoredMedia(MediaSource(field, None, url="https://x"), MediaRef(Path(f"/data/{field}"), field, None), kind)
 
 
-def test_images_alone_are_keyframes_placed_by_frame_indices():
+def test_input_reference_alone_is_the_first_keyframe():
+    keyframe = _stored("input_reference", "image")
+    first = build_request(parse(prompt="p"), [keyframe])
+    assert (first.image, first.last_image, first.references) == (keyframe.ref, None, ())
+    last_only = build_request(parse(prompt="p", extra_params={"frame_index": -1}), [keyframe])
+    assert (last_only.image, last_only.last_image) == (None, keyframe.ref)
+    assert media_aliases(last_only, [keyframe]) == {"last_image": "input_reference"}
+    as_reference = build_request(parse(prompt="p", extra_params={"task": "ref2va"}), [keyframe])
+    assert (as_reference.image, as_reference.references) == (None, (keyframe.ref,))
+
+
+def test_fl2va_task_makes_reference_images_keyframes_placed_by_frame_indices():
     first, second = _stored("image_reference[0]", "image"), _stored("image_reference[1]", "image")
-    two = build_request(parse(prompt="p"), [first, second])
+    two = build_request(parse(prompt="p", extra_params={"task": "fl2va"}), [first, second])
     assert (two.image, two.last_image, two.references) == (first.ref, second.ref, ())
-    last_only = build_request(parse(prompt="p", extra_params={"frame_index": -1}), [first])
-    assert (last_only.image, last_only.last_image) == (None, first.ref)
-    assert media_aliases(last_only, [first]) == {"last_image": "image_reference[0]"}
     with pytest.raises(APIError, match="frame_indices"):
-        build_request(parse(prompt="p", extra_params={"frame_indices": [0, 0]}), [first, second])
+        build_request(parse(prompt="p", extra_params={"task": "fl2va", "frame_indices": [0, 0]}), [first, second])
 
 
-def test_video_or_audio_or_ref2va_makes_every_file_a_reference():
+def test_reference_images_without_a_task_are_ref2va_references(tmp_path):
+    images = []
+    for i in range(3):
+        Image.new("RGB", (256, 256), (40 * i, 90, 200)).save(tmp_path / f"{i}.png")
+        source = MediaSource(f"image_reference[{i}]", "image", url=f"https://a/{i}.png")
+        images.append(StoredMedia(source, MediaRef(tmp_path / f"{i}.png", f"{i}.png", "image"), "image"))
+    request = build_request(parse(prompt="p"), images)
+    assert (request.image, request.references) == (None, tuple(m.ref for m in images))
+    assert plan_request(request, TINY_DEFAULTS, TASKS).task == "ref2va"
+    with pytest.raises(APIError, match="only fl2va"):  # frame indices place keyframes, and these are not
+        build_request(parse(prompt="p", extra_params={"frame_indices": [0, -1]}), images[:2])
+
+
+def test_input_reference_is_one_file_in_every_form():
+    urls = [{"image_url": "https://a/1.png"}, {"image_url": "https://a/2.png"}]
+    assert rejected(prompt="p", input_reference=urls).param == "input_reference"
+
+
+def test_files_of_the_reference_fields_are_references():
     image, video = _stored("input_references[0]", "image"), _stored("input_references[1]", "video")
     mixed = build_request(parse(prompt="p"), [image, video])
     assert (mixed.image, mixed.references) == (None, (image.ref, video.ref))

@@ -11,6 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from h3serve.api.errors import APIError
+from h3serve.api.media_inputs import store_media
+from h3serve.api.request_fields import MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError, public_address_only
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB
@@ -35,6 +38,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path == "/slow":
             time.sleep(2)
+            self._send(PAYLOAD, length=True)
+        elif self.path == "/a-while":
+            time.sleep(0.6)
             self._send(PAYLOAD, length=True)
         else:
             self.send_response(404)
@@ -106,6 +112,16 @@ def test_only_http_and_data_urls(tmp_path):
     assert "http(s)" in str(refused(MediaFetcher(timeout_s=5), "file:///etc/passwd", tmp_path / "out"))
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://host:port/x.png", "http://a\x00b/", "https://xn--/x.png"])
+def test_malformed_urls_are_a_fetch_error(tmp_path, url):
+    assert "not a valid URL" in str(refused(MediaFetcher(timeout_s=5), url, tmp_path / "out"))
+
+
+def test_a_malformed_redirect_is_a_fetch_error(server, tmp_path):
+    fetcher = MediaFetcher(timeout_s=5, allow_private=True)
+    refused(fetcher, f"http://{server}/redirect?to=http://host:port/x", tmp_path / "out")
+
+
 def test_allowed_private_fetch_writes_the_file(server, tmp_path):
     dest = tmp_path / "out"
     assert fetch(MediaFetcher(timeout_s=5, allow_private=True), f"http://{server}/file", dest) == (
@@ -145,6 +161,15 @@ def test_redirect_to_a_forbidden_host_is_refused(server, tmp_path):
 def test_deadline(server, tmp_path):
     err = refused(MediaFetcher(timeout_s=0.5, allow_private=True), f"http://{server}/slow", tmp_path / "out")
     assert "0.5 s" in str(err)
+
+
+def test_the_deadline_covers_every_url_of_a_request_together(server, tmp_path):
+    fetcher = MediaFetcher(timeout_s=1.0, allow_private=True)
+    sources = tuple(MediaSource(f"image_reference[{i}]", "image", url=f"http://{server}/a-while") for i in range(2))
+    with pytest.raises(APIError) as e:  # 0.6 s each: either alone fits in 1 s, both together do not
+        asyncio.run(store_media(sources, tmp_path, fetcher))
+    assert (e.value.status, e.value.param) == (400, "image_reference[1]") and "1 s" in e.value.message
+    assert len(asyncio.run(store_media(sources[:1], tmp_path, fetcher))) == 1
 
 
 def test_http_errors_are_reported(server, tmp_path):

@@ -119,3 +119,12 @@ def test_internal_errors_reach_the_client_without_internals(executor, tiny_check
     assert str(e.value) == "internal error during generation (RuntimeError); see the server log"
     assert str(tiny_checkpoint) not in str(e.value) and "Traceback" not in str(e.value)
     assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107  # the engine keeps serving
+
+
+def test_closed_executor_refuses_work_and_does_not_restart(tiny_checkpoint):
+    ex = Executor(EngineConfig(model=tiny_checkpoint, threads=1))
+    ex.close()
+    assert not ex.alive()
+    with pytest.raises(EngineError, match="shut down"):
+        ex.generate(_plan(ex, steps=2))
+    assert ex.restarts == 0 and not ex.alive()

@@ -6,13 +6,14 @@ import threading
 from dataclasses import replace
 
 import pytest
-from fake_executor import FAIL_PROMPT, FakeExecutor
+from fake_executor import CLIENT_FAIL_PROMPT, CRASH_PROMPT, FAIL_PROMPT, TIMEOUT_PROMPT, FakeExecutor
 from PIL import Image
 from waiting import wait_until
 
+from h3serve.api.metrics import Metrics
 from h3serve.api.store import SQLiteJobStore
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
-from h3serve.engine.jobs import Job, JobManager, QueueFull, new_job_id
+from h3serve.engine.jobs import INTERNAL_ERROR_MESSAGE, Job, JobManager, QueueFull, new_job_id
 from h3serve.engine.storage import JobFiles
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
@@ -155,6 +156,74 @@ def test_a_failed_job_is_recorded_and_the_next_one_runs(env):
     assert failed.status == "failed" and failed.error.code == "generation_failed"
     assert "asked to fail" in failed.error.message and failed.expires_at == failed.completed_at + 60
     assert wait_until(lambda: finished(store, good.id)).status == "completed"
+
+
+@pytest.mark.parametrize("prompt", [TIMEOUT_PROMPT, CRASH_PROMPT])
+def test_an_unexpected_exception_fails_the_job_and_releases_its_waiter(env, prompt):
+    make, store, _ = env
+    manager = make()
+    manager.start()
+    bad = submit(manager, prompt=prompt, sync=True)
+    waiter = manager.done_event(bad.id)
+    good = submit(manager)
+    assert waiter.wait(10), "the sync waiter was never released"
+    failed = store.get(bad.id)  # stored before the waiter wakes, so it is final here
+    assert (failed.status, failed.error.code, failed.error.message) == ("failed", "internal_error",
+                                                                      INTERNAL_ERROR_MESSAGE)
+    assert not failed.error.client_error and failed.completed_at is not None and failed.inference_time_s > 0
+    assert wait_until(lambda: finished(store, good.id)).status == "completed"  # the runner survived
+    assert manager.healthy()
+
+
+def test_a_request_the_engine_rejects_is_a_client_error(env):
+    make, store, _ = env
+    manager = make()
+    manager.start()
+    rejected, broken = submit(manager, prompt=CLIENT_FAIL_PROMPT), submit(manager, prompt=FAIL_PROMPT)
+    job = wait_until(lambda: finished(store, rejected.id))
+    assert (job.status, job.error.code, job.error.client_error) == ("failed", "invalid_request", True)
+    assert "not a recognised image" in job.error.message
+    assert not wait_until(lambda: finished(store, broken.id)).error.client_error
+
+
+def test_failed_jobs_reach_the_duration_histogram(env):
+    make, store, _ = env
+    manager = make()
+    metrics = Metrics()
+    manager.add_listener(metrics.on_job_finished)
+    manager.start()
+    submitted = submit(manager, prompt=FAIL_PROMPT)
+    job = wait_until(lambda: finished(store, submitted.id))
+    assert job.status == "failed" and job.inference_time_s > 0
+    wait_until(lambda: metrics.job_seconds.render()[2:], what="the listener")
+    assert 'h3serve_job_duration_seconds_count{status="failed"} 1' in metrics.job_seconds.render()
+
+
+def test_a_job_the_shutdown_kills_is_queued_again_not_failed(env):
+    make, store, _ = env
+    executor = FakeExecutor(step_s=0.02, ignore_cancel=True)  # a step longer than close() waits for
+    first = make(executor)
+    first.start()
+    job = submit(first, steps=200)
+    wait_until(lambda: store.get(job.id).progress >= 1)
+    first.close(timeout_s=0.1)  # gives up: the job is still running
+    assert store.get(job.id).status == "in_progress"
+    executor.close()  # kills the ranks under it: EngineError
+    assert first.join(10)
+    assert (store.get(job.id).status, store.get(job.id).progress, store.get(job.id).error) == ("queued", 0, None)
+    second = make(FakeExecutor(step_s=0.001))
+    second.start()
+    assert wait_until(lambda: finished(store, job.id)).status == "completed"
+
+
+def test_restart_fails_a_job_whose_task_is_no_longer_served(env):
+    make, store, _ = env
+    job = submit(make())  # t2va, stored by a manager that never ran it
+    manager = make(FakeExecutor(tasks=("ref2va",)))
+    manager.start()
+    failed = store.get(job.id)
+    assert (failed.status, failed.error.code) == ("failed", "invalid_request")
+    assert "t2va is not served here" in failed.error.message and manager.queue_depth == 0
 
 
 def test_restart_requeues_unfinished_jobs_in_order_and_drops_the_rest(env):

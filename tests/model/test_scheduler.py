@@ -57,3 +57,10 @@ def test_scale_noise_and_invalid_shift():
     assert scale_noise(x0, 0.999, n).tolist() == pytest.approx([0.999, 0.999])
     with pytest.raises(ValueError):
         FlowSchedule.shifted(4, 0.0)
+
+
+@pytest.mark.parametrize("shift", [0.01, 1.0, 3.0, 12.0, 100.0])
+def test_every_allowed_shift_keeps_every_step(shift):
+    """Within the request limits (0 < shift <= 100), no grid point collapses: video and audio stay in step."""
+    for n in range(2, 201):
+        assert len(FlowSchedule.shifted(n, shift)) == n - 1

@@ -14,6 +14,7 @@ from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
+from h3serve.checkpoint import read_vision_config
 from h3serve.model.vision_inputs import (
     VisionProcessorConfig,
     num_vision_tokens,
@@ -44,7 +45,7 @@ def _image(w: int, h: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def tiny_cfg(tiny_checkpoint) -> VisionProcessorConfig:
-    return VisionProcessorConfig.from_dir(tiny_checkpoint)
+    return read_vision_config(tiny_checkpoint)
 
 
 @pytest.mark.parametrize("config", ["tiny", "qwen3", "qwen2"])
@@ -170,6 +171,6 @@ def test_config_reads_legacy_flat_files(tmp_path, tiny_checkpoint, tiny_cfg):
     nested = json.loads((tiny_checkpoint / "processor" / "processor_config.json").read_text())
     (tmp_path / "preprocessor_config.json").write_text(json.dumps(nested["image_processor"]))
     (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(nested["video_processor"]))
-    assert VisionProcessorConfig.from_dir(tmp_path) == tiny_cfg
+    assert read_vision_config(tmp_path) == tiny_cfg
     (tmp_path / "video_preprocessor_config.json").unlink()  # transformers then reads the image file for videos too
-    assert VisionProcessorConfig.from_dir(tmp_path).video.max_pixels == tiny_cfg.image.max_pixels
+    assert read_vision_config(tmp_path).video.max_pixels == tiny_cfg.image.max_pixels

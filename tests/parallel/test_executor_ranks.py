@@ -66,3 +66,20 @@ def test_two_nodes_through_rendezvous_match_one_node(parallel_checkpoint, single
     assert not watcher.is_alive() and follower.restarts == 0
     np.testing.assert_array_equal(out.video, single_node_output.video)
     np.testing.assert_array_equal(out.audio, single_node_output.audio)
+
+
+def test_idle_ranks_outlive_the_collective_timeout(parallel_checkpoint, single_node_output):
+    """Ranks wait for the next job inside a broadcast: keepalives keep an idle engine under the group timeout."""
+    import dataclasses
+    import time
+
+    config = dataclasses.replace(_config(parallel_checkpoint), collective_timeout_s=4.0, idle_keepalive_s=0.5)
+    ex = Executor(config)
+    try:
+        time.sleep(6)  # idle for longer than the process group's timeout
+        assert ex.alive()
+        out = ex.generate(plan_for(ex.defaults))
+        assert ex.restarts == 0
+        np.testing.assert_array_equal(out.video, single_node_output.video)
+    finally:
+        ex.close()

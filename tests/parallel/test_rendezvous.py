@@ -25,3 +25,20 @@ def test_rendezvous_from_torchrun_environment():
     assert Rendezvous.from_env({}).nnodes == nodes_from_env({}) == 1
     with pytest.raises(ValueError, match="multiple of the 4 nodes"):
         manual.local_ranks(6)
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"NNODES": "abc"}, "NNODES='abc' must be an integer"),
+        ({"NNODES": "0"}, "NNODES=0 must be >= 1"),
+        ({"NNODES": "2", "MASTER_ADDR": "h", "MASTER_PORT": "x"}, "MASTER_PORT='x' must be an integer"),
+        ({"NNODES": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500", "NODE_RANK": "2"}, "NODE_RANK=2 must be below"),
+    ],
+)
+def test_bad_launcher_environment_is_a_config_error(env, message):
+    from h3serve.config import ConfigError
+    from h3serve.parallel.rendezvous import Rendezvous
+
+    with pytest.raises(ConfigError, match=message):
+        Rendezvous.from_env(env)

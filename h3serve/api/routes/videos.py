@@ -18,7 +18,7 @@ from h3serve.api.openapi import CREATE_REQUEST_BODY, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
-from h3serve.engine.jobs import UNFINISHED, Job
+from h3serve.engine.jobs import UNFINISHED, Job, JobError
 
 router = APIRouter(tags=["videos"])
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -47,7 +47,7 @@ async def create_video(request: Request, ctx: Context) -> Video:
     "/videos/sync",
     summary="Generate a video and return the MP4 in the response body",
     openapi_extra={"requestBody": CREATE_REQUEST_BODY},
-    responses={200: {"content": {"video/mp4": {}}}, **error_responses(400, 401, 413, 415, 429, 500, 504)},
+    responses={200: {"content": {"video/mp4": {}}}, **error_responses(400, 401, 413, 415, 429, 500, 503, 504)},
 )
 async def create_video_sync(request: Request, ctx: Context) -> Response:
     job = await submit(request, ctx, sync=True)
@@ -56,8 +56,9 @@ async def create_video_sync(request: Request, ctx: Context) -> Response:
         if finished is None:
             raise APIError(409, "The video was deleted before it finished.", "video_deleted")
         if finished.status == "failed":
-            assert finished.error is not None
-            raise APIError(500, f"Video generation failed: {finished.error.message}", finished.error.code)
+            raise _failure(finished.error)
+        if finished.status != "completed":  # a shutdown stopped it and put it back in the queue
+            raise APIError(503, "The server is shutting down; retry later.", "shutting_down")
         data = await run_in_threadpool(ctx.manager.files.file(job.id, VARIANTS["video"].file_name).read_bytes)
     except APIError as e:
         e.headers["X-Request-Id"] = job.id
@@ -75,6 +76,14 @@ async def create_video_sync(request: Request, ctx: Context) -> Response:
             "X-Peak-Memory-MB": f"{finished.peak_memory_mb:.3f}",
         },
     )
+
+
+def _failure(error: JobError | None) -> APIError:
+    """A failed sync job: 400 when the request was at fault (caught only at run time), else 500."""
+    if error is None:  # never stored so; answered as the server's fault
+        return APIError(500, "Video generation failed.", "internal_error")
+    status = 400 if error.client_error else 500
+    return APIError(status, f"Video generation failed: {error.message}", error.code)
 
 
 async def _wait(ctx: ServerContext, job_id: str, timeout_s: float) -> Job | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -13,8 +12,6 @@ from pathlib import Path
 import psutil
 import torch
 import torch.nn.functional as F
-
-RSS_INTERVAL_S = 0.02
 
 
 def sync(device: torch.device) -> None:
@@ -41,43 +38,6 @@ def gemm_peak(device: torch.device, dtype: torch.dtype, budget_s: float = 3.0) -
         best = min(best, time.perf_counter() - start)
         reps += 1
     return {"n": n, "reps": reps, "flops_per_s": 2.0 * n**3 / best}
-
-
-class RssSampler:
-    """Peak resident set size of this process and its descendants (rank processes), sampled every 20 ms."""
-
-    def __init__(self, interval_s: float = RSS_INTERVAL_S):
-        self.interval_s = interval_s
-        self._process = psutil.Process()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.peak_bytes = 0
-
-    def _sample(self) -> int:
-        total = 0
-        for p in [self._process, *self._process.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:  # a child that just exited
-                pass
-        return total
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, self._sample())
-
-    def __enter__(self) -> RssSampler:
-        self.peak_bytes = self._sample()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, self._sample())
 
 
 def cpu_seconds() -> float:

@@ -47,9 +47,9 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     import numpy as np
     import torch
 
-    from h3serve.engine.local import peak_memory_mb
+    from h3serve.engine.memory import RssSampler
     from h3serve.media.mp4 import write_mp4
-    from h3serve.tools.bench.measure import RssSampler, cpu_seconds
+    from h3serve.tools.bench.measure import cpu_seconds
     from h3serve.tools.bench.profiling import profiled
 
     device = runner.device
@@ -90,7 +90,7 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             "peak_device_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20
             if device.type == "cuda" else None,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
-            "peak_rss_process_mb": peak_memory_mb(torch.device("cpu")),  # ru_maxrss: the process lifetime
+            "peak_rss_process_mb": _process_lifetime_rss_mb(),
         },
         "output": {
             "mp4": spec.mp4_path,
@@ -205,3 +205,12 @@ class Worker:
             self._proc.kill()
             self._proc.join(timeout=10)
         self._conn.close()
+
+
+def _process_lifetime_rss_mb() -> float:
+    """ru_maxrss: the process' lifetime high-water mark (KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024
