@@ -172,7 +172,7 @@ def _run_engine(config, plan):
         bar.update(done - bar.n)
 
     try:
-        return engine.generate(plan, on_progress=on_step) if multi_rank else engine.generate(plan, on_step)
+        return engine.generate(plan, on_progress=on_step)
     finally:
         bar.close()
         if multi_rank:

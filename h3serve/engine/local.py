@@ -50,13 +50,14 @@ class LocalEngine:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
         return plan_request(request, self.defaults, self.tasks)
 
-    def generate(self, plan: GenerationPlan, on_step: StepCallback | None = None) -> GenerationOutput:
+    def generate(self, plan: GenerationPlan, on_progress: StepCallback | None = None) -> GenerationOutput:
+        """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too)."""
         check_task_served(plan.task, self.tasks)
         with PeakMemory(self.device) as memory:
             start = time.perf_counter()
             conditioning = load_conditioning(plan, self.defaults)
             load_s = time.perf_counter() - start
-            result = self.pipeline.generate(plan, conditioning, on_step)
+            result = self.pipeline.generate(plan, conditioning, on_progress)
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         return GenerationOutput(

@@ -126,7 +126,7 @@ class H3Pipeline:
     """Runs T2VA, FL2VA and Ref2VA requests on loaded components. Stateless between requests."""
 
     def __init__(self, components: H3Components, device: str | torch.device = "cpu"):
-        self.c = components
+        self.components = components
         self.device = torch.device(device)
 
     @torch.no_grad()
@@ -144,18 +144,19 @@ class H3Pipeline:
             for z in enc.visual
         ]
         video_noise = torch.randn(
-            (1, self.c.vae.config.latent_channels, plan.latent_frames, plan.latent_height, plan.latent_width),
+            (1, self.components.vae.config.latent_channels, plan.latent_frames, plan.latent_height, plan.latent_width),
             generator=generator,
         )
         audio_noise = torch.randn(
-            (limits.AUDIO_CHANNELS * plan.audio_latents, self.c.audio_vae.config.latent_channels), generator=generator
+            (limits.AUDIO_CHANNELS * plan.audio_latents, self.components.audio_vae.config.latent_channels),
+            generator=generator,
         )
         video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
         audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
         if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
             raise ValueError("condition latents do not match the layout (canvas mismatch)")
 
-        dit = self.c.transformer_ref if cond.references else self.c.transformer
+        dit = self.components.transformer_ref if cond.references else self.components.transformer
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
         with clock("denoise"):
@@ -167,7 +168,7 @@ class H3Pipeline:
         layout = enc.layout
         video_latents = unpatchify(
             video_rows[layout.num_video_condition_rows :],
-            self.c.vae.config.latent_channels,
+            self.components.vae.config.latent_channels,
             plan.latent_frames,
             plan.latent_height,
             plan.latent_width,
@@ -204,7 +205,7 @@ class H3Pipeline:
         self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: _StageClock
     ) -> Encoded:
         """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
-        text = Presentation(self.c.text.tokenizer)
+        text = Presentation(self.components.text.tokenizer)
         vision: dict[str, torch.Tensor] = {}
         visual: list[torch.Tensor] = []
         if keyframes:
@@ -212,12 +213,14 @@ class H3Pipeline:
                 vision = self._image_inputs(keyframes)
             for k, grid in enumerate(vision["image_grid_thw"]):
                 text.text(f"<Picture {k + 1}>: ")
-                text.vision(IMAGE_PAD, num_vision_tokens(grid, self.c.vision_config.merge_size))
+                text.vision(IMAGE_PAD, num_vision_tokens(grid, self.components.vision_config.merge_size))
             with clock("vae_encode"):
-                visual = [encode_visual_condition(self.c.vae, image_pixels(k).to(self.device)) for k in keyframes]
+                visual = [
+                    encode_visual_condition(self.components.vae, image_pixels(k).to(self.device)) for k in keyframes
+                ]
         text.text(plan.prompt)
         with clock("text_encode"):
-            text_states = self.c.text.encode(text.ids, vision)
+            text_states = self.components.text.encode(text.ids, vision)
         layout = build_keyframe_layout(
             torch.tensor(text.tags),
             plan.latent_frames,
@@ -230,7 +233,7 @@ class H3Pipeline:
 
     def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> Encoded:
         """Ref2VA: labels numbered per modality, a soundtrack's label before its video's, then the prompt."""
-        merge = self.c.vision_config.merge_size
+        merge = self.components.vision_config.merge_size
         with clock("vision_encode"):
             images = [r.image for r in refs if isinstance(r, ImageReference)]
             vision = self._image_inputs(images) if images else {}
@@ -239,7 +242,7 @@ class H3Pipeline:
             for r in refs:
                 if isinstance(r, VideoReference):
                     frames, stamps = sample_condition_frames(r.frames)
-                    inputs = preprocess_video(np.stack(frames), self.c.vision_config)
+                    inputs = preprocess_video(np.stack(frames), self.components.vision_config)
                     grid = inputs["video_grid_thw"][0]
                     video_blocks.append((int(grid[1]) * int(grid[2]) // merge**2, stamps))
                     video_inputs.append(inputs)
@@ -247,7 +250,7 @@ class H3Pipeline:
                 vision["pixel_values_videos"] = torch.cat([v["pixel_values_videos"] for v in video_inputs])
                 vision["video_grid_thw"] = torch.cat([v["video_grid_thw"] for v in video_inputs])
 
-        text = Presentation(self.c.text.tokenizer)
+        text = Presentation(self.components.text.tokenizer)
         counts = {"image": 0, "video": 0, "audio": 0}
         for r in refs:
             if reference_audio(r) is not None:
@@ -266,7 +269,7 @@ class H3Pipeline:
                     text.vision(VIDEO_PAD, tokens)
         text.text(plan.prompt)
         with clock("text_encode"):
-            text_states = self.c.text.encode(text.ids, vision)
+            text_states = self.components.text.encode(text.ids, vision)
 
         visual, audio_rows, blocks = [], [], []
         with clock("vae_encode"):
@@ -274,13 +277,13 @@ class H3Pipeline:
                 kind, audio_latents = reference_kind(r), 0
                 wave = reference_audio(r)
                 if wave is not None:
-                    audio_rows.append(encode_audio_condition(self.c.audio_vae, wave))
+                    audio_rows.append(encode_audio_condition(self.components.audio_vae, wave))
                     audio_latents = audio_rows[-1].shape[0] // limits.AUDIO_CHANNELS
                 if kind == "audio":
                     blocks.append(ReferenceBlock(kind, audio_latents=audio_latents))
                     continue
                 pixels = image_pixels(r.image) if kind == "image" else video_condition_pixels(r.frames)
-                visual.append(encode_visual_condition(self.c.vae, pixels.to(self.device)))
+                visual.append(encode_visual_condition(self.components.vae, pixels.to(self.device)))
                 f, h, w = visual[-1].shape[2:]
                 blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
         layout = build_reference_layout(
@@ -294,7 +297,7 @@ class H3Pipeline:
         return Encoded(text.ids, text_states, layout, visual, audio_rows)
 
     def _image_inputs(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
-        per_image = [preprocess_image(img, self.c.vision_config) for img in images]
+        per_image = [preprocess_image(img, self.components.vision_config) for img in images]
         return {
             "pixel_values": torch.cat([p["pixel_values"] for p in per_image]),
             "image_grid_thw": torch.cat([p["image_grid_thw"] for p in per_image]),
@@ -342,7 +345,7 @@ class H3Pipeline:
 
     def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents [1, 24, F, lh, lw] -> frames [T, H, W, 3] fp32 in [0, 1] (tiled, chunked VAE)."""
-        vae = self.c.vae
+        vae = self.components.vae
         mean = torch.tensor(vae.config.latents_mean, device=self.device).view(1, -1, 1, 1, 1)
         std = torch.tensor(vae.config.latents_std, device=self.device).view(1, -1, 1, 1, 1)
         z = latents.to(self.device) * std + mean
@@ -354,7 +357,7 @@ class H3Pipeline:
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents [2, 32, A] -> stereo waveform [2, 800·A] fp32 in [-1, 1]."""
-        avae = self.c.audio_vae
+        avae = self.components.audio_vae
         mean = torch.tensor(avae.config.latents_mean, device=self.device).view(1, -1, 1)
         std = torch.tensor(avae.config.latents_std, device=self.device).view(1, -1, 1)
         wave = avae.decode(latents.to(self.device) * std + mean, return_dict=False)[0]  # [2, 1, N]

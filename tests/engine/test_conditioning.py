@@ -52,7 +52,7 @@ def test_video_reference_is_normalised(encoded):
 
 def test_presentation_labels(encoded):
     _, _, enc, pipeline = encoded
-    text = pipeline.c.text.tokenizer.decode(enc.token_ids)
+    text = pipeline.components.text.tokenizer.decode(enc.token_ids)
     # The soundtrack's label comes before its video's; frame pairs are stamped with their mean time (.1f).
     assert text.index("<Picture 1>: ") < text.index("<Audio 1>: ") < text.index("<Video 1>: ")
     stamps = [s for s in ("<0.2 seconds>", "<1.2 seconds>", "<2.2 seconds>") if s in text]

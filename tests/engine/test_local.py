@@ -23,7 +23,7 @@ def keyframe(tmp_path_factory):
 def test_ref2va_only_engine_refuses_t2va_and_fl2va(tiny_checkpoint, keyframe):
     engine = LocalEngine(EngineConfig(model=tiny_checkpoint, task_type="ref2va"))
     assert engine.tasks == ("ref2va",)
-    assert engine.pipeline.c.transformer is None and engine.pipeline.c.transformer_ref is not None
+    assert engine.pipeline.components.transformer is None and engine.pipeline.components.transformer_ref is not None
     for request in (GenerationRequest(prompt="x"), GenerationRequest(prompt="x", image=keyframe)):
         with pytest.raises(RequestError, match="is not served here: the loaded DiT serves ref2va"):
             engine.plan(request)

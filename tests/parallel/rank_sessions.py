@@ -34,7 +34,7 @@ def _config(checkpoint: Path, **overrides) -> EngineConfig:
 
 def _summary(engine: LocalEngine, keep_video: bool) -> dict:
     result = engine.pipeline.generate(plan_for(engine.defaults))
-    text = engine.pipeline.c.text.model
+    text = engine.pipeline.components.text.model
     parallel = engine.parallel
     return {
         # (tp, ulysses, ring, text-encoder tp, vae tiles) as installed on this rank
@@ -48,7 +48,7 @@ def _summary(engine: LocalEngine, keep_video: bool) -> dict:
         "video_latents": result.video_latents,
         "audio_latents": result.audio_latents,
         "video": result.video if keep_video else None,
-        "dit_bytes": parameter_bytes(engine.pipeline.c.transformer),
+        "dit_bytes": parameter_bytes(engine.pipeline.components.transformer),
         "text_bytes": sum(p.numel() * p.element_size() for p in text.parameters() if not p.is_meta),
     }
 

@@ -58,7 +58,7 @@ class H3Runner:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""
         if self.local is None:
             return []
-        dits = [self.local.pipeline.c.transformer, self.local.pipeline.c.transformer_ref]
+        dits = [self.local.pipeline.components.transformer, self.local.pipeline.components.transformer_ref]
         return [(m, m.config, _h3_shape) for m in dits if m is not None]
 
     def close(self) -> None:
