@@ -15,22 +15,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.tools.tiny_checkpoint import PRESETS
 
-PARALLEL_DIT = {
-    "num_attention_heads": 4,
-    "attention_head_dim": 32,
-    "hidden_size": 48,
-    "num_layers": 2,
-    "num_refiner_layers": 1,
-    "ffn_dim": 64,
-    "in_channels": 24,
-    "audio_in_channels": 32,
-    "text_dim": 32,
-    "freq_dim": 32,
-    "time_embed_hidden_dim": 48,
-    "time_embed_dim": 24,
-    "rope_freq_dim": 4,
-}
+PARALLEL_DIT = {**PRESETS["tiny"].transformer, "num_attention_heads": 4}  # 4 heads: TP2 x U2 needs 4
 
 
 def randomize_(module: nn.Module, seed: int) -> None:
