@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.parallel.rendezvous import Rendezvous
@@ -272,8 +270,9 @@ class Executor:
 
     @staticmethod
     def _read_result(spool: str, stage_durations: dict, peak_memory_mb: float) -> GenerationOutput:
-        with np.load(spool) as data:
-            video, audio = data["video"], data["audio"]
+        from h3serve.media.raw import read_raw
+
+        video, audio, _, _ = read_raw(spool)  # the file rank 0 wrote with write_raw
         os.unlink(spool)
         return GenerationOutput(
             video=video, audio=audio, stage_durations=stage_durations, peak_memory_mb=peak_memory_mb

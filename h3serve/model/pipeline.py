@@ -159,11 +159,12 @@ class H3Pipeline:
         dit = self.components.transformer_ref if cond.references else self.components.transformer
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
+        schedules = self._schedules(plan)
         with clock("denoise"):
             video_rows, audio_rows = self.denoise(
-                plan, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
+                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
             )
-        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(self._schedules(plan)[0]))
+        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(schedules[0]))
 
         layout = enc.layout
         video_latents = unpatchify(
@@ -316,7 +317,7 @@ class H3Pipeline:
 
     def denoise(
         self,
-        plan: GenerationPlan,
+        schedules: tuple[FlowSchedule, FlowSchedule],  # (video, audio), equal lengths
         transformer: H3Transformer,
         layout: Layout,
         text_states: torch.Tensor,
@@ -325,7 +326,7 @@ class H3Pipeline:
         on_step: StepCallback | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling loop. Only target rows are stepped; condition rows stay as given."""
-        video_sched, audio_sched = self._schedules(plan)
+        video_sched, audio_sched = schedules
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
