@@ -1,0 +1,96 @@
+"""PlacementPlan: per rank and per stage, the bytes on the compute device and in (pinned) host memory.
+
+The one object that `h3serve plan`, the start-up check, `--dlo-resident-layers auto`, the offload hooks and the
+bench read. Data only (no torch): the planner (`h3serve.offload.planner`) builds it from shapes, the hooks
+(`h3serve.offload.runtime`) carry it out, and a test compares what the hooks did against it.
+
+Accounting contract, per stage and component (checkpoint names: transformer, transformer_ref, text_encoder,
+vae, audio_vae):
+  weights[c]         bytes of c's weights that stay on the device for the whole stage: a whole component, or
+                     for a streamed one its non-block parameters plus its resident blocks;
+  stream_buffers[c]  bytes of the two device slots c's streamed blocks pass through (double buffering):
+                     2 x its largest streamed block (this rank's TP shard; a whole block after an all-gather);
+so the most of c that is ever on the device during the stage is weights[c] + stream_buffers[c].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Stages in the order a request runs them. vae_encode only runs for keyframes and references.
+STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode")
+COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae")
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    weights: Mapping[str, int]  # component -> resident weight bytes on the device during the stage
+    stream_buffers: Mapping[str, int] = field(default_factory=dict)  # component -> bytes of its two block slots
+    activations: int = 0  # estimated peak activation bytes of the stage
+    workspace: int = 0  # context, allocator slack, kernels' scratch
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.weights.values()) + sum(self.stream_buffers.values())
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weight_bytes + self.activations + self.workspace
+
+    def component_peak(self, component: str) -> int:
+        """The most of `component` ever on the device during this stage (what a placement test observes)."""
+        return self.weights.get(component, 0) + self.stream_buffers.get(component, 0)
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    stages: tuple[StagePlan, ...]
+    host_bytes: Mapping[str, int]  # component -> bytes kept in (pinned) host memory for staging or streaming
+
+    def stage(self, name: str) -> StagePlan:
+        for s in self.stages:
+            if s.stage == name:
+                return s
+        raise KeyError(f"no stage {name!r} in the plan; stages: {', '.join(s.stage for s in self.stages)}")
+
+    @property
+    def peak_stage(self) -> str:
+        return max(self.stages, key=lambda s: s.device_bytes).stage
+
+    @property
+    def peak_device_bytes(self) -> int:
+        return max(s.device_bytes for s in self.stages)
+
+    @property
+    def total_host_bytes(self) -> int:
+        return sum(self.host_bytes.values())
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    ranks: tuple[RankPlan, ...]
+    resident_layers: int  # the resolved K (after "auto")
+    device_memory: int | None = None  # bytes per device; None: unknown (no verdict)
+    headroom: int = 0  # bytes kept free on top of the peak for a "fits" verdict
+    notes: tuple[str, ...] = ()  # assumptions stated with the plan (request shape, estimates used)
+
+    @property
+    def peak_device_bytes(self) -> int:
+        return max(r.peak_device_bytes for r in self.ranks)
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_memory is None:
+            return None
+        return self.peak_device_bytes + self.headroom <= self.device_memory
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """How much more device memory the worst rank needs (0 when it fits or the device is unknown)."""
+        if self.device_memory is None:
+            return 0
+        return max(0, self.peak_device_bytes + self.headroom - self.device_memory)
