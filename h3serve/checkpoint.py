@@ -280,10 +280,12 @@ def load_components(
     device: str | torch.device = "cpu",
     dits: tuple[str, ...] = ("transformer", "transformer_ref"),
     parallel: RankParallel | None = None,
+    on_host: frozenset[str] = frozenset(),
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
+    Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
@@ -293,14 +295,21 @@ def load_components(
     present = [name for name in dits if layout.has(name)]
     if not present:
         raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
+
+    def where(name: str) -> torch.device:
+        return torch.device("cpu") if name in on_host else device
+
     tp = parallel.dit_tp if parallel is not None else None
-    loaded = {name: load_transformer(layout.component(name), dtype=dtype, device=device, tp=tp) for name in present}
-    vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(device).eval()
+    loaded = {name: load_transformer(layout.component(name), dtype, where(name), tp=tp) for name in present}
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(where("vae")).eval()
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
-    audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(device).eval()
-    # Multi-rank: the text encoder runs sharded on the first N ranks and is not loaded on the others.
-    load_text = parallel.load_text_conditioner if parallel is not None else load_text_conditioner
-    text = load_text(layout.component("text_encoder"), layout.component("tokenizer"), dtype, device)
+    audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
+    audio_vae.eval()
+    text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
+    if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
+        text = parallel.load_text_conditioner(*text_folders, dtype, device, load_device=where("text_encoder"))
+    else:
+        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"))
     return H3Components(
         transformer=loaded.get("transformer"),
         transformer_ref=loaded.get("transformer_ref"),

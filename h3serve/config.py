@@ -5,9 +5,11 @@ torch is imported lazily: the API process builds and ships an `EngineConfig` wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +43,8 @@ class EngineConfig:
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
+    device_memory: int | None = None  # --device-memory: bytes per device for the plan's verdict; None: ask the GPU
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -121,12 +125,15 @@ class EngineConfig:
         from h3serve.parallel.degrees import check_degrees, read_model_dims
         from h3serve.parallel.rendezvous import nodes_from_env
 
-        check_degrees(
-            self.parallel_degrees(),
-            read_model_dims(self.model, self.dits),
-            self.cfg_parallel_size,
-            self.vae_parallel_mode,
-        )
+        dims = read_model_dims(self.model, self.dits)
+        check_degrees(self.parallel_degrees(), dims, self.cfg_parallel_size, self.vae_parallel_mode)
+        if isinstance(self.offload.resident_layers, int) and self.offload.resident_layers:
+            try:
+                check_resident_layers(self.offload.resident_layers, dims.dit_layers)
+            except OffloadError as e:
+                raise ConfigError(str(e)) from None
+        if self.device_memory is not None and self.device_memory <= 0:
+            raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
         if self.resolved_device().type == "cuda":
             import torch
 

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
+
 if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
     from h3serve.config import EngineConfig
 
@@ -81,8 +83,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--enable-distributed-layerwise-offload", action="store_true")
     r.add_argument("--dlo-use-allgather", dest="dlo_use_allgather", action="store_const", const=True, default=None)
     r.add_argument("--dlo-no-use-allgather", dest="dlo_use_allgather", action="store_const", const=False)
-    r.add_argument("--dlo-resident-layers", type=int)
-    r.add_argument("--diffusion-offload-config", help="JSON")
+    r.add_argument("--dlo-resident-layers", metavar="K|auto", help="first K main-DiT blocks stay on the device")
+    r.add_argument(
+        "--diffusion-offload-config",
+        help='JSON: {"mode": "module"|"layer", "components": ["dit", ...], "weight_transfer", "resident_layers"}',
+    )
+    r.add_argument("--device-memory", help="memory per device for the placement plan, e.g. 32GiB (default: the GPU's)")
     r.add_argument("--lora-path")
     r.add_argument("--lora-backend", help="peft | distill")
     r.add_argument("--deploy-config")
@@ -186,25 +192,6 @@ def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -
             "--deploy-config/--stage-overrides: h3serve runs H3 as one stage; pass the parallel "
             "flags (--usp, --ring, --tensor-parallel-size, --text-encoder-tp-size, ...) directly"
         )
-    offload = [
-        flag
-        for flag, on in (
-            ("--enable-cpu-offload", args.enable_cpu_offload),
-            ("--enable-layerwise-offload", args.enable_layerwise_offload),
-            ("--enable-distributed-layerwise-offload", args.enable_distributed_layerwise_offload),
-            ("--dlo-use-allgather", args.dlo_use_allgather is not None),
-            ("--dlo-resident-layers", args.dlo_resident_layers is not None),
-            ("--diffusion-offload-config", args.diffusion_offload_config),
-        )
-        if on
-    ]
-    if offload and on_cpu:
-        notices.append(f"notice: {', '.join(offload)}: no effect on CPU (the weights already live in host memory)")
-    elif offload:
-        raise ConfigError(
-            f"{', '.join(offload)}: offloading is not available in h3serve yet; shard the DiT "
-            "instead (--tensor-parallel-size) or drop these flags"
-        )
     if args.diffusion_compile_granularity not in (None, *COMPILE_GRANULARITIES):
         raise ConfigError(
             f"--diffusion-compile-granularity {args.diffusion_compile_granularity}: "
@@ -236,6 +223,38 @@ def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -
             notices.append(f"notice: {flag}: {why}")
 
 
+def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> OffloadConfig:
+    from h3serve.config import ConfigError
+
+    flags = OffloadFlags(
+        enable_cpu_offload=args.enable_cpu_offload,
+        enable_layerwise_offload=args.enable_layerwise_offload,
+        enable_distributed_layerwise_offload=args.enable_distributed_layerwise_offload,
+        dlo_use_allgather=args.dlo_use_allgather,
+        dlo_resident_layers=args.dlo_resident_layers,
+        diffusion_offload_config=args.diffusion_offload_config,
+    )
+    try:
+        config = offload_config_from_flags(flags)
+    except OffloadError as e:
+        raise ConfigError(str(e)) from None
+    if config.enabled and on_cpu:
+        notices.append(
+            "notice: offload on CPU: the compute device is host memory, so weights move by reference "
+            "(placement is still carried out and accounted)"
+        )
+    return config
+
+
+def _device_memory(text: str | None) -> int | None:
+    from h3serve.config import ConfigError
+
+    try:
+        return parse_bytes(text) if text else None
+    except OffloadError as e:
+        raise ConfigError(str(e)) from None
+
+
 def engine_config_from_args(args: argparse.Namespace, model: Path | None = None) -> EngineConfig:
     """The validated `EngineConfig` for `add_engine_args` flags (`model`, else `args.model`); prints notices.
 
@@ -250,6 +269,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     on_cpu = draft.resolved_device().type == "cpu"
     _recipe_checks(args, on_cpu, notices)
     timeout = args.init_timeout or args.stage_init_timeout
+    offload = _offload(args, on_cpu, notices)
     config = EngineConfig(
         model=draft.model,
         device=args.device,
@@ -266,6 +286,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         cfg_parallel_size=args.cfg_parallel_size,
         enforce_eager=args.enforce_eager,
         attention_backend=_attention_backend(args, notices),
+        offload=offload,
+        device_memory=_device_memory(args.device_memory),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

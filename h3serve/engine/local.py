@@ -16,6 +16,7 @@ from h3serve.engine.memory import PeakMemory
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline, StepCallback
+from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan
@@ -37,14 +38,19 @@ class LocalEngine:
         start = time.perf_counter()
         # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
         self.parallel = RankParallel.build(config.parallel_degrees(), rank) if world_size > 1 else None
+        offload = config.offload
+        on_host = offload.staged_components() | offload.streamed_components()
         components = load_components(
-            self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel
+            self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel, on_host=on_host
         )
         if self.parallel is not None:
             self.parallel.install(components)
+        # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
+        gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
+        self.offload = OffloadRuntime(components, offload, self.device, gather_group)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
-        self.pipeline = H3Pipeline(components, self.device)
+        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload)
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""

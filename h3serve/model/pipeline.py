@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -76,17 +77,36 @@ class GenerationResult:
     stage_durations: dict[str, float] = field(default_factory=dict)
 
 
-class _StageClock:
-    """Accumulates wall time per named stage (synchronising the GPU so the figures are real)."""
+class StageHooks(Protocol):
+    """Told where a request is, so that weights can be placed for each stage (h3serve.offload carries it out)."""
 
-    def __init__(self, device: torch.device):
+    def request(self, task: str) -> AbstractContextManager[None]: ...
+
+    def stage(self, name: str) -> AbstractContextManager[None]: ...
+
+
+class _NoHooks:
+    def request(self, task: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+class _StageClock:
+    """Accumulates wall time per named stage (synchronising the GPU so the figures are real); each stage runs
+    inside the placement hooks' `stage(name)`, so its time includes moving its weights in."""
+
+    def __init__(self, device: torch.device, hooks: StageHooks | None = None):
         self.device = device
+        self.hooks = hooks or _NoHooks()
         self.durations: dict[str, float] = {}
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        yield
+        with self.hooks.stage(name):
+            yield
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.durations[name] = self.durations.get(name, 0.0) + time.perf_counter() - start
@@ -125,16 +145,20 @@ class Encoded:
 class H3Pipeline:
     """Runs T2VA, FL2VA and Ref2VA requests on loaded components. Stateless between requests."""
 
-    def __init__(self, components: H3Components, device: str | torch.device = "cpu"):
+    def __init__(self, components: H3Components, device: str | torch.device = "cpu", hooks: StageHooks | None = None):
         self.components = components
         self.device = torch.device(device)
+        self.hooks = hooks or _NoHooks()
 
     @torch.no_grad()
     def generate(
         self, plan: GenerationPlan, conditioning: Conditioning | None = None, on_step: StepCallback | None = None
     ) -> GenerationResult:
-        cond = conditioning or Conditioning()
-        clock = _StageClock(self.device)
+        with self.hooks.request(plan.task):
+            return self._generate(plan, conditioning or Conditioning(), on_step)
+
+    def _generate(self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None) -> GenerationResult:
+        clock = _StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
 
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
@@ -180,13 +204,14 @@ class H3Pipeline:
             .permute(0, 2, 1)
             .contiguous()
         )
+        # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
         with clock("video_decode"):
-            video = self.decode_video(video_latents)
+            video = self.decode_video(video_latents).cpu()
         with clock("audio_decode"):
-            audio = self.decode_audio(audio_latents)
+            audio = self.decode_audio(audio_latents).cpu()
         return GenerationResult(
-            video=video.cpu(),
-            audio=audio.cpu(),
+            video=video,
+            audio=audio,
             video_latents=video_latents.cpu(),
             audio_latents=audio_latents.cpu(),
             stage_durations=clock.durations,
@@ -197,7 +222,7 @@ class H3Pipeline:
     @torch.no_grad()
     def encode(self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock | None = None) -> Encoded:
         """Presentation -> text states, condition latents and the packed layout."""
-        clock = clock or _StageClock(self.device)
+        clock = clock or _StageClock(self.device, self.hooks)
         if cond.references:
             return self._encode_references(plan, cond.references, clock)
         return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)

@@ -185,7 +185,7 @@ def offload_config_from_flags(f: OffloadFlags) -> OffloadConfig:
                 '\'{"mode": "layer", "components": ["dit"], "weight_transfer": "rank-local", "resident_layers": 20}\')'
             )
         return _from_compact(f.diffusion_offload_config)
-    modes = [flag for flag in legacy[:3]]
+    modes = [flag for flag in legacy if flag.startswith("--enable-")]
     if len(modes) > 1:
         raise OffloadError(f"{' and '.join(modes)} are alternatives; choose one offload mode")
     dlo_options = f.dlo_use_allgather is not None or f.dlo_resident_layers is not None
@@ -225,3 +225,21 @@ def check_resident_layers(resident: int, num_layers: int) -> None:
             f"--dlo-resident-layers {resident} leaves only one streaming block of {num_layers}; use at most "
             f"{num_layers - 2}, or {num_layers} to keep every block resident"
         )
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
+_UNITS |= {"gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_bytes(text: str, flag: str = "--device-memory") -> int:
+    """'32GiB', '24 GB', '141e9', '80G' (binary, as nvidia-smi) -> bytes; `OffloadError` naming `flag` otherwise."""
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise OffloadError(f"{flag}: expected a size such as 32GiB, 24GB or 80G, got {text!r}") from None
+    if not value > 0:
+        raise OffloadError(f"{flag}: must be > 0, got {text!r}")
+    return int(value)

@@ -24,6 +24,21 @@ COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_va
 GiB = 2**30
 
 
+def stage_components(stage: str, task: str) -> frozenset[str]:
+    """The components a stage of a `task` request computes with (what a staged component is loaded for)."""
+    if stage == "text_encode":
+        return frozenset({"text_encoder"})
+    if stage == "vae_encode":  # keyframes / reference images and videos; reference audio only in Ref2VA
+        return frozenset({"vae", "audio_vae"} if task == "ref2va" else {"vae"})
+    if stage == "denoise":
+        return frozenset({"transformer_ref" if task == "ref2va" else "transformer"})
+    if stage == "video_decode":
+        return frozenset({"vae"})
+    if stage == "audio_decode":
+        return frozenset({"audio_vae"})
+    raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
 @dataclass(frozen=True)
 class StagePlan:
     stage: str

@@ -27,6 +27,7 @@ class ModelDims:
     dit_hidden: int
     text_heads: int
     text_kv_heads: int
+    dit_layers: int = 0  # blocks of the main DiT (the one resident layers apply to)
 
 
 def _json(path: Path) -> dict:
@@ -54,6 +55,7 @@ def read_model_dims(model: Path, dits: tuple[str, ...] = ("transformer", "transf
         dit_hidden=math.gcd(*(c.hidden_size for c in configs)),
         text_heads=heads,
         text_kv_heads=int(text.get("num_key_value_heads", heads)),
+        dit_layers=configs[0].num_layers,
     )
 
 

@@ -91,8 +91,17 @@ class RankParallel:
         """Rank 0 without text-encoder TP runs the unsharded encoder, loaded the usual way."""
         return self.degrees.text_encoder_tp == 1 and self.rank == 0
 
-    def load_text_conditioner(self, folder: Path, tokenizer_folder: Path, dtype: torch.dtype, device: torch.device):
-        """Drop-in for `checkpoint.load_text_conditioner` on a multi-rank engine."""
+    def load_text_conditioner(
+        self,
+        folder: Path,
+        tokenizer_folder: Path,
+        dtype: torch.dtype,
+        device: torch.device,
+        load_device: torch.device | None = None,
+    ):
+        """`checkpoint.load_text_conditioner` on a multi-rank engine: weights load onto `load_device` (host memory
+        under offload, default `device`); the hidden states every rank receives live on `device`."""
+        load_device = load_device or device
         from transformers import AutoConfig, AutoTokenizer
 
         from h3serve import limits
@@ -100,12 +109,12 @@ class RankParallel:
         from h3serve.parallel.text_encoder import ParallelTextConditioner, load_text_encoder_shard
 
         if self.runs_encoder_whole:
-            whole = load_text_conditioner(folder, tokenizer_folder, dtype, device)
+            whole = load_text_conditioner(folder, tokenizer_folder, dtype, load_device)
             model, tokenizer = whole.model, whole.tokenizer
         else:  # a TP shard, or a weightless skeleton on the ranks that do not run the encoder
             config = AutoConfig.from_pretrained(folder)
             config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1  # as the unsharded loader
-            model = load_text_encoder_shard(folder, config, dtype, device, self.text_tp)
+            model = load_text_encoder_shard(folder, config, dtype, load_device, self.text_tp)
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
         return ParallelTextConditioner(
             model,

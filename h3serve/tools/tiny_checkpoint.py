@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from transformers import Qwen2TokenizerFast, Qwen3VLProcessor
 
 # Bump when the generated files change, so that cached checkpoints are rebuilt.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Written last into a checkpoint: marks it complete and records what it was built from.
 MARKER_FILE = "tiny_checkpoint.json"
 
@@ -53,12 +53,13 @@ class Preset:
     reference_image_short_edge: int
 
 
+# 4 heads: TP2 x Ulysses 2 fits; 6 blocks: resident-layer counts 0, 1, all-but-2 and all are distinct.
 _TINY_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
     {
-        "num_attention_heads": 2,
+        "num_attention_heads": 4,
         "attention_head_dim": 32,
         "hidden_size": 48,
-        "num_layers": 2,
+        "num_layers": 6,
         "num_refiner_layers": 1,
         "ffn_dim": 64,
         "in_channels": 24,
@@ -426,7 +427,7 @@ def _build_text_encoder(tokenizer: Qwen2TokenizerFast, generator: Generator) -> 
         "intermediate_size": 64,
         "num_hidden_layers": _TEXT_LAYERS,
         "num_attention_heads": 2,
-        "num_key_value_heads": 1,
+        "num_key_value_heads": 2,  # text-encoder TP2 splits both the query and the KV heads
         "head_dim": 16,
         "rope_parameters": {
             "rope_type": "default",

@@ -18,7 +18,7 @@ RECIPE = (
     "--diffusion-compile-granularity regional --ulysses-mode strict --stage-init-timeout 300 --init-timeout 900 "
     "--api-server-count 1 --enable-diffusion-pipeline-profiler --fa-deterministic --request-batch-max-wait-ms 0 "
     "--step-execution --dlo-no-use-allgather --dlo-resident-layers 2 --enable-distributed-layerwise-offload "
-    "--enable-cpu-offload --diffusion-compile-dynamic --ulysses-a2a-permute"
+    "--diffusion-compile-dynamic --ulysses-a2a-permute"
 )
 
 
@@ -34,10 +34,12 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
     assert (config.world_size, config.ulysses_degree, config.ring_degree) == (4, 2, 2)
     assert (config.text_encoder_tp_size, config.vae_patch_parallel_size, config.task_type) == (2, 4, "auto")
     assert config.enforce_eager and config.attention_backend == "FLASH_ATTN" and config.init_timeout_s == 900
+    assert config.offload.distributed and config.offload.transfer == "rank-local"
+    assert config.offload.resident_layers == 2 and config.offload.streamed == {"dit"}
     notices = capsys.readouterr().err.splitlines()
     assert all(line.startswith("notice: ") for line in notices)
     for flag in ("--omni", "--trust-remote-code", "--vae-use-tiling", "--diffusion-attention-backend FLASH_ATTN",
-                 "--enable-cpu-offload", "--diffusion-compile-*", "--step-execution", "--num-gpus 4 on CPU"):
+                 "offload on CPU", "--diffusion-compile-*", "--step-execution", "--num-gpus 4 on CPU"):
         assert any(flag in line for line in notices), flag
 
 

@@ -1,0 +1,217 @@
+"""Carrying out an OffloadConfig on loaded components: staged components, streamed blocks, resident prefixes.
+
+The pipeline announces each request (`request(task)`) and stage (`stage(name)`); `OffloadRuntime` loads what
+the stage computes with and releases what it does not (`plan.stage_components`), while forward hooks stream
+the blocks of streamed components through two device slots: block i+1 is copied (on a side stream on CUDA)
+while block i runs, and block i is released when it returns.
+
+`PlacementLog` records, per stage and component, the most weight bytes that were ever on the device, split
+into "resident" (whole components, non-block parameters, resident blocks) and "stream" (blocks passing
+through): the accounting hook a test compares against the `PlacementPlan`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+
+from h3serve.model.pipeline import H3Components
+from h3serve.offload.config import OffloadConfig
+from h3serve.offload.plan import STAGES, stage_components
+from h3serve.offload.units import GatheredUnit, HostUnit
+
+MAIN_DIT = "transformer"  # resident layers apply to the T2VA/FL2VA DiT only (as in vLLM-Omni)
+
+
+@dataclass
+class PlacementLog:
+    """Weight bytes on the device per (component, kind), now and at their most in each stage."""
+
+    current: dict[tuple[str, str], int] = field(default_factory=dict)
+    peaks: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)
+    stage: str | None = None
+
+    def account(self, component: str, kind: str, delta: int) -> None:
+        key = (component, kind)
+        self.current[key] = self.current.get(key, 0) + delta
+        if self.stage is not None:
+            peaks = self.peaks.setdefault(self.stage, {})
+            peaks[key] = max(peaks.get(key, 0), self.current[key])
+
+    def enter(self, stage: str | None) -> None:
+        self.stage = stage
+        if stage is not None:
+            peaks = self.peaks.setdefault(stage, {})
+            for key, value in self.current.items():
+                peaks[key] = max(peaks.get(key, 0), value)
+
+    def peak(self, stage: str, component: str, kind: str) -> int:
+        return self.peaks.get(stage, {}).get((component, kind), 0)
+
+    def reset(self) -> None:
+        self.peaks.clear()
+
+
+def _component_modules(components: H3Components) -> dict[str, nn.Module]:
+    modules = {
+        "transformer": components.transformer,
+        "transformer_ref": components.transformer_ref,
+        "text_encoder": components.text.model,
+        "vae": components.vae,
+        "audio_vae": components.audio_vae,
+    }
+    return {name: m for name, m in modules.items() if m is not None}
+
+
+def streamed_blocks(component: str, module: nn.Module) -> list[list[nn.Module]]:
+    """The block sequences a streamed component runs, in execution order (each list streams on its own)."""
+    if component in ("transformer", "transformer_ref"):
+        return [list(module.token_refiner.refiner_blocks), list(module.transformer_blocks)]
+    if component == "text_encoder":  # the vision tower runs first (images/videos only), then the language layers
+        return [list(module.visual.blocks), list(module.language_model.layers)]
+    raise ValueError(f"{component} has no repeated blocks to stream")
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers on a real device (meta skeleton tensors excluded)."""
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        if not t.is_meta and id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+class _BlockStream:
+    """Streams blocks through two device slots. `cycle_to`: after the last block, prefetch that block (the first
+    streamed block of the next denoise step); `release_all` drops a prefetch left over at the end of a stage."""
+
+    def __init__(self, blocks: list[nn.Module], units: list[HostUnit], copy_stream, cycle_to: int | None):
+        self.units, self.copy_stream, self.cycle_to = units, copy_stream, cycle_to
+        self.handles = []
+        for i, block in enumerate(blocks):
+            self.handles.append(block.register_forward_pre_hook(lambda _m, _a, i=i: self._before(i)))
+            self.handles.append(block.register_forward_hook(lambda _m, _a, _o, i=i: self._after(i)))
+
+    def _before(self, i: int) -> None:
+        unit = self.units[i]
+        unit.load()  # no-op when the previous block prefetched it
+        unit.wait()
+        nxt = i + 1 if i + 1 < len(self.units) else self.cycle_to
+        if nxt is not None and nxt != i:
+            self.units[nxt].load(self.copy_stream)
+
+    def _after(self, i: int) -> None:
+        self.units[i].release()
+
+    def release_all(self) -> None:
+        for unit in self.units:
+            unit.release()
+
+
+class OffloadRuntime:
+    """Installs the placement of one rank's components and carries it out stage by stage."""
+
+    def __init__(
+        self,
+        components: H3Components,
+        config: OffloadConfig,
+        device: torch.device,
+        gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
+    ):
+        self.config, self.device = config, device
+        self.log = PlacementLog()
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        modules = _component_modules(components)
+        staged, streamed = config.staged_components(), config.streamed_components()
+        self.staged: dict[str, HostUnit] = {}
+        self.streams: dict[str, list[_BlockStream]] = {}
+        self.prefix: list[HostUnit] = []  # resident DiT blocks: on the device for the denoise stage only
+        self.host_bytes: dict[str, int] = {}
+        for name, module in modules.items():
+            if name in staged:
+                self.staged[name] = HostUnit(module, name, "resident", device, self.log.account)
+                self.host_bytes[name] = self.staged[name].nbytes
+            elif name in streamed:
+                self._stream(name, module, gather_group)
+            else:  # loaded onto the device already
+                self.log.account(name, "resident", tensor_bytes(module))
+
+    def _stream(self, name: str, module: nn.Module, gather_group: ProcessGroup | None) -> None:
+        sequences = streamed_blocks(name, module)
+        resident = self.config.resident_layers if name == MAIN_DIT else 0
+        assert isinstance(resident, int), "resident_layers 'auto' is resolved by the planner before the runtime"
+        every_block = tuple(b for seq in sequences for b in seq)
+        rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block)
+        rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
+        self.host_bytes[name] = 0
+        gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
+        self.streams[name] = []
+        for index, blocks in enumerate(sequences):
+            is_dit_blocks = name != "text_encoder" and index == 1
+            keep = resident if is_dit_blocks else 0
+            for block in blocks[:keep]:
+                self.prefix.append(HostUnit(block, name, "resident", self.device, self.log.account))
+                self.host_bytes[name] += self.prefix[-1].nbytes
+            moving = blocks[keep:]
+            if not moving:
+                continue
+            if gathered:
+                units = [GatheredUnit(b, name, "stream", self.device, self.log.account, gather_group) for b in moving]
+                self.host_bytes[name] += sum(u.host_bytes for u in units)
+            else:
+                units = [HostUnit(b, name, "stream", self.device, self.log.account) for b in moving]
+                self.host_bytes[name] += sum(u.nbytes for u in units)
+            # DiT blocks run once per step: the last one prefetches the first streamed block of the next step.
+            self.streams[name].append(_BlockStream(moving, units, self.copy_stream, 0 if is_dit_blocks else None))
+
+    # -- the pipeline's stage hooks --------------------------------------------------------------------------
+
+    @contextmanager
+    def request(self, task: str) -> Iterator[None]:
+        """One request: stages inside it place components for `task`; afterwards nothing staged stays loaded."""
+        self.task = task
+        self.log.reset()
+        try:
+            yield
+        finally:
+            self.log.enter(None)
+            for unit in self.staged.values():
+                unit.release()
+            for unit in self.prefix:
+                unit.release()
+            for streams in self.streams.values():
+                for stream in streams:
+                    stream.release_all()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        if name not in STAGES:  # e.g. vision preprocessing: no model runs
+            yield
+            return
+        needed = stage_components(name, self.task)
+        for component, unit in self.staged.items():  # release first: never two staged components at once
+            if component not in needed:
+                unit.release()
+        self.log.enter(name)
+        for component, unit in self.staged.items():
+            if component in needed:
+                unit.load()
+        if MAIN_DIT in needed:
+            for unit in self.prefix:
+                unit.load()
+        try:
+            yield
+        finally:
+            for streams in self.streams.values():  # a prefetch for a next step that will not come
+                for stream in streams:
+                    stream.release_all()
+            if name == "denoise":  # resident blocks make room for the VAE decode
+                for unit in self.prefix:
+                    unit.release()
+            self.log.enter(None)

@@ -1,0 +1,173 @@
+"""Weight units: the tensors of one module (a component, or one block) that move to the device together.
+
+A unit keeps its master copy in host memory (pinned on CUDA) and, while loaded, a device copy that the module's
+parameters point at. Released, every parameter is an empty tensor of its dtype, so a forward through a module
+that is not on the device fails loudly instead of computing on stale or absent weights. On a CPU "device" the
+master copy is used in place (no copy): placement is still carried out and accounted, which lets tests on a
+CPU-only machine check it.
+
+Two kinds: `HostUnit` (each rank keeps its whole shard; rank-local transfer) and `GatheredUnit` (each rank of a
+group keeps 1/G of the flattened block; a load rebuilds the block with one all-gather).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed import ProcessGroup
+
+Accountant = Callable[[str, str, int], None]  # (component, kind "resident" | "stream", signed bytes)
+
+
+@dataclass
+class _Slot:
+    module: nn.Module
+    name: str
+    is_param: bool
+    shape: torch.Size
+    dtype: torch.dtype
+
+    def assign(self, value: torch.Tensor) -> None:
+        if self.is_param:
+            self.module._parameters[self.name] = nn.Parameter(value, requires_grad=False)
+        else:
+            self.module._buffers[self.name] = value
+
+
+def _slots(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> list[tuple[_Slot, torch.Tensor]]:
+    """Every parameter and buffer of `module` outside the `skip` submodules (each tensor once), with its value."""
+    skipped = {id(m) for s in skip for m in s.modules()}
+    out, seen = [], set()
+    for sub in module.modules():
+        if id(sub) in skipped:
+            continue
+        for table, is_param in ((sub._parameters, True), (sub._buffers, False)):
+            for name, t in table.items():
+                if t is None or t.is_meta or id(t) in seen:  # meta: a weightless skeleton (not this rank's)
+                    continue
+                seen.add(id(t))
+                out.append((_Slot(sub, name, is_param, t.shape, t.dtype), t.detach()))
+    return out
+
+
+class HostUnit:
+    """One module's tensors, mastered in host memory and copied to the device on `load`."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        component: str,
+        kind: str,
+        device: torch.device,
+        account: Accountant,
+        skip: tuple[nn.Module, ...] = (),
+    ):
+        self.component, self.kind, self.device, self._account = component, kind, device, account
+        pin = device.type == "cuda"
+        self._slots: list[tuple[_Slot, torch.Tensor]] = []
+        for slot, value in _slots(module, skip):
+            host = value.to("cpu")
+            self._slots.append((slot, host.pin_memory() if pin else host))
+        self.nbytes = sum(t.numel() * t.element_size() for _, t in self._slots)
+        self.loaded = False
+        self._ready: torch.cuda.Event | None = None
+        self._release_tensors()
+
+    def _release_tensors(self) -> None:
+        for slot, host in self._slots:
+            slot.assign(torch.empty(0, dtype=host.dtype, device=self.device))
+
+    def load(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Copy to the device (asynchronously on `stream` when given; `wait` before use)."""
+        if self.loaded:
+            return
+        if self.device.type == "cpu":
+            for slot, host in self._slots:
+                slot.assign(host)
+        else:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                for slot, host in self._slots:
+                    slot.assign(host.to(self.device, non_blocking=True))
+                if stream is not None:
+                    self._ready = torch.cuda.Event()
+                    self._ready.record(stream)
+        self.loaded = True
+        self._account(self.component, self.kind, self.nbytes)
+
+    def wait(self) -> None:
+        """Make the compute stream wait for an asynchronous load; keep its memory alive for that stream."""
+        if self._ready is None:
+            return
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(self._ready)
+        for slot, _ in self._slots:
+            table = slot.module._parameters if slot.is_param else slot.module._buffers
+            table[slot.name].record_stream(compute)  # allocated on the copy stream, used on the compute stream
+        self._ready = None
+
+    def release(self) -> None:
+        if not self.loaded:
+            return
+        self.wait()
+        self._release_tensors()
+        self.loaded = False
+        self._account(self.component, self.kind, -self.nbytes)
+
+
+class GatheredUnit(HostUnit):
+    """A block whose flattened tensors (one flat buffer per dtype) are split over `group`: each rank keeps 1/G
+    in host memory, and a load rebuilds the whole block on the device with one all-gather per dtype.
+
+    Every rank of the group holds the same block (the same tensor-parallel shard), so the pieces fit together;
+    all ranks load the same units in the same order (the block order is fixed), so the collectives pair up.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        component: str,
+        kind: str,
+        device: torch.device,
+        account: Accountant,
+        group: ProcessGroup,
+    ):
+        self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
+        super().__init__(module, component, kind, device, account)
+        self._flats: dict[torch.dtype, tuple[torch.Tensor, int]] = {}  # dtype -> (my host piece, full numel)
+        for dtype in dict.fromkeys(h.dtype for _, h in self._slots):
+            flat = torch.cat([h.reshape(-1) for _, h in self._slots if h.dtype == dtype])
+            piece = -(-flat.numel() // self.size)  # ceil: the last piece is zero-padded
+            padded = torch.zeros(piece * self.size, dtype=dtype)
+            padded[: flat.numel()] = flat
+            mine = padded[self.rank * piece : (self.rank + 1) * piece].clone()
+            self._flats[dtype] = (mine.pin_memory() if device.type == "cuda" else mine, flat.numel())
+        # Only this rank's piece stays in host memory: the whole block was needed just to cut it.
+        self._slots = [(slot, torch.empty(0, dtype=h.dtype)) for slot, h in self._slots]
+        self.host_bytes = sum(p.numel() * p.element_size() for p, _ in self._flats.values())
+
+    def load(self, stream: torch.cuda.Stream | None = None) -> None:
+        if self.loaded:
+            return
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            full: dict[torch.dtype, torch.Tensor] = {}
+            for dtype, (mine, _) in self._flats.items():
+                buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
+                pieces = list(buffer.chunk(self.size))
+                dist.all_gather(pieces, mine.to(self.device, non_blocking=True), group=self.group)
+                full[dtype] = buffer
+            offsets = dict.fromkeys(full, 0)
+            for slot, _ in self._slots:
+                n = slot.shape.numel()
+                start = offsets[slot.dtype]
+                slot.assign(full[slot.dtype][start : start + n].view(slot.shape))
+                offsets[slot.dtype] = start + n
+            if stream is not None:
+                self._ready = torch.cuda.Event()
+                self._ready.record(stream)
+        self.loaded = True
+        self._account(self.component, self.kind, self.nbytes)
