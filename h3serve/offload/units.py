@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+_ALIGN_BYTES = 64
 Accountant = Callable[[str, str, int], None]  # (component, kind "resident" | "stream", signed bytes)
 
 
@@ -138,34 +139,40 @@ class GatheredUnit(HostUnit):
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         super().__init__(module, component, kind, device, account)
-        self._flats: dict[torch.dtype, tuple[torch.Tensor, int]] = {}  # dtype -> (my host piece, full numel)
-        for dtype in dict.fromkeys(h.dtype for _, h in self._slots):
-            flat = torch.cat([h.reshape(-1) for _, h in self._slots if h.dtype == dtype])
-            piece = -(-flat.numel() // self.size)  # ceil: the last piece is zero-padded
-            padded = torch.zeros(piece * self.size, dtype=dtype)
-            padded[: flat.numel()] = flat
-            mine = padded[self.rank * piece : (self.rank + 1) * piece].clone()
-            self._flats[dtype] = (mine.pin_memory() if device.type == "cuda" else mine, flat.numel())
+        # Each tensor starts on a 64-byte boundary of its flat buffer: kernels pick their paths by alignment, and
+        # an unaligned view could change the summation order (the output must stay byte-identical).
+        self._offsets: list[int] = []
+        self._flats: dict[torch.dtype, torch.Tensor] = {}  # dtype -> this rank's host piece
+        ends: dict[torch.dtype, int] = {}
+        for _, h in self._slots:
+            align = max(1, _ALIGN_BYTES // h.element_size())
+            start = -(-ends.get(h.dtype, 0) // align) * align
+            self._offsets.append(start)
+            ends[h.dtype] = start + h.numel()
+        for dtype, end in ends.items():
+            piece = -(-end // self.size)  # ceil: the last piece is zero-padded
+            flat = torch.zeros(piece * self.size, dtype=dtype)
+            for (_, h), start in zip(self._slots, self._offsets, strict=True):
+                if h.dtype == dtype:
+                    flat[start : start + h.numel()] = h.reshape(-1)
+            mine = flat[self.rank * piece : (self.rank + 1) * piece].clone()
+            self._flats[dtype] = mine.pin_memory() if device.type == "cuda" else mine
         # Only this rank's piece stays in host memory: the whole block was needed just to cut it.
         self._slots = [(slot, torch.empty(0, dtype=h.dtype)) for slot, h in self._slots]
-        self.host_bytes = sum(p.numel() * p.element_size() for p, _ in self._flats.values())
+        self.host_bytes = sum(p.numel() * p.element_size() for p in self._flats.values())
 
     def load(self, stream: torch.cuda.Stream | None = None) -> None:
         if self.loaded:
             return
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             full: dict[torch.dtype, torch.Tensor] = {}
-            for dtype, (mine, _) in self._flats.items():
+            for dtype, mine in self._flats.items():
                 buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
                 pieces = list(buffer.chunk(self.size))
                 dist.all_gather(pieces, mine.to(self.device, non_blocking=True), group=self.group)
                 full[dtype] = buffer
-            offsets = dict.fromkeys(full, 0)
-            for slot, _ in self._slots:
-                n = slot.shape.numel()
-                start = offsets[slot.dtype]
-                slot.assign(full[slot.dtype][start : start + n].view(slot.shape))
-                offsets[slot.dtype] = start + n
+            for (slot, _), start in zip(self._slots, self._offsets, strict=True):
+                slot.assign(full[slot.dtype][start : start + slot.shape.numel()].view(slot.shape))
             if stream is not None:
                 self._ready = torch.cuda.Event()
                 self._ready.record(stream)

@@ -1,0 +1,44 @@
+"""What the spawned ranks run for the multi-rank offload tests (importable by the spawned processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rank_sessions import plan_for
+
+from h3serve.config import EngineConfig
+from h3serve.engine.local import LocalEngine
+from h3serve.offload.config import OffloadConfig
+
+STAGED = frozenset({"text_encoder", "vae", "audio_vae"})  # what the legacy layerwise flags also stage
+
+
+def dlo(transfer: str, resident: int = 0) -> OffloadConfig:
+    """`--enable-distributed-layerwise-offload [--dlo-no-use-allgather] [--dlo-resident-layers K]`."""
+    return OffloadConfig(
+        staged=STAGED, streamed=frozenset({"dit"}), distributed=True, transfer=transfer, resident_layers=resident
+    )
+
+
+def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: OffloadConfig) -> dict:
+    config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
+    engine = LocalEngine(config, rank, world)
+    out = engine.generate(plan_for(engine.defaults))
+    runtime = engine.offload
+    return {
+        "video": out.video,
+        "audio": out.audio,
+        "peaks": {stage: dict(peaks) for stage, peaks in runtime.log.peaks.items()},
+        "host_bytes": dict(runtime.host_bytes),
+    }
+
+
+def offload_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict, OffloadConfig]]) -> dict:
+    """Each case's parallel layout without offload (once per layout), then with its offload config."""
+    out: dict = {"resident": {}}
+    for name, layout, offload in cases:
+        key = repr(sorted(layout.items()))
+        if key not in out["resident"]:
+            out["resident"][key] = _run(checkpoint, rank, world, layout, OffloadConfig())
+        out[name] = _run(checkpoint, rank, world, layout, offload) | {"layout_key": key}
+    return out
