@@ -5,9 +5,11 @@ torch is imported lazily: the API process builds and ships an `EngineConfig` wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from h3serve.offload.config import OffloadConfig
 
 if TYPE_CHECKING:
     import torch
@@ -41,6 +43,8 @@ class EngineConfig:
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    device_memory: int | None = None
 
     @property
     def dits(self) -> tuple[str, ...]:
