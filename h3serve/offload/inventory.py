@@ -27,7 +27,7 @@ from torch import nn
 from h3serve import limits
 from h3serve.checkpoint import CheckpointError, read_layout
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.parallel.degrees import ModelDims, ParallelDegrees
+from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
 from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
 
@@ -321,6 +321,20 @@ def _checkpoint_configs(root: Path, dits: tuple[str, ...]) -> _Configs:
 def text_holders(degrees: ParallelDegrees) -> tuple[int, ...]:
     """Ranks that hold text-encoder weights: the first N under text-encoder TP N > 1, else rank 0 alone."""
     return tuple(range(degrees.text_encoder_tp)) if degrees.text_encoder_tp > 1 else (0,)
+
+
+def model_dims(source: str | Path, dits: tuple[str, ...]) -> ModelDims:
+    """The sizes the parallel degrees must divide, before any model is built (a bad degree cannot shard)."""
+    if source != RELEASED:
+        return read_model_dims(Path(source), dits)
+    cfg = H3TransformerConfig()
+    return ModelDims(
+        dit_heads=cfg.num_attention_heads,
+        dit_ffn=cfg.ffn_dim,
+        dit_hidden=cfg.hidden_size,
+        text_heads=RELEASED_TEXT_CONFIG["num_attention_heads"],
+        text_kv_heads=RELEASED_TEXT_CONFIG["num_key_value_heads"],
+    )
 
 
 def build_inventory(
