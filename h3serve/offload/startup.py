@@ -4,6 +4,7 @@ device sizes such as "32GiB"."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from h3serve import geometry, limits
 from h3serve.checkpoint import read_layout
@@ -72,13 +73,7 @@ def plan_largest(
     if offload.resident_layers == AUTO:
         ks = [p.resident_layers for p, s in zip(plans, shapes, strict=True) if TASK_DIT[s.task] == MAIN_DIT]
         if ks:
-            fixed = OffloadConfig(
-                staged=offload.staged,
-                streamed=offload.streamed,
-                distributed=offload.distributed,
-                transfer=offload.transfer,
-                resident_layers=min(ks),
-            )
+            fixed = replace(offload, resident_layers=min(ks))
             plans = [plan_placement(inv, fixed, s, device_memory, headroom) for s in shapes]
     return max(plans, key=lambda p: p.peak_device_bytes)
 
