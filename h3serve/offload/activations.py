@@ -6,7 +6,8 @@ with F = 5n+2 latent frames for 17n+5 frames and A = round(frames/24·40).
 
 denoise, inside one DiT block (`TransformerBlock.forward`) for this rank's S_l = ceil(S/(ulysses·ring)) rows:
   6 AdaLN tables [S_l, D] (gathered whole, alive for the whole block) + residual x + modulated input h
-  + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh];
+  + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh] (with Ring also the
+        k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and partial);
         FFN: fused [value; gate] output 2·ffn/TP, silu(gate) ffn/TP, the product ffn/TP);
   after the blocks (heads run on every row): the gathered [S, D] stream, the selected rows, their norm and
   modulation (4·S·D); plus fp32 RoPE cos/sin [S_l, 6·Fr] and four fp32 copies of the video/audio rows (noise,
@@ -108,7 +109,10 @@ def denoise(cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, e
     dim = cfg.hidden_size
     heads_cols = cfg.num_attention_heads // d.tensor_parallel * cfg.attention_head_dim
     ffn_cols = cfg.ffn_dim // d.tensor_parallel
-    block = s_local * es * (dim * (6 + 2) + max(6 * heads_cols, 4 * ffn_cols))
+    attention = 6 * heads_cols * es
+    if d.ring > 1:  # the stacked k/v block in flight and its receive slot, the fp32 online-softmax accumulator
+        attention += 4 * heads_cols * es + 3 * heads_cols * 4
+    block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
     heads = 4 * s * dim * es
     rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
     rows = 4 * 4 * (shape.video_rows * cfg.video_patch_dim + shape.audio_rows * cfg.audio_in_channels)

@@ -48,7 +48,7 @@ def _table(r: RankPlan) -> list[str]:
         buffers = [s.stream_buffers.get(c, 0) for s in stages]
         host = r.host_bytes.get(c, 0)
         if any(weights) or host:
-            lines.append(row(f"{c} weights", weights, host))
+            lines.append(row(f"{c} weights", weights, host or None))  # blank: never leaves the device
         if any(buffers):
             lines.append(row(f"{c} stream buffers", buffers))
     lines.append(row("activations (estimate)", [s.activations for s in stages]))

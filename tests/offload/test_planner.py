@@ -322,3 +322,36 @@ def test_model_card_four_gpus_text_encoder_tp4_instead_of_one_whole_encoder():
     assert peaks[1] == pytest.approx(133e9, rel=0.15)
     assert peaks[4] == pytest.approx(103e9, rel=0.15)
     assert peaks[1] - peaks[4] > 25e9
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Start-up
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_plan_for_engine_plans_the_default_canvas_of_the_largest_task(tiny_checkpoint, tiny_layout):
+    from h3serve.config import EngineConfig
+    from h3serve.offload.report import format_plan
+    from h3serve.offload.startup import plan_for_engine
+
+    config = EngineConfig(model=tiny_checkpoint, device="cpu", offload=MODULE)
+    plan = plan_for_engine(config, device_memory=None)
+    inv = build_inventory(tiny_checkpoint, dits=DITS, device_type="cpu")
+    shapes = [default_shape(tiny_layout.defaults(), t) for t in ("t2va", "fl2va", "ref2va")]
+    assert plan.peak_device_bytes == max(plan_placement(inv, MODULE, s).peak_device_bytes for s in shapes)
+    assert plan.fits is None and plan.headroom == 0
+    text = format_plan(plan)
+    assert "peak" in text and "no --device-memory given" in text and "host pinned" in text
+    small = plan_for_engine(config, device_memory=plan.peak_device_bytes, headroom=1)
+    assert small.fits is False and "does not fit by 0.00 GiB" in format_plan(small)
+
+
+def test_ring_holds_more_attention_state_than_ulysses(released):
+    shape = RequestShape(1344, 768, 124, "t2va")
+    ulysses = plan_placement(
+        build_inventory(RELEASED, ParallelDegrees(ulysses=2, world_size=2), ("transformer",)), OffloadConfig(), shape
+    )
+    ring = plan_placement(
+        build_inventory(RELEASED, ParallelDegrees(ring=2, world_size=2), ("transformer",)), OffloadConfig(), shape
+    )
+    assert ring.ranks[0].stage("denoise").activations > ulysses.ranks[0].stage("denoise").activations
