@@ -10,7 +10,7 @@ from pathlib import Path
 
 from h3serve.api import serve_cli
 from h3serve.cli_util import EXIT_ERROR, fail, model_dir
-from h3serve.tools import bench, compare, probe_cli
+from h3serve.tools import bench, compare, plan_cli, probe_cli
 
 
 def format_stages(durations: dict[str, float]) -> str:
@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.register(sub)
     probe_cli.register(sub)
     bench.register(sub)
+    plan_cli.register(sub)
     return parser
 
 

@@ -1,0 +1,184 @@
+"""Activation and workspace estimates per stage: stated formulas over the request shape, not measurements.
+
+Bytes are for one rank. `es` is the compute dtype's element size (2 for bf16). Rows S of the packed sequence:
+  S = L (text + vision-block tokens) + condition rows + 2·A (stereo audio latents) + F·(H/32)·(W/32) (video),
+with F = 5n+2 latent frames for 17n+5 frames and A = round(frames/24·40).
+
+denoise, inside one DiT block (`TransformerBlock.forward`) for this rank's S_l = ceil(S/(ulysses·ring)) rows:
+  6 AdaLN tables [S_l, D] (gathered whole, alive for the whole block) + residual x + modulated input h
+  + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh] (with Ring also the
+        k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and partial);
+        FFN: fused [value; gate] output 2·ffn/TP, silu(gate) ffn/TP, the product ffn/TP);
+  after the blocks (heads run on every row): the gathered [S, D] stream, the selected rows, their norm and
+  modulation (4·S·D); plus fp32 RoPE cos/sin [S_l, 6·Fr] and four fp32 copies of the video/audio rows (noise,
+  velocity, the sampler's update, the condition rows).
+text_encode (ranks running the encoder): the 52 retained hidden states [L, hidden] (output_hidden_states)
+  + one layer's working set: q, k, v, o and 3·intermediate/TP (gate, up, their product). Other ranks: the
+  broadcast [L, hidden] states.
+vae_encode: the tiled causal-CNN encoder on one 256-px tile at fp32 (the encoder is fp32): 8 feature maps of
+  block_out_channels[0]·tile² + the normalised keyframes [3, H, W] fp32 (twice: input and its copy).
+video_decode (the rank that stitches: rank 0, or every rank without VAE patch parallel): every decoded tile
+  of every temporal chunk (units of [3, 28, tile, tile] kept until stitching, `vae_tiles`) + the stitched
+  video twice (chunks and their concatenation) in es, or the pipeline's fp32 post-processing (the video in es
+  plus two fp32 copies [T, H, W, 3]), whichever is larger; plus one tile's decoder working set (fp32 residual
+  stream, 8·width + 3·ffn per token). Ranks that only decode their share hold their own units twice (the
+  gather's send buffer).
+audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
+  upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
+workspace: on CUDA, the context and library handles (cuBLAS, cuDNN) as nvidia-smi counts them, 0.5 GiB; the
+  caching allocator's rounding and kernels' scratch, 0.25 GiB; NCCL's buffers with more than one rank,
+  0.25 GiB. On CPU nothing (the weights and activations are the process's memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from h3serve import geometry, limits
+from h3serve.model.transformer import H3TransformerConfig
+from h3serve.offload.inventory import Inventory, TextShape, VaeShape
+from h3serve.parallel.degrees import ParallelDegrees
+
+GiB = 2**30
+CUDA_CONTEXT = GiB // 2
+ALLOCATOR_SLACK = GiB // 4
+NCCL_BUFFERS = GiB // 4
+HIDDEN_STATES_KEPT = limits.TEXT_ENCODER_LAYER + 2  # embeddings + 51 layer outputs
+VAE_CLIP_LATENTS = 7  # one temporal decode chunk: 5 latents + 2 overlap -> 28 frames
+VAE_TEMPORAL_RATIO = 4
+AUDIO_WIDEST = 12_800  # samples·channels per latent at BigVGAN's widest (anti-aliased) stage
+VISION_MERGE = 32  # Qwen3-VL: 16-px patches merged 2x2 -> one token per 32x32 pixels
+PRESENTATION_TOKENS = 8  # "<Picture k>: " label and the vision start/end tokens
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """The request a plan is sized for. `condition_images`: keyframes (FL2VA) or reference images (Ref2VA),
+    each at the canvas size; None picks 2 for fl2va, 1 for ref2va and 0 for t2va."""
+
+    width: int
+    height: int
+    num_frames: int  # 17n + 5
+    task: str = "t2va"
+    prompt_tokens: int = 256
+    condition_images: int | None = None
+
+    @property
+    def images(self) -> int:
+        if self.condition_images is not None:
+            return self.condition_images
+        return {"t2va": 0, "fl2va": 2, "ref2va": 1}[self.task]
+
+    @property
+    def latent_frames(self) -> int:
+        return geometry.latent_frames(self.num_frames)
+
+    @property
+    def rows_per_frame(self) -> int:
+        return (self.height // limits.SPATIAL_MULTIPLE) * (self.width // limits.SPATIAL_MULTIPLE)
+
+    @property
+    def video_rows(self) -> int:
+        return self.latent_frames * self.rows_per_frame
+
+    @property
+    def audio_rows(self) -> int:
+        return limits.AUDIO_CHANNELS * geometry.audio_latents(self.num_frames)
+
+    @property
+    def text_tokens(self) -> int:
+        """Prompt tokens plus each image's presentation (label + one vision token per 32x32 pixels)."""
+        per_image = PRESENTATION_TOKENS + (self.height // VISION_MERGE) * (self.width // VISION_MERGE)
+        return self.prompt_tokens + self.images * per_image
+
+    @property
+    def seq_len(self) -> int:
+        return self.text_tokens + self.images * self.rows_per_frame + self.audio_rows + self.video_rows
+
+    def describe(self) -> str:
+        return (
+            f"{self.task} {self.width}x{self.height}, {self.num_frames} frames ({self.num_frames / limits.FPS:.3f} s), "
+            f"{self.seq_len} DiT rows ({self.text_tokens} text)"
+        )
+
+
+def denoise(cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, es: int) -> int:
+    s = shape.seq_len
+    s_local = math.ceil(s / d.sequence_parallel)
+    dim = cfg.hidden_size
+    heads_cols = cfg.num_attention_heads // d.tensor_parallel * cfg.attention_head_dim
+    ffn_cols = cfg.ffn_dim // d.tensor_parallel
+    attention = 6 * heads_cols * es
+    if d.ring > 1:  # the stacked k/v block in flight and its receive slot, the fp32 online-softmax accumulator
+        attention += 4 * heads_cols * es + 3 * heads_cols * 4
+    block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
+    heads = 4 * s * dim * es
+    rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
+    rows = 4 * 4 * (shape.video_rows * cfg.video_patch_dim + shape.audio_rows * cfg.audio_in_channels)
+    return max(block, heads) + rope + rows
+
+
+def text_encode(t: TextShape, d: ParallelDegrees, shape: RequestShape, es: int, runs_encoder: bool) -> int:
+    tokens = shape.text_tokens
+    if not runs_encoder:
+        return tokens * t.hidden * es
+    tp = d.text_encoder_tp
+    attn = (2 * t.heads + 2 * t.kv_heads) * t.head_dim // tp
+    layer = tokens * es * (attn + 3 * t.intermediate // tp + 2 * t.hidden)
+    return HIDDEN_STATES_KEPT * tokens * t.hidden * es + layer
+
+
+def vae_encode(v: VaeShape, shape: RequestShape) -> int:
+    if shape.images == 0:
+        return 0
+    return 8 * v.encoder_width * v.tile**2 * 4 + 2 * 3 * shape.width * shape.height * 4
+
+
+def _tiles(length: int, tile: int) -> int:
+    """Spatial tiles along one axis (h3_model_spec §5.6: 256-px tiles with at least 64 px overlap)."""
+    overlap = tile // 4
+    return 1 if length <= tile else math.ceil((length - overlap) / (tile - overlap))
+
+
+def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, stitches: bool) -> int:
+    chunks = shape.latent_frames // limits.VAE_LATENTS_PER_CHUNK
+    tiles = _tiles(shape.width, v.tile) * _tiles(shape.height, v.tile)
+    clip_frames = VAE_CLIP_LATENTS * VAE_TEMPORAL_RATIO
+    unit = 3 * clip_frames * v.tile**2 * es
+    units = chunks * tiles
+    ratio = limits.VAE_SPATIAL_COMPRESSION
+    tokens = VAE_CLIP_LATENTS * (v.tile // ratio) ** 2
+    working = tokens * (8 * v.decoder_width + 3 * v.decoder_ffn) * 4
+    if not stitches:
+        return 2 * math.ceil(units / d.vae_patch_parallel) * unit + working
+    video = shape.num_frames * shape.width * shape.height * 3
+    # With patch parallel the stitching rank also holds its own units and the gather's send buffer.
+    gathered = units * unit * (1 + (2 / d.vae_patch_parallel if d.vae_patch_parallel > 1 else 0))
+    return int(max(gathered + 2 * video * es, video * es + 2 * video * 4)) + working
+
+
+def audio_decode(shape: RequestShape) -> int:
+    return 8 * AUDIO_WIDEST * (shape.audio_rows // limits.AUDIO_CHANNELS) * limits.AUDIO_CHANNELS * 4
+
+
+def workspace(device_type: str, world_size: int) -> int:
+    if device_type != "cuda":
+        return 0
+    return CUDA_CONTEXT + ALLOCATOR_SLACK + (NCCL_BUFFERS if world_size > 1 else 0)
+
+
+def stage_activations(inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str) -> int:
+    """The estimate for one rank and stage (see the module docstring)."""
+    es, d = inv.element_size, inv.degrees
+    if stage == "text_encode":
+        return text_encode(inv.text, d, shape, es, "text_encoder" in inv.ranks[rank])
+    if stage == "vae_encode":
+        return vae_encode(inv.vae, shape)
+    if stage == "denoise":
+        return denoise(inv.dits[dit], d, shape, es)
+    if stage == "video_decode":
+        return video_decode(inv.vae, d, shape, es, stitches=rank == 0 or d.vae_patch_parallel == 1)
+    if stage == "audio_decode":
+        return audio_decode(shape)
+    raise ValueError(f"unknown stage {stage!r}")

@@ -1,0 +1,385 @@
+"""Per-rank byte inventory of every component, from shapes only: models are built on the meta device, no weight
+is ever read.
+
+Bytes count every parameter and buffer a component moves to its device (what `.to(device)` moves), in the dtype
+the loaders give it: the compute dtype (bf16 on GPU, fp32 on CPU) except the DiT's `keep_in_fp32_modules`, the
+video VAE's `_keep_in_fp32_modules` and its non-persistent buffers, and the whole audio VAE (fp32 by policy).
+Each rank holds its tensor-parallel shard of the DiT, and its text-encoder shard (or the whole encoder on rank 0
+without text-encoder TP, or nothing).
+
+Each component splits into `base_bytes` (what never streams) and block groups (the repeated blocks a layerwise
+offload streams): DiT `token_refiner.refiner_blocks` and `transformer_blocks`; text encoder
+`language_model.layers` and `visual.blocks`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from h3serve import limits
+from h3serve.checkpoint import CheckpointError, read_layout
+from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
+from h3serve.parallel.tensor_parallel import TensorParallel
+from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
+
+RELEASED = "released"
+DIT_GROUPS = ("token_refiner.refiner_blocks", "transformer_blocks")
+TEXT_GROUPS = ("language_model.layers", "visual.blocks")
+AUDIO_LATENT_CHANNELS = 32
+
+# Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.
+RELEASED_TEXT_CONFIG = {
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 5_000_000.0,
+        "mrope_section": [24, 20, 20],
+        "mrope_interleaved": True,
+    },
+}
+RELEASED_VISION_CONFIG = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "patch_size": 16,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 5120,
+    "num_position_embeddings": 2304,
+    "deepstack_visual_indexes": [8, 16, 24],
+}
+
+
+@dataclass(frozen=True)
+class BlockGroup:
+    path: str  # the ModuleList's dotted path inside the component
+    block_bytes: tuple[int, ...]  # bytes of each block, in order
+
+    @property
+    def total(self) -> int:
+        return sum(self.block_bytes)
+
+
+@dataclass(frozen=True)
+class ComponentBytes:
+    """One component as one rank holds it."""
+
+    name: str
+    params: int  # parameter count of this rank's copy (a TP shard counts its shard)
+    base_bytes: int  # parameters and buffers outside the block groups
+    groups: tuple[BlockGroup, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.base_bytes + sum(g.total for g in self.groups)
+
+    def group(self, path: str) -> BlockGroup:
+        for g in self.groups:
+            if g.path == path:
+                return g
+        raise KeyError(f"{self.name} has no block group {path!r}")
+
+
+@dataclass(frozen=True)
+class TextShape:
+    hidden: int
+    layers: int  # decoder layers loaded (hidden_states[50] needs 51)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+@dataclass(frozen=True)
+class VaeShape:
+    decoder_width: int
+    decoder_ffn: int  # SwiGLU inner width
+    latent_channels: int
+    tile: int  # spatial tile, pixels
+    encoder_width: int  # first encoder block's channels (the widest full-resolution feature map)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What each rank holds (component -> bytes; absent: not loaded there) plus the shapes activations need."""
+
+    source: str  # "released" or the checkpoint folder
+    degrees: ParallelDegrees
+    device_type: str  # "cuda" | "cpu"
+    dtype: torch.dtype  # compute dtype
+    ranks: tuple[dict[str, ComponentBytes], ...]
+    dits: dict[str, H3TransformerConfig]  # loaded DiTs and their configs
+    text: TextShape
+    vae: VaeShape
+
+    @property
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def dims(self) -> ModelDims:
+        """The sizes the parallel degrees must divide (as `h3serve.parallel.degrees.read_model_dims`)."""
+        cfgs = list(self.dits.values())
+        return ModelDims(
+            dit_heads=math.gcd(*(c.num_attention_heads for c in cfgs)),
+            dit_ffn=math.gcd(*(c.ffn_dim for c in cfgs)),
+            dit_hidden=math.gcd(*(c.hidden_size for c in cfgs)),
+            text_heads=self.text.heads,
+            text_kv_heads=self.text.kv_heads,
+        )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Byte counting on meta modules
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _in_any(name: str, modules: tuple[str, ...]) -> bool:
+    # Matched as whole dotted components, as checkpoint.materialize and diffusers do.
+    return any(part in modules for part in name.split("."))
+
+
+def _tensor_bytes(module: nn.Module, dtype_of) -> dict[str, tuple[int, int]]:
+    """name -> (numel, bytes) of every parameter and buffer, with `dtype_of(name, tensor, is_param)` the dtype."""
+    persistent = set(module.state_dict(keep_vars=True))
+    out = {}
+    for name, p in module.named_parameters():
+        out[name] = (p.numel(), p.numel() * _size(dtype_of(name, p, True)))
+    for name, b in module.named_buffers():
+        dtype = dtype_of(name, b, name in persistent)
+        out[name] = (0, b.numel() * _size(dtype))
+    return out
+
+
+def _split(name: str, tensors: dict[str, tuple[int, int]], groups: tuple[str, ...]) -> ComponentBytes:
+    """Sum tensors into the base and per-block totals of each present group."""
+    base, params = 0, 0
+    blocks: dict[str, dict[int, int]] = {}
+    for key, (numel, nbytes) in tensors.items():
+        params += numel
+        for path in groups:
+            if key.startswith(path + "."):
+                index = int(key[len(path) + 1 :].split(".")[0])
+                per = blocks.setdefault(path, {})
+                per[index] = per.get(index, 0) + nbytes
+                break
+        else:
+            base += nbytes
+    found = tuple(
+        BlockGroup(path, tuple(v for _, v in sorted(blocks[path].items()))) for path in groups if path in blocks
+    )
+    return ComponentBytes(name=name, params=params, base_bytes=base, groups=found)
+
+
+def dit_bytes(name: str, cfg: H3TransformerConfig, dtype: torch.dtype, tp_size: int = 1) -> ComponentBytes:
+    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes)."""
+    with torch.device("meta"):
+        model = H3Transformer(cfg)
+    if tp_size > 1:  # works on the meta device, with no process group
+        TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
+    fp32 = H3Transformer.keep_in_fp32_modules
+
+    def dtype_of(key: str, t: torch.Tensor, _persistent: bool) -> torch.dtype:
+        if not t.is_floating_point():
+            return t.dtype
+        return torch.float32 if _in_any(key, fp32) else dtype
+
+    return _split(name, _tensor_bytes(model, dtype_of), DIT_GROUPS)
+
+
+def _diffusers_bytes(name: str, model: nn.Module, dtype: torch.dtype) -> ComponentBytes:
+    """diffusers' load policy: parameters and persistent buffers in `dtype` unless in `_keep_in_fp32_modules`;
+    non-persistent buffers keep the dtype they were built with (checked against a real bf16 load in the tests)."""
+    fp32 = tuple(type(model)._keep_in_fp32_modules or ())
+
+    def dtype_of(key: str, t: torch.Tensor, persistent: bool) -> torch.dtype:
+        if not t.is_floating_point() or not persistent:
+            return t.dtype
+        return torch.float32 if _in_any(key, fp32) else dtype
+
+    return _split(name, _tensor_bytes(model, dtype_of), ())
+
+
+def vae_bytes(config: dict, dtype: torch.dtype) -> tuple[ComponentBytes, VaeShape]:
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    with torch.device("meta"):
+        model = AutoencoderKLMiniMaxH3.from_config(config)
+    c = model.config
+    shape = VaeShape(
+        decoder_width=c.decoder_num_attention_heads * c.decoder_attention_head_dim,
+        decoder_ffn=c.decoder_ffn_mult * c.decoder_num_attention_heads * c.decoder_attention_head_dim,
+        latent_channels=c.latent_channels,
+        tile=model.tile_sample_min_height,
+        encoder_width=c.block_out_channels[0],
+    )
+    return _diffusers_bytes("vae", model, dtype), shape
+
+
+def audio_vae_bytes(config: dict) -> ComponentBytes:
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.filterwarnings("ignore", message=".*weight_norm.*is deprecated", category=FutureWarning)
+        model = AutoencoderKLMiniMaxH3Audio.from_config(config)
+    # Loaded without a dtype (checkpoint.load_components): fp32 whatever the engine's dtype.
+    return _diffusers_bytes("audio_vae", model, torch.float32)
+
+
+def text_encoder_bytes(config, dtype: torch.dtype, tp_size: int = 1) -> ComponentBytes:
+    """The truncated `Qwen3VLModel` (no LM head) the conditioner loads; a TP shard when tp_size > 1."""
+    from transformers import Qwen3VLModel
+
+    with torch.device("meta"):
+        model = Qwen3VLModel._from_config(config, dtype=dtype)
+    if tp_size > 1:
+        TensorParallel(0, tp_size, None, TEXT_ENCODER_TP_PLAN).shard_module(model)
+    return _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sources: a checkpoint folder's configs, or the released architecture
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Configs:
+    dits: dict[str, H3TransformerConfig]
+    vae: dict
+    audio_vae: dict
+    text: object  # transformers Qwen3VLConfig, truncated to the loaded layers
+
+
+def _truncated(config):
+    config = copy.deepcopy(config)
+    total = config.text_config.num_hidden_layers
+    if total <= limits.TEXT_ENCODER_LAYER:
+        raise CheckpointError(
+            f"the text encoder has {total} layers; MiniMax-H3 needs more than {limits.TEXT_ENCODER_LAYER}"
+        )
+    config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1  # as checkpoint.load_text_conditioner
+    return config
+
+
+def _released_configs(dits: tuple[str, ...]) -> _Configs:
+    from transformers import Qwen3VLConfig
+
+    text = Qwen3VLConfig(
+        text_config=RELEASED_TEXT_CONFIG, vision_config=RELEASED_VISION_CONFIG, tie_word_embeddings=False
+    )
+    zeros, ones = [0.0] * AUDIO_LATENT_CHANNELS, [1.0] * AUDIO_LATENT_CHANNELS
+    return _Configs(
+        dits={name: H3TransformerConfig() for name in dits},
+        vae={},
+        audio_vae={"latents_mean": zeros, "latents_std": ones},
+        text=_truncated(text),
+    )
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path} ({e})") from None
+
+
+def _checkpoint_configs(root: Path, dits: tuple[str, ...]) -> _Configs:
+    from transformers import AutoConfig
+
+    layout = read_layout(root)
+    present = [d for d in dits if layout.has(d)]
+    if not present:
+        raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
+    return _Configs(
+        dits={d: H3TransformerConfig.from_dict(_read_config(layout.component(d) / "config.json")) for d in present},
+        vae=_read_config(layout.component("vae") / "config.json"),
+        audio_vae=_read_config(layout.component("audio_vae") / "config.json"),
+        text=_truncated(AutoConfig.from_pretrained(layout.component("text_encoder"))),
+    )
+
+
+def text_holders(degrees: ParallelDegrees) -> tuple[int, ...]:
+    """Ranks that hold text-encoder weights: the first N under text-encoder TP N > 1, else rank 0 alone."""
+    return tuple(range(degrees.text_encoder_tp)) if degrees.text_encoder_tp > 1 else (0,)
+
+
+def model_dims(source: str | Path, dits: tuple[str, ...]) -> ModelDims:
+    """The sizes the parallel degrees must divide, before any model is built (a bad degree cannot shard)."""
+    if source != RELEASED:
+        return read_model_dims(Path(source), dits)
+    cfg = H3TransformerConfig()
+    return ModelDims(
+        dit_heads=cfg.num_attention_heads,
+        dit_ffn=cfg.ffn_dim,
+        dit_hidden=cfg.hidden_size,
+        text_heads=RELEASED_TEXT_CONFIG["num_attention_heads"],
+        text_kv_heads=RELEASED_TEXT_CONFIG["num_key_value_heads"],
+    )
+
+
+def build_inventory(
+    source: str | Path,
+    degrees: ParallelDegrees | None = None,
+    dits: tuple[str, ...] = ("transformer", "transformer_ref"),
+    device_type: str = "cuda",
+    dtype: torch.dtype | None = None,
+) -> Inventory:
+    """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
+
+    `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs are read.
+    """
+    degrees = degrees or ParallelDegrees()
+    dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
+    configs = _released_configs(dits) if source == RELEASED else _checkpoint_configs(Path(source), dits)
+    # One DiT build per distinct config: the two released DiTs share one architecture.
+    built: dict[str, ComponentBytes] = {}
+    for name, cfg in configs.dits.items():
+        twin = next((other for other, c in configs.dits.items() if other in built and c == cfg), None)
+        built[name] = (
+            ComponentBytes(name, built[twin].params, built[twin].base_bytes, built[twin].groups)
+            if twin
+            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel)
+        )
+    vae, vae_shape = vae_bytes(configs.vae, dtype)
+    shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}
+    text = text_encoder_bytes(configs.text, dtype, degrees.text_encoder_tp)
+    holders = text_holders(degrees)
+    ranks = tuple({**shared, "text_encoder": text} if r in holders else dict(shared) for r in range(degrees.world_size))
+    t = configs.text.text_config
+    return Inventory(
+        source=str(source),
+        degrees=degrees,
+        device_type=device_type,
+        dtype=dtype,
+        ranks=ranks,
+        dits=dict(configs.dits),
+        text=TextShape(
+            hidden=t.hidden_size,
+            layers=t.num_hidden_layers,
+            heads=t.num_attention_heads,
+            kv_heads=t.num_key_value_heads,
+            head_dim=t.head_dim,
+            intermediate=t.intermediate_size,
+        ),
+        vae=vae_shape,
+    )

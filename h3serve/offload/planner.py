@@ -1,0 +1,175 @@
+"""The memory planner: (inventory, offload config, request shape) -> `PlacementPlan`. Pure: no device, no file.
+
+Placement per rank and stage (the offload runtime carries out exactly this; `PlacementPlan.component_peak` is
+what a placement test observes):
+  resident (neither staged nor streamed): on the device in every stage.
+  staged: on the device only in its own stages: text_encoder -> text_encode; vae -> vae_encode, video_decode;
+      audio_vae -> audio_decode (and vae_encode for ref2va's audio references); a DiT -> denoise, only the DiT
+      the task runs (transformer for t2va/fl2va, transformer_ref for ref2va).
+  streamed (DiT, text encoder): its base (non-block) bytes in every stage; in its own stage (denoise for the
+      task's DiT, text_encode) two slots of its largest streamed block. Under rank-local DLO the first K
+      `transformer_blocks` of the main DiT (`transformer`) are resident during denoise only. The other DiT keeps
+      its base bytes on the device and never streams.
+  host_bytes: staged components whole; streamed components' blocks (all of them: resident blocks are reloaded
+      per request), 1/G of each under DLO all-gather (G = ulysses·ring).
+"""
+
+from __future__ import annotations
+
+import math
+
+from h3serve.offload import activations
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
+from h3serve.offload.inventory import ComponentBytes, Inventory
+from h3serve.offload.plan import STAGES, PlacementPlan, RankPlan, StagePlan
+
+TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
+MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
+RESIDENT_GROUP = "transformer_blocks"
+
+
+def stages_for(task: str) -> tuple[str, ...]:
+    """The stages a task runs: vae_encode only for keyframes (fl2va) and references (ref2va)."""
+    return tuple(s for s in STAGES if s != "vae_encode" or task in ("fl2va", "ref2va"))
+
+
+def _own_stages(component: str, task: str) -> frozenset[str]:
+    if component == "text_encoder":
+        return frozenset({"text_encode"})
+    if component == "vae":
+        return frozenset({"vae_encode", "video_decode"})
+    if component == "audio_vae":
+        return frozenset({"audio_decode", *(("vae_encode",) if task == "ref2va" else ())})
+    return frozenset({"denoise"}) if component == TASK_DIT[task] else frozenset()
+
+
+def _streamed_blocks(c: ComponentBytes, resident: int) -> list[int]:
+    """Bytes of each block that streams (the first `resident` transformer blocks do not)."""
+    out = []
+    for g in c.groups:
+        out += list(g.block_bytes[resident:] if g.path == RESIDENT_GROUP else g.block_bytes)
+    return out
+
+
+def _resident_for(component: str, config: OffloadConfig, k: int) -> int:
+    rank_local = config.distributed and config.transfer == "rank-local"
+    return k if component == MAIN_DIT and rank_local else 0
+
+
+def _placement(c: ComponentBytes, stage: str, task: str, config: OffloadConfig, k: int) -> tuple[int, int]:
+    """(resident weight bytes, stream-buffer bytes) of component `c` during `stage`."""
+    own = stage in _own_stages(c.name, task)
+    if c.name in config.streamed_components():
+        if not own:
+            return c.base_bytes, 0
+        resident = _resident_for(c.name, config, k)
+        streamed = _streamed_blocks(c, resident)
+        kept = sum(sum(g.block_bytes[:resident]) for g in c.groups if g.path == RESIDENT_GROUP)
+        return c.base_bytes + kept, 2 * max(streamed, default=0)
+    if c.name in config.staged_components():
+        return (c.total_bytes if own else 0), 0
+    return c.total_bytes, 0
+
+
+def _host_bytes(c: ComponentBytes, config: OffloadConfig, sp_group: int) -> int:
+    if c.name in config.streamed_components():
+        blocks = [b for g in c.groups for b in g.block_bytes]
+        if config.distributed and config.transfer == "allgather" and c.name in ("transformer", "transformer_ref"):
+            return sum(math.ceil(b / sp_group) for b in blocks)
+        return sum(blocks)
+    if c.name in config.staged_components():
+        return c.total_bytes
+    return 0
+
+
+def _check(inv: Inventory, config: OffloadConfig, task: str) -> str:
+    if task not in TASK_DIT:
+        raise ValueError(f"task must be one of {', '.join(TASK_DIT)}, got {task!r}")
+    dit = TASK_DIT[task]
+    if dit not in inv.dits:
+        raise OffloadError(
+            f"task {task} runs {dit}, which is not loaded (loaded: {', '.join(inv.dits)}); plan another task or "
+            "load it (--task-type)"
+        )
+    both = config.staged & config.streamed
+    if both:
+        raise OffloadError(f"{', '.join(sorted(both))}: a component is either staged or streamed, not both")
+    return dit
+
+
+def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int) -> RankPlan:
+    dit = TASK_DIT[shape.task]
+    held = inv.ranks[rank]
+    stages = []
+    for stage in stages_for(shape.task):
+        weights, buffers = {}, {}
+        for name, c in held.items():
+            w, b = _placement(c, stage, shape.task, config, k)
+            if w:
+                weights[name] = w
+            if b:
+                buffers[name] = b
+        stages.append(
+            StagePlan(
+                stage=stage,
+                weights=weights,
+                stream_buffers=buffers,
+                activations=activations.stage_activations(inv, rank, stage, shape, dit),
+                workspace=activations.workspace(inv.device_type, inv.degrees.world_size),
+            )
+        )
+    sp = inv.degrees.sequence_parallel
+    host = {name: h for name, c in held.items() if (h := _host_bytes(c, config, sp))}
+    return RankPlan(rank=rank, stages=tuple(stages), host_bytes=host)
+
+
+def _build(
+    inv: Inventory, config: OffloadConfig, shape: RequestShape, k: int, device_memory: int | None, headroom: int
+) -> PlacementPlan:
+    ranks = tuple(_rank_plan(inv, r, config, shape, k) for r in range(inv.degrees.world_size))
+    notes = (
+        f"request: {shape.describe()}",
+        f"weights: {inv.dtype} on {inv.device_type} (fp32 where the dtype policy keeps it)",
+        "activations and workspace are estimates (h3serve.offload.activations)",
+    )
+    return PlacementPlan(ranks, resident_layers=k, device_memory=device_memory, headroom=headroom, notes=notes)
+
+
+def main_dit_layers(inv: Inventory) -> int | None:
+    cfg = inv.dits.get(MAIN_DIT)
+    return None if cfg is None else cfg.num_layers
+
+
+def plan_placement(
+    inv: Inventory,
+    config: OffloadConfig,
+    shape: RequestShape,
+    device_memory: int | None = None,
+    headroom: int = 0,
+) -> PlacementPlan:
+    """The plan for one request shape. `resident_layers="auto"`: the largest K (never N-1) whose plan fits
+    `device_memory - headroom` on every rank; `OffloadError` when none does or the device size is unknown."""
+    _check(inv, config, shape.task)
+    layers = main_dit_layers(inv)
+    resident = config.resident_layers
+    rank_local = config.distributed and config.transfer == "rank-local" and MAIN_DIT in config.streamed_components()
+    if resident != "auto":
+        if resident and layers is not None and rank_local:
+            check_resident_layers(resident, layers)
+        return _build(inv, config, shape, resident if rank_local and layers else 0, device_memory, headroom)
+    if not rank_local or layers is None:
+        return _build(inv, config, shape, 0, device_memory, headroom)
+    if device_memory is None:
+        raise OffloadError("--dlo-resident-layers auto needs the device size; give --device-memory (e.g. 32GiB)")
+    candidates = [k for k in range(layers, -1, -1) if layers - k != 1]
+    for k in candidates:
+        plan = _build(inv, config, shape, k, device_memory, headroom)
+        if plan.fits:
+            return plan
+    smallest = _build(inv, config, shape, 0, device_memory, headroom)
+    raise OffloadError(
+        f"--dlo-resident-layers auto: even with 0 resident blocks the plan needs "
+        f"{smallest.peak_device_bytes / 2**30:.1f} GiB + {headroom / 2**30:.1f} GiB headroom on a "
+        f"{device_memory / 2**30:.1f} GiB device; add ranks (--tensor-parallel-size, --usp) or stage more components"
+    )

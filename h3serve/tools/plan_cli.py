@@ -1,0 +1,174 @@
+"""`h3serve plan [MODEL_DIR | --preset released] [engine flags]`: will it fit, before a weight is downloaded.
+
+Reads shapes only (configs; models built on the meta device), so `--preset released` answers for the real
+134 GB checkpoint on a laptop, with no GPU and no torch.distributed. Exit 0 when the plan fits (or no
+--device-memory was given), 1 when it does not fit, 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from h3serve.cli_util import EXIT_USAGE, fail, model_dir
+
+EXIT_DOES_NOT_FIT = 1
+PRESETS = ("released",)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from h3serve.engine.args import add_engine_args
+
+    p = sub.add_parser("plan", help="per rank and stage, the device and host memory a configuration needs")
+    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint folder (configs are read, no weights)")
+    p.add_argument("--preset", help="released: the released H3 architecture, no files needed")
+    p.add_argument("--width", type=int, help="multiple of 32 (default: the checkpoint's 16:9 canvas)")
+    p.add_argument("--height", type=int, help="multiple of 32")
+    p.add_argument("--duration", type=float, help="seconds, 4-15, snapped up to 17n+5 frames (default 5)")
+    p.add_argument("--task", help="t2va | fl2va | ref2va (default: the served task that needs the most memory)")
+    p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length in tokens (default 256)")
+    p.add_argument("--device-memory", help="memory of one device, e.g. 32GiB, 24GB, 80G; gives a fits verdict")
+    p.add_argument("--headroom", default="1GiB", help="kept free above the peak for a 'fits' verdict (default 1GiB)")
+    p.add_argument("--json", action="store_true", help="the plan as JSON")
+    add_engine_args(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def _source(args: argparse.Namespace) -> str | Path:
+    from h3serve.offload.inventory import RELEASED
+
+    if args.preset is not None:
+        if args.preset not in PRESETS:
+            raise ValueError(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
+        if args.model_dir:
+            raise ValueError("give MODEL_DIR or --preset, not both")
+        return RELEASED
+    return model_dir(args.model_dir)
+
+
+def _offload(args: argparse.Namespace):
+    from h3serve.offload.config import OffloadFlags, offload_config_from_flags
+
+    resident = args.dlo_resident_layers
+    return offload_config_from_flags(
+        OffloadFlags(
+            enable_cpu_offload=args.enable_cpu_offload,
+            enable_layerwise_offload=args.enable_layerwise_offload,
+            enable_distributed_layerwise_offload=args.enable_distributed_layerwise_offload,
+            dlo_use_allgather=args.dlo_use_allgather,
+            dlo_resident_layers=None if resident is None else str(resident),
+            diffusion_offload_config=args.diffusion_offload_config,
+        )
+    )
+
+
+def _degrees(args: argparse.Namespace):
+    from h3serve.parallel.degrees import ParallelDegrees
+
+    return ParallelDegrees(
+        tensor_parallel=args.tensor_parallel_size,
+        ulysses=args.ulysses_degree,
+        ring=args.ring_degree,
+        text_encoder_tp=args.text_encoder_tp_size,
+        vae_patch_parallel=args.vae_patch_parallel_size,
+        world_size=args.num_gpus or args.tensor_parallel_size * args.ulysses_degree * args.ring_degree,
+    )
+
+
+def _device(args: argparse.Namespace):
+    """Plans are for the target device, not this machine: auto means CUDA."""
+    import torch
+
+    from h3serve.config import DTYPES, ConfigError
+
+    if args.device == "cpu":
+        kind = "cpu"
+    elif args.device in ("auto", "cuda") or args.device.startswith("cuda:"):
+        kind = "cuda"
+    else:
+        raise ConfigError(f"--device: unknown device {args.device!r}; choose from: auto, cpu, cuda, cuda:N")
+    if args.dtype == "auto":
+        return kind, None
+    if args.dtype not in DTYPES:
+        raise ConfigError(f"--dtype: unknown dtype {args.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
+    return kind, getattr(torch, args.dtype)
+
+
+def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
+    """Request shapes to plan, checked by the request rules (placeholder media stand in for keyframes/references)."""
+    from h3serve.offload.activations import RequestShape
+    from h3serve.request import GenerationRequest, MediaRef
+    from h3serve.validate import validate
+
+    if args.task is not None and args.task not in tasks:
+        raise ValueError(f"--task {args.task}: the loaded DiTs serve {', '.join(tasks)}; choose one of them")
+    shapes = []
+    placeholder = MediaRef(path=Path("placeholder"), name="placeholder", kind="image")
+    for task in [args.task] if args.task else tasks:
+        request = GenerationRequest(
+            prompt="plan",
+            width=args.width,
+            height=args.height,
+            duration_s=args.duration,
+            task=task,
+            image=placeholder if task == "fl2va" else None,
+            last_image=placeholder if task == "fl2va" else None,
+            references=(placeholder,) if task == "ref2va" else (),
+        )
+        plan = validate(request, defaults)
+        shapes.append(RequestShape(plan.width, plan.height, plan.num_frames, task, args.prompt_tokens))
+    return shapes
+
+
+def build_plan(args: argparse.Namespace):
+    """(plan, title) for the parsed flags; raises the usual configuration errors."""
+    from h3serve.checkpoint import read_layout
+    from h3serve.config import EngineConfig
+    from h3serve.engine.args import TASK_TYPES
+    from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
+    from h3serve.offload.startup import parse_bytes, plan_largest, served_tasks
+    from h3serve.parallel.degrees import check_degrees
+    from h3serve.validate import ModelDefaults
+
+    if args.task_type not in TASK_TYPES:
+        raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+    if args.prompt_tokens < 1:
+        raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
+    source = _source(args)
+    dits = EngineConfig(model=Path(source), task_type=TASK_TYPES[args.task_type]).dits
+    offload = _offload(args)
+    degrees = _degrees(args)
+    device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+    headroom = parse_bytes(args.headroom, "--headroom") if device_memory else 0
+    check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
+    device, dtype = _device(args)
+    inv = build_inventory(source, degrees, dits, device, dtype)
+    defaults = ModelDefaults() if source == RELEASED else read_layout(source).defaults()
+    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), device_memory, headroom)
+    layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
+    layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
+    name = "released H3 architecture (no files)" if source == RELEASED else str(source)
+    title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}"
+    return plan, title
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from h3serve.checkpoint import CheckpointError
+    from h3serve.config import ConfigError
+    from h3serve.offload.report import format_plan, plan_json
+    from h3serve.validate import RequestError
+
+    try:
+        plan, title = build_plan(args)
+    except (ConfigError, CheckpointError, RequestError, ValueError) as e:  # OffloadError is a ValueError
+        return fail(str(e), EXIT_USAGE)
+    if args.json:
+        print(json.dumps({"title": title, **plan_json(plan)}, indent=2))
+    else:
+        print(format_plan(plan, title))
+    if plan.fits is False:
+        print(f"error: does not fit by {plan.shortfall_bytes / 2**30:.2f} GiB", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return 0
