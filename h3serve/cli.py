@@ -151,6 +151,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     )
     try:
         output = _run_engine(config, plan)
+    except ConfigError as e:  # the placement plan refused the configuration, before any weight was read
+        return fail(str(e))
     except Exception as e:  # one line, never a traceback: the request was valid, the run failed
         return fail(f"generation failed: {type(e).__name__}: {e}", EXIT_ERROR)
     return _write_outputs(args, output, options)

@@ -223,7 +223,8 @@ def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -
             notices.append(f"notice: {flag}: {why}")
 
 
-def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> OffloadConfig:
+def offload_config(args: argparse.Namespace) -> OffloadConfig:
+    """The OffloadConfig of the offload flags; `ConfigError` with the fix for an illegal combination."""
     from h3serve.config import ConfigError
 
     flags = OffloadFlags(
@@ -235,9 +236,13 @@ def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> Offl
         diffusion_offload_config=args.diffusion_offload_config,
     )
     try:
-        config = offload_config_from_flags(flags)
+        return offload_config_from_flags(flags)
     except OffloadError as e:
         raise ConfigError(str(e)) from None
+
+
+def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> OffloadConfig:
+    config = offload_config(args)
     if config.enabled and on_cpu:
         notices.append(
             "notice: offload on CPU: the compute device is host memory, so weights move by reference "
@@ -246,7 +251,8 @@ def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> Offl
     return config
 
 
-def _device_memory(text: str | None) -> int | None:
+def device_memory(text: str | None) -> int | None:
+    """--device-memory in bytes (None when absent); `ConfigError` for a malformed size."""
     from h3serve.config import ConfigError
 
     try:
@@ -287,7 +293,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         enforce_eager=args.enforce_eager,
         attention_backend=_attention_backend(args, notices),
         offload=offload,
-        device_memory=_device_memory(args.device_memory),
+        device_memory=device_memory(args.device_memory),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

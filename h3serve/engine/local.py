@@ -5,6 +5,7 @@ The executor runs one of these in every rank process; tests and tools may use it
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -17,6 +18,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline, StepCallback
 from h3serve.offload.runtime import OffloadRuntime
+from h3serve.offload.startup import placement_for_engine
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan
@@ -35,6 +37,10 @@ class LocalEngine:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
         if config.threads:
             torch.set_num_threads(config.threads)
+        # The placement plan comes first: a configuration that cannot fit is refused before a weight is read.
+        log = (lambda text: print(text, file=sys.stderr)) if rank == 0 else None
+        config, self.placement = placement_for_engine(self.config, self.device, log)
+        self.config = config
         start = time.perf_counter()
         # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
         self.parallel = RankParallel.build(config.parallel_degrees(), rank) if world_size > 1 else None

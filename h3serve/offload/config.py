@@ -8,6 +8,7 @@ Pure, no torch. Checks that need the model's block count live in `check_resident
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -117,7 +118,10 @@ def _legacy_flags(f: OffloadFlags) -> list[str]:
 
 
 def _from_compact(text: str) -> OffloadConfig:
-    """`{"mode": "module"|"layer", "components": [...], "weight_transfer": ..., "resident_layers": K|"auto"}`."""
+    """`{"mode": "module"|"layer", "components": [...], "weight_transfer": ..., "resident_layers": K|"auto"}`.
+
+    Module mode stages every listed component; layer mode streams the DiT and text encoder block by block and
+    stages the listed VAEs (they have no repeated blocks)."""
     flag = "--diffusion-offload-config"
     try:
         value = json.loads(text)
@@ -137,12 +141,9 @@ def _from_compact(text: str) -> OffloadConfig:
     components = value.get("components", ["dit"])
     if not isinstance(components, list) or not components or not all(isinstance(c, str) for c in components):
         raise OffloadError(f'{flag}: components must be a non-empty list of names, e.g. ["dit", "text_encoder"]')
-    allowed = tuple(USER_COMPONENTS) if mode == "module" else STREAMABLE
-    bad = sorted(set(components) - set(allowed))
+    bad = sorted(set(components) - set(USER_COMPONENTS))
     if bad:
-        raise OffloadError(
-            f"{flag}: {', '.join(bad)} cannot be offloaded in mode {mode!r}; choose from: {', '.join(allowed)}"
-        )
+        raise OffloadError(f"{flag}: unknown components {', '.join(bad)}; choose from: {', '.join(USER_COMPONENTS)}")
     transfer = value.get("weight_transfer", "rank-local")
     if transfer not in TRANSFERS:
         raise OffloadError(f"{flag}: weight_transfer must be one of: {', '.join(TRANSFERS)}; got {transfer!r}")
@@ -156,8 +157,10 @@ def _from_compact(text: str) -> OffloadConfig:
             f"{flag}: the text encoder cannot use weight_transfer allgather (its weights are not replicated "
             'over the sequence-parallel group); use "weight_transfer": "rank-local"'
         )
+    # Layer mode streams the components that have repeated blocks; the others (the VAEs) are staged.
     config = OffloadConfig(
-        streamed=frozenset(components),
+        staged=frozenset(c for c in components if c not in STREAMABLE),
+        streamed=frozenset(c for c in components if c in STREAMABLE),
         distributed=transfer == "allgather" or resident != 0,
         transfer=transfer,
         resident_layers=resident,
@@ -227,19 +230,17 @@ def check_resident_layers(resident: int, num_layers: int) -> None:
         )
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20}
-_UNITS |= {"gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 2**10, "m": 2**20, "g": 2**30}
+_UNITS |= {"t": 2**40, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # a bare G is GiB, as nvidia-smi
 
 
 def parse_bytes(text: str, flag: str = "--device-memory") -> int:
-    """'32GiB', '24 GB', '141e9', '80G' (binary, as nvidia-smi) -> bytes; `OffloadError` naming `flag` otherwise."""
-    s = text.strip().lower().replace(" ", "")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number) :]
-    try:
-        value = float(number) * _UNITS[unit]
-    except (ValueError, KeyError):
-        raise OffloadError(f"{flag}: expected a size such as 32GiB, 24GB or 80G, got {text!r}") from None
-    if not value > 0:
-        raise OffloadError(f"{flag}: must be > 0, got {text!r}")
-    return int(value)
+    """'32GiB', '24 GB', '80G', '1000000' (bytes) -> bytes; `OffloadError` naming `flag` otherwise."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise OffloadError(f"{flag}: expected a size such as 32GiB, 24GB or 80G, got {text!r}")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise OffloadError(f"{flag}: must be positive, got {text!r}")
+    return value

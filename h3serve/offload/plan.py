@@ -22,6 +22,13 @@ from dataclasses import dataclass, field
 STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode")
 COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae")
 GiB = 2**30
+TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs
+MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
+
+
+def stages_for(task: str) -> tuple[str, ...]:
+    """The stages a task runs: vae_encode only for keyframes (fl2va) and references (ref2va)."""
+    return tuple(s for s in STAGES if s != "vae_encode" or task in ("fl2va", "ref2va"))
 
 
 def stage_components(stage: str, task: str) -> frozenset[str]:
@@ -31,7 +38,7 @@ def stage_components(stage: str, task: str) -> frozenset[str]:
     if stage == "vae_encode":  # keyframes / reference images and videos; reference audio only in Ref2VA
         return frozenset({"vae", "audio_vae"} if task == "ref2va" else {"vae"})
     if stage == "denoise":
-        return frozenset({"transformer_ref" if task == "ref2va" else "transformer"})
+        return frozenset({TASK_DIT[task]})
     if stage == "video_decode":
         return frozenset({"vae"})
     if stage == "audio_decode":

@@ -22,26 +22,9 @@ from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.inventory import ComponentBytes, Inventory
-from h3serve.offload.plan import STAGES, PlacementPlan, RankPlan, StagePlan
+from h3serve.offload.plan import MAIN_DIT, TASK_DIT, PlacementPlan, RankPlan, StagePlan, stage_components, stages_for
 
-TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
-MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
 RESIDENT_GROUP = "transformer_blocks"
-
-
-def stages_for(task: str) -> tuple[str, ...]:
-    """The stages a task runs: vae_encode only for keyframes (fl2va) and references (ref2va)."""
-    return tuple(s for s in STAGES if s != "vae_encode" or task in ("fl2va", "ref2va"))
-
-
-def _own_stages(component: str, task: str) -> frozenset[str]:
-    if component == "text_encoder":
-        return frozenset({"text_encode"})
-    if component == "vae":
-        return frozenset({"vae_encode", "video_decode"})
-    if component == "audio_vae":
-        return frozenset({"audio_decode", *(("vae_encode",) if task == "ref2va" else ())})
-    return frozenset({"denoise"}) if component == TASK_DIT[task] else frozenset()
 
 
 def _streamed_blocks(c: ComponentBytes, resident: int) -> list[int]:
@@ -59,7 +42,7 @@ def _resident_for(component: str, config: OffloadConfig, k: int) -> int:
 
 def _placement(c: ComponentBytes, stage: str, task: str, config: OffloadConfig, k: int) -> tuple[int, int]:
     """(resident weight bytes, stream-buffer bytes) of component `c` during `stage`."""
-    own = stage in _own_stages(c.name, task)
+    own = c.name in stage_components(stage, task)
     if c.name in config.streamed_components():
         if not own:
             return c.base_bytes, 0

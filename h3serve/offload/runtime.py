@@ -22,10 +22,8 @@ from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline import H3Components
 from h3serve.offload.config import OffloadConfig
-from h3serve.offload.plan import STAGES, stage_components
+from h3serve.offload.plan import MAIN_DIT, STAGES, RankPlan, stage_components
 from h3serve.offload.units import GatheredUnit, HostUnit
-
-MAIN_DIT = "transformer"  # resident layers apply to the T2VA/FL2VA DiT only (as in vLLM-Omni)
 
 
 @dataclass
@@ -141,6 +139,7 @@ class OffloadRuntime:
                 self._stream(name, module, gather_group)
             else:  # loaded onto the device already
                 self.log.account(name, "resident", tensor_bytes(module))
+        self.host_bytes = {name: n for name, n in self.host_bytes.items() if n}  # a weightless skeleton keeps none
 
     def _stream(self, name: str, module: nn.Module, gather_group: ProcessGroup | None) -> None:
         sequences = streamed_blocks(name, module)
@@ -215,3 +214,25 @@ class OffloadRuntime:
                 for unit in self.prefix:
                     unit.release()
             self.log.enter(None)
+
+
+def placement_mismatches(log: PlacementLog, plan: RankPlan, stages: tuple[str, ...]) -> list[str]:
+    """Where the placement the hooks carried out differs from the plan (empty when it matches).
+
+    Per stage and component: the resident bytes must equal the plan's `weights` exactly; the bytes that streamed
+    through may not exceed its `stream_buffers` (two slots of the largest block: a stage may never fill both, e.g.
+    a text-only prompt never runs the vision tower)."""
+    problems = []
+    for stage in stages:
+        planned = plan.stage(stage)
+        seen = {c for c, _ in log.peaks.get(stage, {})} | set(planned.weights) | set(planned.stream_buffers)
+        for component in sorted(seen):
+            resident = log.peak(stage, component, "resident")
+            if resident != planned.weights.get(component, 0):
+                problems.append(
+                    f"{stage}/{component}: {resident} B resident, planned {planned.weights.get(component, 0)}"
+                )
+            streamed, slots = log.peak(stage, component, "stream"), planned.stream_buffers.get(component, 0)
+            if streamed > slots or (slots and not streamed and stage == "denoise"):
+                problems.append(f"{stage}/{component}: {streamed} B streamed, planned slots {slots}")
+    return problems

@@ -3,7 +3,6 @@ device sizes such as "32GiB"."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from h3serve import geometry, limits
@@ -12,40 +11,12 @@ from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import AUTO, OffloadConfig
 from h3serve.offload.inventory import Inventory, build_inventory
-from h3serve.offload.plan import GiB, PlacementPlan
-from h3serve.offload.planner import MAIN_DIT, TASK_DIT, plan_placement
+from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
+from h3serve.offload.planner import plan_placement
 from h3serve.request import tasks_served
 from h3serve.validate import ModelDefaults
 
 DEFAULT_HEADROOM = GiB  # kept free above the estimate: fragmentation the allocator cannot reuse, late kernels
-UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 10**3,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 10**6,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 10**9,
-    "t": 2**40,
-    "tib": 2**40,
-    "tb": 10**12,
-}
-
-
-def parse_bytes(text: str, flag: str = "--device-memory") -> int:
-    """ "32GiB", "24 GB", "80G" (G = GiB), "1000000" (bytes) -> bytes; `ValueError` naming the flag otherwise."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in UNITS:
-        raise ValueError(f"{flag}: expected a size such as 32GiB, 24GB or 80G, got {text!r}")
-    value = int(float(match.group(1)) * UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"{flag}: must be positive, got {text!r}")
-    return value
 
 
 def default_shape(defaults: ModelDefaults, task: str) -> RequestShape:
@@ -92,3 +63,41 @@ def plan_for_engine(
     inv = build_inventory(config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype())
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     return plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0)
+
+
+def device_memory_of(config: EngineConfig, device) -> int | None:
+    """--device-memory, else the GPU's total memory; None on CPU without the flag (no verdict)."""
+    if config.device_memory is not None:
+        return config.device_memory
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[EngineConfig, PlacementPlan]:
+    """At engine start-up, before a weight is read: the plan (logged through `log`), a `ConfigError` when it cannot
+    fit the device, and the config with `--dlo-resident-layers auto` resolved to the planner's K."""
+    from h3serve.config import ConfigError
+    from h3serve.offload.config import OffloadError
+    from h3serve.offload.report import format_plan
+
+    try:
+        plan = plan_for_engine(config, device_memory_of(config, device))
+    except OffloadError as e:
+        raise ConfigError(str(e)) from None
+    if log is not None:
+        log(format_plan(plan, f"placement plan ({config.offload.describe()})"))
+    if plan.fits is False:
+        worst = max(plan.ranks, key=lambda r: r.peak_device_bytes)
+        raise ConfigError(
+            f"this configuration does not fit the device: rank {worst.rank} needs {worst.peak_device_bytes / GiB:.2f} "
+            f"GiB in {worst.peak_stage} + {plan.headroom / GiB:.2f} GiB headroom on a {plan.device_memory / GiB:.2f} "
+            f"GiB device (short by {plan.shortfall_bytes / GiB:.2f} GiB); offload more (--enable-cpu-offload, "
+            "--enable-layerwise-offload, --dlo-resident-layers auto) or shard over more GPUs (-tp, --usp); "
+            "`h3serve plan` shows where the memory goes"
+        )
+    if config.offload.resident_layers == AUTO:
+        config = replace(config, offload=replace(config.offload, resident_layers=plan.resident_layers))
+    return config, plan

@@ -29,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, help="seconds, 4-15, snapped up to 17n+5 frames (default 5)")
     p.add_argument("--task", help="t2va | fl2va | ref2va (default: the served task that needs the most memory)")
     p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length in tokens (default 256)")
-    p.add_argument("--device-memory", help="memory of one device, e.g. 32GiB, 24GB, 80G; gives a fits verdict")
     p.add_argument("--headroom", default="1GiB", help="kept free above the peak for a 'fits' verdict (default 1GiB)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     add_engine_args(p)
@@ -46,22 +45,6 @@ def _source(args: argparse.Namespace) -> str | Path:
             raise ValueError("give MODEL_DIR or --preset, not both")
         return RELEASED
     return model_dir(args.model_dir)
-
-
-def _offload(args: argparse.Namespace):
-    from h3serve.offload.config import OffloadFlags, offload_config_from_flags
-
-    resident = args.dlo_resident_layers
-    return offload_config_from_flags(
-        OffloadFlags(
-            enable_cpu_offload=args.enable_cpu_offload,
-            enable_layerwise_offload=args.enable_layerwise_offload,
-            enable_distributed_layerwise_offload=args.enable_distributed_layerwise_offload,
-            dlo_use_allgather=args.dlo_use_allgather,
-            dlo_resident_layers=None if resident is None else str(resident),
-            diffusion_offload_config=args.diffusion_offload_config,
-        )
-    )
 
 
 def _degrees(args: argparse.Namespace):
@@ -126,9 +109,10 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint import read_layout
     from h3serve.config import EngineConfig
-    from h3serve.engine.args import TASK_TYPES
+    from h3serve.engine.args import TASK_TYPES, device_memory, offload_config
+    from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
-    from h3serve.offload.startup import parse_bytes, plan_largest, served_tasks
+    from h3serve.offload.startup import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.validate import ModelDefaults
 
@@ -138,15 +122,15 @@ def build_plan(args: argparse.Namespace):
         raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     source = _source(args)
     dits = EngineConfig(model=Path(source), task_type=TASK_TYPES[args.task_type]).dits
-    offload = _offload(args)
+    offload = offload_config(args)
     degrees = _degrees(args)
-    device_memory = parse_bytes(args.device_memory) if args.device_memory else None
-    headroom = parse_bytes(args.headroom, "--headroom") if device_memory else 0
+    memory = device_memory(args.device_memory)
+    headroom = parse_bytes(args.headroom, "--headroom") if memory else 0
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
     device, dtype = _device(args)
     inv = build_inventory(source, degrees, dits, device, dtype)
     defaults = ModelDefaults() if source == RELEASED else read_layout(source).defaults()
-    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), device_memory, headroom)
+    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
     name = "released H3 architecture (no files)" if source == RELEASED else str(source)

@@ -16,13 +16,18 @@ from h3serve.config import ConfigError
 from h3serve.engine.args import add_engine_args, engine_config_from_args
 from h3serve.engine.local import LocalEngine
 from h3serve.media.mp4 import write_mp4
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.plan import stages_for
+from h3serve.offload.runtime import placement_mismatches
+from h3serve.offload.startup import plan_for_engine
 from h3serve.request import GenerationRequest, MediaRef
 
 MODES = {
+    "none": "",
     "cpu": "--enable-cpu-offload",
     "layerwise": "--enable-layerwise-offload",
     "module_compact": """--diffusion-offload-config '{"mode": "module", "components": ["dit", "text_encoder"]}'""",
-    "layer_compact": """--diffusion-offload-config '{"mode": "layer", "components": ["dit", "text_encoder"]}'""",
+    "layer_compact": """--diffusion-offload-config '{"mode": "layer", "components": ["dit", "text_encoder", "vae"]}'""",
     "dlo_resident_1": "--enable-distributed-layerwise-offload --dlo-no-use-allgather --dlo-resident-layers 1",
 }
 
@@ -59,24 +64,37 @@ def baseline(tiny_checkpoint, requests):
     return {task: engine.generate(engine.plan(request)) for task, request in requests.items()}
 
 
+def test_a_placement_that_differs_from_the_plan_is_reported(tiny_checkpoint, requests):
+    engine = engine_for(tiny_checkpoint, MODES["cpu"])
+    plan = engine.plan(requests["t2va"])
+    engine.generate(plan)
+    resident = plan_for_engine(engine.config.__class__(model=tiny_checkpoint), None).ranks[0]  # no offload planned
+    problems = placement_mismatches(engine.offload.log, resident, stages_for("t2va"))
+    assert any(p.startswith("text_encode/transformer: 0 B resident") for p in problems), problems
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_is_byte_identical_and_places_each_stage(tiny_checkpoint, requests, baseline, mode, tmp_path):
     engine = engine_for(tiny_checkpoint, MODES[mode])
     for task, request in requests.items():
-        out = engine.generate(engine.plan(request))
+        plan = engine.plan(request)
+        out = engine.generate(plan)
         ref = baseline[task]
         assert out.video.tobytes() == ref.video.tobytes(), f"{mode} {task}: video differs"
         assert out.audio.tobytes() == ref.audio.tobytes(), f"{mode} {task}: audio differs"
-        check_placement(engine, task)
+        check_placement(engine, task, plan)
         if task == "t2va":
             write_mp4(tmp_path / "offload.mp4", out.video, out.audio)
             write_mp4(tmp_path / "resident.mp4", ref.video, ref.audio)
             assert (tmp_path / "offload.mp4").read_bytes() == (tmp_path / "resident.mp4").read_bytes()
 
 
-def check_placement(engine: LocalEngine, task: str) -> None:
-    """What the hooks did against what the mode says (the planner's comparison is in test_placement_plan)."""
+def check_placement(engine: LocalEngine, task: str, plan) -> None:
+    """What the hooks did, stage by stage, against the placement plan and against what the mode says."""
     runtime, offload = engine.offload, engine.config.offload
+    shape = RequestShape(plan.width, plan.height, plan.num_frames, task)
+    planned = plan_for_engine(engine.config, None, shape).ranks[0]
+    assert placement_mismatches(runtime.log, planned, stages_for(task)) == []
     staged = offload.staged_components()
     stages = ("text_encode", "denoise", "video_decode", "audio_decode") + (("vae_encode",) if task != "t2va" else ())
     assert set(runtime.log.peaks) == set(stages)
@@ -132,8 +150,8 @@ def test_resident_layers_stay_for_the_denoise_stage_only(tiny_checkpoint, reques
          "cannot be combined with legacy offload option.*--enable-layerwise-offload"),
         ("--enable-cpu-offload --enable-layerwise-offload", "alternatives; choose one offload mode"),
         ("--dlo-resident-layers 2", "add --enable-distributed-layerwise-offload"),
-        ("--diffusion-offload-config '{\"mode\": \"layer\", \"components\": [\"vae\"]}'",
-         "vae cannot be offloaded in mode 'layer'; choose from: dit, text_encoder"),
+        ("--diffusion-offload-config '{\"mode\": \"layer\", \"components\": [\"unet\"]}'",
+         "unknown components unet; choose from: dit, text_encoder, vae, audio_vae"),
         ("--diffusion-offload-config '{\"mode\": \"layer\", \"components\": [\"dit\", \"text_encoder\"], "
          "\"weight_transfer\": \"allgather\"}'", "text encoder cannot use weight_transfer allgather"),
         ("--diffusion-offload-config '{\"mode\": \"swap\"}'", "mode must be one of: module, layer"),

@@ -11,11 +11,11 @@ import torch
 from h3serve.checkpoint import load_components, load_transformer, read_layout
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.config import OffloadConfig, OffloadError
+from h3serve.offload.config import OffloadConfig, OffloadError, parse_bytes
 from h3serve.offload.inventory import RELEASED, build_inventory
-from h3serve.offload.plan import GiB
-from h3serve.offload.planner import plan_placement, stages_for
-from h3serve.offload.startup import default_shape, parse_bytes, plan_largest
+from h3serve.offload.plan import GiB, stages_for
+from h3serve.offload.planner import plan_placement
+from h3serve.offload.startup import default_shape, plan_largest
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
 

@@ -8,7 +8,11 @@ from rank_sessions import plan_for
 
 from h3serve.config import EngineConfig
 from h3serve.engine.local import LocalEngine
+from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig
+from h3serve.offload.plan import stages_for
+from h3serve.offload.runtime import placement_mismatches
+from h3serve.offload.startup import plan_for_engine
 
 STAGED = frozenset({"text_encoder", "vae", "audio_vae"})  # what the legacy layerwise flags also stage
 
@@ -23,13 +27,19 @@ def dlo(transfer: str, resident: int = 0) -> OffloadConfig:
 def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: OffloadConfig) -> dict:
     config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
     engine = LocalEngine(config, rank, world)
-    out = engine.generate(plan_for(engine.defaults))
+    plan = plan_for(engine.defaults)
+    out = engine.generate(plan)
     runtime = engine.offload
+    # This rank's placement, stage by stage, against the planner's plan for this request.
+    shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task)
+    planned = plan_for_engine(engine.config, None, shape).ranks[rank]
     return {
         "video": out.video,
         "audio": out.audio,
         "peaks": {stage: dict(peaks) for stage, peaks in runtime.log.peaks.items()},
         "host_bytes": dict(runtime.host_bytes),
+        "planned_host_bytes": dict(planned.host_bytes),
+        "mismatches": placement_mismatches(runtime.log, planned, stages_for(plan.task)),
     }
 
 

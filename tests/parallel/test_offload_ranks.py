@@ -38,6 +38,15 @@ def test_offload_is_byte_identical_on_every_rank(ranks, name):
         assert resident["video"].std() > 0.01  # a real picture, not a vacuous comparison
 
 
+@pytest.mark.parametrize("name", [name for name, _, _ in CASES])
+def test_every_rank_places_every_stage_as_planned(ranks, name):
+    for rank in ranks:
+        assert rank[name]["mismatches"] == [], f"rank {ranks.index(rank)}"
+        assert rank[name]["host_bytes"] == rank[name]["planned_host_bytes"]
+    for key, resident in ranks[0]["resident"].items():
+        assert resident["mismatches"] == [], key
+
+
 def test_all_gather_keeps_half_of_every_streamed_block_per_rank(ranks):
     for rank in ranks:
         gathered, local = rank["dlo_allgather_u2"], rank["dlo_local_u2"]
@@ -70,7 +79,8 @@ def test_staged_encoder_shards_leave_the_device_after_text_encoding(ranks):
         peaks = rank["encoder_staged_te_tp2"]["peaks"]
         assert peaks["text_encode"][("text_encoder", "resident")] > 0
         assert all(peaks[s][("text_encoder", "resident")] == 0 for s in ("denoise", "video_decode", "audio_decode"))
-        assert peaks["denoise"][("transformer", "resident")] > 0 == peaks["text_encode"].get(("transformer", "resident"), 0)
+        dit = ("transformer", "resident")
+        assert peaks["denoise"][dit] > 0 == peaks["text_encode"].get(dit, 0)
         streamed = rank["encoder_streamed_te_tp2"]["peaks"]
         assert streamed["text_encode"][("text_encoder", "stream")] > 0
         assert streamed["denoise"][("text_encoder", "stream")] == 0
