@@ -154,11 +154,6 @@ def materialize(
             raise CheckpointError(f"weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
         want = torch.float32 if _keeps_fp32(name, fp32_modules) or not tensor.is_floating_point() else dtype
         value = tensor.to(device=device, dtype=want if tensor.is_floating_point() else tensor.dtype)
-        if value.data_ptr() == tensor.data_ptr():
-            # Still the memory-mapped file at its 8-byte data offset: CPU kernels pick their path by alignment,
-            # so an unaligned weight can round differently from the same weight copied elsewhere (offload,
-            # all-gathered blocks). Every weight is an owned, allocator-aligned copy.
-            value = value.clone()
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(getattr(module, attr), nn.Parameter):

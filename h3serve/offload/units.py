@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
-_ALIGN_BYTES = 64
+_CPU_ALIGN, _CUDA_ALIGN = 64, 256  # bytes: the CPU allocator's alignment; CUDA kernels' widest vector loads
 Accountant = Callable[[str, str, int], None]  # (component, kind "resident" | "stream", signed bytes)
 
 
@@ -139,16 +139,21 @@ class GatheredUnit(HostUnit):
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         super().__init__(module, component, kind, device, account)
-        # Each tensor starts on a 64-byte boundary of its flat buffer: kernels pick their paths by alignment, and
-        # an unaligned view could change the summation order (the output must stay byte-identical).
+        # Kernels pick their code path by the address alignment of a weight, and a different path can round
+        # differently (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each
+        # tensor sits in the flat buffer at the alignment its resident twin has: on CPU the loaded tensor itself
+        # (a memory-mapped weight keeps its file offset), on CUDA a fresh allocation (256-byte aligned).
+        granule = _CUDA_ALIGN if device.type == "cuda" else _CPU_ALIGN
         self._offsets: list[int] = []
         self._flats: dict[torch.dtype, torch.Tensor] = {}  # dtype -> this rank's host piece
-        ends: dict[torch.dtype, int] = {}
+        ends: dict[torch.dtype, int] = {}  # in bytes
         for _, h in self._slots:
-            align = max(1, _ALIGN_BYTES // h.element_size())
-            start = -(-ends.get(h.dtype, 0) // align) * align
-            self._offsets.append(start)
-            ends[h.dtype] = start + h.numel()
+            want = 0 if device.type == "cuda" else h.data_ptr() % granule
+            end = ends.get(h.dtype, 0)
+            start = end + (want - end) % granule
+            self._offsets.append(start // h.element_size())
+            ends[h.dtype] = start + h.numel() * h.element_size()
+        ends = {dtype: -(-n // dtype.itemsize) for dtype, n in ends.items()}  # in elements
         for dtype, end in ends.items():
             piece = -(-end // self.size)  # ceil: the last piece is zero-padded
             flat = torch.zeros(piece * self.size, dtype=dtype)

@@ -41,8 +41,14 @@ def test_offload_is_byte_identical_on_every_rank(ranks, name):
 @pytest.mark.parametrize("name", [name for name, _, _ in CASES])
 def test_every_rank_places_every_stage_as_planned(ranks, name):
     for rank in ranks:
-        assert rank[name]["mismatches"] == [], f"rank {ranks.index(rank)}"
-        assert rank[name]["host_bytes"] == rank[name]["planned_host_bytes"]
+        got = rank[name]
+        assert got["mismatches"] == [], f"rank {ranks.index(rank)}"
+        if name == "dlo_allgather_u2":  # each tensor of a gathered block keeps its alignment: < 64 B of padding
+            planned, host = got["planned_host_bytes"], got["host_bytes"]
+            assert planned.keys() == host.keys()
+            assert all(0 <= host[c] - planned[c] <= 64 * 12 * (1 + NUM_LAYERS) for c in planned)
+        else:
+            assert got["host_bytes"] == got["planned_host_bytes"]
     for key, resident in ranks[0]["resident"].items():
         assert resident["mismatches"] == [], key
 
@@ -54,8 +60,8 @@ def test_all_gather_keeps_half_of_every_streamed_block_per_rank(ranks):
         stream = gathered["peaks"]["denoise"][("transformer", "stream")]
         assert stream == local["peaks"]["denoise"][("transformer", "stream")] > 0
         whole, piece = local["host_bytes"]["transformer"], gathered["host_bytes"]["transformer"]
-        streamed_units = 1 + NUM_LAYERS  # the refiner block and the DiT blocks
-        assert whole / 2 <= piece <= whole / 2 + streamed_units * 4
+        tensors = 12 * (1 + NUM_LAYERS)  # at most 12 tensors in each of the refiner block and the DiT blocks
+        assert whole / 2 <= piece <= whole / 2 + tensors * 64  # alignment padding: under 64 B a tensor
 
 
 def test_resident_blocks_are_on_the_device_for_denoise_only(ranks):

@@ -44,6 +44,11 @@ def test_one_run_matrix_writes_valid_records(bench):
         assert r["memory"]["peak_rss_sampled_mb"] > 100 and r["memory"]["peak_device_allocated_mb"] is None
         assert r["output"]["frames"] == 124 and len(r["output"]["raw_sha256"]) == 64
         assert r["cpu_s"] > 0 and len(r["host_load_1min"]) == 2 and r["load_s"] > 0
+    # The plan beside the measured peak: h3serve's record carries the planner's prediction for this request.
+    placement = ours["memory"]["placement"]
+    assert placement["ranks"][0]["peak_stage"] in STAGES and placement["peak_device_bytes"] > 0
+    assert ours["memory"]["planned_peak_device_mb"] == placement["peak_device_bytes"] / 2**20
+    assert peer["memory"]["placement"] is None
     # h3serve reproduces the reference: same arrays, bit for bit or within float noise.
     fid = ours["fidelity"]
     assert fid["reference"] == "diffusers run 0"
@@ -60,6 +65,7 @@ def test_summary_and_plots(bench):
     assert all(case["ratios_vs_peer"][k] > 0 for k in ("denoise_per_step_s", "paired_denoise_per_step_s", "cpu_s"))
     text = bench.summary_path.read_text()
     assert "t2va-64x32x124-cpu" in text and "h3serve / peer" in text and "![stages](stages.png)" in text
+    assert "planned peak MB" in text and case["sides"]["h3serve"]["planned_peak_device_mb"] > 0
     assert {p.name for p in bench.plots} == {"stages.png", "step_times.png", "memory.png"}
     for p in bench.plots:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000

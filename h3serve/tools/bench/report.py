@@ -46,6 +46,9 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
         "gemm_peak_flops_per_s": runs[0]["gemm_peak"]["flops_per_s"],
         "peak_rss_mb": max(r["memory"]["peak_rss_sampled_mb"] for r in runs),
         "peak_device_mb": max(device) if device else None,
+        # The memory planner's prediction for the same request (h3serve only; the peer has no plan).
+        "planned_peak_device_mb": max((r["memory"].get("planned_peak_device_mb") or 0.0 for r in runs), default=0.0)
+        or None,
         "distinct_outputs": len({r["output"]["raw_sha256"] for r in runs}),
         "fidelity": {
             "reference": fidelity[0]["reference"],
@@ -143,6 +146,7 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
         "of GEMM peak (GFLOP/s)",
         "peak RSS MB",
         "peak device MB",
+        "planned peak MB",
         "distinct outputs",
     ]
     lines = [
@@ -163,7 +167,8 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             f"{_f(s['denoise_per_step_s'])} ({_f(s['denoise_per_step_best_s'])}) | {_f(s['dit_forward_best_s'])} | "
             f"{stages} | {_f(gflops, '.1f')} | "
             f"{_f(s['fraction_of_gemm_peak'], '.1%')} (peak {s['gemm_peak_flops_per_s'] / 1e9:.0f}) | "
-            f"{s['peak_rss_mb']:.0f} | {_f(s['peak_device_mb'], '.0f')} | {s['distinct_outputs']} |"
+            f"{s['peak_rss_mb']:.0f} | {_f(s['peak_device_mb'], '.0f')} | "
+            f"{_f(s['planned_peak_device_mb'], '.0f')} | {s['distinct_outputs']} |"
         )
     if case["ratios_vs_peer"]:
         r = case["ratios_vs_peer"]

@@ -20,6 +20,9 @@ from h3serve.engine.executor import Executor
 from h3serve.engine.local import LocalEngine
 from h3serve.engine.planning import plan_request
 from h3serve.model.transformer import H3TransformerConfig
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.report import plan_json
+from h3serve.offload.startup import device_memory_of, plan_for_engine
 from h3serve.request import GenerationRequest
 from h3serve.tools.bench.flops import ForwardShape
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs, timed_stages
@@ -34,6 +37,7 @@ class RunOutput:
     audio: np.ndarray  # [2, N] float32
     stage_durations: dict[str, float]
     plan: GenerationPlan
+    placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only
 
 
 class H3Runner:
@@ -45,6 +49,7 @@ class H3Runner:
     name = "h3serve"
 
     def __init__(self, config: EngineConfig, tasks: tuple[str, ...]):
+        self.config = config
         self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
         self.local = LocalEngine(config) if config.world_size == 1 else None
         self.engine: LocalEngine | Executor = self.local or Executor(config)
@@ -52,7 +57,11 @@ class H3Runner:
     def run(self, request: GenerationRequest) -> RunOutput:
         plan = self.local.plan(request) if self.local else plan_request(request, self.engine.defaults)
         out = self.engine.generate(plan)
-        return RunOutput(out.video, out.audio, dict(out.stage_durations), plan)
+        # The plan beside the measured peak: what the planner predicts for exactly this request shape.
+        shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task)
+        config = self.local.config if self.local else self.config  # `auto` resident layers resolved
+        placement = plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
+        return RunOutput(out.video, out.audio, dict(out.stage_durations), plan, placement)
 
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""

@@ -99,6 +99,9 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             else None,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
             "peak_rss_process_mb": _process_lifetime_rss_mb(),
+            # The memory planner's prediction for this request (h3serve side): peak per rank and the stage.
+            "planned_peak_device_mb": out.placement["peak_device_bytes"] / 2**20 if out.placement else None,
+            "placement": out.placement,
         },
         "output": {
             "mp4": spec.mp4_path,
