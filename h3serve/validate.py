@@ -136,7 +136,9 @@ def _check_prompt(prompt: object) -> str:
     if not prompt.strip():
         raise RequestError("prompt", "must not be empty")
     if len(prompt) > limits.MAX_PROMPT_CHARS:
-        raise RequestError("prompt", f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}")
+        raise RequestError(
+            "prompt", f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}"
+        )
     return prompt
 
 
@@ -210,7 +212,9 @@ def parse_aspect_ratio(text: str) -> tuple[float, float]:
 def _check_ratio(field: str, w: float, h: float) -> None:
     ratio = w / h
     if not limits.MIN_ASPECT_RATIO <= ratio <= limits.MAX_ASPECT_RATIO:
-        raise RequestError(field, f"aspect ratio {w:g}:{h:g} ({ratio:.3g}) is outside the supported range 1:4 to 4:1")
+        raise RequestError(
+            field, f"aspect ratio {w:g}:{h:g} ({ratio:.3g}) is outside the supported range 1:4 to 4:1"
+        )
 
 
 def _resolve_size(

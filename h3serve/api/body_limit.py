@@ -26,10 +26,8 @@ class BodySizeLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            err = (
-                _too_large(self.max_bytes)
-                if declared.isdigit()
-                else APIError(400, "Invalid Content-Length header.", "invalid_request")
+            err = _too_large(self.max_bytes) if declared.isdigit() else APIError(
+                400, "Invalid Content-Length header.", "invalid_request"
             )
             await error_response(err.status, err.message, err.code)(scope, receive, send)
             return

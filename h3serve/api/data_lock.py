@@ -18,7 +18,7 @@ class DataDirBusy(RuntimeError):
 
 
 def _holder(fd: int) -> str:
-    """ " (pid N)" from the pid the holder wrote into the lock file; "" if unreadable."""
+    """" (pid N)" from the pid the holder wrote into the lock file; "" if unreadable."""
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     except OSError:

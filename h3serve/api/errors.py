@@ -61,12 +61,10 @@ def not_found(video_id: str) -> APIError:
     return APIError(404, f"Video with id '{video_id}' not found.", "video_not_found", "video_id")
 
 
-def error_response(
-    status: int, message: str, code: str, param: str | None = None, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    body = {
-        "error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}
-    }
+def error_response(status: int, message: str, code: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -32,11 +32,11 @@ def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef
     for m in media:
         if m.kind != "image":
             found = f"a {m.kind} file" if m.kind else "not a recognisable image"
-            raise bad_request(f"{m.source.field}: fl2va takes images only (keyframes); this is {found}", m.source.field)
+            raise bad_request(f"{m.source.field}: fl2va takes images only (keyframes); this is {found}",
+                              m.source.field)
     if len(media) > 2:
-        raise bad_request(
-            f"fl2va takes at most 2 images (first and last keyframe), got {len(media)}", media[2].source.field
-        )
+        raise bad_request(f"fl2va takes at most 2 images (first and last keyframe), got {len(media)}",
+                          media[2].source.field)
     indices = parsed.frame_indices or ((FIRST,) if len(media) == 1 else (FIRST, LAST))
     if len(indices) != len(media) or len(set(indices)) != len(indices) or not set(indices) <= {FIRST, LAST}:
         raise bad_request(
@@ -53,7 +53,8 @@ def build_request(parsed: ParsedFields, media: list[StoredMedia]) -> GenerationR
         image, last_image = _keyframes(parsed, media) if media else (None, None)
         return GenerationRequest(**parsed.values, image=image, last_image=last_image)
     if parsed.frame_indices is not None:
-        raise bad_request("frame_indices: only fl2va keyframe images take frame indices", "extra_params.frame_indices")
+        raise bad_request("frame_indices: only fl2va keyframe images take frame indices",
+                          "extra_params.frame_indices")
     return GenerationRequest(**parsed.values, references=tuple(m.ref for m in media))
 
 

@@ -34,32 +34,12 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "audio_reference": ("audio", "audio_url"),
 }
 SCALAR_FIELDS = (
-    "prompt",
-    "model",
-    "seconds",
-    "size",
-    "width",
-    "height",
-    "num_frames",
-    "fps",
-    "aspect_ratio",
-    "num_inference_steps",
-    "flow_shift",
-    "seed",
-    "user",
-    "num_outputs_per_prompt",
-    "extra_params",
+    "prompt", "model", "seconds", "size", "width", "height", "num_frames", "fps", "aspect_ratio",
+    "num_inference_steps", "flow_shift", "seed", "user", "num_outputs_per_prompt", "extra_params",
 )
 EXTRA_KEYS = (
-    "task",
-    "duration",
-    "duration_seconds",
-    "aspect_ratio",
-    "flow_shift",
-    "audio_flow_shift",
-    "frame_indices",
-    "frame_index",
-    "target",
+    "task", "duration", "duration_seconds", "aspect_ratio", "flow_shift", "audio_flow_shift", "frame_indices",
+    "frame_index", "target",
 )
 TARGET_KEYS = ("duration_seconds", "aspect_ratio", "frame_indices")
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
@@ -107,14 +87,11 @@ def _first(*candidates: tuple[str, Any]) -> tuple[str, Any] | None:
 
 def _extra_params(fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     extra = as_object(fields["extra_params"], "extra_params") if "extra_params" in fields else {}
-    reject_unknown(
-        [f"extra_params.{k}" for k in extra if k not in EXTRA_KEYS], f"extra_params accepts: {', '.join(EXTRA_KEYS)}."
-    )
+    reject_unknown([f"extra_params.{k}" for k in extra if k not in EXTRA_KEYS],
+                   f"extra_params accepts: {', '.join(EXTRA_KEYS)}.")
     target = as_object(extra["target"], "extra_params.target") if "target" in extra else {}
-    reject_unknown(
-        [f"extra_params.target.{k}" for k in target if k not in TARGET_KEYS],
-        f"extra_params.target accepts: {', '.join(TARGET_KEYS)}.",
-    )
+    reject_unknown([f"extra_params.target.{k}" for k in target if k not in TARGET_KEYS],
+                   f"extra_params.target accepts: {', '.join(TARGET_KEYS)}.")
     return extra, target
 
 
@@ -123,9 +100,8 @@ def _check_field_names(body: RequestBody) -> None:
     unsupported = [n for n in names if n in UNSUPPORTED]
     if unsupported:
         reasons = "; ".join(f"{n}: {UNSUPPORTED[n]}" for n in unsupported)
-        raise bad_request(
-            f"Unsupported field{'s' if len(unsupported) > 1 else ''}: {reasons}.", unsupported[0], "unsupported_field"
-        )
+        raise bad_request(f"Unsupported field{'s' if len(unsupported) > 1 else ''}: {reasons}.", unsupported[0],
+                          "unsupported_field")
     reject_unknown([n for n in names if n not in SCALAR_FIELDS and n not in MEDIA_FIELDS])
     uploads_in_text = sorted(set(body.uploads) - set(MEDIA_FIELDS))
     if uploads_in_text:
@@ -187,9 +163,8 @@ def parse_fields(body: RequestBody) -> ParsedFields:
     if "seed" in f:
         values["seed"] = as_int(f["seed"], "seed")
     if "num_outputs_per_prompt" in f and as_int(f["num_outputs_per_prompt"], "num_outputs_per_prompt") != 1:
-        raise bad_request(
-            "num_outputs_per_prompt: one video per request (create several jobs instead)", "num_outputs_per_prompt"
-        )
+        raise bad_request("num_outputs_per_prompt: one video per request (create several jobs instead)",
+                          "num_outputs_per_prompt")
     if "user" in f:
         as_text(f["user"], "user")  # accepted for OpenAI compatibility; not used
 
@@ -236,7 +211,7 @@ def _url_items(value: Any, name: str, url_key: str) -> list[str]:
             urls.append(item.strip())
             continue
         if not isinstance(item, dict):
-            raise bad_request(f'{param}: must be an object like {{"{url_key}": "https://..."}}', param)
+            raise bad_request(f"{param}: must be an object like {{\"{url_key}\": \"https://...\"}}", param)
         if "file_id" in item:
             raise bad_request(f"{param}: file_id is not supported; send a file or an http(s)/data URL", param)
         unknown = sorted(set(item) - {url_key})
@@ -263,11 +238,8 @@ def _media_sources(body: RequestBody) -> tuple[MediaSource, ...]:
         raise bad_request("input_reference: one file only (use input_references for several)", "input_reference")
     _check_combination({s.field.split("[")[0] for s in sources})
     if len(sources) > limits.MAX_MEDIA_FILES:
-        raise bad_request(
-            f"at most {limits.MAX_MEDIA_FILES} media inputs per request, got {len(sources)}",
-            sources[limits.MAX_MEDIA_FILES].field,
-            "too_many_files",
-        )
+        raise bad_request(f"at most {limits.MAX_MEDIA_FILES} media inputs per request, got {len(sources)}",
+                          sources[limits.MAX_MEDIA_FILES].field, "too_many_files")
     return tuple(sources)
 
 
@@ -279,6 +251,5 @@ def _check_combination(fields_used: set[str]) -> None:
             "input_references",
         )
     if "input_reference" in fields_used and fields_used & {"image_reference", "video_reference"}:
-        raise bad_request(
-            "input_reference cannot be combined with image_reference or video_reference", "input_reference"
-        )
+        raise bad_request("input_reference cannot be combined with image_reference or video_reference",
+                          "input_reference")

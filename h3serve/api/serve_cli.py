@@ -40,69 +40,34 @@ def register(sub: argparse._SubParsersAction) -> None:
         return _default(EncoderOptions, name)
 
     p = sub.add_parser("serve", help="serve the OpenAI-compatible /v1/videos API")
-    p.add_argument(
-        "model_dir",
-        nargs="?",
-        metavar="MODEL_DIR",
-        help="checkpoint folder (default: the tiny checkpoint, built on first use)",
-    )
+    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
+                   help="checkpoint folder (default: the tiny checkpoint, built on first use)")
     p.add_argument("--host", default=server("host"), help="address to bind (default %(default)s)")
     p.add_argument("--port", type=int, default=server("port"), help="port to bind (default %(default)s)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("H3SERVE_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $H3SERVE_API_KEY)",
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        help="jobs, inputs and outputs (default: $H3SERVE_DATA_DIR, else ~/.local/share/h3serve); "
-        "one server per data dir",
-    )
+    p.add_argument("--api-key", default=os.environ.get("H3SERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $H3SERVE_API_KEY)")
+    p.add_argument("--data-dir", type=Path,
+                   help="jobs, inputs and outputs (default: $H3SERVE_DATA_DIR, else ~/.local/share/h3serve); "
+                        "one server per data dir")
     p.add_argument("--served-model-name", help="the model id clients see (default: the checkpoint folder name)")
-    p.add_argument(
-        "--max-queue", type=int, default=server("max_queue"), help="queued jobs before 429 (default %(default)s)"
-    )
-    p.add_argument(
-        "--sync-timeout",
-        type=float,
-        default=server("sync_timeout_s"),
-        help="/v1/videos/sync timeout in s (default %(default)g)",
-    )
-    p.add_argument(
-        "--output-ttl",
-        type=float,
-        default=server("output_ttl_s"),
-        help="seconds a finished job's files are kept (default %(default)g; 0 keeps them)",
-    )
-    p.add_argument(
-        "--ttl-sweep-interval",
-        type=float,
-        default=server("sweep_interval_s"),
-        help="seconds between expiry sweeps (default %(default)g)",
-    )
-    p.add_argument(
-        "--poll-after-ms",
-        type=int,
-        default=server("poll_after_ms"),
-        help="openai-poll-after-ms on retrieve (default %(default)s)",
-    )
-    p.add_argument(
-        "--allow-private-media-urls",
-        action="store_true",
-        help="let media URLs reach loopback, private and link-local addresses",
-    )
-    p.add_argument(
-        "--media-fetch-timeout",
-        type=float,
-        default=server("media_fetch_timeout_s"),
-        help="seconds for all media URLs of one request together (default %(default)g)",
-    )
+    p.add_argument("--max-queue", type=int, default=server("max_queue"),
+                   help="queued jobs before 429 (default %(default)s)")
+    p.add_argument("--sync-timeout", type=float, default=server("sync_timeout_s"),
+                   help="/v1/videos/sync timeout in s (default %(default)g)")
+    p.add_argument("--output-ttl", type=float, default=server("output_ttl_s"),
+                   help="seconds a finished job's files are kept (default %(default)g; 0 keeps them)")
+    p.add_argument("--ttl-sweep-interval", type=float, default=server("sweep_interval_s"),
+                   help="seconds between expiry sweeps (default %(default)g)")
+    p.add_argument("--poll-after-ms", type=int, default=server("poll_after_ms"),
+                   help="openai-poll-after-ms on retrieve (default %(default)s)")
+    p.add_argument("--allow-private-media-urls", action="store_true",
+                   help="let media URLs reach loopback, private and link-local addresses")
+    p.add_argument("--media-fetch-timeout", type=float, default=server("media_fetch_timeout_s"),
+                   help="seconds for all media URLs of one request together (default %(default)g)")
     p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
     p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
-    p.add_argument(
-        "--audio-bitrate", type=int, default=encoder("audio_bitrate"), help="AAC bitrate in bit/s (default %(default)s)"
-    )
+    p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
+                   help="AAC bitrate in bit/s (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_serve)
@@ -208,20 +173,10 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             encoder_options=server_config.encoder_options,
         )
         app = create_app(server_config, manager, store)
-        log.info(
-            "serving %r on http://%s:%d (data in %s)",
-            server_config.served_model_name,
-            server_config.host,
-            server_config.port,
-            server_config.data_dir,
-        )
-        uvicorn.run(
-            app,
-            host=server_config.host,
-            port=server_config.port,
-            log_level=logging.root.level,
-            timeout_graceful_shutdown=10,
-        )
+        log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,
+                 server_config.port, server_config.data_dir)
+        uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=logging.root.level,
+                    timeout_graceful_shutdown=10)
     finally:
         shut_down(manager, executor, store)
     return 0
@@ -235,7 +190,8 @@ def shut_down(manager: JobManager | None, executor: Executor, store: SQLiteJobSt
         manager.stop()
     executor.close()
     if manager is not None and not manager.join(RUNNER_JOIN_S):
-        log.warning("the job runner did not stop within %g s; its job may run again on the next start", RUNNER_JOIN_S)
+        log.warning("the job runner did not stop within %g s; its job may run again on the next start",
+                    RUNNER_JOIN_S)
     store.close()
 
 

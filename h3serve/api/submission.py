@@ -52,8 +52,7 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
         parsed = parse_fields(await read_body(request, ctx.config.max_body_bytes))
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
             raise bad_request(
-                f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}",
-                "model",
+                f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}", "model",
                 "model_not_found",
             )
         job_id = new_job_id()
@@ -81,13 +80,8 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
         param = aliases.get(e.field, e.field)
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
     job = Job.planned(
-        job_id,
-        ctx.config.served_model_name,
-        generation_request,
-        plan,
-        _seconds_label(parsed, plan),
-        created_at=int(ctx.manager.clock()),
-        sync=sync,
+        job_id, ctx.config.served_model_name, generation_request, plan, _seconds_label(parsed, plan),
+        created_at=int(ctx.manager.clock()), sync=sync,
     )
     try:
         return await run_in_threadpool(ctx.manager.submit, job, plan)

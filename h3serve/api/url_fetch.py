@@ -93,7 +93,7 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
     """The payload and media type of `data:[<type>][;base64],<data>`."""
-    header, comma, payload = url[len("data:") :].partition(",")
+    header, comma, payload = url[len("data:"):].partition(",")
     if not comma:
         raise MediaFetchError("not a valid data URL (no comma)")
     media_type = header.split(";")[0].strip() or "text/plain"
@@ -166,7 +166,9 @@ class MediaFetcher:
             ip = ipaddress.ip_address(address.split("%")[0])
             reason = None if self.allow_private else self.policy(ip)
             if reason:
-                raise MediaFetchError(f"the host {url.host!r} resolves to {reason}, which media URLs may not reach")
+                raise MediaFetchError(
+                    f"the host {url.host!r} resolves to {reason}, which media URLs may not reach"
+                )
         return addresses[0].split("%")[0]
 
     async def _fetch_http(self, url: str, dest: Path, max_bytes: int) -> str | None:

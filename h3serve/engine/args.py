@@ -165,7 +165,7 @@ def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
     return name
 
 
-def _recipe_checks(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> None:
+def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
     """Refuse what cannot work; give a one-line notice for what is applied differently or has no effect."""
     from h3serve.config import ConfigError
 
@@ -273,7 +273,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     notices: list[str] = []
     draft = EngineConfig(model=Path(model if model is not None else args.model), device=args.device)
     on_cpu = draft.resolved_device().type == "cpu"
-    _recipe_checks(args, on_cpu, notices)
+    _recipe_checks(args, notices)
     timeout = args.init_timeout or args.stage_init_timeout
     offload = _offload(args, on_cpu, notices)
     config = EngineConfig(

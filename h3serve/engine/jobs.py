@@ -86,27 +86,11 @@ class Job:
     seq: int = 0
 
     @classmethod
-    def planned(
-        cls,
-        job_id: str,
-        model: str,
-        request: GenerationRequest,
-        plan: GenerationPlan,
-        seconds: str,
-        created_at: int,
-        sync: bool = False,
-    ) -> Job:
+    def planned(cls, job_id: str, model: str, request: GenerationRequest, plan: GenerationPlan, seconds: str,
+                created_at: int, sync: bool = False) -> Job:
         return cls(
-            id=job_id,
-            model=model,
-            request=request,
-            created_at=created_at,
-            size=f"{plan.width}x{plan.height}",
-            seconds=seconds,
-            num_frames=plan.num_frames,
-            fps=limits.FPS,
-            duration_s=plan.duration_s,
-            sync=sync,
+            id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
+            seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
         )
 
 
@@ -129,13 +113,9 @@ class ExecutorLike(Protocol):
     defaults: ModelDefaults
     tasks: tuple[str, ...]  # what the loaded DiTs serve
 
-    def generate(
-        self,
-        plan: GenerationPlan,
-        on_progress: Callable[[int, int], None] | None = None,
-        on_start: Callable[[int], None] | None = None,
-        timeout_s: float | None = None,
-    ) -> GenerationOutput: ...
+    def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
+                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
+                 ) -> GenerationOutput: ...
     def cancel(self, seq: int) -> None: ...
     def alive(self) -> bool: ...
 
@@ -359,12 +339,8 @@ class JobManager:
             write_artifacts(self.files.job_dir(job_id), output, self.encoder_options)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
-            self._finish(
-                active,
-                status="failed",
-                error=JobError("output_failed", "writing the video file failed"),
-                inference_time_s=time.monotonic() - active.started,
-            )
+            self._finish(active, status="failed", error=JobError("output_failed", "writing the video file failed"),
+                         inference_time_s=time.monotonic() - active.started)
             return
         now = time.monotonic()
         self._run_seconds.append(now - active.started)
@@ -472,3 +448,4 @@ class JobManager:
                 self.sweep_expired()
             except Exception:
                 log.exception("TTL sweep failed")
+

@@ -57,9 +57,7 @@ _VIDEO_CODECS = {"h264": "H.264", "hevc": "H.265"}
 _SOUNDTRACK_CODECS = {"aac": "AAC", "mp3": "MP3"}
 # Per-file byte limit by kind (the server applies it while storing uploads and downloads, too).
 MAX_BYTES: dict[Kind, int] = {
-    "image": limits.MAX_IMAGE_BYTES,
-    "video": limits.MAX_VIDEO_BYTES,
-    "audio": limits.MAX_AUDIO_BYTES,
+    "image": limits.MAX_IMAGE_BYTES, "video": limits.MAX_VIDEO_BYTES, "audio": limits.MAX_AUDIO_BYTES
 }
 
 ACCEPTED = {
@@ -458,7 +456,9 @@ def load_video(ref: MediaRef, field: str = "video", keep_frames: bool = True) ->
         ) from None
 
 
-def _decode_video(container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool) -> VideoMedia:
+def _decode_video(
+    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool
+) -> VideoMedia:
     if not container.streams.video:
         raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
     video = container.streams.video[0]

@@ -92,9 +92,8 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape[0] == 0:
         return math.nan
     scores = [
-        structural_similarity(
-            x, y, channel_axis=-1, data_range=1.0, gaussian_weights=True, sigma=1.5, use_sample_covariance=False
-        )
+        structural_similarity(x, y, channel_axis=-1, data_range=1.0, gaussian_weights=True, sigma=1.5,
+                              use_sample_covariance=False)
         for x, y in zip(a, b, strict=True)
     ]
     return float(np.mean(scores))

@@ -61,7 +61,8 @@ def test_each_rank_reads_exactly_its_slices(tmp_path, full_dit, layout):
         assert isinstance(shard.transformer_blocks[0].attn.to_out[0], RowParallelLinear)
         assert isinstance(shard.transformer_blocks[1].adaln_proj.linear, GatheredColumnLinear)
         assert shard.token_refiner.refiner_blocks[0].attn.to_q.out_features == 64  # 2 of 4 heads
-    assert len(sharded_names) == 2 * 8 + 6  # per block 7 projections + the AdaLN bias; per refiner block 6
+    # per block 7 projections + the AdaLN bias; per refiner block 6
+    assert len(sharded_names) == PARALLEL_DIT["num_layers"] * 8 + PARALLEL_DIT["num_refiner_layers"] * 6
 
 
 def test_unknown_style_and_unmatched_plan_are_errors(full_dit):

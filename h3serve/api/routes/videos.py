@@ -114,9 +114,8 @@ def list_videos(
     )
 
 
-@router.get(
-    "/videos/{video_id}", response_model=Video, summary="Retrieve a video job", responses=error_responses(401, 404)
-)
+@router.get("/videos/{video_id}", response_model=Video, summary="Retrieve a video job",
+            responses=error_responses(401, 404))
 def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
     job = _job(ctx, video_id)
     return JSONResponse(
@@ -128,22 +127,16 @@ def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
 @router.get(
     "/videos/{video_id}/content",
     summary="Download the MP4, its thumbnail (WebP) or its spritesheet (JPEG)",
-    responses={
-        200: {"content": {v.media_type: {} for v in VARIANTS.values()}},
-        **error_responses(400, 401, 404, 409, 422),
-    },
+    responses={200: {"content": {v.media_type: {} for v in VARIANTS.values()}},
+               **error_responses(400, 401, 404, 409, 422)},
 )
 def download_video(
     video_id: str, ctx: Context, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
 ) -> FileResponse:
     job = _job(ctx, video_id)
     if job.status in UNFINISHED:
-        raise APIError(
-            409,
-            f"The video is not ready yet (status {job.status}, {job.progress}%).",
-            "video_not_ready",
-            headers={"x-should-retry": "false"},
-        )
+        raise APIError(409, f"The video is not ready yet (status {job.status}, {job.progress}%).",
+                       "video_not_ready", headers={"x-should-retry": "false"})
     if job.status == "failed":
         raise APIError(422, "Video generation failed; retrieve the job for the error.", "video_failed")
     if job.expired:
@@ -155,12 +148,8 @@ def download_video(
     return FileResponse(path, media_type=spec.media_type, filename=f"{job.id}.{spec.extension}")
 
 
-@router.delete(
-    "/videos/{video_id}",
-    response_model=VideoDeleted,
-    summary="Delete a job (cancels it if unfinished)",
-    responses=error_responses(401, 404),
-)
+@router.delete("/videos/{video_id}", response_model=VideoDeleted, summary="Delete a job (cancels it if unfinished)",
+               responses=error_responses(401, 404))
 def delete_video(video_id: str, ctx: Context) -> VideoDeleted:
     if not ctx.manager.delete(video_id):
         raise not_found(video_id)

@@ -23,10 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shape", action="append", dest="shapes", metavar="WxHxFRAMES", help="e.g. 448x256x124 (repeatable)"
     )
     p.add_argument(
-        "--engine",
-        action="append",
-        dest="engines",
-        metavar="K=V,...",
+        "--engine", action="append", dest="engines", metavar="K=V,...",
         help="an engine config of EngineConfig options, e.g. name=fp32,threads=2,dtype=float32 (repeatable)",
     )
     p.add_argument("--steps", type=int, help="num_inference_steps (default 4)")
@@ -78,35 +75,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from h3serve.tools.bench.worker import BenchError
     from h3serve.validate import RequestError
 
-    overrides = {
-        k: getattr(args, k)
-        for k in (
-            "model",
-            "preset",
-            "tasks",
-            "shapes",
-            "engines",
-            "steps",
-            "seed",
-            "prompt",
-            "warmup",
-            "runs",
-            "peer",
-            "profile",
-            "reference",
-            "gemm_seconds",
-        )
-    }
+    overrides = {k: getattr(args, k) for k in (
+        "model", "preset", "tasks", "shapes", "engines", "steps", "seed", "prompt", "warmup", "runs", "peer",
+        "profile", "reference", "gemm_seconds",
+    )}
     try:
         matrix = load_matrix(args.matrix, overrides)
         out = Path(args.out) if args.out else _default_out()
-        result = run_bench(
-            matrix,
-            out,
-            command=command_line(args),
-            keep_raw=args.keep_raw,
-            log=lambda line: print(line, file=sys.stderr),
-        )
+        result = run_bench(matrix, out, command=command_line(args), keep_raw=args.keep_raw,
+                           log=lambda line: print(line, file=sys.stderr))
     except (MatrixError, ConfigError, RequestError, MediaError, CheckpointError, BenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -30,7 +30,11 @@ class MatrixError(ValueError):
 
 def engine_option_defaults() -> dict[str, Any]:
     """EngineConfig's options with their defaults (the names a matrix may set)."""
-    return {f.name: f.default for f in fields(EngineConfig) if f.name != "model" and f.default is not MISSING}
+    return {
+        f.name: f.default
+        for f in fields(EngineConfig)
+        if f.name != "model" and f.default is not MISSING
+    }
 
 
 @dataclass(frozen=True)

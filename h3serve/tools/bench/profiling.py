@@ -15,20 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 CATEGORIES = ("attention", "gemm", "communication", "other")
 _ATTENTION = ("attention", "sdpa", "flash", "softmax")
-_GEMM = (
-    "aten::mm",
-    "aten::addmm",
-    "aten::bmm",
-    "aten::baddbmm",
-    "aten::matmul",
-    "aten::linear",
-    "aten::_mm",
-    "mkldnn_linear",
-    "mkl_linear",
-    "gemm",
-    "cublas",
-    "cutlass",
-)
+_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::_mm",
+         "mkldnn_linear", "mkl_linear", "gemm", "cublas", "cutlass")
 _COMMUNICATION = ("c10d::", "nccl", "gloo:", "record_param_comms")  # collectives, their kernels and wrappers
 
 

@@ -55,9 +55,7 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
             **{k: _median([f[k] for f in fidelity]) for k in FIDELITY},
             "video_max_abs_diff": max(f["video_max_abs_diff"] for f in fidelity),
             "audio_max_abs_diff": max(f["audio_max_abs_diff"] for f in fidelity),
-        }
-        if fidelity
-        else None,
+        } if fidelity else None,
         "profile": profile,
     }
 
@@ -90,17 +88,8 @@ def summarize(records: list[dict[str, Any]], matrix: BenchMatrix) -> dict[str, A
         ratios = None
         if matrix.peer and matrix.peer in sides:
             a, b = sides[SIDE], sides[matrix.peer]
-            keys = (
-                "denoise_per_step_s",
-                "denoise_per_step_best_s",
-                "dit_forward_best_s",
-                "e2e_client_s",
-                "e2e_client_best_s",
-                "e2e_engine_s",
-                "cpu_s",
-                "peak_rss_mb",
-                "peak_device_mb",
-            )
+            keys = ("denoise_per_step_s", "denoise_per_step_best_s", "dit_forward_best_s", "e2e_client_s",
+                    "e2e_client_best_s", "e2e_engine_s", "cpu_s", "peak_rss_mb", "peak_device_mb")
             ratios = {k: _ratio(a[k], b[k]) for k in keys}
             ratios.update(_paired_ratios(records, case, matrix.peer))
         request = next(r["request"] for r in records if r["case"] == case)
@@ -133,22 +122,10 @@ def _environment_line(env: dict[str, Any]) -> str:
 
 def _case_markdown(case: dict[str, Any]) -> list[str]:
     req = case["request"]
-    header = [
-        "side",
-        "runs",
-        "E2E client s (best)",
-        "E2E engine s",
-        "CPU s",
-        "denoise/step s (best)",
-        "best DiT forward s",
-        *(f"{s} s" for s in STAGES),
-        "DiT GFLOP/s",
-        "of GEMM peak (GFLOP/s)",
-        "peak RSS MB",
-        "peak device MB",
-        "planned peak MB",
-        "distinct outputs",
-    ]
+    header = ["side", "runs", "E2E client s (best)", "E2E engine s", "CPU s", "denoise/step s (best)",
+              "best DiT forward s",
+              *(f"{s} s" for s in STAGES), "DiT GFLOP/s", "of GEMM peak (GFLOP/s)", "peak RSS MB", "peak device MB",
+              "planned peak MB", "distinct outputs"]
     lines = [
         f"### {case['case']}",
         "",
@@ -202,10 +179,8 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
                 "| op | category | calls | self s | share |",
                 "|---|---|---|---|---|",
             ]
-            lines += [
-                f"| `{o['name']}` | {o['category']} | {o['calls']} | {o['self_s']:.3f} | {o['share']:.1%} |"
-                for o in prof["top_ops"]
-            ]
+            lines += [f"| `{o['name']}` | {o['category']} | {o['calls']} | {o['self_s']:.3f} | {o['share']:.1%} |"
+                      for o in prof["top_ops"]]
     return lines + [""]
 
 
@@ -219,8 +194,7 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
         f"Environment: {_environment_line(summary['environment'])}" if summary["environment"] else "",
         "",
         f"{m['runs']} measured runs after {m['warmup']} warm-up per side; medians over measured runs"
-        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "")
-        + f"; fidelity reference: {m['reference']}.",
+        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "") + f"; fidelity reference: {m['reference']}.",
         "",
     ]
     for case in summary["cases"]:

@@ -63,13 +63,8 @@ def _synthetic_image(path: Path, width: int, height: int, phase: float) -> Media
 def build_request(matrix: BenchMatrix, case: Case, inputs_dir: Path) -> GenerationRequest:
     s = case.shape
     request = GenerationRequest(
-        prompt=matrix.prompt,
-        width=s.width,
-        height=s.height,
-        num_frames=s.num_frames,
-        steps=matrix.steps,
-        seed=matrix.seed,
-        task=case.task,
+        prompt=matrix.prompt, width=s.width, height=s.height, num_frames=s.num_frames, steps=matrix.steps,
+        seed=matrix.seed, task=case.task,
     )
     if case.task == "fl2va":
         first = _synthetic_image(inputs_dir / f"first-{s.label}.png", s.width, s.height, 0.0)
@@ -164,10 +159,7 @@ class _Bench:
                 for side in sides if i % 2 == 0 else sides[::-1]:
                     stem = f"{case.id}/{side}-{phase}{i}"
                     spec = RunSpec(
-                        case_id=case.id,
-                        request=request,
-                        phase=phase,
-                        index=i,
+                        case_id=case.id, request=request, phase=phase, index=i,
                         mp4_path=str(self.out / "outputs" / f"{stem}.mp4"),
                         raw_path=str(self.out / "raw" / f"{stem}.npz") if phase == "measured" else None,
                         trace_path=str(self.out / "profiles" / f"{stem}.json") if phase == "profile" else None,
@@ -199,11 +191,8 @@ class _Bench:
             "index": i,
             "environment": worker.info["environment"],
             "load_s": worker.info["load_s"],  # the side's start-up (imports excluded), once per engine config
-            "config": {
-                "engine": case.engine.name,
-                **self._config_fields(case.engine),
-                "preset": None if self.m.model else self.m.preset,
-            },
+            "config": {"engine": case.engine.name, **self._config_fields(case.engine),
+                       "preset": None if self.m.model else self.m.preset},
             **record,
             "raw_path": spec.raw_path,
             "fidelity": None,
@@ -211,7 +200,7 @@ class _Bench:
 
     def _config_fields(self, engine: EngineSpec) -> dict[str, Any]:
         """Every EngineConfig field the side ran with (defaults included), JSON-ready."""
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self.engine_config(engine)).items()}
+        return _jsonable(asdict(self.engine_config(engine)))
 
     def _add_fidelity(self, case: Case, records: list[dict[str, Any]]) -> None:
         from h3serve.tools.compare import load_clip
@@ -241,10 +230,7 @@ class _Bench:
 
 
 def run_bench(
-    matrix: BenchMatrix,
-    out_dir: str | Path,
-    command: str = "",
-    keep_raw: bool = False,
+    matrix: BenchMatrix, out_dir: str | Path, command: str = "", keep_raw: bool = False,
     log: Callable[[str], None] = print,
 ) -> BenchResult:
     """Run the whole matrix into `out_dir`; returns the records, the summary and the plot paths."""
@@ -263,3 +249,14 @@ def run_bench(
     summary_path = out / "summary.md"
     summary_path.write_text(render_markdown(summary, plots, command), encoding="utf-8")
     return BenchResult(out, bench.records, summary, summary_path, plots)
+
+
+def _jsonable(value: Any) -> Any:
+    """Paths as strings and sets (the offload components) as sorted lists, recursively."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    return value

@@ -73,13 +73,8 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     plan = out.plan
     record = {
         "request": {
-            "task": plan.task,
-            "width": plan.width,
-            "height": plan.height,
-            "num_frames": plan.num_frames,
-            "steps": plan.steps,
-            "seed": plan.seed,
-            "prompt": plan.prompt,
+            "task": plan.task, "width": plan.width, "height": plan.height, "num_frames": plan.num_frames,
+            "steps": plan.steps, "seed": plan.seed, "prompt": plan.prompt,
         },
         "e2e_engine_s": engine_s,
         "cpu_s": cpu_s,  # CPU seconds this side's processes spent on the run (engine + mux)
@@ -90,13 +85,10 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             "flops": counter.flops,
             "forward_s": counter.forward_s,
             "forward_shapes": [asdict(s) | {"seq_len": s.seq_len} for s in sorted(counter.shapes, key=str)],
-        }
-        if runner.dits()
-        else None,
+        } if runner.dits() else None,
         "memory": {
             "peak_device_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20
-            if device.type == "cuda"
-            else None,
+            if device.type == "cuda" else None,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
             "peak_rss_process_mb": _process_lifetime_rss_mb(),
             # The memory planner's prediction for this request (h3serve side): peak per rank and the stage.
