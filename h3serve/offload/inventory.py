@@ -27,13 +27,12 @@ from torch import nn
 from h3serve import limits
 from h3serve.checkpoint import CheckpointError, read_layout
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.offload.plan import DIT_GROUPS, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
 from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
 
 RELEASED = "released"
-DIT_GROUPS = ("token_refiner.refiner_blocks", "transformer_blocks")
-TEXT_GROUPS = ("language_model.layers", "visual.blocks")
 AUDIO_LATENT_CHANNELS = 32
 
 # Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.

@@ -24,6 +24,12 @@ COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_va
 GiB = 2**30
 TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs
 MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
+# The repeated blocks that stream, per component, as ModuleList paths in execution order (the vision tower runs
+# before the language layers, and only for images and videos); the planner counts and the hooks move these.
+DIT_GROUPS = ("token_refiner.refiner_blocks", "transformer_blocks")
+TEXT_GROUPS = ("visual.blocks", "language_model.layers")
+BLOCK_GROUPS = {"transformer": DIT_GROUPS, "transformer_ref": DIT_GROUPS, "text_encoder": TEXT_GROUPS}
+RESIDENT_GROUP = "transformer_blocks"  # the group whose first K blocks may stay resident (main DiT only)
 
 
 def stages_for(task: str) -> tuple[str, ...]:

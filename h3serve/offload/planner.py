@@ -22,9 +22,16 @@ from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.inventory import ComponentBytes, Inventory
-from h3serve.offload.plan import MAIN_DIT, TASK_DIT, PlacementPlan, RankPlan, StagePlan, stage_components, stages_for
-
-RESIDENT_GROUP = "transformer_blocks"
+from h3serve.offload.plan import (
+    MAIN_DIT,
+    RESIDENT_GROUP,
+    TASK_DIT,
+    PlacementPlan,
+    RankPlan,
+    StagePlan,
+    stage_components,
+    stages_for,
+)
 
 
 def _streamed_blocks(c: ComponentBytes, resident: int) -> list[int]:

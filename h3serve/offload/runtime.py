@@ -22,7 +22,7 @@ from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline import H3Components
 from h3serve.offload.config import OffloadConfig
-from h3serve.offload.plan import MAIN_DIT, STAGES, RankPlan, stage_components
+from h3serve.offload.plan import BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
 from h3serve.offload.units import GatheredUnit, HostUnit
 
 
@@ -66,13 +66,11 @@ def _component_modules(components: H3Components) -> dict[str, nn.Module]:
     return {name: m for name, m in modules.items() if m is not None}
 
 
-def streamed_blocks(component: str, module: nn.Module) -> list[list[nn.Module]]:
-    """The block sequences a streamed component runs, in execution order (each list streams on its own)."""
-    if component in ("transformer", "transformer_ref"):
-        return [list(module.token_refiner.refiner_blocks), list(module.transformer_blocks)]
-    if component == "text_encoder":  # the vision tower runs first (images/videos only), then the language layers
-        return [list(module.visual.blocks), list(module.language_model.layers)]
-    raise ValueError(f"{component} has no repeated blocks to stream")
+def streamed_blocks(component: str, module: nn.Module) -> dict[str, list[nn.Module]]:
+    """The block groups of a streamed component (`plan.BLOCK_GROUPS`), in execution order."""
+    if component not in BLOCK_GROUPS:
+        raise ValueError(f"{component} has no repeated blocks to stream")
+    return {path: list(module.get_submodule(path)) for path in BLOCK_GROUPS[component]}
 
 
 def tensor_bytes(module: nn.Module) -> int:
@@ -123,6 +121,7 @@ class OffloadRuntime:
         gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
     ):
         self.config, self.device = config, device
+        self.task: str | None = None  # set by `request`
         self.log = PlacementLog()
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         modules = _component_modules(components)
@@ -134,7 +133,7 @@ class OffloadRuntime:
         for name, module in modules.items():
             if name in staged:
                 self.staged[name] = HostUnit(module, name, "resident", device, self.log.account)
-                self.host_bytes[name] = self.staged[name].nbytes
+                self.host_bytes[name] = self.staged[name].host_bytes
             elif name in streamed:
                 self._stream(name, module, gather_group)
             else:  # loaded onto the device already
@@ -142,32 +141,29 @@ class OffloadRuntime:
         self.host_bytes = {name: n for name, n in self.host_bytes.items() if n}  # a weightless skeleton keeps none
 
     def _stream(self, name: str, module: nn.Module, gather_group: ProcessGroup | None) -> None:
-        sequences = streamed_blocks(name, module)
+        groups = streamed_blocks(name, module)
         resident = self.config.resident_layers if name == MAIN_DIT else 0
         assert isinstance(resident, int), "resident_layers 'auto' is resolved by the planner before the runtime"
-        every_block = tuple(b for seq in sequences for b in seq)
+        every_block = tuple(b for blocks in groups.values() for b in blocks)
         rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block)
         rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
-        self.host_bytes[name] = 0
         gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
+        units_of_component: list[HostUnit] = []
         self.streams[name] = []
-        for index, blocks in enumerate(sequences):
-            is_dit_blocks = name != "text_encoder" and index == 1
-            keep = resident if is_dit_blocks else 0
-            for block in blocks[:keep]:
-                self.prefix.append(HostUnit(block, name, "resident", self.device, self.log.account))
-                self.host_bytes[name] += self.prefix[-1].nbytes
+        for group, blocks in groups.items():
+            keep = resident if group == RESIDENT_GROUP else 0
+            prefix = [HostUnit(b, name, "resident", self.device, self.log.account) for b in blocks[:keep]]
+            self.prefix += prefix
             moving = blocks[keep:]
-            if not moving:
-                continue
             if gathered:
                 units = [GatheredUnit(b, name, "stream", self.device, self.log.account, gather_group) for b in moving]
-                self.host_bytes[name] += sum(u.host_bytes for u in units)
             else:
                 units = [HostUnit(b, name, "stream", self.device, self.log.account) for b in moving]
-                self.host_bytes[name] += sum(u.nbytes for u in units)
-            # DiT blocks run once per step: the last one prefetches the first streamed block of the next step.
-            self.streams[name].append(_BlockStream(moving, units, self.copy_stream, 0 if is_dit_blocks else None))
+            units_of_component += prefix + units
+            if units:  # DiT blocks run once per step: the last prefetches the first streamed one of the next step
+                cycle_to = 0 if group == RESIDENT_GROUP else None
+                self.streams[name].append(_BlockStream(moving, units, self.copy_stream, cycle_to))
+        self.host_bytes[name] = sum(u.host_bytes for u in units_of_component)
 
     # -- the pipeline's stage hooks --------------------------------------------------------------------------
 

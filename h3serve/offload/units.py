@@ -74,7 +74,8 @@ class HostUnit:
         for slot, value in _slots(module, skip):
             host = value.to("cpu")
             self._slots.append((slot, host.pin_memory() if pin else host))
-        self.nbytes = sum(t.numel() * t.element_size() for _, t in self._slots)
+        self.nbytes = sum(t.numel() * t.element_size() for _, t in self._slots)  # on the device when loaded
+        self.host_bytes = self.nbytes  # kept in host memory
         self.loaded = False
         self._ready: torch.cuda.Event | None = None
         self._release_tensors()
