@@ -1,0 +1,256 @@
+"""The web playground in a real browser (headless Debian Chromium) against `h3serve serve` on the tiny checkpoint.
+
+Every job is short (4 s, 2 steps, 128x64): the point is the page, not the model.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+
+import httpx
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from browser_pages import API_KEY, close_page, open_page
+from media_files import png, wav
+from playwright.sync_api import Page, expect
+
+pytestmark = pytest.mark.slow
+
+JOB_TIMEOUT_MS = 180_000
+FAST = {"#seconds": "4", "#steps": "2", "#seed": "7"}
+FRAMES_4S = 107  # 4 s at 24 fps snapped up to 17n + 5
+
+
+def fill(page: Page, prompt: str, values: dict[str, str] = FAST) -> None:
+    page.get_by_label("Prompt").fill(prompt)
+    for selector, value in values.items():
+        page.fill(selector, value)
+
+
+def generate_and_wait(page: Page) -> None:
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
+    expect(page.locator("#job-progress")).to_have_js_property("value", 100)
+    expect(page.locator("#result")).to_be_visible()
+    page.wait_for_function("document.getElementById('player').readyState >= 1")
+
+
+def job_id(page: Page) -> str:
+    return page.locator("#params dd").first.text_content()
+
+
+def download(live, video_id: str) -> bytes:
+    response = httpx.get(f"{live.url}/v1/videos/{video_id}/content", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def run_snippet(command: list[str], cwd) -> None:
+    env = {**os.environ, "H3SERVE_API_KEY": API_KEY}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def copied(page: Page, button: str) -> str:
+    page.get_by_role("button", name=button).click()
+    expect(page.locator("#copy-status")).to_contain_text("copied")
+    return page.evaluate("navigator.clipboard.readText()")
+
+
+def drop_file(page: Page, selector: str, name: str, data: bytes, mime: str) -> None:
+    """A file dragged from the desktop onto `selector`: dragover, then drop, with a real DataTransfer."""
+    transfer = page.evaluate_handle(
+        """([b64, name, mime]) => {
+            const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name, { type: mime }));
+            return transfer;
+        }""",
+        [base64.b64encode(data).decode(), name, mime],
+    )
+    page.dispatch_event(selector, "dragover", {"dataTransfer": transfer})
+    page.dispatch_event(selector, "drop", {"dataTransfer": transfer})
+
+
+def assert_no_critical_violations(page: Page) -> None:
+    results = Axe().run(page)
+    critical = [v for v in results.response["violations"] if v["impact"] == "critical"]
+    assert not critical, results.generate_report()
+
+
+def test_t2va_reaches_100_percent_and_the_copied_curl_line_reproduces_the_mp4(page, live, screenshots, tmp_path):
+    fill(page, "A red fox trots through fresh snow at dawn")
+    expect(page.locator("#seconds-info")).to_have_text(f"4 s → {FRAMES_4S} frames, 4.46 s")
+    expect(page.locator("#canvas-info")).to_have_text("128×64 px (default 16:9)")  # the tiny checkpoint's canvas
+    expect(page.locator("#prompt-count")).to_have_text("42 / 7,000 characters")
+    generate_and_wait(page)
+    duration = page.evaluate("document.getElementById('player').duration")
+    assert duration == pytest.approx(FRAMES_4S / 24, abs=0.02)
+    audio_bytes = page.evaluate("""async () => {
+        const player = document.getElementById("player");
+        player.muted = true;  // headless autoplay rules; the track is decoded all the same
+        await player.play();
+        await new Promise(resolve => setTimeout(resolve, 800));
+        player.pause();
+        return player.webkitAudioDecodedByteCount;
+    }""")
+    assert audio_bytes > 0  # the player has sound
+    page.screenshot(path=screenshots / "t2va-result.png", full_page=True)
+    assert_no_critical_violations(page)
+
+    video_id = job_id(page)
+    served = download(live, video_id)
+    curl = copied(page, "Copy as curl")
+    assert curl.startswith("curl ") and API_KEY not in curl
+    run_snippet(["bash", "-c", curl], tmp_path)
+    assert (tmp_path / "h3serve.mp4").read_bytes() == served
+
+    # "use this frame as first frame": a new FL2VA request with the player's frame in the first slot
+    page.get_by_role("button", name="Use this frame as first frame").click()
+    expect(page.get_by_label("First and last frame")).to_be_checked()
+    expect(page.locator("#keyframes .slot[data-slot=first] img")).to_be_visible()
+    expect(page.locator("#keyframes .slot[data-slot=first] .field-error")).to_be_empty()
+    expect(page.locator("#canvas-info")).to_have_text("128×64 px (first keyframe's aspect)")
+
+
+def test_fl2va_with_a_first_frame_dropped_on_its_slot(page, live, screenshots, tmp_path):
+    page.get_by_label("First and last frame").check()
+    drop_file(page, "#keyframes .slot[data-slot=first] .drop", "first.png", png(512, 256), "image/png")
+    expect(page.locator("#keyframes .slot[data-slot=first] img")).to_have_attribute("alt", "first frame: first.png")
+    expect(page.locator("#keyframes .slot[data-slot=first]")).to_contain_text("512×256")
+    fill(page, "The fox looks up")
+    generate_and_wait(page)
+    expect(page.locator("#params")).to_contain_text("input_reference")
+    page.screenshot(path=screenshots / "fl2va-result.png", full_page=True)
+    python = copied(page, "Copy as Python (openai SDK)")
+    assert 'input_reference=open("first.png", "rb")' in python
+    (tmp_path / "first.png").write_bytes(png(512, 256))
+    run_snippet([sys.executable, "-c", python], tmp_path)
+    assert (tmp_path / "h3serve.mp4").read_bytes() == download(live, job_id(page))
+
+
+def test_ref2va_with_an_image_and_an_audio_clip(page, live, screenshots, tmp_path):
+    page.get_by_label("References", exact=True).check()
+    files = [
+        {"name": "voice.wav", "mimeType": "audio/wav", "buffer": wav(2.5)},
+        {"name": "singer.png", "mimeType": "image/png", "buffer": png(256, 320, (30, 120, 200))},
+    ]
+    page.get_by_label("Reference files").set_input_files(files)
+    items = page.locator("#ref-list li")
+    expect(items).to_have_count(2)
+    expect(items.nth(0)).to_contain_text("voice.wav — audio")
+    expect(items.nth(0)).to_contain_text("2.50 s")
+    page.get_by_role("button", name="Down: voice.wav").click()  # order matters: the image first
+    expect(items.nth(0)).to_contain_text("singer.png — image")
+    expect(page.locator("#ref-counts")).to_have_text("(1/9 images, 0/3 videos, 1/3 audio)")
+    fill(page, "She sings on a stage")
+    assert_no_critical_violations(page)
+    generate_and_wait(page)
+    page.screenshot(path=screenshots / "ref2va-result.png", full_page=True)
+
+    python = copied(page, "Copy as Python (openai SDK)")
+    assert '[("input_references", open("singer.png", "rb")), ("input_references", open("voice.wav", "rb"))]' in python
+    for spec in files:
+        (tmp_path / spec["name"]).write_bytes(spec["buffer"])
+    run_snippet([sys.executable, "-c", python], tmp_path)
+    assert (tmp_path / "h3serve.mp4").read_bytes() == download(live, job_id(page))
+
+
+def job_count(live) -> int:
+    response = httpx.get(f"{live.url}/v1/videos?limit=100", headers={"Authorization": f"Bearer {API_KEY}"})
+    return len(response.json()["data"])
+
+
+def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screenshots):
+    fill(page, "too many steps", {**FAST, "#steps": "500"})
+    page.get_by_role("button", name="Generate").click()
+    error = page.locator("#steps-error")
+    expect(error).to_have_text("num_inference_steps: must be between 1 and 200, got 500")
+    expect(page.locator("#steps")).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#steps")).to_be_focused()
+    page.screenshot(path=screenshots / "invalid-steps.png", full_page=True)
+
+    # A file the browser cannot decode goes to the server, whose message lands on that reference.
+    page.fill("#steps", "2")
+    page.get_by_label("References", exact=True).check()
+    broken = png(256, 256)[:40] + b"\0" * 200
+    page.get_by_label("Reference files").set_input_files(
+        [{"name": "broken.png", "mimeType": "image/png", "buffer": broken}])
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#ref-list li").first.locator(".field-error")).to_contain_text(
+        "input_references[0] ('broken.png')")
+    expect(page.locator("#steps-error")).to_be_empty()
+
+    # Limits the page checks itself: nothing is sent.
+    before = job_count(live)
+    page.get_by_role("button", name="Remove: broken.png").click()
+    page.get_by_label("Reference files").set_input_files(
+        [{"name": "short.wav", "mimeType": "audio/wav", "buffer": wav(1.0)}])
+    expect(page.locator("#ref-list li").first).to_contain_text("audio is 1.00 s long; each clip must be 2-15 s")
+    expect(page.locator("#refs-error")).to_have_text("audio needs at least one image or video beside it")
+    page.get_by_role("button", name="Generate").click()
+    assert job_count(live) == before
+
+
+def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):
+    fill(page, "a long one", {"#seconds": "15", "#steps": "200", "#seed": "1"})
+    page.get_by_role("button", name="Generate").click()
+    stage = page.locator("#job-stage")
+    expect(stage).to_have_text(re.compile(r"Denoising: step \d+ of 199"), timeout=JOB_TIMEOUT_MS)
+    expect(page.locator("#job-times")).to_contain_text("left")
+    page.screenshot(path=screenshots / "running.png", full_page=True)
+    video_id = page.locator("#jobs li").first.get_attribute("data-id")
+    page.get_by_role("button", name="Cancel", exact=True).click()
+    expect(stage).to_have_text("Cancelled")
+    response = httpx.get(f"{live.url}/v1/videos/{video_id}", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 404
+
+
+def test_history_pages_filters_and_deletes(page, live):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    ids = [httpx.post(f"{live.url}/v1/videos", headers=headers,
+                      data={"prompt": f"queued {i}", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
+           for i in range(11)]
+    try:
+        page.get_by_role("button", name="Refresh").click()
+        rows = page.locator("#jobs li")
+        expect(rows).to_have_count(10)
+        expect(rows.first).to_contain_text("queued 10")
+        page.get_by_role("button", name="Older").click()
+        expect(rows.first).to_contain_text("queued 0")
+        page.get_by_role("button", name="Newer").click()
+        expect(rows.first).to_contain_text("queued 10")
+        page.get_by_label("Show").select_option("completed")
+        expect(rows.filter(has_text="queued 10")).to_have_count(0)
+        page.get_by_label("Show").select_option("")
+        page.get_by_role("button", name=f"Cancel job {ids[-1]}").click()
+        expect(rows.first).not_to_contain_text("queued 10")
+        assert httpx.get(f"{live.url}/v1/videos/{ids[-1]}", headers=headers).status_code == 404
+    finally:
+        for video_id in ids:
+            httpx.delete(f"{live.url}/v1/videos/{video_id}", headers=headers)
+
+
+def test_phone_width_keyboard_and_accessibility(browser, live, screenshots):
+    page = open_page(browser, live.url, width=390, height=844)
+    try:
+        for task in ("Text only", "First and last frame", "References"):
+            page.get_by_label(task, exact=True).check()
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), task
+            assert_no_critical_violations(page)
+        page.screenshot(path=screenshots / "phone.png", full_page=True)
+
+        page.get_by_label("Text only").focus()
+        page.keyboard.press("ArrowRight")  # radios move with the arrow keys
+        expect(page.get_by_label("First and last frame")).to_be_checked()
+        expect(page.locator("#keyframes")).to_be_visible()
+        page.get_by_label("Prompt").focus()
+        page.keyboard.press("Shift+Tab")  # back to the last frame's file picker: a visible focus ring
+        outline = page.evaluate("getComputedStyle(document.activeElement.closest('.button')).outlineStyle")
+        assert outline == "solid"
+    finally:
+        close_page(page)
