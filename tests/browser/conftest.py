@@ -1,11 +1,12 @@
 """One `h3serve serve` on the tiny checkpoint and one headless Debian Chromium per module, driven by Playwright.
 
 Chromium comes from the system (`make test` installs Debian's `chromium` package when it is missing): nothing
-is downloaded at test time. Screenshots go to `<pytest basetemp>/screenshots/`.
+is downloaded at test time. Screenshots go to tests/browser/screenshots/ (gitignored; $H3SERVE_SCREENSHOTS overrides).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -34,9 +35,9 @@ def browser() -> Browser:
 
 
 @pytest.fixture(scope="session")
-def screenshots(tmp_path_factory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "screenshots"
-    path.mkdir(exist_ok=True)
+def screenshots() -> Path:
+    path = Path(os.environ.get("H3SERVE_SCREENSHOTS") or Path(__file__).parent / "screenshots")
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
