@@ -206,6 +206,8 @@ def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screen
     expect(clip).to_contain_text("320×192 · 3.00 s")
     assert clip.locator("img").get_attribute("src").startswith("data:image/jpeg")
     expect(page.locator("#refs-error")).to_be_empty()  # the audio clip now has a video beside it
+    page.locator("#ref-list li").nth(1).drag_to(page.locator("#ref-list li").nth(0))  # reorder by dragging
+    expect(page.locator("#ref-list li").nth(0)).to_contain_text("1. clip.mp4")
 
 
 def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):

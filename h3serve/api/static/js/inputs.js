@@ -4,6 +4,7 @@ import { describe, probeFile } from "./media.js";
 import { mediaProblems, referenceSetProblems } from "./rules.js";
 
 const $ = id => document.getElementById(id);
+const REORDER_TYPE = "application/x-h3serve-reference";
 
 function acceptDrops(zone, onFiles) {
   zone.addEventListener("dragover", event => { event.preventDefault(); zone.classList.add("over"); });
@@ -80,7 +81,8 @@ export class Inputs {
     const [item] = this.references.splice(index, 1);
     this.references.splice(target, 0, item);
     this.renderReferences();
-    $("ref-list").children[target].querySelector(delta < 0 ? ".up" : ".down")?.focus();
+    const buttons = [...$("ref-list").children[target].querySelectorAll(delta < 0 ? ".up, .down" : ".down, .up")];
+    buttons.find(b => !b.disabled)?.focus();  // keep the keyboard on the moved item
   }
 
   renderReferences() {
@@ -95,6 +97,7 @@ export class Inputs {
   referenceItem(info, index) {
     const item = document.createElement("li");
     item.dataset.index = index;
+    this.dragToReorder(item, index);
     if (info.preview) {
       const img = document.createElement("img");
       img.src = info.preview;
@@ -125,6 +128,21 @@ export class Inputs {
     error.textContent = info.problems.join("; ");
     item.append(error);
     return item;
+  }
+
+  // Pointer users drag an item onto another to move it there (keyboard users have the Up / Down buttons).
+  dragToReorder(item, index) {
+    item.draggable = true;
+    item.addEventListener("dragstart", event => event.dataTransfer.setData(REORDER_TYPE, String(index)));
+    item.addEventListener("dragover", event => {
+      if (event.dataTransfer.types.includes(REORDER_TYPE)) event.preventDefault();
+    });
+    item.addEventListener("drop", event => {
+      const from = event.dataTransfer.getData(REORDER_TYPE);
+      if (from === "") return;
+      event.preventDefault();
+      this.move(Number(from), index - Number(from));
+    });
   }
 
   // Problems that would make the server refuse the request for `task`, checked before uploading.
