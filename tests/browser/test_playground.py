@@ -17,6 +17,7 @@ from axe_playwright_python.sync_playwright import Axe
 from browser_pages import API_KEY, close_page, open_page
 from media_files import mp4, png, wav
 from playwright.sync_api import Page, expect
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +89,15 @@ def test_t2va_reaches_100_percent_and_the_copied_curl_line_reproduces_the_mp4(pa
     expect(page.locator("#seconds-info")).to_have_text(f"4 s → {FRAMES_4S} frames, 4.46 s")
     expect(page.locator("#canvas-info")).to_have_text("128×64 px (default 16:9)")  # the tiny checkpoint's canvas
     expect(page.locator("#prompt-count")).to_have_text("42 / 7,000 characters")
+    page.evaluate("""() => {
+        window.stages = [];
+        const stage = document.getElementById("job-stage");
+        new MutationObserver(() => window.stages.push(stage.textContent)).observe(stage, { childList: true });
+    }""")
     generate_and_wait(page)
+    stages = list(dict.fromkeys(page.evaluate("window.stages")))  # in order, without repeats
+    assert stages[-2:] == ["Decoding video and audio, muxing the MP4", "Done"], stages
+    assert "Encoding the prompt and inputs" in stages, stages
     duration = page.evaluate("document.getElementById('player').duration")
     assert duration == pytest.approx(FRAMES_4S / 24, abs=0.02)
     audio_bytes = page.evaluate("""async () => {
@@ -100,6 +109,11 @@ def test_t2va_reaches_100_percent_and_the_copied_curl_line_reproduces_the_mp4(pa
         return player.webkitAudioDecodedByteCount;
     }""")
     assert audio_bytes > 0  # the player has sound
+    scrub = page.locator("#scrub-view")
+    box = scrub.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.95, box["y"] + box["height"] / 2)  # hover near the end
+    expect(scrub).to_have_attribute("aria-label", re.compile(r"^Spritesheet frame 10 of 10"))
+    assert scrub.evaluate("el => el.style.backgroundPosition") == "100% 100%"
     page.screenshot(path=screenshots / "t2va-result.png", full_page=True)
     assert_no_serious_violations(page)
 
@@ -226,6 +240,10 @@ def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):
 
 def test_history_pages_filters_and_deletes(page, live):
     headers = {"Authorization": f"Bearer {API_KEY}"}
+    done = httpx.post(f"{live.url}/v1/videos", headers=headers,
+                      data={"prompt": "finished", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
+    wait_until(lambda: httpx.get(f"{live.url}/v1/videos/{done}", headers=headers).json()["status"] == "completed",
+               timeout_s=JOB_TIMEOUT_MS / 1000, what="a completed job", interval_s=0.2)
     ids = [httpx.post(f"{live.url}/v1/videos", headers=headers,
                       data={"prompt": f"queued {i}", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
            for i in range(11)]
@@ -241,6 +259,12 @@ def test_history_pages_filters_and_deletes(page, live):
         page.get_by_label("Show").select_option("completed")
         expect(rows.filter(has_text="queued 10")).to_have_count(0)
         page.get_by_label("Show").select_option("")
+        page.get_by_role("button", name="Older").click()
+        page.locator(f"#jobs li[data-id={done}]").get_by_role("button", name="Open").click()
+        expect(page.locator("#result")).to_be_visible()
+        page.wait_for_function("document.getElementById('player').readyState >= 1")
+        expect(page.get_by_role("button", name="Copy as curl")).to_be_disabled()  # sent from another tab
+        page.get_by_role("button", name="Newer").click()
         page.get_by_role("button", name=f"Cancel job {ids[-1]}").click()
         expect(rows.first).not_to_contain_text("queued 10")
         assert httpx.get(f"{live.url}/v1/videos/{ids[-1]}", headers=headers).status_code == 404
@@ -268,3 +292,39 @@ def test_phone_width_keyboard_and_accessibility(browser, live, screenshots):
         assert outline == "solid"
     finally:
         close_page(page)
+
+
+def test_the_page_computes_frames_and_canvas_by_the_servers_rules(page):
+    """rules.js against h3serve.geometry, over every half second and many aspect ratios and checkpoints."""
+    from h3serve import geometry
+
+    durations = [4 + i / 4 for i in range(45)] + [4.01, 5.0, 7.3, 14.99]
+    aspects = [(16, 9), (9, 16), (1, 1), (4, 3), (21, 9), (4, 1), (1, 4), (2.35, 1), (512, 256), (1000, 999)]
+    checkpoints = [(768, 1_032_192), (64, 64 * 128), (256, 448 * 256), (720, 921_600)]
+    result = page.evaluate(
+        """async ([durations, aspects, checkpoints]) => {
+            const rules = await import("/web/static/js/rules.js");
+            const config = await (await fetch("/web/config")).json();
+            const frames = durations.map(d => rules.framesForDuration(d, config.limits));
+            const canvases = checkpoints.flatMap(([short, pixels]) => aspects.map(([w, h]) => {
+                const defaults = { canvas_short_edge: short, canvas_max_pixels: pixels };
+                const c = rules.canvasForAspect(w, h, defaults, config.limits);
+                return [c.height, c.width];
+            }));
+            return { frames, canvases };
+        }""",
+        [durations, aspects, checkpoints],
+    )
+    assert result["frames"] == [geometry.frames_for_duration(d) for d in durations]
+    expected = [list(geometry.resolve_canvas_size(w, h, short, pixels)) for short, pixels in checkpoints
+                for w, h in aspects]
+    assert result["canvases"] == expected
+
+
+def test_static_files_and_config(live):
+    assert httpx.get(f"{live.url}/web/static/js/main.js").headers["content-type"].startswith("text/javascript")
+    for name in ("..%2Froutes%2Fweb.py", "..%2F..%2Fapi%2Fapp.py", "js/missing.js", "js"):  # files outside, none
+        assert httpx.get(f"{live.url}/web/static/{name}").status_code == 404, name
+    config = httpx.get(f"{live.url}/web/config").json()  # no key needed: limits and defaults only
+    assert config["api_key_required"] is True and API_KEY not in str(config)
+    assert config["limits"]["max_prompt_chars"] == 7000 and config["defaults"]["canvas_short_edge"] == 64
