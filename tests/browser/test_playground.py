@@ -110,8 +110,9 @@ def test_t2va_reaches_100_percent_and_the_copied_curl_line_reproduces_the_mp4(pa
     }""")
     assert audio_bytes > 0  # the player has sound
     scrub = page.locator("#scrub-view")
+    scrub.scroll_into_view_if_needed()
     box = scrub.bounding_box()
-    page.mouse.move(box["x"] + box["width"] * 0.95, box["y"] + box["height"] / 2)  # hover near the end
+    scrub.hover(position={"x": box["width"] * 0.95, "y": box["height"] / 2})  # near the end
     expect(scrub).to_have_attribute("aria-label", re.compile(r"^Spritesheet frame 10 of 10"))
     assert scrub.evaluate("el => el.style.backgroundPosition") == "100% 100%"
     page.screenshot(path=screenshots / "t2va-result.png", full_page=True)
