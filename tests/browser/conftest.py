@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from browser_pages import API_KEY, chromium_path, close_page, open_page
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, expect, sync_playwright
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "api"))  # api_servers: the live-server helpers
 from api_servers import start_live_server  # noqa: E402
+
+expect.set_options(timeout=20_000)  # two shared cores: the page's own work may take a few seconds
 
 
 @pytest.fixture(scope="module")

@@ -257,6 +257,10 @@ def test_history_pages_filters_and_deletes(page, live):
         expect(rows.first).to_contain_text("queued 0")
         page.get_by_role("button", name="Newer").click()
         expect(rows.first).to_contain_text("queued 10")
+        cancel = page.get_by_role("button", name=f"Cancel job {ids[5]}")
+        cancel.focus()
+        page.wait_for_timeout(3500)  # the list refreshes every 3 s: the keyboard focus stays where it was
+        expect(cancel).to_be_focused()
         page.get_by_label("Show").select_option("completed")
         expect(rows.filter(has_text="queued 10")).to_have_count(0)
         page.get_by_label("Show").select_option("")

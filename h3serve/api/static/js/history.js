@@ -5,6 +5,15 @@ const $ = id => document.getElementById(id);
 const PAGE_SIZE = 10;
 const REFRESH_MS = 3000;
 
+// Make `parent`'s children exactly `nodes`, leaving in place those already there (a row keeps the keyboard
+// focus across refreshes unless it changed).
+function syncChildren(parent, nodes) {
+  nodes.forEach((node, i) => {
+    if (parent.children[i] !== node) parent.insertBefore(node, parent.children[i] || null);
+  });
+  while (parent.children.length > nodes.length) parent.lastElementChild.remove();
+}
+
 export class History {
   constructor({ onOpen, onError, ready }) {
     this.onOpen = onOpen;  // (job) -> show it (result or live progress)
@@ -39,9 +48,10 @@ export class History {
     $("newer").disabled = this.cursors.length === 1;
     const status = $("status-filter").value;
     const jobs = page.data.filter(job => !status || job.status === status);
-    const list = $("jobs");
-    list.replaceChildren(...jobs.map(job => this.row(job)));
-    if (!jobs.length) list.append(Object.assign(document.createElement("li"), { textContent: "No jobs here." }));
+    const rows = jobs.map(job => this.row(job));
+    for (const id of this.rows.keys()) if (!page.data.some(job => job.id === id)) this.rows.delete(id);
+    if (!rows.length) rows.push(Object.assign(document.createElement("li"), { textContent: "No jobs here." }));
+    syncChildren($("jobs"), rows);
   }
 
   row(job) {
