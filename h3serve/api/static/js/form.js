@@ -120,7 +120,7 @@ export class CreateForm {
   // Show `message` next to the control the server's `param` names (else under the Generate button).
   showError(param, message) {
     const mediaLine = this.inputs.errorElementFor(this.task, param);
-    const field = FIELD_OF_PARAM[param] || (param === "keyframes" ? null : undefined);
+    const field = FIELD_OF_PARAM[param];
     const line = mediaLine || (field && $(`${field}-error`)) || $("form-error");
     line.textContent = message;
     const controlId = field && (field in CONTROL_OF_FIELD ? CONTROL_OF_FIELD[field] : field);

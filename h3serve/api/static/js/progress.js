@@ -35,6 +35,7 @@ export class ProgressView {
     this.request = request;
     this.seenAt = Date.now() / 1000;
     this.runningSince = null;
+    this.firstStep = null;
     $("job").hidden = false;
     $("cancel").disabled = false;
     this.render(job);
@@ -72,11 +73,19 @@ export class ProgressView {
     const elapsed = now - Math.min(this.seenAt, job.created_at || this.seenAt);
     let times = `${job.progress}% · elapsed ${seconds(Math.max(0, elapsed))}`;
     if (job.status === "in_progress" && job.progress > 0) {
-      const running = now - this.runningSince;
-      times += ` · about ${seconds((running * (100 - job.progress)) / job.progress)} left`;
+      times += ` · about ${seconds(this.secondsLeft(job.progress, now))} left`;
     }
     if (job.status === "completed") times = `${job.progress}% · finished in ${seconds(job.inference_time_s || 0)}`;
     $("job-times").textContent = times;
+  }
+
+  // From the denoise rate once two steps were seen (the encoding before the first step is not a step),
+  // else from the time since the job started running.
+  secondsLeft(progress, now) {
+    if (!this.firstStep) this.firstStep = { progress, at: now };
+    const { progress: p0, at: t0 } = this.firstStep;
+    if (progress > p0) return ((100 - progress) * (now - t0)) / (progress - p0);
+    return ((now - this.runningSince) * (100 - progress)) / progress;
   }
 
   async cancel() {

@@ -12,6 +12,7 @@ class Literal {
 
 function pyValue(value) {
   if (value instanceof Literal) return value.text;
+  if (Array.isArray(value)) return `[${value.map(pyValue).join(", ")}]`;
   if (value && typeof value === "object" && !Array.isArray(value)) {
     return `{${Object.entries(value).map(([k, v]) => `${py(k)}: ${pyValue(v)}`).join(", ")}}`;
   }
