@@ -27,7 +27,9 @@ export class CreateForm {
     $("flow_shift").value = d.flow_shift;
     $("audio_flow_shift").value = d.audio_flow_shift;
     $("width").max = $("height").max = d.max_edge;
-    for (const radio of document.querySelectorAll("input[name=task]")) radio.disabled = !config.tasks.includes(radio.value);
+    for (const radio of document.querySelectorAll("input[name=task]")) {
+      radio.disabled = !config.tasks.includes(radio.value);  // a checkpoint may load one DiT only
+    }
     for (const el of document.querySelectorAll("#create input, #create select, #create textarea")) {
       el.addEventListener("input", () => this.update());
     }
@@ -105,7 +107,15 @@ export class CreateForm {
     const prompt = $("prompt").value;
     if (!prompt.trim()) problems.push(["prompt", "prompt: must not be empty"]);
     if (prompt.length > this.config.limits.max_prompt_chars) {
-      problems.push(["prompt", `prompt: is ${prompt.length} characters long; the limit is ${this.config.limits.max_prompt_chars}`]);
+      const max = this.config.limits.max_prompt_chars;
+      problems.push(["prompt", `prompt: is ${prompt.length} characters long; the limit is ${max}`]);
+    }
+    const bytes = this.inputs.files(this.task).files.reduce((sum, [, file]) => sum + file.size, 0);
+    const cap = this.config.max_body_bytes;
+    if (bytes > cap) {
+      const message = `the files add up to ${(bytes / 2 ** 20).toFixed(1)} MiB; ` +
+        `a request is at most ${cap / 2 ** 20} MiB`;
+      problems.push([this.task === "ref2va" ? "references" : "keyframes", message]);
     }
     return [...problems, ...this.inputs.problems(this.task)];
   }

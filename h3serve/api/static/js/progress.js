@@ -17,7 +17,9 @@ export function stageOf(job, steps) {
   const total = steps ? Math.max(1, steps - 1) : null;
   const done = total ? Math.min(total, Math.ceil((job.progress * total) / 100)) : null;
   if (job.progress === 0) return { name: "Encoding the prompt and inputs", step: null };
-  if (total && done >= total && job.progress >= 99) return { name: "Decoding video and audio, muxing the MP4", step: null };
+  if (total && done >= total && job.progress >= 99) {
+    return { name: "Decoding video and audio, muxing the MP4", step: null };
+  }
   if (!total) return { name: `Denoising (${job.progress}%)`, step: null };
   return { name: `Denoising: step ${done} of ${total}`, step: done };
 }

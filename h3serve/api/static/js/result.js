@@ -17,12 +17,15 @@ async function copy(text, what) {
 function setParams(job, request) {
   const rows = [
     ["Job", job.id], ["Prompt", job.prompt], ["Canvas", job.size],
-    ["Duration", `${job.seconds} s requested → ${job.num_frames} frames, ${job.duration_s.toFixed(2)} s at ${job.fps} fps`],
+    ["Duration", `${job.seconds} s requested → ${job.num_frames} frames, ` +
+      `${job.duration_s.toFixed(2)} s at ${job.fps} fps`],
   ];
   if (request) {
     rows.push(["Task", request.task]);
     for (const [name, value] of Object.entries(request.fields)) if (name !== "prompt") rows.push([name, value]);
-    for (const [name, value] of Object.entries(request.extra)) rows.push([`extra_params.${name}`, JSON.stringify(value)]);
+    for (const [name, value] of Object.entries(request.extra)) {
+      rows.push([`extra_params.${name}`, JSON.stringify(value)]);
+    }
     for (const [field, file] of request.files) rows.push([field, file.name]);
   }
   rows.push(["Inference time", `${(job.inference_time_s || 0).toFixed(2)} s`]);
@@ -62,7 +65,9 @@ export class ResultView {
     setParams(job, request);
     const known = Boolean(request);
     for (const id of ["copy-curl", "copy-python"]) $(id).disabled = !known;
-    $("curl-text").textContent = known ? curlCommand(location.origin, request) : "Made outside this browser: parameters unknown.";
+    $("curl-text").textContent = known
+      ? curlCommand(location.origin, request)
+      : "Made outside this browser: its parameters are unknown here.";
     $("python-text").textContent = known ? pythonSnippet(location.origin, request) : "";
     $("copy-status").textContent = "";
     this.showSpritesheet(job);
@@ -86,7 +91,8 @@ export class ResultView {
     this.tile = Math.max(0, Math.min(this.tiles - 1, index));
     const [x, y] = [this.tile % columns, Math.floor(this.tile / columns)];
     $("scrub-view").style.backgroundPosition = `${(x * 100) / (columns - 1)}% ${(y * 100) / (rows - 1)}%`;
-    $("scrub-view").setAttribute("aria-label", `Spritesheet frame ${this.tile + 1} of ${this.tiles}; arrow keys or pointer to scrub`);
+    const label = `Spritesheet frame ${this.tile + 1} of ${this.tiles}; arrow keys or pointer to scrub`;
+    $("scrub-view").setAttribute("aria-label", label);
   }
 
   // The player's current frame as a PNG, scaled up if needed so both edges meet the keyframe minimum.

@@ -73,20 +73,24 @@ export function mediaProblems(info, media) {
   const problems = [];
   const maxBytes = { image: media.image_bytes, video: media.video_bytes, audio: media.audio_bytes }[info.kind];
   if (!info.kind) return ["not a supported file: images JPG/PNG/WEBP/HEIC, videos MP4/MOV, audio WAV/MP3"];
-  if (info.bytes > maxBytes) problems.push(`${info.kind} is ${(info.bytes / MiB).toFixed(1)} MiB; the limit is ${maxBytes / MiB} MiB`);
+  if (info.bytes > maxBytes) {
+    problems.push(`${info.kind} is ${(info.bytes / MiB).toFixed(1)} MiB; the limit is ${maxBytes / MiB} MiB`);
+  }
   if (info.error) problems.push(info.error);
   if (info.width && info.height) {
     const [long, short] = [Math.max(info.width, info.height), Math.min(info.width, info.height)];
     const [a, b] = media.max_aspect;
     if (long * b > short * a) problems.push(`aspect ${info.width}x${info.height} is outside 5:2 to 2:5`);
     if (info.kind === "image" && (short < media.image_min_edge || long > media.image_max_edge)) {
-      problems.push(`image is ${info.width}x${info.height} px; both edges must be ${media.image_min_edge}-${media.image_max_edge} px`);
+      const edges = `${media.image_min_edge}-${media.image_max_edge} px`;
+      problems.push(`image is ${info.width}x${info.height} px; both edges must be ${edges}`);
     }
   }
   if (info.kind !== "image" && Number.isFinite(info.duration)) {
     const slack = media.duration_slack_s;
     if (info.duration < media.clip_min_s - slack || info.duration > media.clip_max_s + slack) {
-      problems.push(`${info.kind} is ${info.duration.toFixed(2)} s long; each clip must be ${media.clip_min_s}-${media.clip_max_s} s`);
+      const range = `${media.clip_min_s}-${media.clip_max_s} s`;
+      problems.push(`${info.kind} is ${info.duration.toFixed(2)} s long; each clip must be ${range}`);
     }
   }
   return problems;
@@ -97,15 +101,18 @@ export function referenceSetProblems(infos, media) {
   const count = kind => infos.filter(i => i.kind === kind).length;
   const total = kind => infos.filter(i => i.kind === kind).reduce((s, i) => s + (i.duration || 0), 0);
   const problems = [];
-  if (count("image") > media.max_images) problems.push(`at most ${media.max_images} images, got ${count("image")}`);
-  if (count("video") > media.max_videos) problems.push(`at most ${media.max_videos} videos, got ${count("video")}`);
-  if (count("audio") > media.max_audios) problems.push(`at most ${media.max_audios} audio clips, got ${count("audio")}`);
+  for (const [kind, max, noun] of [["image", media.max_images, "images"], ["video", media.max_videos, "videos"],
+    ["audio", media.max_audios, "audio clips"]]) {
+    if (count(kind) > max) problems.push(`at most ${max} ${noun}, got ${count(kind)}`);
+  }
   if (infos.length > media.max_files) problems.push(`at most ${media.max_files} files, got ${infos.length}`);
   for (const kind of ["video", "audio"]) {
     if (total(kind) > media.total_max_s + media.duration_slack_s) {
       problems.push(`${kind} clips last ${total(kind).toFixed(2)} s together; the limit is ${media.total_max_s} s`);
     }
   }
-  if (count("audio") && !count("image") && !count("video")) problems.push("audio needs at least one image or video beside it");
+  if (count("audio") && !count("image") && !count("video")) {
+    problems.push("audio needs at least one image or video beside it");
+  }
   return problems;
 }

@@ -28,7 +28,9 @@ function typed(text) {
 export function curlCommand(origin, request, output = "h3serve.mp4") {
   const parts = [`curl -sS --fail-with-body ${shellQuote(`${origin}/v1/videos/sync`)}`];
   parts.push(`-H "Authorization: Bearer $H3SERVE_API_KEY"`);
-  for (const [name, value] of Object.entries(request.fields)) parts.push(`--form-string ${shellQuote(`${name}=${value}`)}`);
+  for (const [name, value] of Object.entries(request.fields)) {
+    parts.push(`--form-string ${shellQuote(`${name}=${value}`)}`);
+  }
   if (Object.keys(request.extra).length) {
     parts.push(`--form-string ${shellQuote(`extra_params=${JSON.stringify(request.extra)}`)}`);
   }
