@@ -333,3 +333,61 @@ def test_static_files_and_config(live):
     config = httpx.get(f"{live.url}/web/config").json()  # no key needed: limits and defaults only
     assert config["api_key_required"] is True and API_KEY not in str(config)
     assert config["limits"]["max_prompt_chars"] == 7000 and config["defaults"]["canvas_short_edge"] == 64
+
+
+MEDIA_CASES = {  # name -> reference files; each set is judged by the page and by the server's intake
+    "image 256x256": [("a.png", lambda d: png(256, 256))],
+    "image edge 255": [("a.png", lambda d: png(255, 300))],
+    "image 5:2": [("a.png", lambda d: png(640, 256))],
+    "image past 5:2": [("a.png", lambda d: png(642, 256))],
+    "audio 2 s with an image": [("a.png", lambda d: png(256, 256)), ("a.wav", lambda d: wav(2.0))],
+    "audio 1.9 s with an image": [("a.png", lambda d: png(256, 256)), ("a.wav", lambda d: wav(1.9))],
+    "audio 15.2 s with an image": [("a.png", lambda d: png(256, 256)), ("a.wav", lambda d: wav(15.2, rate=8000))],
+    "audio 16 s in two clips": [("a.png", lambda d: png(256, 256)), ("a.wav", lambda d: wav(8, rate=8000)),
+                                ("b.wav", lambda d: wav(8, rate=8000))],
+    "audio alone": [("a.wav", lambda d: wav(2.5))],
+    "ten images": [(f"{i}.png", lambda d: png(256, 256)) for i in range(10)],
+    "video 3 s": [("a.mp4", lambda d: mp4(d / "a.mp4", 3.0))],
+    "video 1.5 s": [("a.mp4", lambda d: mp4(d / "a.mp4", 1.5))],
+}
+
+
+def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
+    from h3serve.media.intake import MediaError, check_references
+    from h3serve.request import MediaRef
+
+    sets = {}
+    server = {}
+    for case, files in MEDIA_CASES.items():
+        folder = tmp_path / case.replace(" ", "-").replace(":", "")
+        folder.mkdir()
+        refs = []
+        for name, make in files:
+            (folder / name).write_bytes(make(folder))
+            refs.append(MediaRef(folder / name, name))
+        sets[case] = [[name, base64.b64encode((folder / name).read_bytes()).decode()] for name, _ in files]
+        try:
+            check_references(refs)
+            server[case] = True
+        except MediaError:
+            server[case] = False
+    page_verdicts = page.evaluate(
+        """async sets => {
+            const { probeFile } = await import("/web/static/js/media.js");
+            const rules = await import("/web/static/js/rules.js");
+            const { media } = await (await fetch("/web/config")).json();
+            const verdicts = {};
+            for (const [name, files] of Object.entries(sets)) {
+                const infos = await Promise.all(files.map(([file, b64]) =>
+                    probeFile(new File([Uint8Array.from(atob(b64), c => c.charCodeAt(0))], file))));
+                const problems = [...infos.flatMap(i => rules.mediaProblems(i, media)),
+                                  ...rules.referenceSetProblems(infos, media)];
+                verdicts[name] = problems.length === 0;
+            }
+            return verdicts;
+        }""",
+        sets,
+    )
+    accepted = {"image 256x256", "image 5:2", "audio 2 s with an image", "video 3 s"}
+    assert server == {case: case in accepted for case in MEDIA_CASES}
+    assert page_verdicts == server
