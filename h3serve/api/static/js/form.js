@@ -5,6 +5,9 @@ import { Inputs } from "./inputs.js";
 import { canvasForAspect, durationInfo, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
 
 const $ = id => document.getElementById(id);
+const codePoints = text => [...text].length;  // as Python's len(): an emoji is one character, not two
+// Browsers send every line break of a form field as CRLF: the prompt as the server will read (and count) it.
+const promptAsSent = () => $("prompt").value.replace(/\r\n|\r|\n/g, "\r\n");
 
 // The server's `param` -> the id of the error line next to that control (and the control to mark invalid).
 const FIELD_OF_PARAM = {
@@ -27,6 +30,8 @@ export class CreateForm {
     $("flow_shift").value = d.flow_shift;
     $("audio_flow_shift").value = d.audio_flow_shift;
     $("width").max = $("height").max = d.max_edge;
+    const canvas = canvasForAspect(...parseAspect(d.aspect_ratio), d, config.limits);
+    [$("width").value, $("height").value] = [canvas.width, canvas.height];  // "explicit size" starts there
     for (const radio of document.querySelectorAll("input[name=task]")) {
       radio.disabled = !config.tasks.includes(radio.value);  // a checkpoint may load one DiT only
     }
@@ -53,7 +58,7 @@ export class CreateForm {
   update() {
     for (const section of document.querySelectorAll(".task-only")) section.hidden = section.dataset.task !== this.task;
     const max = this.config.limits.max_prompt_chars;
-    const length = $("prompt").value.length;
+    const length = codePoints(promptAsSent());
     $("prompt-count").textContent = `${length.toLocaleString("en")} / ${max.toLocaleString("en")} characters`;
     $("prompt-count").classList.toggle("over", length > max);
     const seconds = Number($("seconds").value);
@@ -89,7 +94,7 @@ export class CreateForm {
   // { task, fields: {name: text}, extra: {...}, files: [[field, File]] }: exactly what is sent.
   request() {
     const task = this.task;
-    const fields = { prompt: $("prompt").value, seconds: $("seconds").value.trim() };
+    const fields = { prompt: promptAsSent(), seconds: $("seconds").value.trim() };
     if ($("size-mode").value === "size") fields.size = `${$("width").value.trim()}x${$("height").value.trim()}`;
     else if ($("aspect_ratio").value) fields.aspect_ratio = $("aspect_ratio").value;
     const optional = { num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift" };
@@ -104,11 +109,11 @@ export class CreateForm {
   // Problems found before sending: [[field, message]]; the server checks everything again.
   problems() {
     const problems = [];
-    const prompt = $("prompt").value;
+    const prompt = promptAsSent();
     if (!prompt.trim()) problems.push(["prompt", "prompt: must not be empty"]);
-    if (prompt.length > this.config.limits.max_prompt_chars) {
+    if (codePoints(prompt) > this.config.limits.max_prompt_chars) {
       const max = this.config.limits.max_prompt_chars;
-      problems.push(["prompt", `prompt: is ${prompt.length} characters long; the limit is ${max}`]);
+      problems.push(["prompt", `prompt: is ${codePoints(prompt)} characters long; the limit is ${max}`]);
     }
     const bytes = this.inputs.files(this.task).files.reduce((sum, [, file]) => sum + file.size, 0);
     const cap = this.config.max_body_bytes;

@@ -47,6 +47,7 @@ export class Inputs {
 
   async setKeyframe(name, file) {
     const info = file ? await probeFile(file) : null;
+    if (this.keyframes[name]) URL.revokeObjectURL(this.keyframes[name].url);
     if (info && info.kind !== "image") info.problems = ["keyframes must be images"];
     else if (info) info.problems = mediaProblems(info, this.media);
     this.keyframes[name] = info;

@@ -98,6 +98,7 @@ export class ResultView {
   // The player's current frame as a PNG, scaled up if needed so both edges meet the keyframe minimum.
   async useFrame() {
     const player = $("player");
+    if (player.readyState < 2) return;  // no frame decoded yet
     const scale = Math.max(1, this.config.media.image_min_edge / Math.min(player.videoWidth, player.videoHeight));
     const canvas = document.createElement("canvas");
     canvas.width = Math.round(player.videoWidth * scale);

@@ -1,7 +1,15 @@
 // "Copy as curl" and "Copy as Python (openai SDK)": the same request the page sent, field for field.
 // The API key is read from $H3SERVE_API_KEY rather than pasted into the text.
 
-const shellQuote = text => `'${String(text).replaceAll("'", `'\\''`)}'`;
+// Single quotes, or $'...' when the text holds line breaks (a prompt's CRLF must survive a copy and paste).
+function shellQuote(text) {
+  if (!/[\r\n]/.test(text)) return `'${text.replaceAll("'", `'\\''`)}'`;
+  const escaped = text.replaceAll("\\", "\\\\").replaceAll("'", "\\'").replaceAll("\r", "\\r").replaceAll("\n", "\\n");
+  return `$'${escaped}'`;
+}
+
+// curl reads `@file;type=...` and splits on commas: such names go in double quotes.
+const curlFile = name => (/[;,"\\]/.test(name) ? `"${name.replace(/["\\]/g, c => `\\${c}`)}"` : name);
 const py = value => JSON.stringify(value);  // JSON strings, numbers and lists are Python literals too
 const fileName = file => file.name || "input.bin";
 
@@ -34,7 +42,7 @@ export function curlCommand(origin, request, output = "h3serve.mp4") {
   if (Object.keys(request.extra).length) {
     parts.push(`--form-string ${shellQuote(`extra_params=${JSON.stringify(request.extra)}`)}`);
   }
-  for (const [field, file] of request.files) parts.push(`-F ${shellQuote(`${field}=@${fileName(file)}`)}`);
+  for (const [field, file] of request.files) parts.push(`-F ${shellQuote(`${field}=@${curlFile(fileName(file))}`)}`);
   parts.push(`-o ${shellQuote(output)}`);
   return parts.join(" ");
 }
