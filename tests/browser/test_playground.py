@@ -192,6 +192,18 @@ def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screen
     expect(page.locator("#steps")).to_be_focused()
     page.screenshot(path=screenshots / "invalid-steps.png", full_page=True)
 
+    # An explicit size: the page computes the canvas by the server's rules, and shows the server's refusal.
+    page.fill("#steps", "2")
+    page.get_by_label("Canvas").select_option("size")
+    expect(page.locator("#canvas-info")).to_have_text("128×64 px (explicit size)")  # starts at the default canvas
+    page.get_by_label("Width in pixels").fill("100")
+    expect(page.locator("#canvas-info")).to_have_text("width: must be a multiple of 32, got 100")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#size-error")).to_have_text("size: must be a multiple of 32, got 100")
+    expect(page.locator("#width")).to_have_attribute("aria-invalid", "true")
+    page.get_by_label("Width in pixels").fill("128")
+    page.get_by_label("Canvas").select_option("aspect")
+
     # A file the browser cannot decode goes to the server, whose message lands on that reference.
     page.fill("#steps", "2")
     page.get_by_label("References", exact=True).check()
