@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROMPT ?= A red fox trots through fresh snow at dawn, its paws crunching softly.
 
-.PHONY: demo test lint ffmpeg venv clean
+.PHONY: demo test lint ffmpeg chromium venv clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,15 @@ ffmpeg:
 	    echo "error: could not install ffmpeg with apt-get; install ffmpeg and ffprobe by hand, then rerun make" >&2; \
 	    exit 1; }; }
 
+# The browser tests (tests/browser) drive Debian's Chromium through Playwright; no browser is downloaded.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "chromium not found: installing it with apt-get (for the browser tests)"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get install -y chromium || { $$SUDO apt-get update && $$SUDO apt-get install -y chromium; } || { \
+	    echo "error: could not install chromium with apt-get; install it by hand (or set H3SERVE_CHROMIUM)" >&2; \
+	    exit 1; }; }
+
 demo: venv ffmpeg
 	$(BIN)/h3serve make-tiny-checkpoint --default
 	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 8 --seed 0
@@ -32,7 +41,7 @@ demo: venv ffmpeg
 	@ffprobe -v error -show_entries stream=codec_name,width,height,r_frame_rate,nb_frames,sample_rate,channels \
 	  -show_entries format=duration -of compact demo.mp4
 
-test: venv ffmpeg
+test: venv ffmpeg chromium
 	$(BIN)/python -m pytest -q
 
 lint: venv

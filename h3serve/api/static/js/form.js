@@ -1,0 +1,149 @@
+// The create form: task picker, prompt, duration, canvas, steps, seed and shifts. It builds one request
+// description that the submission, the history and the curl / Python snippets all share, so the snippets
+// reproduce exactly what was sent.
+import { Inputs } from "./inputs.js";
+import { canvasForAspect, durationInfo, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
+
+const $ = id => document.getElementById(id);
+const codePoints = text => [...text].length;  // as Python's len(): an emoji is one character, not two
+// Browsers send every line break of a form field as CRLF: the prompt as the server will read (and count) it.
+const promptAsSent = () => $("prompt").value.replace(/\r\n|\r|\n/g, "\r\n");
+
+// The server's `param` -> the id of the error line next to that control (and the control to mark invalid).
+const FIELD_OF_PARAM = {
+  prompt: "prompt", seconds: "seconds", "extra_params.duration": "seconds", num_frames: "seconds",
+  aspect_ratio: "aspect_ratio", "extra_params.aspect_ratio": "aspect_ratio", size: "size", width: "size",
+  height: "size", num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift",
+  "extra_params.flow_shift": "flow_shift", "extra_params.audio_flow_shift": "audio_flow_shift",
+  "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
+};
+const CONTROL_OF_FIELD = { size: "width", refs: "ref-input", task: null };
+
+export class CreateForm {
+  constructor(config, onSubmit) {
+    this.config = config;
+    this.inputs = new Inputs(config, () => this.update());
+    const d = config.defaults;
+    $("seconds").value = d.duration_s;
+    $("steps").value = d.steps;
+    $("seed").value = d.seed;
+    $("flow_shift").value = d.flow_shift;
+    $("audio_flow_shift").value = d.audio_flow_shift;
+    $("width").max = $("height").max = d.max_edge;
+    const canvas = canvasForAspect(...parseAspect(d.aspect_ratio), d, config.limits);
+    [$("width").value, $("height").value] = [canvas.width, canvas.height];  // "explicit size" starts there
+    for (const radio of document.querySelectorAll("input[name=task]")) {
+      radio.disabled = !config.tasks.includes(radio.value);  // a checkpoint may load one DiT only
+    }
+    for (const el of document.querySelectorAll("#create input, #create select, #create textarea")) {
+      el.addEventListener("input", () => this.update());
+    }
+    $("dice").addEventListener("click", () => {
+      $("seed").value = crypto.getRandomValues(new Uint32Array(1))[0];
+      this.update();
+    });
+    $("create").addEventListener("submit", event => { event.preventDefault(); onSubmit(); });
+    this.update();
+  }
+
+  get task() {
+    return document.querySelector("input[name=task]:checked").value;
+  }
+
+  setTask(task) {
+    document.querySelector(`input[name=task][value=${task}]`).checked = true;
+    this.update();
+  }
+
+  update() {
+    for (const section of document.querySelectorAll(".task-only")) section.hidden = section.dataset.task !== this.task;
+    const max = this.config.limits.max_prompt_chars;
+    const length = codePoints(promptAsSent());
+    $("prompt-count").textContent = `${length.toLocaleString("en")} / ${max.toLocaleString("en")} characters`;
+    $("prompt-count").classList.toggle("over", length > max);
+    const seconds = Number($("seconds").value);
+    const info = durationInfo(seconds, this.config.limits);
+    const { min_duration_s: lo, max_duration_s: hi } = this.config.limits;
+    $("seconds-info").textContent = info
+      ? `${seconds} s → ${info.frames} frames, ${info.seconds.toFixed(2)} s`
+      : `between ${lo} and ${hi} s`;
+    const explicit = $("size-mode").value === "size";
+    $("size-field").hidden = !explicit;
+    $("aspect-field").hidden = explicit;
+    const canvas = this.canvas();
+    $("canvas-info").textContent = canvas.problem || `${canvas.width}×${canvas.height} px (${canvas.source})`;
+  }
+
+  // The canvas the server will use, by the same rules: explicit size, else the aspect ratio's canvas (the
+  // request's, else the first keyframe's for FL2VA, else the model default).
+  canvas() {
+    const { defaults, limits } = this.config;
+    if ($("size-mode").value === "size") {
+      const [width, height] = [Number($("width").value), Number($("height").value)];
+      return { width, height, problem: sizeProblem(width, height, defaults, limits), source: "explicit size" };
+    }
+    let aspect = parseAspect($("aspect_ratio").value);
+    let source = `aspect ${$("aspect_ratio").value}`;
+    const keyframe = this.task === "fl2va" ? this.inputs.firstKeyframeSize() : null;
+    if (!aspect && keyframe) [aspect, source] = [keyframe, "first keyframe's aspect"];
+    if (!aspect) [aspect, source] = [parseAspect(defaults.aspect_ratio), `default ${defaults.aspect_ratio}`];
+    if (!ratioAllowed(...aspect, limits)) return { problem: "aspect ratio outside 1:4 to 4:1" };
+    return { ...canvasForAspect(...aspect, defaults, limits), source };
+  }
+
+  // { task, fields: {name: text}, extra: {...}, files: [[field, File]] }: exactly what is sent.
+  request() {
+    const task = this.task;
+    const fields = { prompt: promptAsSent(), seconds: $("seconds").value.trim() };
+    if ($("size-mode").value === "size") fields.size = `${$("width").value.trim()}x${$("height").value.trim()}`;
+    else if ($("aspect_ratio").value) fields.aspect_ratio = $("aspect_ratio").value;
+    const optional = { num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift" };
+    for (const [name, id] of Object.entries(optional)) if ($(id).value.trim()) fields[name] = $(id).value.trim();
+    if (!fields.seconds) delete fields.seconds;
+    const { files, extra } = this.inputs.files(task);
+    const audioShift = $("audio_flow_shift").value.trim();
+    if (audioShift) extra.audio_flow_shift = Number(audioShift);
+    return { task, fields, extra, files };
+  }
+
+  // Problems found before sending: [[field, message]]; the server checks everything again.
+  problems() {
+    const problems = [];
+    const prompt = promptAsSent();
+    if (!prompt.trim()) problems.push(["prompt", "prompt: must not be empty"]);
+    if (codePoints(prompt) > this.config.limits.max_prompt_chars) {
+      const max = this.config.limits.max_prompt_chars;
+      problems.push(["prompt", `prompt: is ${codePoints(prompt)} characters long; the limit is ${max}`]);
+    }
+    const bytes = this.inputs.files(this.task).files.reduce((sum, [, file]) => sum + file.size, 0);
+    const cap = this.config.max_body_bytes;
+    if (bytes > cap) {
+      const message = `the files add up to ${(bytes / 2 ** 20).toFixed(1)} MiB; ` +
+        `a request is at most ${cap / 2 ** 20} MiB`;
+      problems.push([this.task === "ref2va" ? "references" : "keyframes", message]);
+    }
+    return [...problems, ...this.inputs.problems(this.task)];
+  }
+
+  clearErrors() {
+    for (const el of document.querySelectorAll("#create .field-error:not(#refs-error)")) {
+      if (!el.closest(".slot, #ref-list")) el.textContent = "";
+    }
+    for (const el of document.querySelectorAll("#create [aria-invalid]")) el.removeAttribute("aria-invalid");
+  }
+
+  // Show `message` next to the control the server's `param` names (else under the Generate button).
+  showError(param, message) {
+    const mediaLine = this.inputs.errorElementFor(this.task, param);
+    const field = FIELD_OF_PARAM[param];
+    const line = mediaLine || (field && $(`${field}-error`)) || $("form-error");
+    line.textContent = message;
+    const controlId = field && (field in CONTROL_OF_FIELD ? CONTROL_OF_FIELD[field] : field);
+    const control = controlId && $(controlId);
+    if (control) {
+      control.setAttribute("aria-invalid", "true");
+      control.focus();
+    }
+    line.scrollIntoView({ block: "nearest" });
+  }
+}
