@@ -18,11 +18,20 @@ from starlette.datastructures import UploadFile
 
 from h3serve import limits
 from h3serve.api.body import RequestBody
-from h3serve.api.coerce import as_int, as_int_list, as_json, as_number, as_object, as_text, reject_unknown
+from h3serve.api.coerce import (
+    as_int,
+    as_int_list,
+    as_json,
+    as_number,
+    as_object,
+    as_text,
+    preview,
+    reject_unknown,
+)
 from h3serve.api.errors import bad_request
 from h3serve.request import MediaKind
 
-_SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+_SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
 _URL_PREFIXES = ("http://", "https://", "data:")
 
 # Media fields: the kind each declares (None: a mixed upload list, typed from the bytes) and the URL key.
@@ -78,6 +87,14 @@ class ParsedFields:
     model: str | None = None
     seconds: str | None = None  # the requested duration as sent, for the job's `seconds`
     aliases: dict[str, str] = field(default_factory=dict)  # GenerationRequest field -> field the client sent
+
+
+def _on_grid(pixels: int) -> int:
+    """An explicit edge floored to the model's grid, as vLLM-Omni does (the OpenAI SDK's 1280x720 becomes
+    1280x704); the job's `size` reports what is generated. Below one grid step the value is left for validation
+    to refuse."""
+    step = limits.SPATIAL_MULTIPLE
+    return pixels - pixels % step if pixels >= step else pixels
 
 
 def _first(*candidates: tuple[str, Any]) -> tuple[str, Any] | None:
@@ -136,13 +153,13 @@ def parse_fields(body: RequestBody) -> ParsedFields:
     if "size" in f:
         match = _SIZE.match(as_text(f["size"], "size"))
         if not match:
-            raise bad_request(f"size: must look like 1344x768 (WIDTHxHEIGHT), got {f['size']!r}", "size")
-        values["width"], values["height"] = int(match.group(1)), int(match.group(2))
+            raise bad_request(f"size: must look like 1344x768 (WIDTHxHEIGHT), got {preview(f['size'])}", "size")
+        values["width"], values["height"] = _on_grid(int(match.group(1))), _on_grid(int(match.group(2)))
         aliases.update(width="size", height="size")
     else:
         for name in ("width", "height"):
             if name in f:
-                values[name] = as_int(f[name], name)
+                values[name] = _on_grid(as_int(f[name], name))
 
     ratio = _first(
         ("extra_params.target.aspect_ratio", target.get("aspect_ratio")),

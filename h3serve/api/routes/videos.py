@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,6 +21,7 @@ from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import UNFINISHED, Job, JobError
 
+log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])
 Context = Annotated[ServerContext, Depends(get_context)]
 SYNC_POLL_S = 0.05
@@ -105,13 +107,24 @@ def list_videos(
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoList:
     jobs, has_more = ctx.store.page(after, limit, order)
-    data = [Video.from_job(j) for j in jobs]
+    data = [video for video in map(_listed, jobs) if video is not None]
     return VideoList(
         data=data,
         first_id=data[0].id if data else None,
         last_id=data[-1].id if data else None,
         has_more=has_more,
     )
+
+
+def _listed(job: Job) -> Video | None:
+    """A job as listed; None (logged) for a record that cannot be answered, so one bad row never breaks a page."""
+    try:
+        video = Video.from_job(job)
+        video.model_dump_json()
+    except Exception:
+        log.exception("job %s cannot be listed; skipped", job.id)
+        return None
+    return video
 
 
 @router.get("/videos/{video_id}", response_model=Video, summary="Retrieve a video job",
