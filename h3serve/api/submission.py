@@ -49,7 +49,8 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
             await run_in_threadpool(ctx.manager.check_capacity)  # before spending time on uploads
         except (QueueFull, ShuttingDown) as e:
             raise _queue_error(e) from None
-        parsed = parse_fields(await read_body(request, ctx.config.max_body_bytes))
+        body = await read_body(request, ctx.config.max_body_bytes)
+        parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
             raise bad_request(
                 f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}", "model",

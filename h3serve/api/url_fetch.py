@@ -70,8 +70,13 @@ def _parse_url(text: str, base: httpx.URL | None = None) -> httpx.URL:
 
 def public_address_only(ip: IPAddress) -> str | None:
     """Why `ip` may not be fetched from (None: it is a public unicast address)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # IPv4 inside IPv6 (mapped ::ffff:a.b.c.d, 6to4 2002:ab:cd::, Teredo's client): judged as that IPv4.
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            inner = public_address_only(embedded)
+            if inner is not None:
+                return f"{inner} inside {ip}"
     for reason, hit in (
         ("an unspecified address", ip.is_unspecified),
         ("a loopback address", ip.is_loopback),

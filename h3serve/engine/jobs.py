@@ -215,6 +215,22 @@ class JobManager:
             self._cond.notify_all()
         self._stop_sweeper.set()
 
+    def drain(self, grace_s: float) -> bool:
+        """Graceful stop: take no more jobs, release /sync waiters of queued jobs (they answer 'shutting down'),
+        give the running job `grace_s` to finish, then `stop` (cancelling it back into the queue). True if
+        nothing was left running."""
+        deadline = time.monotonic() + grace_s
+        with self._cond:
+            self._stopping = True
+            for job_id, _ in self._queue:  # they stay queued (and stored) for the next start
+                self._finish_waiters(job_id)
+            self._cond.notify_all()
+            while self._active is not None and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            finished = self._active is None
+        self.stop()
+        return finished
+
     def join(self, timeout_s: float = 30.0) -> bool:
         """Wait for the runner and the sweeper to exit; True once both have (the store may then be closed)."""
         deadline = time.monotonic() + timeout_s
@@ -308,6 +324,7 @@ class JobManager:
                         self.files.remove(job_id)
                     self._active = None
                     self._finish_waiters(job_id)  # after the outcome is stored: a sync waiter reads it next
+                    self._cond.notify_all()  # a drain waits for the running job
 
     def _run(self, active: _Active, plan: GenerationPlan) -> None:
         if active.deleted:  # deleted between leaving the queue and reaching here

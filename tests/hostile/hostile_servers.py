@@ -50,9 +50,7 @@ class HostileServer:
 @contextlib.contextmanager
 def serve(data_dir: Path, executor: FakeExecutor | None = None, **config: Any) -> Iterator[HostileServer]:
     """The app on `executor` (default: a fast fake), with `config` overriding ServerConfig fields."""
-    import uvicorn
-
-    from h3serve.api.http_server import uvicorn_config
+    from h3serve.api.http_server import build_server
 
     port = free_port()
     server_config = replace(
@@ -77,7 +75,7 @@ def serve(data_dir: Path, executor: FakeExecutor | None = None, **config: Any) -
         encoder_options=EncoderOptions(preset="ultrafast"),
     )
     app = create_app(server_config, manager, store)
-    uv = uvicorn.Server(uvicorn_config(app, server_config, log_level="warning"))
+    uv = build_server(app, server_config, log_level="warning")
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -131,3 +131,37 @@ def test_duplicate_keys_are_refused_in_json_as_in_forms(server):
     assert as_json.status_code == as_form.status_code == 400
     assert "more than once" in _error(as_json)["message"]
     assert "more than once" in _error(as_form)["message"]
+
+
+def test_a_multipart_body_without_its_closing_boundary_is_400(server):
+    body = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nfox\r\n'
+        b'--XyZ\r\nContent-Disposition: form-data; name="size"\r\n\r\n128x64'
+    )  # cut off: no --XyZ--
+    headers = {"content-type": "multipart/form-data; boundary=XyZ"}
+    before = server.store.ids()
+    with server.client() as client:
+        response = client.post("/v1/videos", content=body, headers=headers)
+        complete = client.post("/v1/videos", content=body + b"\r\n--XyZ--\r\n", headers=headers)
+    assert response.status_code == 400
+    assert "closing boundary" in _error(response)["message"]
+    assert complete.status_code == 200 and complete.json()["size"] == "128x64"
+    assert server.store.ids() - before == {complete.json()["id"]}
+
+
+def test_a_client_that_disconnects_mid_body_is_one_info_line(server, caplog):
+    import socket
+
+    caplog.set_level("INFO")
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /v1/videos HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n"
+        b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"prompt":'
+    )
+    sock.close()
+    from waiting import wait_until
+
+    wait_until(lambda: any("disconnected" in r.getMessage() for r in caplog.records), 5, "the disconnect log line")
+    server.health_s()
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not [r for r in caplog.records if r.exc_info]
