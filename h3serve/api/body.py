@@ -8,7 +8,6 @@ at a time, and must end with its closing boundary.
 from __future__ import annotations
 
 import asyncio
-import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from h3serve import limits
 from h3serve.api.brackets import BracketError, base_name, unflatten
 from h3serve.api.coerce import parse_json
 from h3serve.api.errors import APIError, bad_request
+from h3serve.api.percent import form_pairs
 
 MULTIPART = "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"
@@ -102,11 +102,10 @@ def _form_body(pairs: list[tuple[str, Any]], uploads: dict[str, list[UploadFile]
 
 
 def _urlencoded_pairs(raw: bytes) -> list[tuple[str, str]]:
-    """`a=1&b=%20x` decoded as Starlette does (UTF-8, bad bytes replaced), with the same field cap."""
     try:
-        return urllib.parse.parse_qsl(raw.decode("latin-1"), keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS)
-    except ValueError:  # only raised for too many fields
-        raise bad_request(f"Invalid form body: more than {MAX_FORM_FIELDS} fields", code="invalid_body") from None
+        return form_pairs(raw, MAX_FORM_FIELDS)
+    except ValueError as e:
+        raise bad_request(f"Invalid form body: {e}", code="invalid_body") from None
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

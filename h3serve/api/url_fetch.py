@@ -14,12 +14,12 @@ import binascii
 import ipaddress
 import os
 import socket
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
+from h3serve.api.percent import percent_decode
 from h3serve.media.raw import atomic_output
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -111,7 +111,7 @@ def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
         except (binascii.Error, ValueError):
             raise MediaFetchError("the data URL is not valid base64") from None
     else:
-        data = urllib.parse.unquote_to_bytes(payload)
+        data = percent_decode(payload.encode())
     if len(data) > max_bytes:
         raise MediaFetchError(f"the data URL holds more than {max_bytes // 2**20} MiB", too_large=True)
     return data, media_type
