@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError, not_found
@@ -54,7 +55,7 @@ async def create_video(request: Request, ctx: Context) -> Video:
 async def create_video_sync(request: Request, ctx: Context) -> Response:
     job = await submit(request, ctx, sync=True)
     try:
-        finished = await _wait(ctx, job.id, ctx.config.sync_timeout_s)
+        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s)
         if finished is None:
             raise APIError(409, "The video was deleted before it finished.", "video_deleted")
         if finished.status == "failed":
@@ -88,13 +89,16 @@ def _failure(error: JobError | None) -> APIError:
     return APIError(status, f"Video generation failed: {error.message}", error.code)
 
 
-async def _wait(ctx: ServerContext, job_id: str, timeout_s: float) -> Job | None:
-    """The job once it has finished (None if it was deleted); 504 after `timeout_s`."""
+async def _wait(ctx: ServerContext, request: Request, job_id: str, timeout_s: float) -> Job | None:
+    """The job once it has finished (None if it was deleted); 504 after `timeout_s`, `ClientDisconnect` when the
+    client goes away (either way the caller deletes the job, which cancels it: nobody would collect it)."""
     event = ctx.manager.done_event(job_id)
     deadline = time.monotonic() + timeout_s
     while event is not None and not event.is_set():
         if time.monotonic() > deadline:
             raise APIError(504, f"Video generation timed out after {timeout_s:g} s; the job was aborted.", "timeout")
+        if await request.is_disconnected():
+            raise ClientDisconnect(f"the client of sync job {job_id} disconnected; the job was cancelled")
         await asyncio.sleep(SYNC_POLL_S)
     return await run_in_threadpool(ctx.store.get, job_id)
 
