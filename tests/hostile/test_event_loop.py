@@ -40,6 +40,7 @@ class HealthProbe:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+        print(f"FIGURE slowest /health during the attack: {self.slowest_s * 1000:.0f} ms")
         assert not self.failures, self.failures
         assert self.slowest_s < HEALTH_BUDGET_S, f"/health took {self.slowest_s:.2f} s during the attack"
 
