@@ -73,6 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shutdown-grace", type=float, default=server("shutdown_grace_s"),
                    help="SIGTERM: seconds the running job may take to finish before it is requeued "
                         "(default %(default)g)")
+    p.add_argument("--max-request-cost", type=float, default=server("max_request_cost"),
+                   help="refuse requests costing more: width x height x frames x steps / 1e6 (default: the "
+                        "checkpoint's largest canvas at 15 s and 100 steps)")
+    p.add_argument("--job-timeout", type=float, default=server("job_timeout_s"),
+                   help="seconds a job may run before it fails with code 'timeout' (default: no limit)")
+    p.add_argument("--stall-timeout", type=float, default=server("stall_timeout_s"),
+                   help="/health is 503 when the running job made no progress for this long (default %(default)g)")
     p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
     p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
     p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
@@ -110,6 +117,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             keep_alive_timeout_s=args.keep_alive_timeout,
             max_connections=args.max_connections,
             shutdown_grace_s=args.shutdown_grace,
+            max_request_cost=args.max_request_cost,
+            job_timeout_s=args.job_timeout,
+            stall_timeout_s=args.stall_timeout,
             encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate),
         ).validate()
     except (ConfigError, CheckpointError) as e:
@@ -183,6 +193,8 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             output_ttl_s=server_config.output_ttl_s or None,
             sweep_interval_s=server_config.sweep_interval_s,
             encoder_options=server_config.encoder_options,
+            job_timeout_s=server_config.job_timeout_s,
+            stall_timeout_s=server_config.stall_timeout_s,
         )
         app = create_app(server_config, manager, store)
         log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,

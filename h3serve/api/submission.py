@@ -16,6 +16,7 @@ from h3serve.api.errors import APIError, bad_request, from_request_error
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import ParsedFields, parse_fields
+from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
 from h3serve.engine.jobs import Job, QueueFull, ShuttingDown, new_job_id
 from h3serve.engine.planning import plan_request
 from h3serve.media.intake import MediaError
@@ -80,6 +81,10 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     except MediaError as e:
         param = aliases.get(e.field, e.field)
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
+    try:
+        check_cost(plan, ctx.config.max_request_cost or default_max_cost(ctx.manager.defaults))
+    except TooCostly as e:
+        raise bad_request(str(e), None, "request_too_costly") from None
     job = Job.planned(
         job_id, ctx.config.served_model_name, generation_request, plan, _seconds_label(parsed, plan),
         created_at=int(ctx.manager.clock()), sync=sync,

@@ -73,6 +73,8 @@ def serve(data_dir: Path, executor: FakeExecutor | None = None, **config: Any) -
         JobFiles(server_config.jobs_dir),
         max_queue=server_config.max_queue,
         encoder_options=EncoderOptions(preset="ultrafast"),
+        job_timeout_s=server_config.job_timeout_s,
+        stall_timeout_s=server_config.stall_timeout_s,
     )
     app = create_app(server_config, manager, store)
     uv = build_server(app, server_config, log_level="warning")
