@@ -29,6 +29,7 @@ from h3serve.api.coerce import (
     reject_unknown,
 )
 from h3serve.api.errors import bad_request
+from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, Target, coerce_fields
 from h3serve.request import MediaKind
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
@@ -42,15 +43,8 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "video_reference": ("video", "video_url"),
     "audio_reference": ("audio", "audio_url"),
 }
-SCALAR_FIELDS = (
-    "prompt", "model", "seconds", "size", "width", "height", "num_frames", "fps", "aspect_ratio",
-    "num_inference_steps", "flow_shift", "seed", "user", "num_outputs_per_prompt", "extra_params",
-)
-EXTRA_KEYS = (
-    "task", "duration", "duration_seconds", "aspect_ratio", "flow_shift", "audio_flow_shift", "frame_indices",
-    "frame_index", "target",
-)
-TARGET_KEYS = ("duration_seconds", "aspect_ratio", "frame_indices")
+EXTRA_KEYS = tuple(ExtraParams.model_fields)
+TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
     "negative_prompt": "MiniMax-H3 is guidance-distilled and has no negative prompt",
@@ -128,7 +122,11 @@ def _check_field_names(body: RequestBody) -> None:
 def parse_fields(body: RequestBody) -> ParsedFields:
     """Every field read and typed; 400 on an unknown, unsupported, duplicated or ill-typed one."""
     _check_field_names(body)
-    f = body.fields
+    _extra_params(body.fields)  # unknown keys are named before any value is checked
+    for name in SCALAR_FIELDS:
+        if isinstance(body.fields.get(name), list):  # a form field sent twice (JSON refuses duplicate keys)
+            raise bad_request(f"{name}: given more than once", name)
+    f = {**body.fields, **coerce_fields(body.fields)}  # typed and range-checked by the one request model
     extra, target = _extra_params(f)
     values: dict[str, Any] = {}
     aliases: dict[str, str] = {}
@@ -148,7 +146,8 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         param, raw = duration
         values["duration_s"] = as_number(raw, param)
         aliases["duration"] = param
-        seconds_label = raw.strip() if isinstance(raw, str) else f"{values['duration_s']:g}"
+        sent = body.fields.get("seconds") if param == "seconds" else None
+        seconds_label = sent.strip() if isinstance(sent, str) else f"{values['duration_s']:g}"
 
     if "size" in f:
         match = _SIZE.match(as_text(f["size"], "size"))
