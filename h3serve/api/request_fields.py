@@ -33,7 +33,7 @@ from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, Target, coerce
 from h3serve.request import MediaKind
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
-_URL_PREFIXES = ("http://", "https://", "data:")
+URL_PREFIXES = ("http://", "https://", "data:")
 
 # Media fields: the kind each declares (None: a mixed upload list, typed from the bytes) and the URL key.
 MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
@@ -216,14 +216,14 @@ def parse_fields(body: RequestBody) -> ParsedFields:
 
 def _url_items(value: Any, name: str, url_key: str) -> list[str]:
     """URLs from `{"<url_key>": url}`, a list of those, their JSON text, or a bare http(s)/data URL."""
-    if isinstance(value, str) and value.strip().startswith(_URL_PREFIXES):
+    if isinstance(value, str) and value.strip().startswith(URL_PREFIXES):
         return [value.strip()]
     value = as_json(value, name)
     items = value if isinstance(value, list) else [value]
     urls = []
     for i, item in enumerate(items):
         param = f"{name}[{i}]" if isinstance(value, list) else name
-        if isinstance(item, str) and item.strip().startswith(_URL_PREFIXES):
+        if isinstance(item, str) and item.strip().startswith(URL_PREFIXES):
             urls.append(item.strip())
             continue
         if not isinstance(item, dict):

@@ -35,6 +35,7 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "model": "model, if given, is the served model's name",
     "task": "extra_params.task must agree with the media sent (fl2va: keyframes; ref2va: references)",
     "frame_indices": "frame_indices only with fl2va keyframe images, one index per image",
+    "media_mix": "input_reference(s) stand alone (not with image_reference or video_reference); 12 files at most",
     "media": "media must be fetchable and decode as the declared kind within the model card's limits",
     "prompt": "the prompt must hold non-whitespace, valid Unicode text",
 }

@@ -17,6 +17,7 @@ from fake_executor import FakeExecutor
 from h3serve.api.app import create_app
 from h3serve.api.config import ServerConfig
 from h3serve.api.store import SQLiteJobStore
+from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.storage import JobFiles
 from h3serve.media.mp4 import EncoderOptions
@@ -48,7 +49,9 @@ class HostileServer:
 
 
 @contextlib.contextmanager
-def serve(data_dir: Path, executor: FakeExecutor | None = None, **config: Any) -> Iterator[HostileServer]:
+def serve(
+    data_dir: Path, executor: FakeExecutor | None = None, fetcher: MediaFetcher | None = None, **config: Any
+) -> Iterator[HostileServer]:
     """The app on `executor` (default: a fast fake), with `config` overriding ServerConfig fields."""
     from h3serve.api.http_server import build_server
 
@@ -76,7 +79,7 @@ def serve(data_dir: Path, executor: FakeExecutor | None = None, **config: Any) -
         job_timeout_s=server_config.job_timeout_s,
         stall_timeout_s=server_config.stall_timeout_s,
     )
-    app = create_app(server_config, manager, store)
+    app = create_app(server_config, manager, store, fetcher)
     uv = build_server(app, server_config, log_level="warning")
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
