@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from h3serve import limits
 from h3serve.api.request_fields import URL_PREFIXES
 from h3serve.api.request_model import CROSS_FIELD_RULES, VideoCreateFields
 from h3serve.api.schemas import ErrorBody
@@ -75,7 +76,10 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
     form["properties"].update({k: {"type": "string", "pattern": _URL_PATTERN} for k in _MEDIA_URLS})
     form["description"] = json_body["description"] + " extra_params: JSON text or bracketed fields."
     multipart = copy.deepcopy(form)
-    multipart["properties"].update(input_reference=_BINARY, input_references={"type": "array", "items": _BINARY})
+    multipart["properties"].update(
+        input_reference=_BINARY,
+        input_references={"type": "array", "items": _BINARY, "maxItems": limits.MAX_MEDIA_FILES},
+    )
     return {
         "required": True,
         "content": {

@@ -25,6 +25,8 @@ def test_sigterm_during_a_sync_request_drains_and_cleans_up(tiny_checkpoint, tmp
         KEY,
         "--shutdown-grace",
         str(GRACE_S),
+        "--max-request-cost",  # the job must outlast the grace: a long one, allowed here
+        "1e6",
         env={"TMPDIR": str(spool_tmp)},
     )
     try:
