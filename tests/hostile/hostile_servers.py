@@ -65,6 +65,7 @@ def serve(
             max_queue=4,
             sync_timeout_s=5.0,
             poll_after_ms=50,
+            shutdown_grace_s=1.0,  # a test server stops in about a second even with a job running
         ),
         **config,
     ).validate()
