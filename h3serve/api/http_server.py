@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Generator
@@ -181,9 +182,37 @@ class H3Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+# Descriptors the server needs besides its connections: spool and media files, SQLite, the ranks' pipes, libraries.
+RESERVED_FDS = 256
+
+
+def reserve_descriptors(max_connections: int) -> int:
+    """Raise the soft open-files limit towards the hard one so that `max_connections` connections leave
+    `RESERVED_FDS` for the jobs; returns the connection cap that fits (lower, with a warning, if the hard
+    limit is too small). A job must never fail with 'Too many open files' because of the HTTP layer."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise
+        return max_connections
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):  # above the kernel's own cap (nr_open): keep the current limit
+            pass
+    fits = max_connections if soft == resource.RLIM_INFINITY else min(max_connections, soft - RESERVED_FDS)
+    if fits < max_connections:
+        log.warning("--max-connections %d lowered to %d: the open-files limit is %d", max_connections, fits, soft)
+    return max(1, fits)
+
+
 def build_server(app: FastAPI, config: ServerConfig, **overrides: Any) -> H3Server:
     """The server for `app` (made by create_app) under `config`; `overrides` are uvicorn.Config settings."""
     limit_log_floods()
+    config = dataclasses.replace(config, max_connections=reserve_descriptors(config.max_connections))
     protocol = type("H3Protocol", (HardenedH11Protocol,), {"limits": config, "idle": {}})
     settings: dict[str, Any] = dict(
         host=config.host,

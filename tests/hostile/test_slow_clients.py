@@ -153,3 +153,18 @@ def test_no_descriptor_leak(guarded):
     """After all the above, the server process holds about as many descriptors as when it started."""
     fds = len(os.listdir(f"/proc/{os.getpid()}/fd")) if Path("/proc/self/fd").exists() else 0
     assert fds < 200
+
+
+def test_the_open_files_limit_leaves_room_for_jobs():
+    import resource
+
+    from h3serve.api.http_server import RESERVED_FDS, reserve_descriptors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        fits = reserve_descriptors(10**9)  # more than any hard limit: lowered to what fits
+        now, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        assert fits == now - RESERVED_FDS and now >= soft
+        assert reserve_descriptors(100) == 100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
