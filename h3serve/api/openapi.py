@@ -93,5 +93,22 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
 CREATE_REQUEST_BODY = create_body_schema()
 
 
+def _link(operation_id: str) -> dict[str, Any]:
+    return {"operationId": operation_id, "parameters": {"video_id": "$response.body#/id"}}
+
+
+# The created job's id feeds the routes that take it (OpenAPI links: clients and stateful fuzzers follow them).
+CREATED_LINKS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the created job",
+        "links": {
+            "RetrieveVideo": _link("retrieve_video_v1_videos__video_id__get"),
+            "DownloadVideo": _link("download_video_v1_videos__video_id__content_get"),
+            "DeleteVideo": _link("delete_video_v1_videos__video_id__delete"),
+        },
+    }
+}
+
+
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": "error"} for status in statuses}

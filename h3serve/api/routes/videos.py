@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError, not_found
-from h3serve.api.openapi import CREATE_REQUEST_BODY, error_responses
+from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
@@ -40,7 +40,7 @@ def _job(ctx: ServerContext, video_id: str) -> Job:
     response_model=Video,
     summary="Create a video job (returns at once, status queued)",
     openapi_extra={"requestBody": CREATE_REQUEST_BODY},
-    responses=error_responses(400, 401, 413, 415, 429),
+    responses={**CREATED_LINKS, **error_responses(400, 401, 413, 415, 429)},
 )
 async def create_video(request: Request, ctx: Context) -> Video:
     return Video.from_job(await submit(request, ctx, sync=False))
