@@ -53,7 +53,7 @@ def remove_stale_spools(root: Path | None = None) -> list[Path]:
     """Remove spool folders whose server process is gone (a SIGKILLed server cannot clean up after itself)."""
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*"):
-        pid = folder.name[len(SPOOL_PREFIX):].split("-")[0]
+        pid = folder.name[len(SPOOL_PREFIX) :].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
