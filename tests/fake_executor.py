@@ -69,8 +69,12 @@ class FakeExecutor:
                 on_start(seq)
             self.plans.append(plan)
             total = plan.steps - 1
+            started = time.monotonic()
             for done in range(1, total + 1):
                 time.sleep(self.step_s)
+                if timeout_s is not None and time.monotonic() - started > timeout_s:  # stopped at this step
+                    self.cancelled_at.append((done, total))
+                    raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                 if on_progress is not None:
                     on_progress(done, total)
                 if self.closed:  # as `Executor.close` killing the ranks under a running job

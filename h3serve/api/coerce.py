@@ -10,41 +10,89 @@ import math
 import re
 from typing import Any
 
+from h3serve import limits
 from h3serve.api.errors import APIError, bad_request
 
-_INT = re.compile(r"^[+-]?\d+$")
+# Digits an integer field may have: far above any seed (2**64 has 20), far below Python's 4,300-digit limit.
+MAX_INT_DIGITS = 40
+_INT = re.compile(rf"^[+-]?\d{{1,{MAX_INT_DIGITS}}}$")
 # Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust
 # the stack of json.loads or of any code that walks a value recursively.
 MAX_NESTING = 32
+# Values in one JSON text: a request has a few dozen fields and at most 12 media inputs; 10x the longest prompt.
+MAX_JSON_ITEMS = 10 * limits.MAX_PROMPT_CHARS
 
 
-def _too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
-    """Whether lists/objects nest more than `limit` levels (walked without recursion)."""
+def _structure_error(value: Any, limit: int = MAX_NESTING) -> str | None:
+    """Why a parsed JSON value is refused (too deep, or a string that is not valid Unicode), else None.
+
+    Walked without recursion. A lone surrogate (`"\\ud800"`) is legal JSON but no UTF-8 text: stored, it would
+    make every response that echoes it fail to serialise."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
+        if isinstance(item, str):
+            if not is_unicode(item):
+                return f"a string holds a lone surrogate ({preview(item)}), which is not Unicode text"
+            continue
+        if isinstance(item, dict):
+            stack.extend((key, depth) for key in item)
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
             continue
         if depth > limit:
-            return True
+            return f"nested more than {limit} levels deep"
         stack.extend((child, depth + 1) for child in children)
-    return False
+    return None
+
+
+def is_unicode(text: str) -> bool:
+    """Whether `text` encodes to UTF-8 (it holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def preview(value: Any) -> str:
+    """A value for an error message: short and ASCII (a client's 10,000-digit number is not echoed back)."""
+    text = ascii(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One rule for every body: a field given twice is refused (as a repeated form field is), never resolved."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {preview(duplicate)} appears more than once in an object")
+    return obj
 
 
 def parse_json(text: str | bytes) -> Any:
-    """`json.loads` that also refuses nesting deeper than `MAX_NESTING`; `ValueError` with a one-line reason."""
-    too_deep = ValueError(f"nested more than {MAX_NESTING} levels deep")
+    """`json.loads` that also refuses more than `MAX_JSON_ITEMS` values, nesting deeper than `MAX_NESTING`,
+    duplicate keys and lone surrogates; `ValueError` with a one-line reason."""
+    # Counted before parsing (a C-speed scan): parsing millions of values holds the GIL for seconds. Every
+    # comma counts, even inside strings, so this over-counts; a prompt of MAX_PROMPT_CHARS commas still passes.
+    separators = text.count(b"," if isinstance(text, bytes) else ",")
+    if separators >= MAX_JSON_ITEMS:
+        raise ValueError(f"more than {MAX_JSON_ITEMS} values (a request has at most a few dozen)")
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except RecursionError:  # deep enough to exhaust the parser's stack
-        raise too_deep from None
+        raise ValueError(f"nested more than {MAX_NESTING} levels deep") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{e.msg} at position {e.pos}") from None
-    except ValueError as e:  # bytes that are not UTF-8
-        raise ValueError(f"not UTF-8 text ({e})") from None
-    if _too_deep(value):
-        raise too_deep
+    except UnicodeDecodeError as e:  # bytes that are not UTF-8
+        raise ValueError(f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except ValueError as e:  # a duplicate key, or an integer past Python's digit limit
+        raise ValueError(str(e).split(";")[0]) from None
+    if (reason := _structure_error(value)) is not None:
+        raise ValueError(reason)
     return value
 
 
@@ -58,6 +106,8 @@ def as_text(value: Any, param: str) -> str:
     value = _single(value, param)
     if not isinstance(value, str):
         raise bad_request(f"{param}: must be a string, got {type(value).__name__}", param)
+    if not is_unicode(value):
+        raise bad_request(f"{param}: holds a lone surrogate ({preview(value)}), which is not Unicode text", param)
     return value
 
 
@@ -69,7 +119,7 @@ def as_int(value: Any, param: str) -> int:
         return value
     if isinstance(value, str) and _INT.match(value.strip()):
         return int(value.strip())
-    raise bad_request(f"{param}: must be an integer, got {value!r}", param)
+    raise bad_request(f"{param}: must be an integer, got {preview(value)}", param)
 
 
 def as_number(value: Any, param: str) -> float:
@@ -83,7 +133,7 @@ def as_number(value: Any, param: str) -> float:
         except ValueError:
             number = None
     if number is None or not math.isfinite(number):
-        raise bad_request(f"{param}: must be a finite number, got {value!r}", param)
+        raise bad_request(f"{param}: must be a finite number, got {preview(value)}", param)
     return number
 
 

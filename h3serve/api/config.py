@@ -36,6 +36,13 @@ class ServerConfig:
     allow_private_media_urls: bool = False  # let media URLs reach loopback/private/link-local hosts
     media_fetch_timeout_s: float = 30.0  # every media URL of one request together
     max_body_bytes: int = MAX_BODY_BYTES
+    header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 1000  # open connections; past it a new one gets 503 and is closed
+    shutdown_grace_s: float = 10.0  # SIGTERM: the running job may finish within this, else it is requeued
+    max_request_cost: float | None = None  # h3serve.engine.admission's cost; None: derived from the checkpoint
+    job_timeout_s: float | None = None  # a job running longer fails with code `timeout`; None: no limit
+    stall_timeout_s: float = 600.0  # /health says unhealthy when the running job made no progress for this long
     encoder_options: EncoderOptions = field(default_factory=EncoderOptions)
 
     @property
@@ -56,6 +63,13 @@ class ServerConfig:
             (self.sweep_interval_s > 0, f"--ttl-sweep-interval must be > 0, got {self.sweep_interval_s:g}"),
             (self.poll_after_ms >= 1, f"--poll-after-ms must be >= 1, got {self.poll_after_ms}"),
             (self.media_fetch_timeout_s > 0, f"--media-fetch-timeout must be > 0, got {self.media_fetch_timeout_s:g}"),
+            (self.header_timeout_s > 0, f"--header-timeout must be > 0, got {self.header_timeout_s:g}"),
+            (self.keep_alive_timeout_s > 0, f"--keep-alive-timeout must be > 0, got {self.keep_alive_timeout_s:g}"),
+            (self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}"),
+            (self.shutdown_grace_s >= 0, f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s:g}"),
+            (self.max_request_cost is None or self.max_request_cost > 0, "--max-request-cost must be > 0"),
+            (self.job_timeout_s is None or self.job_timeout_s > 0, "--job-timeout must be > 0 seconds"),
+            (self.stall_timeout_s > 0, f"--stall-timeout must be > 0, got {self.stall_timeout_s:g}"),
             (self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty"),
             (bool(self.served_model_name), "--served-model-name must not be empty"),
         )

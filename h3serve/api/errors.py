@@ -11,8 +11,10 @@ from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from h3serve.validate import RequestError
 
@@ -72,11 +74,35 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return error_response(exc.status, exc.message, exc.code, exc.param, exc.headers)
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves on this path (Starlette's 405 names only the first matching route's)."""
+    served = {
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in request.app.routes)
+    }
+    return sorted(served | {"OPTIONS"})
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+        if request.method == "OPTIONS":  # what OPTIONS is for: which methods this path takes
+            return Response(status_code=204, headers=headers)
     phrase = HTTPStatus(exc.status_code).phrase
     message = exc.detail if isinstance(exc.detail, str) else phrase
     code = phrase.lower().replace(" ", "_").replace("-", "_")
-    return error_response(exc.status_code, message, code, headers=getattr(exc, "headers", None))
+    return error_response(exc.status_code, message, code, headers=headers)
+
+
+async def _client_gone(request: Request, _: ClientDisconnect) -> JSONResponse:
+    # Routine (a closed tab, a killed curl), not a server fault: one line, no traceback. Nobody reads the answer.
+    log.info("%s %s: the client disconnected before its request was read", request.method, request.url.path)
+    return error_response(400, "The client disconnected.", "client_disconnected")
 
 
 async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -95,5 +121,6 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -1,63 +1,112 @@
-"""OpenAPI documentation of the create body (read by hand, so FastAPI cannot infer it) and the error responses."""
+"""OpenAPI documentation of the create body, generated from `request_model.VideoCreateFields` (the model that
+also checks the fields, so the two cannot drift), plus the media fields and the error responses."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from h3serve import limits
+from h3serve.api.request_fields import URL_PREFIXES
+from h3serve.api.request_model import CROSS_FIELD_RULES, VideoCreateFields
 from h3serve.api.schemas import ErrorBody
 
-_URL_OBJECTS = {"type": "string", "description": 'JSON: {"<kind>_url": "https://... or data:..."} or a list of them'}
-_FIELDS: dict[str, dict[str, Any]] = {
-    "prompt": {"type": "string", "maxLength": limits.MAX_PROMPT_CHARS},
-    "model": {"type": "string", "description": "must match the served model name if given"},
-    "seconds": {
-        "type": "string",
-        "description": f"duration in seconds, {limits.MIN_DURATION_S:g} to {limits.MAX_DURATION_S:g} "
-        "(snapped up to a 17n+5 frame count)",
-    },
-    "size": {
-        "type": "string",
-        "pattern": r"^\d+x\d+$",
-        "description": f"WIDTHxHEIGHT, multiples of {limits.SPATIAL_MULTIPLE}",
-    },
-    "width": {"type": "integer"},
-    "height": {"type": "integer"},
-    "num_frames": {"type": "integer", "description": "instead of seconds; snapped up to 17n+5"},
-    "fps": {"type": "number", "enum": [limits.FPS]},
-    "aspect_ratio": {"type": "string", "description": "W:H, instead of size"},
-    "num_inference_steps": {"type": "integer", "minimum": limits.MIN_STEPS, "maximum": limits.MAX_STEPS},
-    "flow_shift": {"type": "number"},
-    "seed": {"type": "integer"},
-    "user": {"type": "string"},
-    "num_outputs_per_prompt": {"type": "integer", "enum": [1]},
-    "extra_params": {
-        "type": "string",
-        "description": "JSON object: task (t2va|fl2va|ref2va), duration, duration_seconds, aspect_ratio, "
-        "flow_shift, audio_flow_shift, frame_indices, frame_index, target {duration_seconds, aspect_ratio, "
-        "frame_indices}",
-    },
-    "input_reference": {"type": "string", "format": "binary", "description": "keyframe image (or image_url)"},
-    "input_references": {"type": "array", "items": {"type": "string", "format": "binary"}},
-    "image_reference": _URL_OBJECTS,
-    "video_reference": _URL_OBJECTS,
-    "audio_reference": _URL_OBJECTS,
-}
-_JSON_FIELDS = {
-    name: ({"type": "object"} if name == "extra_params" else {"type": "string"} if "format" in spec else spec)
-    for name, spec in _FIELDS.items()
-    if name != "input_references"
-}
+_URL_PATTERN = "^\\s*(" + "|".join(URL_PREFIXES) + ")"  # the prefixes request_fields reads as URLs
+_URL = {"type": "string", "pattern": _URL_PATTERN, "description": "an http(s) URL or a data: URL"}
 
-CREATE_REQUEST_BODY: dict[str, Any] = {
-    "required": True,
-    "content": {
-        "multipart/form-data": {"schema": {"type": "object", "required": ["prompt"], "properties": _FIELDS}},
-        "application/x-www-form-urlencoded": {
-            "schema": {"type": "object", "required": ["prompt"], "properties": _JSON_FIELDS}
+
+def _url_objects(key: str) -> dict[str, Any]:
+    item = {"type": "object", "properties": {key: _URL}, "required": [key], "additionalProperties": False}
+    return {"anyOf": [_URL, item, {"type": "array", "items": {"anyOf": [_URL, item]}, "minItems": 1, "maxItems": 3}]}
+
+
+_MEDIA_URLS: dict[str, Any] = {
+    "input_reference": _url_objects("image_url"),
+    "image_reference": _url_objects("image_url"),
+    "video_reference": _url_objects("video_url"),
+    "audio_reference": _url_objects("audio_url"),
+}
+_BINARY = {"type": "string", "format": "binary"}
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """The model's JSON schema with every `$ref` replaced by its definition (the body lives outside components)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return walk(copy.deepcopy(defs[node["$ref"].split("/")[-1]]))
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+def _strip_nulls(node: Any) -> Any:
+    """`X | None = None` means 'optional', not 'may be null': drop the null member so clients see the type."""
+    if isinstance(node, dict):
+        options = node.get("anyOf")
+        if options is not None and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            merged = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+            node = {**merged, **rest[0]} if len(rest) == 1 else {**merged, "anyOf": rest}
+        node.pop("default", None)
+        node.pop("title", None)
+        return {k: _strip_nulls(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_strip_nulls(v) for v in node]
+    return node
+
+
+def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
+    """The requestBody of POST /v1/videos(/sync) for JSON, urlencoded and multipart bodies."""
+    fields = _strip_nulls(_inlined(VideoCreateFields.model_json_schema()))
+    if served_model_name is not None:
+        fields["properties"]["model"]["enum"] = [served_model_name]
+    rules = "; ".join(CROSS_FIELD_RULES.values())
+    json_body = copy.deepcopy(fields)
+    json_body["properties"].update(_MEDIA_URLS)
+    json_body["description"] = f"Rules no schema can state (each a 400 naming the field): {rules}."
+    # Form bodies carry strings; extra_params goes as JSON text or bracketed keys (extra_params[task]=ref2va).
+    form = copy.deepcopy(fields)
+    del form["properties"]["extra_params"]
+    form["properties"].update({k: {"type": "string", "pattern": _URL_PATTERN} for k in _MEDIA_URLS})
+    form["description"] = json_body["description"] + " extra_params: JSON text or bracketed fields."
+    multipart = copy.deepcopy(form)
+    multipart["properties"].update(
+        input_reference=_BINARY,
+        input_references={"type": "array", "items": _BINARY, "maxItems": limits.MAX_MEDIA_FILES},
+    )
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": json_body},
+            "multipart/form-data": {"schema": multipart},
+            "application/x-www-form-urlencoded": {"schema": form},
         },
-        "application/json": {"schema": {"type": "object", "required": ["prompt"], "properties": _JSON_FIELDS}},
-    },
+    }
+
+
+CREATE_REQUEST_BODY = create_body_schema()
+
+
+def _link(operation_id: str) -> dict[str, Any]:
+    return {"operationId": operation_id, "parameters": {"video_id": "$response.body#/id"}}
+
+
+# The created job's id feeds the routes that take it (OpenAPI links: clients and stateful fuzzers follow them).
+CREATED_LINKS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the created job",
+        "links": {
+            "RetrieveVideo": _link("retrieve_video_v1_videos__video_id__get"),
+            "DownloadVideo": _link("download_video_v1_videos__video_id__content_get"),
+            "DeleteVideo": _link("delete_video_v1_videos__video_id__delete"),
+        },
+    }
 }
 
 

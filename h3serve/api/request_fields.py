@@ -18,12 +18,22 @@ from starlette.datastructures import UploadFile
 
 from h3serve import limits
 from h3serve.api.body import RequestBody
-from h3serve.api.coerce import as_int, as_int_list, as_json, as_number, as_object, as_text, reject_unknown
+from h3serve.api.coerce import (
+    as_int,
+    as_int_list,
+    as_json,
+    as_number,
+    as_object,
+    as_text,
+    preview,
+    reject_unknown,
+)
 from h3serve.api.errors import bad_request
+from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, Target, coerce_fields
 from h3serve.request import MediaKind
 
-_SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
-_URL_PREFIXES = ("http://", "https://", "data:")
+_SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
+URL_PREFIXES = ("http://", "https://", "data:")
 
 # Media fields: the kind each declares (None: a mixed upload list, typed from the bytes) and the URL key.
 MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
@@ -33,15 +43,8 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "video_reference": ("video", "video_url"),
     "audio_reference": ("audio", "audio_url"),
 }
-SCALAR_FIELDS = (
-    "prompt", "model", "seconds", "size", "width", "height", "num_frames", "fps", "aspect_ratio",
-    "num_inference_steps", "flow_shift", "seed", "user", "num_outputs_per_prompt", "extra_params",
-)
-EXTRA_KEYS = (
-    "task", "duration", "duration_seconds", "aspect_ratio", "flow_shift", "audio_flow_shift", "frame_indices",
-    "frame_index", "target",
-)
-TARGET_KEYS = ("duration_seconds", "aspect_ratio", "frame_indices")
+EXTRA_KEYS = tuple(ExtraParams.model_fields)
+TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
     "negative_prompt": "MiniMax-H3 is guidance-distilled and has no negative prompt",
@@ -80,6 +83,14 @@ class ParsedFields:
     aliases: dict[str, str] = field(default_factory=dict)  # GenerationRequest field -> field the client sent
 
 
+def _on_grid(pixels: int) -> int:
+    """An explicit edge floored to the model's grid, as vLLM-Omni does (the OpenAI SDK's 1280x720 becomes
+    1280x704); the job's `size` reports what is generated. Below one grid step the value is left for validation
+    to refuse."""
+    step = limits.SPATIAL_MULTIPLE
+    return pixels - pixels % step if pixels >= step else pixels
+
+
 def _first(*candidates: tuple[str, Any]) -> tuple[str, Any] | None:
     """The first (param, value) pair whose value was given."""
     return next(((p, v) for p, v in candidates if v is not None), None)
@@ -111,7 +122,11 @@ def _check_field_names(body: RequestBody) -> None:
 def parse_fields(body: RequestBody) -> ParsedFields:
     """Every field read and typed; 400 on an unknown, unsupported, duplicated or ill-typed one."""
     _check_field_names(body)
-    f = body.fields
+    _extra_params(body.fields)  # unknown keys are named before any value is checked
+    for name in SCALAR_FIELDS:
+        if isinstance(body.fields.get(name), list):  # a form field sent twice (JSON refuses duplicate keys)
+            raise bad_request(f"{name}: given more than once", name)
+    f = {**body.fields, **coerce_fields(body.fields)}  # typed and range-checked by the one request model
     extra, target = _extra_params(f)
     values: dict[str, Any] = {}
     aliases: dict[str, str] = {}
@@ -131,18 +146,19 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         param, raw = duration
         values["duration_s"] = as_number(raw, param)
         aliases["duration"] = param
-        seconds_label = raw.strip() if isinstance(raw, str) else f"{values['duration_s']:g}"
+        sent = body.fields.get("seconds") if param == "seconds" else None
+        seconds_label = sent.strip() if isinstance(sent, str) else f"{values['duration_s']:g}"
 
     if "size" in f:
         match = _SIZE.match(as_text(f["size"], "size"))
         if not match:
-            raise bad_request(f"size: must look like 1344x768 (WIDTHxHEIGHT), got {f['size']!r}", "size")
-        values["width"], values["height"] = int(match.group(1)), int(match.group(2))
+            raise bad_request(f"size: must look like 1344x768 (WIDTHxHEIGHT), got {preview(f['size'])}", "size")
+        values["width"], values["height"] = _on_grid(int(match.group(1))), _on_grid(int(match.group(2)))
         aliases.update(width="size", height="size")
     else:
         for name in ("width", "height"):
             if name in f:
-                values[name] = as_int(f[name], name)
+                values[name] = _on_grid(as_int(f[name], name))
 
     ratio = _first(
         ("extra_params.target.aspect_ratio", target.get("aspect_ratio")),
@@ -200,14 +216,14 @@ def parse_fields(body: RequestBody) -> ParsedFields:
 
 def _url_items(value: Any, name: str, url_key: str) -> list[str]:
     """URLs from `{"<url_key>": url}`, a list of those, their JSON text, or a bare http(s)/data URL."""
-    if isinstance(value, str) and value.strip().startswith(_URL_PREFIXES):
+    if isinstance(value, str) and value.strip().startswith(URL_PREFIXES):
         return [value.strip()]
     value = as_json(value, name)
     items = value if isinstance(value, list) else [value]
     urls = []
     for i, item in enumerate(items):
         param = f"{name}[{i}]" if isinstance(value, list) else name
-        if isinstance(item, str) and item.strip().startswith(_URL_PREFIXES):
+        if isinstance(item, str) and item.strip().startswith(URL_PREFIXES):
             urls.append(item.strip())
             continue
         if not isinstance(item, dict):

@@ -9,6 +9,12 @@ from pydantic import BaseModel
 from h3serve.engine.jobs import Job
 
 
+def _text(value: str) -> str:
+    """Text that serialises as UTF-8: a lone surrogate stored before requests were checked for them becomes '?'
+    rather than failing every response that holds it."""
+    return value.encode("utf-8", "replace").decode("utf-8")
+
+
 class VideoError(BaseModel):
     code: str
     message: str
@@ -41,16 +47,16 @@ class Video(BaseModel):
     def from_job(cls, job: Job) -> Video:
         return cls(
             id=job.id,
-            model=job.model,
+            model=_text(job.model),
             status=job.status,
             progress=job.progress,
             created_at=job.created_at,
             completed_at=job.completed_at,
             expires_at=job.expires_at,
-            prompt=job.request.prompt,
-            size=job.size,
-            seconds=job.seconds,
-            error=None if job.error is None else VideoError(code=job.error.code, message=job.error.message),
+            prompt=_text(job.request.prompt),
+            size=_text(job.size),
+            seconds=_text(job.seconds),
+            error=None if job.error is None else VideoError(code=job.error.code, message=_text(job.error.message)),
             num_frames=job.num_frames,
             fps=job.fps,
             duration_s=round(job.duration_s, 6),

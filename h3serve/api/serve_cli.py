@@ -64,6 +64,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="let media URLs reach loopback, private and link-local addresses")
     p.add_argument("--media-fetch-timeout", type=float, default=server("media_fetch_timeout_s"),
                    help="seconds for all media URLs of one request together (default %(default)g)")
+    p.add_argument("--header-timeout", type=float, default=server("header_timeout_s"),
+                   help="seconds a connection has to send its request headers (default %(default)g)")
+    p.add_argument("--keep-alive-timeout", type=float, default=server("keep_alive_timeout_s"),
+                   help="seconds an idle keep-alive connection stays open (default %(default)g)")
+    p.add_argument("--max-connections", type=int, default=server("max_connections"),
+                   help="open connections before new ones get 503 (default %(default)s)")
+    p.add_argument("--shutdown-grace", type=float, default=server("shutdown_grace_s"),
+                   help="SIGTERM: seconds the running job may take to finish before it is requeued "
+                        "(default %(default)g)")
+    p.add_argument("--max-request-cost", type=float, default=server("max_request_cost"),
+                   help="refuse requests costing more: width x height x frames x steps / 1e6 (default: the "
+                        "checkpoint's largest canvas at 15 s and 100 steps)")
+    p.add_argument("--job-timeout", type=float, default=server("job_timeout_s"),
+                   help="seconds a job may run before it fails with code 'timeout' (default: no limit)")
+    p.add_argument("--stall-timeout", type=float, default=server("stall_timeout_s"),
+                   help="/health is 503 when the running job made no progress for this long (default %(default)g)")
     p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
     p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
     p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
@@ -97,6 +113,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             poll_after_ms=args.poll_after_ms,
             allow_private_media_urls=args.allow_private_media_urls,
             media_fetch_timeout_s=args.media_fetch_timeout,
+            header_timeout_s=args.header_timeout,
+            keep_alive_timeout_s=args.keep_alive_timeout,
+            max_connections=args.max_connections,
+            shutdown_grace_s=args.shutdown_grace,
+            max_request_cost=args.max_request_cost,
+            job_timeout_s=args.job_timeout,
+            stall_timeout_s=args.stall_timeout,
             encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate),
         ).validate()
     except (ConfigError, CheckpointError) as e:
@@ -143,9 +166,8 @@ def _open_storage(server_config: ServerConfig) -> tuple[SQLiteJobStore, JobFiles
 def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rendezvous: Rendezvous) -> int:
     import sqlite3
 
-    import uvicorn
-
     from h3serve.api.app import create_app
+    from h3serve.api.http_server import build_server
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
 
@@ -171,12 +193,13 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             output_ttl_s=server_config.output_ttl_s or None,
             sweep_interval_s=server_config.sweep_interval_s,
             encoder_options=server_config.encoder_options,
+            job_timeout_s=server_config.job_timeout_s,
+            stall_timeout_s=server_config.stall_timeout_s,
         )
         app = create_app(server_config, manager, store)
         log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,
                  server_config.port, server_config.data_dir)
-        uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=logging.root.level,
-                    timeout_graceful_shutdown=10)
+        build_server(app, server_config, log_level=logging.root.level).run()
     finally:
         shut_down(manager, executor, store)
     return 0

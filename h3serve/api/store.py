@@ -7,6 +7,7 @@ makes each statement atomic, so a crash leaves every record either before or aft
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from dataclasses import fields, replace
@@ -16,6 +17,7 @@ from typing import Any
 from h3serve.engine.jobs import Job, JobError
 from h3serve.request import GenerationRequest, MediaRef
 
+log = logging.getLogger("h3serve.store")
 SCHEMA_VERSION = 1
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -92,6 +94,15 @@ def _from_row(row: sqlite3.Row) -> Job:
     values["error"] = None if values["error"] is None else JobError(**json.loads(values["error"]))
     values["sync"], values["expired"] = bool(values["sync"]), bool(values["expired"])
     return Job(seq=row["seq"], **values)
+
+
+def _decoded(row: sqlite3.Row) -> Job | None:
+    """A listed row; None (logged) for one that no longer decodes, so it cannot break a whole page."""
+    try:
+        return _from_row(row)
+    except Exception:
+        log.exception("job %s: its stored record does not decode; left out of the listing", row["id"])
+        return None
 
 
 class SQLiteJobStore:
@@ -172,4 +183,4 @@ class SQLiteJobStore:
             sql += f" AND seq {compare} (SELECT seq FROM jobs WHERE id = ?)"
             params.append(after)
         rows = self._query(f"{sql} ORDER BY seq {direction} LIMIT ?", (*params, limit + 1))
-        return [_from_row(r) for r in rows[:limit]], len(rows) > limit
+        return [job for job in map(_decoded, rows[:limit]) if job is not None], len(rows) > limit

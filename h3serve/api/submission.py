@@ -16,6 +16,7 @@ from h3serve.api.errors import APIError, bad_request, from_request_error
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import ParsedFields, parse_fields
+from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
 from h3serve.engine.jobs import Job, QueueFull, ShuttingDown, new_job_id
 from h3serve.engine.planning import plan_request
 from h3serve.media.intake import MediaError
@@ -49,7 +50,8 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
             await run_in_threadpool(ctx.manager.check_capacity)  # before spending time on uploads
         except (QueueFull, ShuttingDown) as e:
             raise _queue_error(e) from None
-        parsed = parse_fields(await read_body(request, ctx.config.max_body_bytes))
+        body = await read_body(request, ctx.config.max_body_bytes)
+        parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
             raise bad_request(
                 f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}", "model",
@@ -79,6 +81,10 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     except MediaError as e:
         param = aliases.get(e.field, e.field)
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
+    try:
+        check_cost(plan, ctx.config.max_request_cost or default_max_cost(ctx.manager.defaults))
+    except TooCostly as e:
+        raise bad_request(str(e), None, "request_too_costly") from None
     job = Job.planned(
         job_id, ctx.config.served_model_name, generation_request, plan, _seconds_label(parsed, plan),
         created_at=int(ctx.manager.clock()), sync=sync,

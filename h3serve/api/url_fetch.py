@@ -14,12 +14,12 @@ import binascii
 import ipaddress
 import os
 import socket
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
+from h3serve.api.percent import percent_decode
 from h3serve.media.raw import atomic_output
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -70,8 +70,13 @@ def _parse_url(text: str, base: httpx.URL | None = None) -> httpx.URL:
 
 def public_address_only(ip: IPAddress) -> str | None:
     """Why `ip` may not be fetched from (None: it is a public unicast address)."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        # IPv4 inside IPv6 (mapped ::ffff:a.b.c.d, 6to4 2002:ab:cd::, Teredo's client): judged as that IPv4.
+        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if embedded is not None:
+            inner = public_address_only(embedded)
+            if inner is not None:
+                return f"{inner} inside {ip}"
     for reason, hit in (
         ("an unspecified address", ip.is_unspecified),
         ("a loopback address", ip.is_loopback),
@@ -106,7 +111,7 @@ def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
         except (binascii.Error, ValueError):
             raise MediaFetchError("the data URL is not valid base64") from None
     else:
-        data = urllib.parse.unquote_to_bytes(payload)
+        data = percent_decode(payload.encode())
     if len(data) > max_bytes:
         raise MediaFetchError(f"the data URL holds more than {max_bytes // 2**20} MiB", too_large=True)
     return data, media_type

@@ -10,6 +10,7 @@ from h3serve.media import intake
 from h3serve.model.conditioning import (
     AudioReference,
     Reference,
+    StreamingVideoNormalizer,
     normalize_image_reference,
     normalize_video_reference,
     prepare_keyframes,
@@ -37,8 +38,13 @@ def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditio
     if plan.task != "ref2va":
         return Conditioning()
 
+    def reduce(fps: float, width: int, height: int) -> StreamingVideoNormalizer:
+        return StreamingVideoNormalizer(
+            fps, width, height, plan.num_frames, defaults.canvas_short_edge, defaults.canvas_max_pixels
+        )
+
     refs: list[Reference] = []
-    for media in intake.load_references(plan.references):
+    for media in intake.load_references(plan.references, reduce_video=reduce):
         if isinstance(media, intake.ImageMedia):
             refs.append(normalize_image_reference(media.image, defaults.reference_image_short_edge))
         elif isinstance(media, intake.VideoMedia):
@@ -46,7 +52,7 @@ def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditio
             refs.append(
                 normalize_video_reference(
                     media.frames,
-                    media.fps,
+                    limits.FPS if media.reduced else media.fps,  # reduced: already at 24 fps and on the canvas
                     plan.num_frames,
                     defaults.canvas_short_edge,
                     defaults.canvas_max_pixels,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import queue
 import shutil
@@ -18,15 +19,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.config import EngineConfig
+from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.engine.output import GenerationOutput
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 ProgressCallback = Callable[[int, int], None]
+SPOOL_PREFIX = "h3serve-spool-"
+# How often a wait for rank events wakes to check a cancel request or deadline (a dead rank wakes it at once).
+WAKE_S = 0.2
 
 
 class EngineError(RuntimeError):
@@ -45,13 +49,25 @@ class Cancelled(RuntimeError):
     """The request was cancelled before it finished."""
 
 
-@dataclass(frozen=True)
-class RankJob:
-    """What travels from the parent to rank 0 (and from rank 0 to every rank)."""
+def remove_stale_spools(root: Path | None = None) -> list[Path]:
+    """Remove spool folders whose server process is gone (a SIGKILLed server cannot clean up after itself)."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{SPOOL_PREFIX}*"):
+        pid = folder.name[len(SPOOL_PREFIX) :].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
-    seq: int
-    plan: GenerationPlan
-    spool: str  # file rank 0 writes the result arrays into
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: running
+        return True
+    return True
 
 
 class Executor:
@@ -76,7 +92,10 @@ class Executor:
         self.defaults: ModelDefaults = ModelDefaults()
         self.tasks: tuple[str, ...] = ()  # what the loaded DiTs serve (sent by rank 0 when ready)
         self.restarts = 0
-        self.cancel_grace_s = 120.0
+        # A cancelled job (DELETE, shutdown, timeout) must stop within this; a step that takes longer (a runaway
+        # request) is interrupted by restarting the ranks, so the engine is free for the next job.
+        self.cancel_grace_s = 30.0
+        self._cancel_requested: tuple[int, float] | None = None  # (seq, when)
         self._closed = False  # after close(), a dying rank is not restarted (shutdown, not a failure)
         self._start()
 
@@ -117,14 +136,15 @@ class Executor:
                         "(raise --init-timeout)"
                     ) from None
                 raise
-            if event[0] == "ready":
-                self.defaults, self.tasks = event[1], event[2]
+            if isinstance(event, Ready):
+                self.defaults, self.tasks = event.defaults, event.tasks
                 if self._spool is None:
-                    self._spool = Path(tempfile.mkdtemp(prefix="h3serve-spool-"))
+                    remove_stale_spools()
+                    self._spool = Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-"))
                 return
-            if event[0] == "fatal":
+            if isinstance(event, Fatal):
                 self._stop_procs()
-                raise EngineError(f"engine failed to start: {event[1]}")
+                raise EngineError(f"engine failed to start: {event.message}")
 
     def _stop_procs(self) -> None:
         for p in self._procs:
@@ -144,7 +164,7 @@ class Executor:
     def close(self) -> None:
         self._closed = True
         if self._procs and all(p.is_alive() for p in self._procs):
-            self._requests.put(None)
+            self._requests.put(Stop())
             for p in self._procs:
                 p.join(timeout=10)
         self._stop_procs()
@@ -161,7 +181,7 @@ class Executor:
         """Non-leader nodes: keep the local ranks alive (restarting them after a failure) until they exit
         cleanly, which they do when the leader closes the engine."""
         while True:
-            time.sleep(poll_s)
+            mp_connection.wait([p.sentinel for p in self._procs], timeout=poll_s)  # wakes when a rank exits
             codes = [p.exitcode for p in self._procs]
             if all(code == 0 for code in codes):
                 return
@@ -171,8 +191,10 @@ class Executor:
     # -- requests --------------------------------------------------------------------------------------------
 
     def cancel(self, seq: int) -> None:
-        """Ask the ranks to stop job `seq` at its next denoise step."""
+        """Ask the ranks to stop job `seq` at its next denoise step; if that takes more than `cancel_grace_s`
+        (one step running away), `generate` restarts the ranks instead."""
         self._cancel.value = seq
+        self._cancel_requested = (seq, time.monotonic())
 
     def generate(
         self,
@@ -194,42 +216,58 @@ class Executor:
                 on_start(job.seq)
             self._requests.put(job)
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            timed_out = False
             try:
                 while True:
                     try:
-                        event = self._next_event(deadline)
+                        event = self._next_event(self._wait_until(job.seq, deadline))
                     except TimeoutError:
-                        if timed_out:  # it did not even stop when asked: only a restart is safe
-                            self.restart()
-                            raise
-                        timed_out = True
-                        self.cancel(job.seq)  # abort at the next step, then report the timeout
-                        deadline = time.monotonic() + self.cancel_grace_s
+                        self._give_up(job.seq, timeout_s, deadline)
                         continue
-                    kind = event[0]
-                    if kind == "progress" and event[1] == job.seq and on_progress is not None:
-                        on_progress(event[2], event[3])
-                    elif kind == "done" and event[1] == job.seq:
-                        return self._read_result(job.spool, event[2], event[3])
-                    elif kind == "cancelled" and event[1] == job.seq:
-                        if timed_out:
+                    if getattr(event, "seq", None) != job.seq:
+                        continue  # a late message about an earlier job
+                    if isinstance(event, Progress) and on_progress is not None:
+                        on_progress(event.done, event.total)
+                    elif isinstance(event, Done):
+                        return self._read_result(job.spool, event.stage_durations, event.peak_memory_mb)
+                    elif isinstance(event, JobCancelled):
+                        if deadline is not None and time.monotonic() >= deadline:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                         raise Cancelled(f"job {job.seq} was cancelled")
-                    elif kind == "error" and event[1] == job.seq:
-                        raise EngineError(self._root_cause(event), client_error=event[4])
+                    elif isinstance(event, Failed):
+                        raise EngineError(self._root_cause(event), client_error=event.client_error)
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
                 if not self.alive() or self.config.world_size > 1:
                     self.restart()
                 raise
+            finally:
+                self._cancel_requested = None
 
-    def _root_cause(self, error: tuple, settle_s: float = 2.0) -> str:
+    def _wait_until(self, seq: int, deadline: float | None) -> float | None:
+        """When to stop waiting for events: the job's deadline, or the end of a pending cancel's grace."""
+        requested = self._cancel_requested
+        if requested is not None and requested[0] == seq:
+            return requested[1] + self.cancel_grace_s  # stopping already: the grace decides, not the deadline
+        return deadline
+
+    def _give_up(self, seq: int, timeout_s: float | None, deadline: float | None) -> None:
+        """The job's time is up or its cancel was not honoured in time: ask it to stop, and once the grace is
+        over interrupt it by restarting the ranks (the only way into a step that runs away)."""
+        requested = self._cancel_requested
+        if requested is None or requested[0] != seq:
+            self.cancel(seq)  # first: stop at the next step, with `cancel_grace_s` to do so
+            return
+        self.restart()
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"generation timed out after {timeout_s:g}s; the ranks were restarted to stop it")
+        raise Cancelled(f"job {seq} was cancelled; the ranks were restarted to stop it within its step")
+
+    def _root_cause(self, error: Failed, settle_s: float = 2.0) -> str:
         """With several ranks, a rank's error is often a symptom (its collective lost a peer that died): give
         the processes a moment to settle and name a rank that died without reporting, if any."""
         if len(self._procs) <= 1:
-            return error[2]
-        reporters = {error[3]} if error[3] is not None else set()
+            return error.message
+        reporters = {error.rank} if error.rank is not None else set()
         deadline = time.monotonic() + settle_s
         while time.monotonic() < deadline:
             time.sleep(0.1)
@@ -241,32 +279,46 @@ class Executor:
                     event = self._events.get_nowait()
                 except queue.Empty:
                     break
-                if event[0] == "error" and event[3] is not None:
-                    reporters.add(event[3])
+                if isinstance(event, Failed) and event.rank is not None:
+                    reporters.add(event.rank)
             silent = [(rank, code) for rank, code in dead if rank not in reporters]
             if silent:
                 return f"rank {silent[0][0]} exited with code {silent[0][1]} while the request was running"
             if reporters <= {rank for rank, _ in dead}:
                 break  # every reporter is gone and no other rank died: the report is the cause
-        return error[2]
+        return error.message
 
-    def _next_event(self, deadline: float | None, starting: bool = False) -> tuple:
-        """The next event from rank 0; EngineError if a rank died, TimeoutError past `deadline`."""
+    def _next_event(self, deadline: float | None, starting: bool = False) -> Event:
+        """The next event from rank 0; EngineError if a rank died, TimeoutError past `deadline`.
+
+        Waits on the event pipe and on every rank's sentinel together: a rank's death is noticed at once."""
+        sentinels = [p.sentinel for p in self._procs]
         while True:
             # Checked before every read, not only when the queue is idle: steady progress events must not
             # postpone a timeout.
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 raise TimeoutError("the engine did not answer in time")
             try:
-                return self._events.get(timeout=0.2)
+                return self._events.get_nowait()
+            except queue.Empty:
+                pass
+            wake_s = WAKE_S if deadline is None else min(WAKE_S, max(0.0, deadline - now))
+            # Queue._reader is the pipe end `get` reads: waiting on it with the sentinels avoids polling.
+            ready = mp_connection.wait([self._events._reader, *sentinels], timeout=wake_s)  # type: ignore[attr-defined]
+            if not any(r in sentinels for r in ready):
+                continue
+            try:  # a report a rank flushed before it exited comes first
+                return self._events.get(timeout=0.05)
             except queue.Empty:
                 pass
             dead = [p for p in self._procs if not p.is_alive()]
-            if dead:
-                p = dead[0]
-                rank = self._ranks[self._procs.index(p)]
-                what = "starting the engine" if starting else "the request was running"
-                raise EngineError(f"rank {rank} exited with code {p.exitcode} while {what}")
+            if not dead:
+                continue
+            p = dead[0]
+            rank = self._ranks[self._procs.index(p)]
+            what = "starting the engine" if starting else "the request was running"
+            raise EngineError(f"rank {rank} exited with code {p.exitcode} while {what}")
 
     @staticmethod
     def _read_result(spool: str, stage_durations: dict, peak_memory_mb: float) -> GenerationOutput:

@@ -141,6 +141,7 @@ class _Active:
     seq: int | None = None
     deleted: bool = False
     started: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)  # /health's stall check
 
 
 JobListener = Callable[[Job], None]
@@ -160,6 +161,8 @@ class JobManager:
         sweep_interval_s: float = 60.0,
         encoder_options: EncoderOptions = EncoderOptions(),  # noqa: B008 (frozen)
         clock: Callable[[], float] = time.time,
+        job_timeout_s: float | None = None,
+        stall_timeout_s: float | None = None,
     ):
         self.executor = executor
         self.store = store
@@ -169,6 +172,8 @@ class JobManager:
         self.sweep_interval_s = sweep_interval_s
         self.encoder_options = encoder_options
         self.clock = clock
+        self.job_timeout_s = job_timeout_s
+        self.stall_timeout_s = stall_timeout_s
         self._cond = threading.Condition()
         self._queue: deque[tuple[str, GenerationPlan]] = deque()
         self._active: _Active | None = None
@@ -215,6 +220,22 @@ class JobManager:
             self._cond.notify_all()
         self._stop_sweeper.set()
 
+    def drain(self, grace_s: float) -> bool:
+        """Graceful stop: take no more jobs, release /sync waiters of queued jobs (they answer 'shutting down'),
+        give the running job `grace_s` to finish, then `stop` (cancelling it back into the queue). True if
+        nothing was left running."""
+        deadline = time.monotonic() + grace_s
+        with self._cond:
+            self._stopping = True
+            for job_id, _ in self._queue:  # they stay queued (and stored) for the next start
+                self._finish_waiters(job_id)
+            self._cond.notify_all()
+            while self._active is not None and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            finished = self._active is None
+        self.stop()
+        return finished
+
     def join(self, timeout_s: float = 30.0) -> bool:
         """Wait for the runner and the sweeper to exit; True once both have (the store may then be closed)."""
         deadline = time.monotonic() + timeout_s
@@ -224,7 +245,22 @@ class JobManager:
         return not any(t is not None and t.is_alive() for t in (self._runner, self._sweeper))
 
     def healthy(self) -> bool:
-        return self._runner is not None and self._runner.is_alive() and self.executor.alive()
+        return self.unhealthy_reason() is None
+
+    def unhealthy_reason(self) -> str | None:
+        """Why the engine cannot serve (None: it can): the runner or the ranks are gone, or the running job has
+        made no progress for `stall_timeout_s` (a stuck engine)."""
+        if self._runner is None or not self._runner.is_alive():
+            return "the job runner is not running"
+        if not self.executor.alive():
+            return "the engine's rank processes are not running"
+        active = self._active
+        if active is not None and self.stall_timeout_s is not None:
+            stalled_s = time.monotonic() - active.last_progress
+            if stalled_s > self.stall_timeout_s:
+                limit = self.stall_timeout_s
+                return f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
+        return None
 
     def add_listener(self, listener: JobListener) -> None:
         """`listener(job)` is called from the runner thread whenever a job completes or fails."""
@@ -308,6 +344,7 @@ class JobManager:
                         self.files.remove(job_id)
                     self._active = None
                     self._finish_waiters(job_id)  # after the outcome is stored: a sync waiter reads it next
+                    self._cond.notify_all()  # a drain waits for the running job
 
     def _run(self, active: _Active, plan: GenerationPlan) -> None:
         if active.deleted:  # deleted between leaving the queue and reaching here
@@ -318,12 +355,14 @@ class JobManager:
         def on_start(seq: int) -> None:
             with self._cond:
                 active.seq = seq
+                active.last_progress = time.monotonic()
                 if active.deleted or self._stopping:
                     self.executor.cancel(seq)
                 else:
                     self.store.update(job_id, status="in_progress")
 
         def on_progress(done: int, total: int) -> None:
+            active.last_progress = time.monotonic()
             percent = min(99, done * 100 // max(total, 1))  # 100 only once the files are written
             if percent > reported[0]:
                 reported[0] = percent
@@ -331,7 +370,7 @@ class JobManager:
                     if not active.deleted:
                         self.store.update(job_id, progress=percent)
 
-        output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start)
+        output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s)
         if active.deleted:
             return
         encode_start = time.monotonic()
@@ -381,6 +420,9 @@ class JobManager:
             return None
         if isinstance(exc, EngineError):
             return JobError("invalid_request" if client_error else "generation_failed", str(exc))
+        if isinstance(exc, TimeoutError) and self.job_timeout_s is not None:
+            return JobError("timeout", f"the job ran past the server's job timeout ({self.job_timeout_s:g} s) and was "
+                                       "stopped; use a smaller size, a shorter duration or fewer steps")
         # Anything else (TimeoutError, RuntimeError, a bug) is the server's; its text may name paths.
         log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
         return JobError("internal_error", INTERNAL_ERROR_MESSAGE)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
+from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 
 
 class _CancelledHere(Exception):
@@ -57,7 +58,7 @@ def _client_message(e: Exception) -> str:
 _KEEPALIVE = "keepalive"
 
 
-def _next_job(requests, rank: int, world: int, keepalive_s: float):
+def _next_job(requests, rank: int, world: int, keepalive_s: float) -> RankJob | Stop:
     """Rank 0 takes the next job from the parent; every rank gets it by broadcast.
 
     While idle, rank 0 broadcasts a keepalive every `keepalive_s`: the other ranks wait for the next job inside
@@ -120,20 +121,20 @@ def worker_main(
         engine = LocalEngine(config, rank=rank, world_size=world)
     except Exception as e:  # report, then exit: the parent turns this into a start-up error
         if rank == 0:
-            events.put(("fatal", f"{type(e).__name__}: {e}"))
+            events.put(Fatal(f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from None
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
     if rank == 0:
-        events.put(("ready", engine.defaults, engine.tasks))
+        events.put(Ready(engine.defaults, engine.tasks))
 
     while True:
         job = _next_job(requests, rank, world, config.idle_keepalive_s)
-        if job is None:
+        if isinstance(job, Stop):
             break
 
         def on_step(done: int, total: int, seq: int = job.seq) -> None:
             if rank == 0:
-                events.put(("progress", seq, done, total))
+                events.put(Progress(seq, done, total))
             if _cancel_requested(cancel_value, seq, rank, world, comm_device):
                 raise _CancelledHere
 
@@ -141,23 +142,23 @@ def worker_main(
             output = engine.generate(job.plan, on_step)
         except _CancelledHere:
             if rank == 0:
-                events.put(("cancelled", job.seq))
+                events.put(JobCancelled(job.seq))
             continue
         except Exception as e:
             if world > 1:
                 # Another rank may be waiting in a collective this rank will never join: continuing would
                 # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
                 traceback.print_exc()
-                events.put(("error", job.seq, f"rank {rank}: {_client_message(e)}", rank, _is_client_error(e)))
+                events.put(Failed(job.seq, f"rank {rank}: {_client_message(e)}", rank, _is_client_error(e)))
                 events.close()
                 events.join_thread()  # flush the report before the hard exit
                 os._exit(1)
             traceback.print_exc()
-            events.put(("error", job.seq, _client_message(e), None, _is_client_error(e)))
+            events.put(Failed(job.seq, _client_message(e), None, _is_client_error(e)))
             continue
         if rank == 0:
             write_raw(job.spool, output.video, output.audio)
-            events.put(("done", job.seq, output.stage_durations, output.peak_memory_mb))
+            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb))
 
     if world > 1:
         dist.destroy_process_group()

@@ -18,8 +18,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import av
 import numpy as np
@@ -127,10 +128,12 @@ class VideoMedia:
     frames: np.ndarray  # (T, H, W, 3) uint8, upright (display rotation applied)
     fps: float
     audio: AudioMedia | None  # the soundtrack, if the file has one
+    reduced: bool = False  # `frames` are what a `ReduceVideo` kept, not the source frames
+    source_frames: int = 0  # frames decoded from the file (0: as many as `frames` holds)
 
     @property
     def duration_s(self) -> float:
-        return self.frames.shape[0] / self.fps
+        return (self.source_frames or self.frames.shape[0]) / self.fps
 
 
 Media = ImageMedia | VideoMedia | AudioMedia
@@ -376,11 +379,26 @@ def _average_fps(stream: av.video.stream.VideoStream) -> float | None:
     return None
 
 
+class FrameReducer(Protocol):
+    """Takes a clip's frames one at a time as they are decoded and keeps only what its consumer needs (e.g. the
+    model's frame rate and canvas), so a clip is never held at its source resolution."""
+
+    def add(self, index: int, rgb: np.ndarray) -> None: ...
+    def result(self) -> np.ndarray: ...
+
+
+# (fps, width, height of the upright frames) -> the reducer for one clip
+ReduceVideo = Callable[[float, int, int], FrameReducer]
+
+
 class _FrameStore:
     """Decoded frames, upright, with the aspect and decoded-size guards applied as they arrive."""
 
-    def __init__(self, ref: MediaRef, field: str, keep: bool = True):
+    def __init__(self, ref: MediaRef, field: str, keep: bool = True, reduce: ReduceVideo | None = None,
+                 fps: float | None = None):
         self.ref, self.field, self.keep = ref, field, keep
+        self.reduce, self.fps = (reduce, fps) if keep and fps is not None else (None, None)
+        self.reducer: FrameReducer | None = None
         self.frames: list[np.ndarray] = []
         self.count = 0
         self.shape: tuple[int, ...] | None = None
@@ -398,6 +416,8 @@ class _FrameStore:
         if self.shape is None:
             _check_aspect(self.ref, self.field, "video", rgb.shape[1], rgb.shape[0])
             self.shape = rgb.shape
+            if self.reduce is not None:
+                self.reducer = self.reduce(self.fps, rgb.shape[1], rgb.shape[0])
         elif rgb.shape != self.shape:
             raise MediaFormatError(
                 self.ref.name, self.field, "the frame size changes within the video", "a constant frame size"
@@ -413,9 +433,11 @@ class _FrameStore:
         if frame.time is not None:
             self.first_pts = frame.time if self.first_pts is None else self.first_pts
             self.last_pts = frame.time
-        self.count += 1
-        if self.keep:
+        if self.reducer is not None:
+            self.reducer.add(self.count, rgb)
+        elif self.keep:
             self.frames.append(rgb)
+        self.count += 1
 
     def fps_from_timestamps(self) -> float | None:
         if self.count > 1 and self.first_pts is not None and self.last_pts > self.first_pts:
@@ -429,6 +451,8 @@ class _FrameStore:
         """
         if not self.keep:
             return np.broadcast_to(np.zeros(3, dtype=np.uint8), (self.count, *self.shape))
+        if self.reducer is not None:
+            return self.reducer.result()
         out = np.empty((len(self.frames), *self.frames[0].shape), dtype=np.uint8)
         for i in range(len(self.frames)):
             out[i] = self.frames[i]
@@ -437,17 +461,21 @@ class _FrameStore:
         return out
 
 
-def load_video(ref: MediaRef, field: str = "video", keep_frames: bool = True) -> VideoMedia:
+def load_video(
+    ref: MediaRef, field: str = "video", keep_frames: bool = True, reduce: ReduceVideo | None = None
+) -> VideoMedia:
     """Decode an H.264/H.265 clip of 2-15 s to rgb24 frames, with its AAC/MP3 soundtrack if it has one.
 
     `keep_frames=False` checks every rule (decoding every frame) without keeping the frames (see `_FrameStore`).
+    `reduce` (used when the container states a frame rate) keeps only what it makes of the frames as they are
+    decoded; the result's `frames` are then the reducer's and `fps` is still the source's.
     """
     fmt = _inspect(ref, field, "video")
     if fmt.name not in _VIDEO_CONTAINERS:
         raise MediaFormatError(ref.name, field, f"unsupported video container {fmt.label}", ACCEPTED["video"])
     try:
         with av.open(str(ref.path), format=_VIDEO_CONTAINERS[fmt.name]) as container:
-            return _decode_video(container, ref, field, keep_frames)
+            return _decode_video(container, ref, field, keep_frames, reduce)
     except MediaError:
         raise
     except Exception as exc:
@@ -457,7 +485,7 @@ def load_video(ref: MediaRef, field: str = "video", keep_frames: bool = True) ->
 
 
 def _decode_video(
-    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool
+    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool, reduce: ReduceVideo | None
 ) -> VideoMedia:
     if not container.streams.video:
         raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
@@ -471,7 +499,7 @@ def _decode_video(
     video.thread_type = "AUTO"
     fps = _average_fps(video)
     max_frames = None if fps is None else _max_clip_samples(fps)  # same rule as audio, counted in frames
-    store = _FrameStore(ref, field, keep_frames)
+    store = _FrameStore(ref, field, keep_frames, reduce, fps)
     soundtrack = None
     if sound is not None:
         soundtrack = _AudioCollector(sound, _max_clip_samples(int(sound.codec_context.sample_rate or 1)) - 1)
@@ -494,7 +522,8 @@ def _decode_video(
     _check_clip_duration(ref, field, "video", store.count / fps)
     samples = None if soundtrack is None else soundtrack.samples()
     audio = None if samples is None else AudioMedia(name=ref.name, samples=samples, sample_rate=soundtrack.rate)
-    return VideoMedia(name=ref.name, frames=store.stack(), fps=fps, audio=audio)
+    return VideoMedia(name=ref.name, frames=store.stack(), fps=fps, audio=audio, reduced=store.reducer is not None,
+                      source_frames=store.count)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -515,7 +544,9 @@ def check_references(refs: Sequence[MediaRef]) -> None:
     load_references(refs, keep_frames=False)
 
 
-def load_references(refs: Sequence[MediaRef], keep_frames: bool = True) -> list[Media]:
+def load_references(
+    refs: Sequence[MediaRef], keep_frames: bool = True, reduce_video: ReduceVideo | None = None
+) -> list[Media]:
     """Decode a Ref2VA reference set, in order, with the set rules applied (fields "references[i]").
 
     Rules: at most 9 images, 3 videos, 3 audio clips and 12 files; audio needs at least one image or video;
@@ -544,7 +575,7 @@ def load_references(refs: Sequence[MediaRef], keep_frames: bool = True) -> list[
     media: list[Media] = []
     totals = {"video": 0.0, "audio": 0.0}
     for ref, field, kind in zip(refs, fields, kinds, strict=True):
-        item = load_video(ref, field, keep_frames) if kind == "video" else _LOADERS[kind](ref, field)
+        item = load_video(ref, field, keep_frames, reduce_video) if kind == "video" else _LOADERS[kind](ref, field)
         if isinstance(item, VideoMedia | AudioMedia):
             totals[kind] += item.duration_s
             if totals[kind] > limits.REF_TOTAL_MAX_S + limits.MEDIA_DURATION_SLACK_S:

@@ -99,6 +99,39 @@ def normalize_video_reference(
     return VideoReference(frames=frames, audio=audio)
 
 
+class StreamingVideoNormalizer:
+    """`normalize_video_reference`'s frames computed while the clip decodes (an `intake.FrameReducer`): each
+    source frame is resized as it arrives and kept once with its hold count, so a 4K clip never sits in memory at
+    4K. The result equals `resample_frames_to_24fps(frames, fps)[:num_frames]` resized frame by frame."""
+
+    def __init__(self, fps: float, width: int, height: int, num_frames: int, short_edge: int, max_pixels: int):
+        self.scale = limits.FPS / fps
+        self.num_frames = num_frames
+        self.height, self.width = geometry.resolve_canvas_size(width, height, short_edge, max_pixels)
+        self.source_size = (height, width)
+        self.kept: list[tuple[np.ndarray, int]] = []  # (frame at the canvas size, output slots it holds)
+
+    def _slot(self, index: int) -> int:
+        return index if self.scale == 1 else math.floor(index * self.scale + 0.5)
+
+    def add(self, index: int, rgb: np.ndarray) -> None:
+        start, end = self._slot(index), min(self._slot(index + 1), self.num_frames)
+        if end <= start:
+            return  # held for no slot (a faster source), or past the target length
+        if rgb.shape[:2] != (self.height, self.width):
+            rgb = np.asarray(Image.fromarray(rgb).resize((self.width, self.height), Image.Resampling.LANCZOS))
+        self.kept.append((rgb, end - start))
+
+    def result(self) -> np.ndarray:
+        out = np.empty((sum(n for _, n in self.kept), self.height, self.width, 3), dtype=np.uint8)
+        i = 0
+        for frame, n in self.kept:
+            out[i : i + n] = frame
+            i += n
+        self.kept = []
+        return out
+
+
 def sample_condition_frames(frames: np.ndarray, fps: float = limits.FPS) -> tuple[list[np.ndarray], list[float]]:
     """Frames the conditioner sees (2 fps, deduplicated) and one timestamp per merged pair (mean of the pair)."""
     stride = fps / VIDEO_SAMPLE_FPS

@@ -86,7 +86,8 @@ class LiveServer:
             pass
 
 
-def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | None = None) -> LiveServer:
+def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | None = None,
+                      env: dict[str, str] | None = None) -> LiveServer:
     port = port or free_port()
     log_path = data_dir.parent / f"{data_dir.name}-server-{port}.log"
     command = [
@@ -94,7 +95,8 @@ def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | 
         str(data_dir), "--x264-preset", "ultrafast", "--log-level", "warning", *args,
     ]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=None if env is None else {**os.environ, **env})
     server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path)
     try:
         wait_healthy(server.url, START_TIMEOUT_S, proc)

@@ -21,8 +21,9 @@ SHORT = {"num_inference_steps": 2}  # one transformer forward
 
 @pytest.fixture(scope="module")
 def live(tiny_checkpoint, tmp_path_factory):
+    # The cancellation test runs a deliberately long job (15 s, 200 steps): twice the default cost limit.
     server = start_live_server(tiny_checkpoint, tmp_path_factory.mktemp("live"), "--api-key", KEY,
-                               "--poll-after-ms", "100")
+                               "--poll-after-ms", "100", "--max-request-cost", "1e6")
     yield server
     server.stop()
 

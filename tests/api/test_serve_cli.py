@@ -11,7 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import uvicorn
 from api_servers import free_port
 from fake_executor import FakeExecutor
 from waiting import wait_until
@@ -19,6 +18,7 @@ from waiting import wait_until
 from h3serve.api import serve_cli
 from h3serve.api.config import ServerConfig
 from h3serve.api.data_lock import DataDirBusy, DataDirLock
+from h3serve.api.http_server import H3Server
 from h3serve.api.store import SQLiteJobStore
 from h3serve.engine.jobs import Job, JobManager, new_job_id
 from h3serve.engine.storage import JobFiles
@@ -49,7 +49,7 @@ def engines(monkeypatch) -> list[RecordedExecutor]:
 
     RecordedExecutor.started = []
     monkeypatch.setattr(h3serve.engine.executor, "Executor", RecordedExecutor)
-    monkeypatch.setattr(uvicorn, "run", _never_serve)
+    monkeypatch.setattr(H3Server, "run", _never_serve)
     return RecordedExecutor.started
 
 
@@ -104,7 +104,7 @@ def test_a_server_that_fails_after_the_engine_started_closes_it(tmp_path, engine
     def port_in_use(*args, **kwargs):
         raise SystemExit(1)  # what uvicorn does when it cannot bind
 
-    monkeypatch.setattr(uvicorn, "run", port_in_use)
+    monkeypatch.setattr(H3Server, "run", port_in_use)
     with pytest.raises(SystemExit):
         serve_cli.run_server(ENGINE_CONFIG, config(tmp_path))
     assert [e.closed for e in engines] == [True]

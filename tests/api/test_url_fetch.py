@@ -94,6 +94,10 @@ def refused(fetcher: MediaFetcher, url: str, dest, max_bytes: int = 1 << 20) -> 
         ("224.0.0.1", "multicast"),
         ("100.64.0.1", "not a public"),
         ("8.8.8.8", None),
+        ("2002:a9fe:a9fe::", "link-local"),  # 6to4 around 169.254.169.254
+        ("2002:c0a8:1::", "private"),  # 6to4 around 192.168.0.1
+        ("::ffff:127.0.0.1", "loopback"),
+        ("2002:808:808::", None),  # 6to4 around 8.8.8.8
         ("2606:4700:4700::1111", None),
     ],
 )

@@ -128,3 +128,27 @@ def test_closed_executor_refuses_work_and_does_not_restart(tiny_checkpoint):
     with pytest.raises(EngineError, match="shut down"):
         ex.generate(_plan(ex, steps=2))
     assert ex.restarts == 0 and not ex.alive()
+
+
+def test_a_cancel_not_honoured_within_the_grace_restarts_the_ranks(executor):
+    """A step that runs away (a huge request) cannot hold the engine: past the grace the ranks are restarted."""
+    restarts, grace = executor.restarts, executor.cancel_grace_s
+    executor.cancel_grace_s = 0.0  # no step ends within 0 s: the restart path, deterministically
+    try:
+        with pytest.raises(Cancelled, match="restarted"):
+            executor.generate(_plan(executor, steps=30), on_start=executor.cancel)
+    finally:
+        executor.cancel_grace_s = grace
+    assert executor.restarts == restarts + 1 and executor.alive()
+    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107
+
+
+def test_stale_spool_folders_of_dead_servers_are_removed(tmp_path):
+    from h3serve.engine.executor import SPOOL_PREFIX, remove_stale_spools
+
+    dead = tmp_path / f"{SPOOL_PREFIX}999999999-abc"
+    alive = tmp_path / f"{SPOOL_PREFIX}{os.getppid()}-abc"
+    dead.mkdir()
+    alive.mkdir()
+    assert remove_stale_spools(tmp_path) == [dead]
+    assert alive.exists() and not dead.exists()

@@ -17,13 +17,13 @@ Context = Annotated[ServerContext, Depends(get_context)]
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@router.get("/health", summary="200 while the engine and the job runner are alive, else 503")
+@router.get("/health", summary="200 while the engine and the job runner are alive and not stuck, else 503")
 async def health(request: Request) -> JSONResponse:
     # Async on purpose: it answers from the event loop even if every worker thread were busy.
-    manager = get_context(request).manager
-    if manager.healthy():
+    reason = get_context(request).manager.unhealthy_reason()
+    if reason is None:
         return JSONResponse({"status": "healthy"})
-    return JSONResponse({"status": "unhealthy", "reason": "the engine or the job runner is not running"}, 503)
+    return JSONResponse({"status": "unhealthy", "reason": reason}, 503)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)

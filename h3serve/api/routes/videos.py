@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Annotated, Literal
@@ -11,15 +12,17 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError, not_found
-from h3serve.api.openapi import CREATE_REQUEST_BODY, error_responses
+from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import UNFINISHED, Job, JobError
 
+log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])
 Context = Annotated[ServerContext, Depends(get_context)]
 SYNC_POLL_S = 0.05
@@ -37,7 +40,7 @@ def _job(ctx: ServerContext, video_id: str) -> Job:
     response_model=Video,
     summary="Create a video job (returns at once, status queued)",
     openapi_extra={"requestBody": CREATE_REQUEST_BODY},
-    responses=error_responses(400, 401, 413, 415, 429),
+    responses={**CREATED_LINKS, **error_responses(400, 401, 413, 415, 429)},
 )
 async def create_video(request: Request, ctx: Context) -> Video:
     return Video.from_job(await submit(request, ctx, sync=False))
@@ -52,7 +55,7 @@ async def create_video(request: Request, ctx: Context) -> Video:
 async def create_video_sync(request: Request, ctx: Context) -> Response:
     job = await submit(request, ctx, sync=True)
     try:
-        finished = await _wait(ctx, job.id, ctx.config.sync_timeout_s)
+        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s)
         if finished is None:
             raise APIError(409, "The video was deleted before it finished.", "video_deleted")
         if finished.status == "failed":
@@ -86,13 +89,16 @@ def _failure(error: JobError | None) -> APIError:
     return APIError(status, f"Video generation failed: {error.message}", error.code)
 
 
-async def _wait(ctx: ServerContext, job_id: str, timeout_s: float) -> Job | None:
-    """The job once it has finished (None if it was deleted); 504 after `timeout_s`."""
+async def _wait(ctx: ServerContext, request: Request, job_id: str, timeout_s: float) -> Job | None:
+    """The job once it has finished (None if it was deleted); 504 after `timeout_s`, `ClientDisconnect` when the
+    client goes away (either way the caller deletes the job, which cancels it: nobody would collect it)."""
     event = ctx.manager.done_event(job_id)
     deadline = time.monotonic() + timeout_s
     while event is not None and not event.is_set():
         if time.monotonic() > deadline:
             raise APIError(504, f"Video generation timed out after {timeout_s:g} s; the job was aborted.", "timeout")
+        if await request.is_disconnected():
+            raise ClientDisconnect(f"the client of sync job {job_id} disconnected; the job was cancelled")
         await asyncio.sleep(SYNC_POLL_S)
     return await run_in_threadpool(ctx.store.get, job_id)
 
@@ -105,13 +111,24 @@ def list_videos(
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoList:
     jobs, has_more = ctx.store.page(after, limit, order)
-    data = [Video.from_job(j) for j in jobs]
+    data = [video for video in map(_listed, jobs) if video is not None]
     return VideoList(
         data=data,
         first_id=data[0].id if data else None,
         last_id=data[-1].id if data else None,
         has_more=has_more,
     )
+
+
+def _listed(job: Job) -> Video | None:
+    """A job as listed; None (logged) for a record that cannot be answered, so one bad row never breaks a page."""
+    try:
+        video = Video.from_job(job)
+        video.model_dump_json()
+    except Exception:
+        log.exception("job %s cannot be listed; skipped", job.id)
+        return None
+    return video
 
 
 @router.get("/videos/{video_id}", response_model=Video, summary="Retrieve a video job",

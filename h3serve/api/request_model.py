@@ -1,0 +1,146 @@
+"""The create request's scalar fields as one pydantic model: it types and range-checks (coerces form strings,
+refuses out-of-range values) and it is where the OpenAPI schema comes from, so the two cannot drift.
+
+What a schema cannot say is listed in `CROSS_FIELD_RULES`: those are the only 400s a schema-valid request can get
+(checked by a schemathesis test). Field names follow vLLM-Omni; media fields are read separately (request_fields).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from h3serve import limits
+from h3serve.api.coerce import as_json, preview
+from h3serve.api.errors import APIError
+
+_MIN_EDGE = limits.SPATIAL_MULTIPLE
+_MAX_EDGE = 4096  # ModelDefaults.max_edge of the released checkpoint; a smaller one is a documented rule
+_LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(limits.MAX_DURATION_S * limits.FPS)
+
+Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=limits.MAX_DURATION_S, allow_inf_nan=False)]
+Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
+Ratio = Annotated[str, Field(pattern=r"^\s*[1-9]\d{0,2}(\.\d{1,3})?\s*[:xX/]\s*[1-9]\d{0,2}(\.\d{1,3})?\s*$")]
+Edge = Annotated[int, Field(ge=_MIN_EDGE, le=_MAX_EDGE)]
+FrameIndex = Literal[0, -1]
+
+# 400s a schema-valid request can still get: rules between fields, or about this server and its checkpoint.
+CROSS_FIELD_RULES: dict[str, str] = {
+    "ratio": "the canvas (size, width/height or aspect_ratio) must be between 1:4 and 4:1",
+    "together": "width and height are given together, and not with aspect_ratio",
+    "frames": "num_frames and a duration must agree (17n+5 frames after snapping)",
+    "edges": "size edges are 32 to the checkpoint's max_edge after flooring to multiples of 32",
+    "cost": "width x height x frames x steps must be within --max-request-cost (code request_too_costly)",
+    "model": "model, if given, is the served model's name",
+    "task": "extra_params.task must agree with the media sent (fl2va: keyframes; ref2va: references)",
+    "frame_indices": "frame_indices only with fl2va keyframe images, one index per image",
+    "media_mix": "input_reference(s) stand alone (not with image_reference or video_reference); 12 files at most",
+    "media": "media must be fetchable and decode as the declared kind within the model card's limits",
+    "prompt": "the prompt must hold non-whitespace, valid Unicode text",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Target(_Strict):
+    duration_seconds: Seconds | None = None
+    aspect_ratio: Ratio | None = None
+    frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
+
+
+class ExtraParams(_Strict):
+    task: Literal["t2va", "fl2va", "ref2va"] | None = None
+    duration: Seconds | None = None
+    duration_seconds: Seconds | None = None
+    aspect_ratio: Ratio | None = None
+    flow_shift: Shift | None = None
+    audio_flow_shift: Shift | None = None
+    frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
+    frame_index: FrameIndex | None = None
+    target: Target | None = None
+
+
+class VideoCreateFields(_Strict):
+    """The scalar fields of POST /v1/videos (and /sync)."""
+
+    prompt: Annotated[str, Field(min_length=1, max_length=limits.MAX_PROMPT_CHARS, pattern=r"\S")]
+    model: str | None = None
+    seconds: Seconds | None = Field(None, description="4 to 15; snapped up to a 17n+5 frame count")
+    size: Annotated[str, Field(pattern=r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$")] | None = Field(
+        None, description="WIDTHxHEIGHT; each edge floored to a multiple of 32 (1280x720 -> 1280x704)"
+    )
+    width: Edge | None = None
+    height: Edge | None = None
+    num_frames: Annotated[int, Field(ge=_LO_FRAMES, le=_HI_FRAMES)] | None = None
+    fps: Annotated[float, Field(ge=limits.FPS, le=limits.FPS)] | None = None
+    aspect_ratio: Ratio | None = None
+    num_inference_steps: Annotated[int, Field(ge=limits.MIN_STEPS, le=limits.MAX_STEPS)] | None = None
+    flow_shift: Shift | None = None
+    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
+    user: str | None = None
+    num_outputs_per_prompt: Annotated[int, Field(ge=1, le=1)] | None = None
+    extra_params: ExtraParams | None = None
+
+    @field_validator("extra_params", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        return as_json(value, "extra_params")  # a form field carries the object as JSON text
+
+
+SCALAR_FIELDS = tuple(VideoCreateFields.model_fields)
+_EXAMPLES = {"size": "1344x768 (WIDTHxHEIGHT)", "aspect_ratio": "16:9 (W:H)"}
+
+
+def _bounds(loc: tuple[Any, ...]) -> str | None:
+    """'between A and B' from the schema of the field at `loc`, for range errors."""
+    schema: dict[str, Any] = VideoCreateFields.model_json_schema()
+    node: dict[str, Any] = schema
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        node = node.get("properties", {}).get(part) or node
+        node = schema["$defs"].get(node.get("$ref", "").split("/")[-1], node) if "$ref" in node else node
+        for option in node.get("anyOf", ()):
+            option = schema["$defs"].get(option.get("$ref", "").split("/")[-1], option) if "$ref" in option else option
+            if "minimum" in option or "exclusiveMinimum" in option or "properties" in option:
+                node = option
+    lo, hi = node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum")
+    return None if lo is None or hi is None else f"between {lo:g} and {hi:g}"
+
+
+def _message(error: dict[str, Any]) -> str:
+    value = preview(error.get("input"))
+    kind = error["type"]
+    if error["loc"] == ("prompt",) and kind in ("string_too_short", "string_pattern_mismatch"):
+        return "must not be empty"
+    if kind.startswith("int_") and kind != "int_from_float" or kind == "int_from_float":
+        return f"must be an integer, got {value}"
+    if kind in ("float_parsing", "float_type", "finite_number"):
+        return f"must be a finite number, got {value}"
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        bounds = _bounds(tuple(error["loc"]))
+        return f"must be {bounds}, got {value}" if bounds else f"{error['msg'].lower()}, got {value}"
+    if kind == "string_pattern_mismatch":
+        example = _EXAMPLES.get(str(error["loc"][-1]), "the documented form")
+        return f"must look like {example}, got {value}"
+    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value}"
+
+
+def coerce_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The scalar fields typed and range-checked (unset ones left out); 400 naming the first bad field."""
+    try:
+        model = VideoCreateFields.model_validate({k: v for k, v in fields.items() if k in SCALAR_FIELDS})
+    except ValidationError as e:
+        # Union members each report; the most specific error is the one with the longest location.
+        error = max(e.errors(), key=lambda err: len([p for p in err["loc"] if isinstance(p, str)]))
+        param = ".".join(str(p) for p in error["loc"] if not _is_union_tag(p))
+        raise APIError(400, f"{param}: {_message(error)}", "invalid_value", param) from None
+    return model.model_dump(exclude_unset=True)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic names union members in error locations (`list[...]`, `literal[...]`): not field names."""
+    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "bool"))

@@ -1,0 +1,39 @@
+"""Admission by cost: a stated model of what a request costs the engine, checked before it is queued.
+
+cost = width × height × frames × steps / 10^6 ("Mpx·frame·steps"). Denoising dominates a job and each step is at
+least linear in the latent tokens (pixels × frames), so this orders requests by run time and memory; it is
+conservative for attention, which grows faster. The default limit is what the checkpoint's own largest canvas
+costs at the longest duration with twice the default steps: any request the model card calls ordinary passes,
+and a 4096×4096, 15 s, 200-step request (~33x the limit) is refused before it can hold the engine.
+"""
+
+from __future__ import annotations
+
+from h3serve import geometry, limits
+from h3serve.validate import GenerationPlan, ModelDefaults
+
+COST_UNIT = 1e6
+DEFAULT_STEPS_FACTOR = 2  # the default limit allows twice the default number of steps at the largest canvas
+
+
+class TooCostly(ValueError):
+    """The request's cost is over the limit; the message names both and the formula."""
+
+
+def request_cost(plan: GenerationPlan) -> float:
+    return plan.width * plan.height * plan.num_frames * plan.steps / COST_UNIT
+
+
+def default_max_cost(defaults: ModelDefaults) -> float:
+    frames = geometry.frames_for_duration(limits.MAX_DURATION_S)
+    return defaults.canvas_max_pixels * frames * limits.DEFAULT_STEPS * DEFAULT_STEPS_FACTOR / COST_UNIT
+
+
+def check_cost(plan: GenerationPlan, max_cost: float) -> None:
+    cost = request_cost(plan)
+    if cost > max_cost:
+        raise TooCostly(
+            f"this request costs {cost:,.0f} (width {plan.width} x height {plan.height} x {plan.num_frames} frames "
+            f"x {plan.steps} steps / 1e6), over this server's limit of {max_cost:,.0f} (--max-request-cost); "
+            "use a smaller size, a shorter duration or fewer steps"
+        )

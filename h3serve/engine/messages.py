@@ -1,0 +1,73 @@
+"""Typed messages between the executor (parent) and its rank processes, instead of positional tuples.
+
+Parent -> rank 0: `RankJob`, or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen
+dataclasses; `seq` ties a message to the job it is about.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h3serve.validate import GenerationPlan, ModelDefaults
+
+
+@dataclass(frozen=True)
+class RankJob:
+    """What travels from the parent to rank 0 (and from rank 0 to every rank)."""
+
+    seq: int
+    plan: GenerationPlan
+    spool: str  # file rank 0 writes the result arrays into
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Exit cleanly (the executor is closing)."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    defaults: ModelDefaults
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """Start-up failed; `message` says why."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    seq: int
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Done:
+    """The result arrays are in the job's spool file."""
+
+    seq: int
+    stage_durations: dict[str, float]
+    peak_memory_mb: float
+
+
+@dataclass(frozen=True)
+class JobCancelled:
+    seq: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A rank raised. `rank` is set when the rank exits after reporting (several ranks); `client_error` when the
+    request itself was at fault."""
+
+    seq: int
+    message: str
+    rank: int | None
+    client_error: bool
+
+
+Event = Ready | Fatal | Progress | Done | JobCancelled | Failed
