@@ -7,6 +7,7 @@ What a schema cannot say is listed in `CROSS_FIELD_RULES`: those are the only 40
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -14,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from h3serve import limits
 from h3serve.api.coerce import as_json, preview
 from h3serve.api.errors import APIError
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 _MIN_EDGE = limits.SPATIAL_MULTIPLE
 _MAX_EDGE = 4096  # ModelDefaults.max_edge of the released checkpoint; a smaller one is a documented rule
@@ -111,8 +114,16 @@ def _bounds(loc: tuple[Any, ...]) -> str | None:
     return None if lo is None or hi is None else f"between {lo:g} and {hi:g}"
 
 
+def _shown(raw: Any) -> str:
+    """The offending value as the client wrote it: a form field's "500" reads 500, not '500'."""
+    if isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()):
+        text = raw.strip()
+        return text if len(text) <= 40 else f"{text[:37]}..."
+    return preview(raw)
+
+
 def _message(error: dict[str, Any]) -> str:
-    value = preview(error.get("input"))
+    value = _shown(error.get("input"))
     kind = error["type"]
     if error["loc"] == ("prompt",) and kind in ("string_too_short", "string_pattern_mismatch"):
         return "must not be empty"

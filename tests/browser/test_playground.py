@@ -183,6 +183,9 @@ def jobs(live) -> list[dict]:
     return response.json()["data"]
 
 
+SIZE_REFUSAL = "size: must be between 32 and 4096 pixels, got 20"  # the server's own words
+
+
 def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screenshots, tmp_path):
     fill(page, "too many steps", {**FAST, "#steps": "500"})
     page.get_by_role("button", name="Generate").click()
@@ -196,10 +199,12 @@ def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screen
     page.fill("#steps", "2")
     page.get_by_label("Canvas").select_option("size")
     expect(page.locator("#canvas-info")).to_have_text("128×64 px (explicit size)")  # starts at the default canvas
-    page.get_by_label("Width in pixels").fill("100")
-    expect(page.locator("#canvas-info")).to_have_text("width: must be a multiple of 32, got 100")
+    page.get_by_label("Width in pixels").fill("100")  # floored to the grid, as the server does
+    expect(page.locator("#canvas-info")).to_have_text("96×64 px (explicit size, floored to multiples of 32)")
+    page.get_by_label("Width in pixels").fill("20")  # below one grid step: refused
+    expect(page.locator("#canvas-info")).to_have_text("width: must be between 32 and 4096 pixels")
     page.get_by_role("button", name="Generate").click()
-    expect(page.locator("#size-error")).to_have_text("size: must be a multiple of 32, got 100")
+    expect(page.locator("#size-error")).to_have_text(SIZE_REFUSAL)
     expect(page.locator("#width")).to_have_attribute("aria-invalid", "true")
     page.get_by_label("Width in pixels").fill("128")
     page.get_by_label("Canvas").select_option("aspect")

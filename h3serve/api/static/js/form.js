@@ -2,7 +2,7 @@
 // description that the submission, the history and the curl / Python snippets all share, so the snippets
 // reproduce exactly what was sent.
 import { Inputs } from "./inputs.js";
-import { canvasForAspect, durationInfo, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
+import { canvasForAspect, durationInfo, onGrid, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
 
 const $ = id => document.getElementById(id);
 const codePoints = text => [...text].length;  // as Python's len(): an emoji is one character, not two
@@ -79,8 +79,11 @@ export class CreateForm {
   canvas() {
     const { defaults, limits } = this.config;
     if ($("size-mode").value === "size") {
-      const [width, height] = [Number($("width").value), Number($("height").value)];
-      return { width, height, problem: sizeProblem(width, height, defaults, limits), source: "explicit size" };
+      const [asked, askedHeight] = [Number($("width").value), Number($("height").value)];
+      const [width, height] = [onGrid(asked, limits), onGrid(askedHeight, limits)];
+      const floored = width !== asked || height !== askedHeight;
+      const source = floored ? `explicit size, floored to multiples of ${limits.spatial_multiple}` : "explicit size";
+      return { width, height, problem: sizeProblem(width, height, defaults, limits), source };
     }
     let aspect = parseAspect($("aspect_ratio").value);
     let source = `aspect ${$("aspect_ratio").value}`;

@@ -54,13 +54,19 @@ export function canvasForAspect(aw, ah, defaults, limits) {
   return { width: Math.max(m, roundHalfEven(width / m) * m), height: Math.max(m, roundHalfEven(height / m) * m) };
 }
 
-// A problem with an explicit size, or null. Names the field as the server would ("width", "height").
+// An explicit edge floored to the model's grid, as the server does (1280x720 -> 1280x704); below one grid step
+// it is left for the range check to refuse.
+export function onGrid(v, limits) {
+  const m = limits.spatial_multiple;
+  return v >= m ? v - (v % m) : v;
+}
+
+// A problem with an explicit (already floored) size, or null. Names the field as the server would.
 export function sizeProblem(width, height, defaults, limits) {
   const m = limits.spatial_multiple;
   for (const [name, v] of [["width", width], ["height", height]]) {
     if (!Number.isInteger(v)) return `${name}: must be an integer`;
     if (v < m || v > defaults.max_edge) return `${name}: must be between ${m} and ${defaults.max_edge} pixels`;
-    if (v % m) return `${name}: must be a multiple of ${m}, got ${v}`;
   }
   if (!ratioAllowed(width, height, limits)) return "width: aspect ratio is outside the supported range 1:4 to 4:1";
   return null;
