@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from h3serve import geometry, limits
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.inventory import Inventory, TextShape, VaeShape
+from h3serve.offload.plan import GiB
 from h3serve.parallel.degrees import ParallelDegrees
 
-GiB = 2**30
 CUDA_CONTEXT = GiB // 2
 ALLOCATOR_SLACK = GiB // 4
 NCCL_BUFFERS = GiB // 4

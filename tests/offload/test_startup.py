@@ -70,3 +70,12 @@ def test_generate_refuses_at_start_up_with_one_line(tiny_checkpoint, tmp_path):
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "does not fit the device" in error[0] and "Traceback" not in result.stderr
     assert "denoise:" not in result.stderr  # no step ran: refused before the weights were loaded
+
+
+def test_serve_engine_refuses_at_start_up_not_at_the_first_request(tiny_checkpoint):
+    # `h3serve serve` starts its engine through the executor: the rank reports the plan's refusal as a start-up
+    # failure, before any request (the API process never imports torch, so the plan runs in the rank).
+    from h3serve.engine.executor import EngineError, Executor
+
+    with pytest.raises(EngineError, match="does not fit the device"):
+        Executor(_config(tiny_checkpoint, device_memory=64 * 2**20))
