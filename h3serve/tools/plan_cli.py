@@ -47,19 +47,6 @@ def _source(args: argparse.Namespace) -> str | Path:
     return model_dir(args.model_dir)
 
 
-def _degrees(args: argparse.Namespace):
-    from h3serve.parallel.degrees import ParallelDegrees
-
-    return ParallelDegrees(
-        tensor_parallel=args.tensor_parallel_size,
-        ulysses=args.ulysses_degree,
-        ring=args.ring_degree,
-        text_encoder_tp=args.text_encoder_tp_size,
-        vae_patch_parallel=args.vae_patch_parallel_size,
-        world_size=args.num_gpus or args.tensor_parallel_size * args.ulysses_degree * args.ring_degree,
-    )
-
-
 def _device(args: argparse.Namespace):
     """Plans are for the target device, not this machine: auto means CUDA."""
     import torch
@@ -121,9 +108,20 @@ def build_plan(args: argparse.Namespace):
     if args.prompt_tokens < 1:
         raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     source = _source(args)
-    dits = EngineConfig(model=Path(source), task_type=TASK_TYPES[args.task_type]).dits
+    # Not validated as a whole (the released preset has no folder): it supplies the DiTs and the degrees.
+    draft = EngineConfig(
+        model=Path(source),
+        task_type=TASK_TYPES[args.task_type],
+        num_ranks=args.num_gpus,
+        tensor_parallel_size=args.tensor_parallel_size,
+        ulysses_degree=args.ulysses_degree,
+        ring_degree=args.ring_degree,
+        text_encoder_tp_size=args.text_encoder_tp_size,
+        vae_patch_parallel_size=args.vae_patch_parallel_size,
+    )
+    dits = draft.dits
     offload = offload_config(args)
-    degrees = _degrees(args)
+    degrees = draft.parallel_degrees()
     memory = device_memory(args.device_memory)
     headroom = parse_bytes(args.headroom, "--headroom") if memory else 0
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
