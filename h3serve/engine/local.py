@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from h3serve.accel import attention
+from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.checkpoint import load_components, read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.conditioning import load_conditioning
@@ -49,11 +51,22 @@ class LocalEngine:
         components = load_components(
             self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel, on_host=on_host
         )
+        roles = config.attention_roles()
+        for dit in (components.transformer, components.transformer_ref):
+            if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
+                attention.install(dit, roles)
         if self.parallel is not None:
             self.parallel.install(components)
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
         self.offload = OffloadRuntime(components, offload, self.device, gather_group)
+        # After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside.
+        mode = config.compile_mode()
+        if mode is not None:
+            state = CompileState(log=lambda text: print(text, file=sys.stderr) if rank == 0 else None)
+            for dit in (components.transformer, components.transformer_ref):
+                if dit is not None:
+                    compile_transformer(dit, mode, config.compile_dynamic, state)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
         self.pipeline = H3Pipeline(components, self.device, hooks=self.offload)
