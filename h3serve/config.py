@@ -45,6 +45,8 @@ class EngineConfig:
     compile_dynamic: bool = True  # dynamic shapes: one graph for every request shape, no recompile storm
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
+    cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
+    cache_config: tuple[tuple[str, float], ...] = ()  # --cache-config: DBCache parameters over the `high` profile
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
@@ -85,6 +87,17 @@ class EngineConfig:
         if self.dtype in ("bfloat16", "float16") and self.resolved_device().type == "cpu":
             notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
+
+    def cache_profile(self):
+        """The server's `h3serve.accel.cache.CacheProfile`, or None without --cache-backend cache_dit."""
+        from h3serve.accel.cache import CacheConfigError, CacheProfile
+
+        if self.cache_backend == "none":
+            return None
+        try:
+            return CacheProfile.from_json(dict(self.cache_config))
+        except (CacheConfigError, TypeError) as e:
+            raise ConfigError(str(e)) from None
 
     def compile_mode(self) -> str | None:
         """The granularity the DiT is compiled at, or None for eager."""
@@ -156,6 +169,17 @@ class EngineConfig:
                 "use 'regional' compilation instead"
             )
         self.attention_roles()
+        if self.cache_backend not in ("none", "cache_dit"):
+            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        self.cache_profile()
+        if self.cache_backend != "none" and self.ulysses_degree * self.ring_degree > 1:
+            # Each rank would judge the residual change on its own rows and skip different steps.
+            raise ConfigError("--cache-backend cache_dit with sequence parallelism is not available; drop --usp/--ring")
+        if self.cache_backend != "none" and self.offload.streamed:
+            raise ConfigError(
+                "--cache-backend cache_dit with layerwise offload is not available: skipped blocks would break the "
+                "streaming order; use module offload or none"
+            )
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():

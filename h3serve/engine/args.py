@@ -84,8 +84,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--ulysses-mode", help="strict | advanced_uaa")
     r.add_argument("--ulysses-a2a-permute", action="store_true")
     r.add_argument("--allgather-degree", type=int, default=1)
-    r.add_argument("--cache-backend", default="none", help="none (h3serve has no DiT cache yet)")
-    r.add_argument("--cache-config", help="JSON")
+    r.add_argument(
+        "--cache-backend", default="none", help="none | cache_dit (first-block residual caching of the DiT)"
+    )
+    r.add_argument(
+        "--cache-config",
+        help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
+        '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
+    )
     r.add_argument("--enable-cpu-offload", action="store_true")
     r.add_argument("--enable-layerwise-offload", action="store_true")
     r.add_argument("--enable-distributed-layerwise-offload", action="store_true")
@@ -183,12 +189,16 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.cache_backend not in CACHE_BACKENDS:
         raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
-    if args.cache_backend != "none":
+    if args.cache_backend == "tea_cache":
         raise ConfigError(
-            f"--cache-backend {args.cache_backend}: DiT caching is not available in h3serve yet; "
-            "use --cache-backend none"
+            "--cache-backend tea_cache: TeaCache's rel_l1_thresh (0.17) and polynomial coefficients are calibrated "
+            "for the reference FL2VA DiT only, not for the Ref2VA DiT; use --cache-backend cache_dit"
         )
-    if args.cache_config:
+    if args.cache_backend not in ("none", "cache_dit"):
+        raise ConfigError(
+            f"--cache-backend {args.cache_backend}: not available in h3serve; use --cache-backend cache_dit or none"
+        )
+    if args.cache_config and args.cache_backend == "none":
         notices.append("notice: --cache-config has no effect with --cache-backend none")
     if args.lora_path or args.lora_backend:
         raise ConfigError("--lora-path/--lora-backend: LoRA is not available in h3serve yet; drop these flags")
@@ -301,6 +311,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         compile_dynamic=args.diffusion_compile_dynamic is not False,
         attention_backend=attention[0],
         attention_per_role=attention[1],
+        cache_backend=args.cache_backend,
+        cache_config=tuple(sorted(_json_arg("--cache-config", args.cache_config).items())),
         offload=offload,
         device_memory=device_memory(args.device_memory),
         **({"init_timeout_s": timeout} if timeout else {}),

@@ -23,7 +23,7 @@ from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import placement_for_engine
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan
+from h3serve.validate import GenerationPlan, RequestError
 
 
 class LocalEngine:
@@ -69,11 +69,20 @@ class LocalEngine:
                     compile_transformer(dit, mode, config.compile_dynamic, state)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
-        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload)
+        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload, cache=config.cache_profile())
+        # quality=high installs the block cache per request even without --cache-backend: same limits apply.
+        self.cache_refusal = (
+            "sequence parallelism" if config.ulysses_degree * config.ring_degree > 1
+            else "layerwise offload" if config.offload.streamed else None
+        )
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
-        return plan_request(request, self.defaults, self.tasks)
+        plan = plan_request(request, self.defaults, self.tasks)
+        if plan.quality == "high" and self.cache_refusal:
+            why = f"quality=high (a DiT block cache) is not available with {self.cache_refusal}"
+            raise RequestError("quality", why)
+        return plan
 
     def generate(self, plan: GenerationPlan, on_progress: StepCallback | None = None) -> GenerationOutput:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too)."""
@@ -83,6 +92,12 @@ class LocalEngine:
             conditioning = load_conditioning(plan, self.defaults)
             load_s = time.perf_counter() - start
             result = self.pipeline.generate(plan, conditioning, on_progress)
+        if result.block_cache is not None and self.rank == 0:
+            evaluated, skipped, steps = result.block_cache
+            print(
+                f"block cache: {skipped} of {evaluated + skipped} DiT block evaluations skipped ({steps} cached steps)",
+                file=sys.stderr,
+            )
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         return GenerationOutput(

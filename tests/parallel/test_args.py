@@ -46,8 +46,11 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("--cache-backend cache_dit", "DiT caching is not available in h3serve yet; use --cache-backend none"),
+        ("--cache-backend tea_cache", "calibrated for the reference FL2VA DiT only"),
+        ("--cache-backend mag_cache", "not available in h3serve; use --cache-backend cache_dit or none"),
         ("--cache-backend magic", "choose from: none, cache_dit"),
+        ("--cache-backend cache_dit --cache-config '{\"Fn\": 2}'", "unknown keys Fn; choose from: Fn_compute_blocks"),
+        ("--cache-backend cache_dit --usp 2", "with sequence parallelism is not available"),
         ("--lora-path /x.safetensors", "LoRA is not available"),
         ("--deploy-config d.yaml", "h3serve runs H3 as one stage"),
         ("--api-server-count 2", "use 1"),
@@ -84,6 +87,14 @@ def test_compile_flags_become_engine_fields(parallel_checkpoint):
     assert config.compile_mode() == "regional" and not config.compile_dynamic
     config = engine_config_from_args(_parse(line + " --enforce-eager"), parallel_checkpoint)
     assert config.compile_mode() is None
+
+
+def test_cache_flags_become_the_server_profile(parallel_checkpoint):
+    line = "--device cpu --cache-backend cache_dit --cache-config '{\"residual_diff_threshold\": 0.08}'"
+    config = engine_config_from_args(_parse(line), parallel_checkpoint)
+    profile = config.cache_profile()
+    assert profile.residual_diff_threshold == 0.08 and profile.max_warmup_steps == 4
+    assert engine_config_from_args(_parse("--device cpu"), parallel_checkpoint).cache_profile() is None
 
 
 def test_task_types_map_onto_the_dits_to_load(parallel_checkpoint):
