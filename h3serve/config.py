@@ -46,7 +46,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
     cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
-    cache_config: tuple[tuple[str, float], ...] = ()  # --cache-config: DBCache parameters over the `high` profile
+    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
@@ -90,13 +90,18 @@ class EngineConfig:
 
     def cache_profile(self):
         """The server's `h3serve.accel.cache.CacheProfile`, or None without --cache-backend cache_dit."""
+        import json
+
         from h3serve.accel.cache import CacheConfigError, CacheProfile
 
         if self.cache_backend == "none":
             return None
         try:
-            return CacheProfile.from_json(dict(self.cache_config))
-        except (CacheConfigError, TypeError) as e:
+            data = json.loads(self.cache_config or "{}")
+            if not isinstance(data, dict):
+                raise CacheConfigError(f"--cache-config: expected a JSON object, got {type(data).__name__}")
+            return CacheProfile.from_json(data)
+        except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError(str(e)) from None
 
     def compile_mode(self) -> str | None:

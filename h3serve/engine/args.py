@@ -312,7 +312,9 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         attention_backend=attention[0],
         attention_per_role=attention[1],
         cache_backend=args.cache_backend,
-        cache_config=tuple(sorted(_json_arg("--cache-config", args.cache_config).items())),
+        cache_config=json.dumps(_json_arg("--cache-config", args.cache_config), sort_keys=True)
+        if args.cache_config
+        else "",
         offload=offload,
         device_memory=device_memory(args.device_memory),
         **({"init_timeout_s": timeout} if timeout else {}),
