@@ -39,7 +39,14 @@ class EngineConfig:
     vae_parallel_mode: str = "tile"  # the only mode H3's VAE has
     cfg_parallel_size: int = 1  # must be 1: H3 is CFG-distilled
     enforce_eager: bool = False  # never torch.compile the DiT
-    attention_backend: str = "auto"  # --diffusion-attention-backend (dense attention runs through torch SDPA)
+    # torch.compile of the DiT (h3serve.accel.compile). None: regional on CUDA, eager on CPU (where inductor's
+    # C++ build takes minutes); naming a granularity compiles on CPU too.
+    compile_granularity: str | None = None  # regional (each block) | full (the whole forward)
+    compile_dynamic: bool = True  # dynamic shapes: one graph for every request shape, no recompile storm
+    attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
+    attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
+    cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
+    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
@@ -81,6 +88,45 @@ class EngineConfig:
             notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
 
+    def cache_profile(self):
+        """The server's `h3serve.accel.cache.CacheProfile`, or None without --cache-backend cache_dit."""
+        import json
+
+        from h3serve.accel.cache import CacheConfigError, CacheProfile
+
+        if self.cache_backend == "none":
+            return None
+        try:
+            data = json.loads(self.cache_config or "{}")
+            if not isinstance(data, dict):
+                raise CacheConfigError(f"--cache-config: expected a JSON object, got {type(data).__name__}")
+            return CacheProfile.from_json(data)
+        except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
+            raise ConfigError(str(e)) from None
+
+    def compile_mode(self) -> str | None:
+        """The granularity the DiT is compiled at, or None for eager."""
+        if self.enforce_eager:
+            return None
+        if self.compile_granularity is not None:
+            return self.compile_granularity
+        return "regional" if self.resolved_device().type == "cuda" else None
+
+    def attention_roles(self) -> dict[str, str]:
+        """The attention backend of each DiT role, checked against this device; `ConfigError` lists the usable."""
+        from h3serve.accel.attention import DEFAULT, AttentionBackendError, resolve_roles
+
+        try:
+            roles = resolve_roles(self.attention_backend, self.attention_per_role, self.resolved_device())
+        except AttentionBackendError as e:
+            raise ConfigError(str(e)) from None
+        if roles["self"] != DEFAULT and self.ulysses_degree * self.ring_degree > 1:
+            raise ConfigError(
+                f"attention backend {roles['self']} for the DiT blocks with sequence parallelism: the sequence-"
+                f"parallel core runs torch SDPA kernels (with log-sum-exp for ring); use {DEFAULT}"
+            )
+        return roles
+
     def resolved_device(self) -> torch.device:
         import torch
 
@@ -118,6 +164,27 @@ class EngineConfig:
             raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
         if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
             raise ConfigError("idle_keepalive_s must be > 0 and shorter than collective_timeout_s")
+        if self.compile_granularity not in (None, "regional", "full"):
+            raise ConfigError(
+                f"--diffusion-compile-granularity {self.compile_granularity}: choose from: regional, full"
+            )
+        if self.compile_mode() == "full" and (self.ulysses_degree * self.ring_degree > 1 or self.offload.enabled):
+            raise ConfigError(
+                "diffusion_compile_granularity='full' is incompatible with sequence parallelism and offload; "
+                "use 'regional' compilation instead"
+            )
+        self.attention_roles()
+        if self.cache_backend not in ("none", "cache_dit"):
+            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        self.cache_profile()
+        if self.cache_backend != "none" and self.ulysses_degree * self.ring_degree > 1:
+            # Each rank would judge the residual change on its own rows and skip different steps.
+            raise ConfigError("--cache-backend cache_dit with sequence parallelism is not available; drop --usp/--ring")
+        if self.cache_backend != "none" and self.offload.streamed:
+            raise ConfigError(
+                "--cache-backend cache_dit with layerwise offload is not available: skipped blocks would break the "
+                "streaming order; use module offload or none"
+            )
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():

@@ -9,6 +9,7 @@ from typing import Literal
 
 MediaKind = Literal["image", "video", "audio"]
 TASKS = ("t2va", "fl2va", "ref2va")
+QUALITIES = ("lossless", "high")  # the request field `quality`: DiT cache policy (h3serve.accel.cache)
 DIT_TASKS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}  # checkpoint DiT -> what it serves
 
 
@@ -48,3 +49,4 @@ class GenerationRequest:
     image: MediaRef | None = None  # FL2VA first keyframe
     last_image: MediaRef | None = None  # FL2VA last keyframe
     references: tuple[MediaRef, ...] = field(default_factory=tuple)  # Ref2VA images, videos, audio clips
+    quality: str | None = None  # lossless (no DiT cache) | high (the built-in cache profile); None: the server's

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
-from h3serve.request import TASKS, GenerationRequest, MediaRef
+from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
 
 
 class RequestError(ValueError):
@@ -50,6 +50,7 @@ class GenerationPlan:
     image: MediaRef | None = None
     last_image: MediaRef | None = None
     references: tuple[MediaRef, ...] = ()
+    quality: str | None = None  # DiT block cache policy (h3serve.accel.cache.profile_for)
 
     @property
     def keyframes(self) -> tuple[MediaRef, ...]:
@@ -106,7 +107,14 @@ def validate(
         seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
         flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
         audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
+        quality=_check_quality(request.quality),
     )
+
+
+def _check_quality(quality: str | None) -> str | None:
+    if quality not in (None, *QUALITIES):
+        raise RequestError("quality", f"must be one of {', '.join(QUALITIES)}, got {quality!r}")
+    return quality
 
 
 def resolve_task(request: GenerationRequest) -> str:

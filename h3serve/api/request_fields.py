@@ -53,7 +53,6 @@ UNSUPPORTED: dict[str, str] = {
     "true_cfg_scale": "MiniMax-H3 is guidance-distilled",
     "boundary_ratio": "a Wan2.2 option",
     "lora": "per-request LoRA is not supported",
-    "quality": "cache policies are not supported",
     "short_edge": "the canvas follows the checkpoint; use size or aspect_ratio",
     "start_time_seconds": "reference trimming is not supported",
     "generate_sound": "MiniMax-H3 always generates audio",
@@ -178,6 +177,8 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         aliases["steps"] = "num_inference_steps"
     if "seed" in f:
         values["seed"] = as_int(f["seed"], "seed")
+    if "quality" in f:  # DiT cache policy; its values are checked by h3serve.validate
+        values["quality"] = as_text(f["quality"], "quality")
     if "num_outputs_per_prompt" in f and as_int(f["num_outputs_per_prompt"], "num_outputs_per_prompt") != 1:
         raise bad_request("num_outputs_per_prompt: one video per request (create several jobs instead)",
                           "num_outputs_per_prompt")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from h3serve import limits
 from h3serve.api.coerce import as_json, preview
 from h3serve.api.errors import APIError
+from h3serve.request import QUALITIES
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -85,6 +86,9 @@ class VideoCreateFields(_Strict):
     seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
     user: str | None = None
     num_outputs_per_prompt: Annotated[int, Field(ge=1, le=1)] | None = None
+    quality: Literal[QUALITIES] | None = Field(  # type: ignore[valid-type]
+        None, description="DiT cache policy: lossless (no cache) or high (the built-in cache profile)"
+    )
     extra_params: ExtraParams | None = None
 
     @field_validator("extra_params", mode="before")

@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
     from h3serve.config import EngineConfig
 
 TASK_TYPES = {"auto": "auto", "combined": "auto", "t2va": "fl2va", "fl2va": "fl2va", "ref2va": "ref2va"}
-# vLLM-Omni's backend names. Dense exact attention runs through torch SDPA (flash / cuDNN / memory-efficient
-# kernels on CUDA, the fused flash kernel on CPU); the approximate or sparse ones would change the math.
+# vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
+# chosen one can run here); the approximate or sparse ones would change the math.
 DENSE_ATTENTION = (
     "TORCH_SDPA",
     "FLASH_ATTN",
@@ -68,16 +68,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--omni", action="store_true", help="accepted: h3serve always serves video + audio")
     r.add_argument("--trust-remote-code", action="store_true", help="accepted: h3serve runs no checkpoint code")
     r.add_argument("--enforce-eager", action="store_true", help="never torch.compile the DiT")
-    r.add_argument("--diffusion-compile-granularity", help="regional | full")
-    r.add_argument("--diffusion-compile-dynamic", action=argparse.BooleanOptionalAction, default=None)
+    r.add_argument(
+        "--diffusion-compile-granularity",
+        help="regional (each DiT block; the default on GPU) | full; naming one also compiles on CPU",
+    )
+    r.add_argument(
+        "--diffusion-compile-dynamic",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="dynamic shapes (default on): one graph for every request shape",
+    )
     r.add_argument("--diffusion-attention-backend", help="auto | " + " | ".join(DENSE_ATTENTION))
     r.add_argument("--diffusion-attention-config", "-dac", help='JSON, e.g. {"default": {"backend": "FLASH_ATTN"}}')
     r.add_argument("--fa-deterministic", action="store_true")
     r.add_argument("--ulysses-mode", help="strict | advanced_uaa")
     r.add_argument("--ulysses-a2a-permute", action="store_true")
     r.add_argument("--allgather-degree", type=int, default=1)
-    r.add_argument("--cache-backend", default="none", help="none (h3serve has no DiT cache yet)")
-    r.add_argument("--cache-config", help="JSON")
+    r.add_argument(
+        "--cache-backend", default="none", help="none | cache_dit (first-block residual caching of the DiT)"
+    )
+    r.add_argument(
+        "--cache-config",
+        help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
+        '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
+    )
     r.add_argument("--enable-cpu-offload", action="store_true")
     r.add_argument("--enable-layerwise-offload", action="store_true")
     r.add_argument("--enable-distributed-layerwise-offload", action="store_true")
@@ -137,7 +151,8 @@ def _check_dac_shape(dac: dict) -> None:
         backend_entry(f"per_role.{role}", value)
 
 
-def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
+def _attention_backend(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(default backend, per-role overrides) from the flags; whether they can run is checked by EngineConfig."""
     from h3serve.config import ConfigError
 
     dac = _json_arg("--diffusion-attention-config", args.diffusion_attention_config)
@@ -149,20 +164,16 @@ def _attention_backend(args: argparse.Namespace, notices: list[str]) -> str:
             "exclusive; give one of them"
         )
     name = args.diffusion_attention_backend or from_dac or "auto"
-    if name != "auto" and name not in DENSE_ATTENTION:
-        approximate = name in APPROXIMATE_ATTENTION
-        what = "would change the attention math, not available in h3serve" if approximate else "unknown backend"
+    if name in APPROXIMATE_ATTENTION:
         choices = ", ".join(("auto", *DENSE_ATTENTION))
-        raise ConfigError(f"--diffusion-attention-backend {name}: {what}; choose from: {choices}")
-    if name not in ("auto", "TORCH_SDPA"):
-        notices.append(
-            f"notice: --diffusion-attention-backend {name}: dense attention runs through torch SDPA "
-            "(its flash / cuDNN / memory-efficient kernels on CUDA)"
+        raise ConfigError(
+            f"--diffusion-attention-backend {name}: would change the attention math, not available in h3serve; "
+            f"choose from: {choices}"
         )
-    roles = {role: (cfg or {}).get("backend") for role, cfg in (dac.get("per_role") or {}).items()}
-    if any(backend not in (None, name) for backend in roles.values()):
-        notices.append(f"notice: --diffusion-attention-config per_role: every attention role uses {name}")
-    return name
+    roles = tuple(
+        (role, cfg["backend"]) for role, cfg in sorted((dac.get("per_role") or {}).items()) if cfg.get("backend")
+    )
+    return name, roles
 
 
 def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
@@ -178,12 +189,16 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.cache_backend not in CACHE_BACKENDS:
         raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
-    if args.cache_backend != "none":
+    if args.cache_backend == "tea_cache":
         raise ConfigError(
-            f"--cache-backend {args.cache_backend}: DiT caching is not available in h3serve yet; "
-            "use --cache-backend none"
+            "--cache-backend tea_cache: TeaCache's rel_l1_thresh (0.17) and polynomial coefficients are calibrated "
+            "for the reference FL2VA DiT only, not for the Ref2VA DiT; use --cache-backend cache_dit"
         )
-    if args.cache_config:
+    if args.cache_backend not in ("none", "cache_dit"):
+        raise ConfigError(
+            f"--cache-backend {args.cache_backend}: not available in h3serve; use --cache-backend cache_dit or none"
+        )
+    if args.cache_config and args.cache_backend == "none":
         notices.append("notice: --cache-config has no effect with --cache-backend none")
     if args.lora_path or args.lora_backend:
         raise ConfigError("--lora-path/--lora-backend: LoRA is not available in h3serve yet; drop these flags")
@@ -199,8 +214,8 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.ulysses_mode not in (None, *ULYSSES_MODES):
         raise ConfigError(f"--ulysses-mode {args.ulysses_mode}: choose from: {', '.join(ULYSSES_MODES)}")
-    if args.diffusion_compile_granularity or args.diffusion_compile_dynamic is not None:
-        notices.append("notice: --diffusion-compile-*: h3serve runs the DiT eagerly (no torch.compile)")
+    if args.enforce_eager and (args.diffusion_compile_granularity or args.diffusion_compile_dynamic is not None):
+        notices.append("notice: --diffusion-compile-*: no effect with --enforce-eager")
     if args.ulysses_mode == "advanced_uaa" or args.ulysses_a2a_permute:
         notices.append(
             "notice: --ulysses-mode/--ulysses-a2a-permute: h3serve pads the rows to equal chunks and "
@@ -276,6 +291,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     _recipe_checks(args, notices)
     timeout = args.init_timeout or args.stage_init_timeout
     offload = _offload(args, on_cpu, notices)
+    attention = _attention_backend(args)
     config = EngineConfig(
         model=draft.model,
         device=args.device,
@@ -291,7 +307,14 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         vae_parallel_mode=args.vae_parallel_mode,
         cfg_parallel_size=args.cfg_parallel_size,
         enforce_eager=args.enforce_eager,
-        attention_backend=_attention_backend(args, notices),
+        compile_granularity=args.diffusion_compile_granularity,
+        compile_dynamic=args.diffusion_compile_dynamic is not False,
+        attention_backend=attention[0],
+        attention_per_role=attention[1],
+        cache_backend=args.cache_backend,
+        cache_config=json.dumps(_json_arg("--cache-config", args.cache_config), sort_keys=True)
+        if args.cache_config
+        else "",
         offload=offload,
         device_memory=device_memory(args.device_memory),
         **({"init_timeout_s": timeout} if timeout else {}),

@@ -10,6 +10,8 @@ import time
 
 import torch
 
+from h3serve.accel import attention
+from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.checkpoint import load_components, read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.conditioning import load_conditioning
@@ -21,7 +23,7 @@ from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import placement_for_engine
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan
+from h3serve.validate import GenerationPlan, RequestError
 
 
 class LocalEngine:
@@ -49,18 +51,38 @@ class LocalEngine:
         components = load_components(
             self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel, on_host=on_host
         )
+        roles = config.attention_roles()
+        for dit in (components.transformer, components.transformer_ref):
+            if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
+                attention.install(dit, roles)
         if self.parallel is not None:
             self.parallel.install(components)
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
         self.offload = OffloadRuntime(components, offload, self.device, gather_group)
+        # After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside.
+        mode = config.compile_mode()
+        if mode is not None:
+            state = CompileState(log=lambda text: print(text, file=sys.stderr) if rank == 0 else None)
+            for dit in (components.transformer, components.transformer_ref):
+                if dit is not None:
+                    compile_transformer(dit, mode, config.compile_dynamic, state)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
-        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload)
+        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload, cache=config.cache_profile())
+        # quality=high installs the block cache per request even without --cache-backend: same limits apply.
+        self.cache_refusal = (
+            "sequence parallelism" if config.ulysses_degree * config.ring_degree > 1
+            else "layerwise offload" if config.offload.streamed else None
+        )
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
-        return plan_request(request, self.defaults, self.tasks)
+        plan = plan_request(request, self.defaults, self.tasks)
+        if plan.quality == "high" and self.cache_refusal:
+            why = f"quality=high (a DiT block cache) is not available with {self.cache_refusal}"
+            raise RequestError("quality", why)
+        return plan
 
     def generate(self, plan: GenerationPlan, on_progress: StepCallback | None = None) -> GenerationOutput:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too)."""
@@ -70,6 +92,12 @@ class LocalEngine:
             conditioning = load_conditioning(plan, self.defaults)
             load_s = time.perf_counter() - start
             result = self.pipeline.generate(plan, conditioning, on_progress)
+        if result.block_cache is not None and self.rank == 0:
+            evaluated, skipped, steps = result.block_cache
+            print(
+                f"block cache: {skipped} of {evaluated + skipped} DiT block evaluations skipped ({steps} cached steps)",
+                file=sys.stderr,
+            )
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         return GenerationOutput(

@@ -19,6 +19,7 @@ from PIL import Image
 from torch import nn
 
 from h3serve import limits
+from h3serve.accel.cache import BlockCache, CacheProfile, profile_for
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -75,6 +76,7 @@ class GenerationResult:
     video_latents: torch.Tensor  # [1, 24, F, lh, lw] normalised latents, fp32
     audio_latents: torch.Tensor  # [2, 32, A] normalised latents, fp32
     stage_durations: dict[str, float] = field(default_factory=dict)
+    block_cache: tuple[int, int, int] | None = None  # (block evaluations, evaluations skipped, cached steps)
 
 
 class StageHooks(Protocol):
@@ -145,10 +147,17 @@ class Encoded:
 class H3Pipeline:
     """Runs T2VA, FL2VA and Ref2VA requests on loaded components. Stateless between requests."""
 
-    def __init__(self, components: H3Components, device: str | torch.device = "cpu", hooks: StageHooks | None = None):
+    def __init__(
+        self,
+        components: H3Components,
+        device: str | torch.device = "cpu",
+        hooks: StageHooks | None = None,
+        cache: CacheProfile | None = None,  # the server's block cache (--cache-backend cache_dit); None: off
+    ):
         self.components = components
         self.device = torch.device(device)
         self.hooks = hooks or _NoHooks()
+        self.cache = cache
 
     @torch.no_grad()
     def generate(
@@ -184,10 +193,16 @@ class H3Pipeline:
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
         schedules = self._schedules(plan)
-        with clock("denoise"):
-            video_rows, audio_rows = self.denoise(
-                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
-            )
+        profile = profile_for(plan.quality, self.cache)
+        cache = BlockCache(profile) if profile is not None else None
+        dit.block_cache = cache
+        try:
+            with clock("denoise"):
+                video_rows, audio_rows = self.denoise(
+                    schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
+                )
+        finally:
+            dit.block_cache = None
         clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(schedules[0]))
 
         layout = enc.layout
@@ -215,6 +230,7 @@ class H3Pipeline:
             video_latents=video_latents.cpu(),
             audio_latents=audio_latents.cpu(),
             stage_durations=clock.durations,
+            block_cache=None if cache is None else (cache.evaluated, cache.skipped, cache.cached_steps),
         )
 
     # -- conditioning ----------------------------------------------------------------------------------------

@@ -36,6 +36,12 @@ class SequenceSharder(Protocol):
     def gather(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+class BlockRunner(Protocol):
+    """Runs the main block loop in place of the plain loop (h3serve.accel.cache: block caching)."""
+
+    def run(self, blocks: nn.ModuleList, x: torch.Tensor, *args: object) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class H3TransformerConfig:
     """Architecture of the DiT. Defaults are the released model; field names match diffusers' config.json."""
@@ -101,14 +107,24 @@ class RotaryEmbedding3D(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on the leading cos.shape[-1] channels of x [B, S, H, Dh]; the rest pass through."""
+    """Rotate-half RoPE on the leading cos.shape[-1] channels of x [B, S, H, Dh]; the rest pass through.
+
+    The tables' two halves are equal (see RotaryEmbedding3D), so each output half is written straight into one
+    preallocated tensor from half-size products: no negated copy and no concatenation. Bit-identical to
+    `x·cos + cat(-x2, x1)·sin` (negation is exact and a + (-b) == a - b in IEEE arithmetic).
+    """
     rot_dim = cos.shape[-1]
-    rot, rest = x[..., :rot_dim], x[..., rot_dim:]
-    cos = cos.to(x.dtype)[None, :, None, :]
-    sin = sin.to(x.dtype)[None, :, None, :]
-    x1, x2 = rot.chunk(2, dim=-1)
-    rotated = rot * cos + torch.cat((-x2, x1), dim=-1) * sin
-    return torch.cat((rotated, rest), dim=-1)
+    half = rot_dim // 2
+    c = cos[:, :half].to(x.dtype)[None, :, None, :]
+    s = sin[:, :half].to(x.dtype)[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:rot_dim]
+    if torch.compiler.is_compiling():  # inductor fuses this form into one kernel; `out=` views would graph-break
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, x[..., rot_dim:]), dim=-1)
+    out = torch.empty_like(x)
+    torch.sub(x1 * c, x2 * s, out=out[..., :half])
+    torch.add(x2 * c, x1 * s, out=out[..., half:rot_dim])
+    out[..., rot_dim:] = x[..., rot_dim:]
+    return out
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -161,7 +177,8 @@ class SwiGLUProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         value, gate = self.proj(x).chunk(2, dim=-1)
-        return value * F.silu(gate)
+        # silu's fresh result takes the product in place (same values as value·silu(gate), one temporary less).
+        return F.silu(gate).mul_(value)
 
 
 class FeedForward(nn.Module):
@@ -213,6 +230,18 @@ class AdaLNModulation(nn.Module):
         # SiLU at temb's precision (fp32); only its result is cast to the projection's dtype.
         m = self.linear(F.silu(temb).to(self.linear.weight.dtype))
         return m.view(-1, 6 * self.hidden_size).chunk(6, dim=-1)
+
+    def table(self, temb: torch.Tensor) -> torch.Tensor:
+        """[T·3, 6D] rows (shift, 1 + scale, gate) × (attention, FFN).
+
+        `1 + scale` is formed here on the small table rather than per row after the gather: the same values, one
+        [S, D] temporary less per use.
+        """
+        m = self.linear(F.silu(temb).to(self.linear.weight.dtype)).view(-1, 6, self.hidden_size)
+        one_plus = m.new_zeros((1, 6, 1))
+        one_plus[:, 1] = 1.0
+        one_plus[:, 4] = 1.0
+        return (m + one_plus).flatten(1)
 
 
 class AdaLNOut(nn.Module):
@@ -278,11 +307,14 @@ class TransformerBlock(nn.Module):
         adaln_idx: torch.Tensor,  # [S]: timestep_index·3 + modality
         rotary: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = (
-            m.index_select(0, adaln_idx) for m in self.adaln_proj(temb)
-        )  # [S, D] each (index_select: a plain row gather, cheaper than advanced indexing on CPU)
-        x = x + gate1 * self.attn(self.norm1(x) * (1.0 + scale1) + shift1, rotary)
-        return x + gate2 * self.ff(self.norm2(x) * (1.0 + scale2) + shift2)
+        # One row gather of the whole table (index_select: a plain gather, cheaper than advanced indexing on CPU).
+        mod = self.adaln_proj.table(temb).index_select(0, adaln_idx)  # [S, 6D]
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod.chunk(6, dim=-1)  # scale columns hold 1 + scale
+        # In place on fresh temporaries only: norm outputs and branch outputs, never x itself (hooks may hold it).
+        h = self.attn(self.norm1(x).mul_(scale1).add_(shift1), rotary).mul_(gate1)
+        x = x + h
+        h = self.ff(self.norm2(x).mul_(scale2).add_(shift2)).mul_(gate2)
+        return x + h
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -347,6 +379,8 @@ class H3Transformer(nn.Module):
         self.audio_proj_out = nn.Linear(d, cfg.audio_in_channels, bias=True)
         # Set by h3serve.parallel for sequence parallelism: splits the rows before the blocks, gathers after.
         self.sequence_parallel: SequenceSharder | None = None
+        # Set by the pipeline for one request when it runs with a block cache.
+        self.block_cache: BlockRunner | None = None
 
     def embed_text(self, text: torch.Tensor) -> torch.Tensor:
         """Text encoder states [B, L, text_dim] -> refined rows [B, L, D].
@@ -380,8 +414,11 @@ class H3Transformer(nn.Module):
         sp = self.sequence_parallel
         if sp is not None:  # each rank runs the blocks on its own chunk of the rows (attention sees them all)
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
-        for block in self.transformer_blocks:
-            x = block(x, temb, adaln_idx, rotary)
+        if self.block_cache is not None:
+            x = self.block_cache.run(self.transformer_blocks, x, temb, adaln_idx, rotary)
+        else:
+            for block in self.transformer_blocks:
+                x = block(x, temb, adaln_idx, rotary)
         if sp is not None:
             x = sp.gather(x)
 

@@ -1,7 +1,8 @@
 """Collective helpers shared by the strategies. A `None` group means "this degree is 1": every helper is a no-op.
 
 All of them work on gloo (CPU) and NCCL (CUDA); tensors are made contiguous first because both backends
-require it.
+require it. Each is a `torch.compiler.disable` island: a compiled DiT block graph-breaks at the collective
+instead of tracing process-group calls (h3serve.accel.compile).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def group_rank(group: ProcessGroup | None) -> int:
     return 0 if group is None else dist.get_rank(group)
 
 
+@torch.compiler.disable
 def all_reduce_(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """In-place sum over the group."""
     if group is not None:
@@ -29,6 +31,7 @@ def all_reduce_(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return x
 
 
+@torch.compiler.disable
 def all_gather_dim(x: torch.Tensor, dim: int, group: ProcessGroup | None) -> torch.Tensor:
     """Concatenate every member's `x` along `dim`, in group-rank order."""
     n = group_size(group)
@@ -40,6 +43,7 @@ def all_gather_dim(x: torch.Tensor, dim: int, group: ProcessGroup | None) -> tor
     return out.movedim(0, dim).flatten(dim, dim + 1)
 
 
+@torch.compiler.disable
 def all_to_all(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """Exchange equal chunks along dim 0: chunk i goes to member i; the result's chunk j came from member j."""
     if group_size(group) == 1:

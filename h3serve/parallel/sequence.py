@@ -81,6 +81,7 @@ class SequenceParallel:
         size = self.ulysses * self.chunk
         return max(0, min(size, self.seq_len - segment * size))
 
+    @torch.compiler.disable  # communication and ring bookkeeping stay eager inside a compiled block
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v [B, c, H_local, Dh] of this rank's rows -> attention output for the same rows and heads."""
         dh = q.shape[-1]

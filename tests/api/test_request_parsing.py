@@ -227,3 +227,11 @@ def test_files_of_the_reference_fields_are_references():
     assert explicit.references == (image.ref,) and explicit.task == "ref2va"
     with pytest.raises(APIError, match="fl2va takes images only"):
         build_request(parse(prompt="p", extra_params={"task": "fl2va"}), [image, video])
+
+
+def test_quality_selects_the_cache_policy_and_is_checked_by_the_schema():
+    assert request_of(prompt="a cat", quality="lossless").quality == "lossless"
+    assert request_of(prompt="a cat", quality="high").quality == "high"
+    assert request_of(prompt="a cat").quality is None  # the server's own setting
+    error = rejected(prompt="a cat", quality="ultra")
+    assert error.param == "quality" and "'lossless' or 'high'" in str(error)

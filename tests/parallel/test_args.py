@@ -14,7 +14,7 @@ from h3serve.engine.args import add_engine_args, engine_config_from_args
 RECIPE = (
     "--omni --trust-remote-code --task-type combined --num-gpus 4 --tensor-parallel-size 1 --usp 2 --ring 2 "
     "--text-encoder-tp-size 2 --vae-patch-parallel-size 4 --vae-parallel-mode tile --vae-use-tiling "
-    "--enforce-eager --diffusion-attention-backend FLASH_ATTN --cache-backend none --cfg-parallel-size 1 "
+    "--enforce-eager --diffusion-attention-backend TORCH_SDPA --cache-backend none --cfg-parallel-size 1 "
     "--diffusion-compile-granularity regional --ulysses-mode strict --stage-init-timeout 300 --init-timeout 900 "
     "--api-server-count 1 --enable-diffusion-pipeline-profiler --fa-deterministic --request-batch-max-wait-ms 0 "
     "--step-execution --dlo-no-use-allgather --dlo-resident-layers 2 --enable-distributed-layerwise-offload "
@@ -33,12 +33,12 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
     config = engine_config_from_args(_parse(RECIPE + " --device cpu"), parallel_checkpoint)
     assert (config.world_size, config.ulysses_degree, config.ring_degree) == (4, 2, 2)
     assert (config.text_encoder_tp_size, config.vae_patch_parallel_size, config.task_type) == (2, 4, "auto")
-    assert config.enforce_eager and config.attention_backend == "FLASH_ATTN" and config.init_timeout_s == 900
+    assert config.enforce_eager and config.attention_backend == "TORCH_SDPA" and config.init_timeout_s == 900
     assert config.offload.distributed and config.offload.transfer == "rank-local"
     assert config.offload.resident_layers == 2 and config.offload.streamed == {"dit"}
     notices = capsys.readouterr().err.splitlines()
     assert all(line.startswith("notice: ") for line in notices)
-    for flag in ("--omni", "--trust-remote-code", "--vae-use-tiling", "--diffusion-attention-backend FLASH_ATTN",
+    for flag in ("--omni", "--trust-remote-code", "--vae-use-tiling",
                  "offload on CPU", "--diffusion-compile-*", "--step-execution", "--num-gpus 4 on CPU"):
         assert any(flag in line for line in notices), flag
 
@@ -46,19 +46,30 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("--cache-backend cache_dit", "DiT caching is not available in h3serve yet; use --cache-backend none"),
+        ("--cache-backend tea_cache", "calibrated for the reference FL2VA DiT only"),
+        ("--cache-backend mag_cache", "not available in h3serve; use --cache-backend cache_dit or none"),
         ("--cache-backend magic", "choose from: none, cache_dit"),
+        ("--cache-backend cache_dit --cache-config '{\"Fn\": 2}'", "unknown keys Fn; choose from: Fn_compute_blocks"),
+        ("--cache-backend cache_dit --usp 2", "with sequence parallelism is not available"),
         ("--lora-path /x.safetensors", "LoRA is not available"),
         ("--deploy-config d.yaml", "h3serve runs H3 as one stage"),
         ("--api-server-count 2", "use 1"),
         ("--allgather-degree 2", "use --usp and/or --ring"),
         ("--diffusion-attention-backend SAGE_ATTN", "would change the attention math"),
-        ("--diffusion-attention-backend NOPE", "NOPE: unknown backend; choose from: auto, TORCH_SDPA"),
+        ("--diffusion-attention-backend NOPE", "NOPE: unknown backend; available on cpu: TORCH_SDPA$"),
+        ("--diffusion-attention-backend FLASH_ATTN", "FLASH_ATTN: needs a CUDA device; available on cpu: TORCH_SDPA"),
+        ("--diffusion-attention-backend TRTLLM_ATTN", "trtllm-gen kernels .* not wired"),
+        ("-dac '{\"per_role\": {\"minimax_h3.token_refiner\": {\"backend\": \"CUDNN_ATTN\"}}}'",
+         "per_role.minimax_h3.token_refiner CUDNN_ATTN: needs a CUDA device"),
+        ("-dac '{\"per_role\": {\"cross\": {\"backend\": \"TORCH_SDPA\"}}}'",
+         "unknown roles cross; choose from: self, minimax_h3.token_refiner"),
         ("--diffusion-attention-backend FLASH_ATTN -dac '{\"default\": {\"backend\": \"TORCH_SDPA\"}}'",
          "mutually exclusive"),
         ("-dac '[1]'", "expected a JSON object"),
         ("--task-type t2v", "choose from: auto, combined, t2va, fl2va, ref2va"),
         ("--diffusion-compile-granularity everything", "choose from: regional, full"),
+        ("--diffusion-compile-granularity full --usp 2", "incompatible with sequence parallelism and offload"),
+        ("--diffusion-compile-granularity full --enable-layerwise-offload", "use 'regional' compilation instead"),
         ("--cfg-parallel-size 2", "CFG-distilled"),
         ("--usp 8", "choose from: 1, 2, 4"),
     ],
@@ -66,6 +77,24 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
 def test_what_cannot_apply_is_refused_with_the_fix(parallel_checkpoint, line, message):
     with pytest.raises(ConfigError, match=message):
         engine_config_from_args(_parse(line + " --device cpu"), parallel_checkpoint)
+
+
+def test_compile_flags_become_engine_fields(parallel_checkpoint):
+    config = engine_config_from_args(_parse("--device cpu"), parallel_checkpoint)
+    assert config.compile_mode() is None and config.compile_dynamic  # CPU: eager unless a granularity is named
+    line = "--device cpu --diffusion-compile-granularity regional --no-diffusion-compile-dynamic"
+    config = engine_config_from_args(_parse(line), parallel_checkpoint)
+    assert config.compile_mode() == "regional" and not config.compile_dynamic
+    config = engine_config_from_args(_parse(line + " --enforce-eager"), parallel_checkpoint)
+    assert config.compile_mode() is None
+
+
+def test_cache_flags_become_the_server_profile(parallel_checkpoint):
+    line = "--device cpu --cache-backend cache_dit --cache-config '{\"residual_diff_threshold\": 0.08}'"
+    config = engine_config_from_args(_parse(line), parallel_checkpoint)
+    profile = config.cache_profile()
+    assert profile.residual_diff_threshold == 0.08 and profile.max_warmup_steps == 4
+    assert engine_config_from_args(_parse("--device cpu"), parallel_checkpoint).cache_profile() is None
 
 
 def test_task_types_map_onto_the_dits_to_load(parallel_checkpoint):

@@ -1,7 +1,8 @@
 """Every parallel layout against one rank, end to end on the tiny checkpoint (gloo ranks, 1 thread each).
 
-Two sessions: 2 ranks (TP2, U2, R2, text-encoder TP2, VAE tile PP2, standalone tile decodes) and 4 ranks
-(U2×R2, TP2×U2). The packed sequence (629 rows) is divisible by none of the degrees, so padding is always exercised.
+Two sessions: 2 ranks (TP2, U2, R2, text-encoder TP2, VAE tile PP2, TP2 and U2 compiled, standalone tile
+decodes) and 4 ranks (U2×R2, TP2×U2). The packed sequence (629 rows) is divisible by none of the degrees, so
+padding is always exercised.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ TWO_RANK_CASES = [
     ("r2", {"ring_degree": 2}),
     ("text_encoder_tp2", {"text_encoder_tp_size": 2}),
     ("vae_tile_pp2", {"vae_patch_parallel_size": 2}),
+    # regional torch.compile: collectives and the sequence-parallel attention stay eager islands
+    ("tp2_compiled", {"tensor_parallel_size": 2, "compile_granularity": "regional"}),
+    ("u2_compiled", {"ulysses_degree": 2, "compile_granularity": "regional"}),
 ]
 FOUR_RANK_CASES = [
     ("u2xr2", {"ulysses_degree": 2, "ring_degree": 2}),
@@ -34,6 +38,8 @@ APPLIED = {
     "r2": (1, 1, 2, 1, False),
     "text_encoder_tp2": (1, 1, 1, 2, False),
     "vae_tile_pp2": (1, 1, 1, 1, True),
+    "tp2_compiled": (2, 1, 1, 1, False),
+    "u2_compiled": (1, 2, 1, 1, False),
     "u2xr2": (1, 2, 2, 1, False),
     "tp2xu2": (2, 2, 1, 1, False),
 }

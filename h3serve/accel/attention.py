@@ -1,0 +1,131 @@
+"""Attention backend registry: which kernel runs each attention role of the DiT.
+
+Every backend computes the same dense, exact, bidirectional attention (no mask, no dropout) on q, k, v of shape
+[B, S, H, Dh]; they differ only in the kernel. Roles are vLLM-Omni's: `self` (the main DiT blocks) and
+`minimax_h3.token_refiner`. A backend that is unknown or not usable on this device and build is refused at
+start-up with the list of usable ones; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from h3serve.model.transformer import AttentionFn, sdpa_attention
+
+ROLES = ("self", "minimax_h3.token_refiner")
+DEFAULT = "TORCH_SDPA"
+
+
+class AttentionBackendError(ValueError):
+    """An unknown or unusable backend; the message lists the usable ones."""
+
+
+def _cudnn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):  # only this kernel: an unsupported shape raises, never falls back
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+def _flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from flash_attn import flash_attn_func
+
+    return flash_attn_func(q, k, v, causal=False)  # takes and returns [B, S, H, Dh]
+
+
+def _flashinfer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    from flashinfer import single_prefill_with_kv_cache
+
+    # One unpadded document per batch item: [S, H, Dh] in and out (NHD layout).
+    items = zip(q, k, v, strict=True)
+    return torch.stack([single_prefill_with_kv_cache(qi, ki, vi, causal=False) for qi, ki, vi in items])
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@dataclass(frozen=True)
+class Backend:
+    fn: AttentionFn
+    unusable: Callable[[torch.device], str | None]  # why it cannot run on this device and build; None: usable
+
+
+def _cuda_only(extra: Callable[[], str | None] = lambda: None) -> Callable[[torch.device], str | None]:
+    def check(device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs a CUDA device"
+        return extra()
+
+    return check
+
+
+BACKENDS: dict[str, Backend] = {
+    "TORCH_SDPA": Backend(sdpa_attention, lambda device: None),
+    "FLASH_ATTN": Backend(
+        _flash_attention, _cuda_only(lambda: None if _has("flash_attn") else "flash-attn is not installed")
+    ),
+    "CUDNN_ATTN": Backend(
+        _cudnn_attention,
+        _cuda_only(lambda: None if torch.backends.cudnn.is_available() else "this torch build has no cuDNN"),
+    ),
+    "FLASHINFER_ATTN": Backend(
+        _flashinfer_attention, _cuda_only(lambda: None if _has("flashinfer") else "flashinfer is not installed")
+    ),
+}
+# vLLM-Omni names h3serve knows but has no kernel for: refused with this reason.
+NOT_PROVIDED = {
+    "TRTLLM_ATTN": "FlashInfer's trtllm-gen kernels (datacenter Blackwell) are not wired into h3serve",
+    "FLASH_ATTN_HUB": "kernels from the Hugging Face hub are not loaded by h3serve",
+    "FLASH_ATTN_3_HUB": "kernels from the Hugging Face hub are not loaded by h3serve",
+}
+
+
+def usable_backends(device: torch.device) -> list[str]:
+    return [name for name, backend in BACKENDS.items() if backend.unusable(device) is None]
+
+
+def check_backend(name: str, device: torch.device, where: str = "--diffusion-attention-backend") -> None:
+    """Raise `AttentionBackendError` unless `name` can run on `device`."""
+    usable = ", ".join(usable_backends(device))
+    if name in BACKENDS:
+        reason = BACKENDS[name].unusable(device)
+    else:
+        reason = NOT_PROVIDED.get(name, "unknown backend")
+    if reason is not None:
+        raise AttentionBackendError(f"{where} {name}: {reason}; available on {device.type}: {usable}")
+
+
+def resolve_roles(default: str, per_role: tuple[tuple[str, str], ...], device: torch.device) -> dict[str, str]:
+    """The backend of every role (`auto` is TORCH_SDPA), each checked against `device`."""
+    unknown = sorted({role for role, _ in per_role} - set(ROLES))
+    if unknown:
+        raise AttentionBackendError(
+            f"--diffusion-attention-config per_role: unknown roles {', '.join(unknown)}; "
+            f"choose from: {', '.join(ROLES)}"
+        )
+    base = DEFAULT if default == "auto" else default
+    check_backend(base, device)
+    chosen = dict.fromkeys(ROLES, base)
+    for role, name in per_role:
+        check_backend(name, device, f"--diffusion-attention-config per_role.{role}")
+        chosen[role] = name
+    return chosen
+
+
+def install(transformer: nn.Module, roles: dict[str, str]) -> None:
+    """Set the attention core of every block of `transformer` (an H3Transformer) from its role's backend.
+
+    Runs before sequence parallelism is installed: SP replaces the main blocks' core with its own exchange.
+    """
+    for block in transformer.transformer_blocks:
+        block.attn.attention_fn = BACKENDS[roles["self"]].fn
+    for block in transformer.token_refiner.refiner_blocks:
+        block.attn.attention_fn = BACKENDS[roles["minimax_h3.token_refiner"]].fn

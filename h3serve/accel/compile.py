@@ -1,0 +1,84 @@
+"""torch.compile of the DiT: each block (regional, the default) or the whole forward (full).
+
+Regional compilation replaces each block's `forward`, not the module call, so forward pre/post hooks (offload
+streaming, bench counters) keep running eagerly around the graph. Identical blocks share one graph: their
+parameters are graph inputs (Dynamo inlines built-in nn modules). Collectives and the sequence-parallel
+attention core are `torch.compiler.disable` islands (h3serve.parallel.comm / sequence), so a compiled block
+graph-breaks there instead of tracing process-group calls.
+
+Compilation is lazy (the first forward of each shape): a failure there falls back to eager for every compiled
+module, with one warning line, and the step is recomputed eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+GRANULARITIES = ("regional", "full")
+Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor" in service, others in tests
+
+
+@dataclass
+class CompileState:
+    """Shared by every module compiled for one engine: one failure switches them all back to eager."""
+
+    log: Callable[[str], None]
+    failed: bool = False
+    restore: list[Callable[[], None]] = field(default_factory=list)
+
+    def fall_back(self, error: BaseException) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        for undo in self.restore:
+            undo()
+        root = error
+        # Dynamo wraps the backend's own error (BackendCompilerFailed.inner_exception): name that one.
+        while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+            root = inner
+        first_line = (str(root).strip().splitlines() or [""])[0][:200]
+        self.log(f"warning: torch.compile failed ({type(root).__name__}: {first_line}); running the DiT eagerly")
+
+
+def _guarded(module: nn.Module, compiled: Callable[..., Any], eager: Callable[..., Any], state: CompileState):
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if state.failed:
+            return eager(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # compile errors surface on a shape's first call, under many exception types
+            state.fall_back(e)
+            return eager(*args, **kwargs)
+
+    module.forward = forward
+    state.restore.append(lambda: setattr(module, "forward", eager))
+
+
+def _compile_forward(module: nn.Module, dynamic: bool, state: CompileState, backend: Backend) -> None:
+    eager = module.forward
+    _guarded(module, torch.compile(eager, dynamic=dynamic, backend=backend), eager, state)
+
+
+def blocks_of(transformer: nn.Module) -> list[nn.Module]:
+    """The repeated blocks: the main DiT blocks and the token refiner's."""
+    return [*transformer.transformer_blocks, *transformer.token_refiner.refiner_blocks]
+
+
+def compile_transformer(
+    transformer: nn.Module, granularity: str, dynamic: bool, state: CompileState, backend: Backend = "inductor"
+) -> None:
+    """Compile `transformer` (an H3Transformer) in place; eager on the first failure (see module doc)."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"compile granularity {granularity!r}: choose from: {', '.join(GRANULARITIES)}")
+    if granularity == "full":
+        _compile_forward(transformer, dynamic, state, backend)
+        return
+    for block in blocks_of(transformer):
+        _compile_forward(block, dynamic, state, backend)

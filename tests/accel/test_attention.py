@@ -1,0 +1,55 @@
+"""Attention backend registry: per-role selection, refusals that list the usable backends, installation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from h3serve.accel import attention
+from h3serve.accel.attention import AttentionBackendError, resolve_roles, usable_backends
+from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+
+CPU = torch.device("cpu")
+
+
+def test_auto_is_torch_sdpa_for_every_role_and_overrides_apply_per_role(monkeypatch):
+    assert resolve_roles("auto", (), CPU) == {"self": "TORCH_SDPA", "minimax_h3.token_refiner": "TORCH_SDPA"}
+    # Pretend a CUDA build with cuDNN to select a different kernel for the refiner only.
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    cuda = torch.device("cuda")
+    roles = resolve_roles("TORCH_SDPA", (("minimax_h3.token_refiner", "CUDNN_ATTN"),), cuda)
+    assert roles == {"self": "TORCH_SDPA", "minimax_h3.token_refiner": "CUDNN_ATTN"}
+    assert "CUDNN_ATTN" in usable_backends(cuda) and usable_backends(CPU) == ["TORCH_SDPA"]
+
+
+@pytest.mark.parametrize(
+    "default, per_role, message",
+    [
+        ("FLASH_ATTN", (), "FLASH_ATTN: needs a CUDA device; available on cpu: TORCH_SDPA"),
+        ("SOMETHING", (), "SOMETHING: unknown backend; available on cpu: TORCH_SDPA"),
+        ("auto", (("self", "FLASHINFER_ATTN"),), "per_role.self FLASHINFER_ATTN: needs a CUDA device"),
+        ("auto", (("cross", "TORCH_SDPA"),), "unknown roles cross"),
+    ],
+)
+def test_unusable_or_unknown_backends_are_refused_with_the_usable_list(default, per_role, message):
+    with pytest.raises(AttentionBackendError, match=message):
+        resolve_roles(default, per_role, CPU)
+
+
+def test_a_cuda_build_without_the_library_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(attention, "_has", lambda module: False)
+    with pytest.raises(AttentionBackendError, match="flash-attn is not installed"):
+        resolve_roles("FLASH_ATTN", (), torch.device("cuda"))
+
+
+def test_install_sets_each_role_on_its_blocks():
+    cfg = H3TransformerConfig(
+        num_attention_heads=2, attention_head_dim=32, hidden_size=48, num_layers=2, num_refiner_layers=1,
+        ffn_dim=64, text_dim=32, freq_dim=32, time_embed_hidden_dim=48, time_embed_dim=24, rope_freq_dim=4,
+    )
+    with torch.device("meta"):
+        model = H3Transformer(cfg)
+    attention.install(model, {"self": "TORCH_SDPA", "minimax_h3.token_refiner": "CUDNN_ATTN"})
+    assert all(b.attn.attention_fn is attention.BACKENDS["TORCH_SDPA"].fn for b in model.transformer_blocks)
+    refiner = model.token_refiner.refiner_blocks
+    assert all(b.attn.attention_fn is attention.BACKENDS["CUDNN_ATTN"].fn for b in refiner)
