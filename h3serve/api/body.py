@@ -85,6 +85,11 @@ async def _multipart(request: Request, max_part_bytes: int) -> FormData:
     try:
         form = await parser.parse()
     except MultiPartException as e:
+        if _files_exceeded(e):  # the same rule and code as media sent any other way
+            raise bad_request(
+                f"at most {limits.MAX_MEDIA_FILES} media inputs per request (every media field together)",
+                code="too_many_files",
+            ) from None
         raise bad_request(f"Invalid form body: {e.message}", code="invalid_body") from None
     request._form = form  # Request.close() (called by every create) closes the spooled upload files
     if not parser.closed:
@@ -116,3 +121,8 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request(f"The JSON body must be an object, got {type(value).__name__}.", code="invalid_json")
     return value
+
+
+def _files_exceeded(e: MultiPartException) -> bool:
+    """Starlette's parser says so only in its message ("Too many files. Maximum number of files is N.")."""
+    return e.message.startswith("Too many files")

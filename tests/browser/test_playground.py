@@ -264,8 +264,10 @@ def test_history_pages_filters_and_deletes(page, live):
                       data={"prompt": "finished", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
     wait_until(lambda: httpx.get(f"{live.url}/v1/videos/{done}", headers=headers).json()["status"] == "completed",
                timeout_s=JOB_TIMEOUT_MS / 1000, what="a completed job", interval_s=0.2)
+    # Long jobs: the first runs for the whole test and the others stay queued, so a row's Cancel button cannot
+    # turn into Delete under the test's feet (a fast host finished short jobs before the focus check).
     ids = [httpx.post(f"{live.url}/v1/videos", headers=headers,
-                      data={"prompt": f"queued {i}", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
+                      data={"prompt": f"queued {i}", "seconds": "15", "num_inference_steps": "200"}).json()["id"]
            for i in range(11)]
     try:
         page.get_by_role("button", name="Refresh").click()
