@@ -276,6 +276,19 @@ def device_memory(text: str | None) -> int | None:
         raise ConfigError(str(e)) from None
 
 
+def layout_fields(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields that say which DiTs load and how the ranks split the work."""
+    return {
+        "task_type": TASK_TYPES[args.task_type],
+        "num_ranks": args.num_gpus,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "ulysses_degree": args.ulysses_degree,
+        "ring_degree": args.ring_degree,
+        "text_encoder_tp_size": args.text_encoder_tp_size,
+        "vae_patch_parallel_size": args.vae_patch_parallel_size,
+    }
+
+
 def engine_config_from_args(args: argparse.Namespace, model: Path | None = None) -> EngineConfig:
     """The validated `EngineConfig` for `add_engine_args` flags (`model`, else `args.model`); prints notices.
 
@@ -297,13 +310,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,
-        task_type=TASK_TYPES[args.task_type],
-        num_ranks=args.num_gpus,
-        tensor_parallel_size=args.tensor_parallel_size,
-        ulysses_degree=args.ulysses_degree,
-        ring_degree=args.ring_degree,
-        text_encoder_tp_size=args.text_encoder_tp_size,
-        vae_patch_parallel_size=args.vae_patch_parallel_size,
+        **layout_fields(args),
         vae_parallel_mode=args.vae_parallel_mode,
         cfg_parallel_size=args.cfg_parallel_size,
         enforce_eager=args.enforce_eager,

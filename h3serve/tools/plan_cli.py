@@ -96,7 +96,7 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint import read_layout
     from h3serve.config import EngineConfig
-    from h3serve.engine.args import TASK_TYPES, device_memory, offload_config
+    from h3serve.engine.args import TASK_TYPES, device_memory, layout_fields, offload_config
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
     from h3serve.offload.startup import plan_largest, served_tasks
@@ -109,16 +109,7 @@ def build_plan(args: argparse.Namespace):
         raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     source = _source(args)
     # Not validated as a whole (the released preset has no folder): it supplies the DiTs and the degrees.
-    draft = EngineConfig(
-        model=Path(source),
-        task_type=TASK_TYPES[args.task_type],
-        num_ranks=args.num_gpus,
-        tensor_parallel_size=args.tensor_parallel_size,
-        ulysses_degree=args.ulysses_degree,
-        ring_degree=args.ring_degree,
-        text_encoder_tp_size=args.text_encoder_tp_size,
-        vae_patch_parallel_size=args.vae_patch_parallel_size,
-    )
+    draft = EngineConfig(model=Path(source), **layout_fields(args))
     dits = draft.dits
     offload = offload_config(args)
     degrees = draft.parallel_degrees()
