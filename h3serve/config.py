@@ -104,6 +104,20 @@ class EngineConfig:
         except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError(str(e)) from None
 
+    def cache_refusal(self) -> str | None:
+        """Why this engine cannot run a DiT block cache (--cache-backend cache_dit, or a `quality=high` request);
+        None when it can."""
+        if self.ulysses_degree * self.ring_degree > 1:
+            return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
+        if self.offload.streamed:
+            return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
+        if self.compile_mode() == "full":
+            return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+        if self.world_size > 1 and self.resolved_device().type == "cpu":
+            return "several CPU ranks (cache-dit averages the residual over the ranks with an AVG all-reduce, which " \
+                "gloo lacks)"
+        return None
+
     def compile_mode(self) -> str | None:
         """The granularity the DiT is compiled at, or None for eager."""
         if self.enforce_eager:
@@ -177,14 +191,9 @@ class EngineConfig:
         if self.cache_backend not in ("none", "cache_dit"):
             raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
         self.cache_profile()
-        if self.cache_backend != "none" and self.ulysses_degree * self.ring_degree > 1:
-            # Each rank would judge the residual change on its own rows and skip different steps.
-            raise ConfigError("--cache-backend cache_dit with sequence parallelism is not available; drop --usp/--ring")
-        if self.cache_backend != "none" and self.offload.streamed:
-            raise ConfigError(
-                "--cache-backend cache_dit with layerwise offload is not available: skipped blocks would break the "
-                "streaming order; use module offload or none"
-            )
+        refusal = self.cache_refusal()
+        if self.cache_backend != "none" and refusal:
+            raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():

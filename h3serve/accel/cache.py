@@ -1,21 +1,24 @@
-"""First-block residual caching of the DiT's block loop (Cache-DiT's DBCache policy, implemented here).
+"""Cache-DiT's DBCache on the DiT's block loop, through the cache-dit library (its `BlockAdapter`).
 
-Each denoise step runs the first Fn blocks, then compares their residual (output - input) with the one of the
-last fully computed step. When the relative L1 change is under the threshold (after the warm-up steps, and for
-at most N steps in a row), the middle blocks are skipped: their residual from the last computed step is added
-instead. The last Bn blocks always run, and so does everything after the block loop (the output norm and both
-the video and the audio heads), so a cached step never skips the audio rows' head.
+Each denoise step runs the first Fn blocks, and cache-dit compares their residual (output - input) with the one
+of the last fully computed step. When the relative L1 change is under the threshold (after the warm-up steps, and
+for at most N steps in a row), the middle blocks are skipped and their residual from the last computed step is
+added instead. The last Bn blocks always run, and so does everything after the block loop in
+`H3Transformer.forward` (the output norm and both the video and the audio heads): a cached step never skips the
+audio rows' head.
 
-Why not the cache-dit library itself: see docs/benchmarks.md (Cache-DiT); the policy and its parameter names are
-cache-dit's, so `--cache-config` JSON written for cache-dit's DBCache applies unchanged.
+The cache is installed per request (`block_cache`) and removed after it, so a `quality=lossless` request runs the
+plain loop. The profile's fields are cache-dit's `DBCacheConfig` names, so `--cache-config` JSON written for
+cache-dit applies unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
 
-import torch
 from torch import nn
 
 
@@ -65,53 +68,57 @@ def profile_for(quality: str | None, server: CacheProfile | None) -> CacheProfil
     return None if quality == "lossless" else HIGH
 
 
-class BlockCache:
-    """One request's cache state (one DiT, its denoise steps in order). Counts block evaluations."""
+@dataclass
+class CacheStats:
+    """One request's cache outcome: DiT block evaluations that ran (counted by hooks) and that were skipped."""
 
-    def __init__(self, profile: CacheProfile):
-        self.profile = profile
-        self.step = 0
-        self.consecutive = 0
-        self.first_residual: torch.Tensor | None = None  # of the last fully computed step
-        self.middle_residual: torch.Tensor | None = None
-        self.evaluated = 0
-        self.skipped = 0
-        self.cached_steps = 0
+    evaluated: int = 0
+    skipped: int = 0
+    cached_steps: int = 0
 
-    def _can_skip(self, first_residual: torch.Tensor) -> bool:
-        p = self.profile
-        if self.step < p.max_warmup_steps or self.middle_residual is None or self.first_residual is None:
-            return False
-        if 0 <= p.max_continuous_cached_steps <= self.consecutive:
-            return False
-        prev = self.first_residual
-        change = (first_residual - prev).abs().mean() / prev.abs().mean().clamp_min(1e-12)
-        return change.item() < p.residual_diff_threshold
 
-    def run(self, blocks: Sequence[nn.Module], x: torch.Tensor, *args: object) -> torch.Tensor:
-        """The block loop of one forward: `x = block(x, *args)` for each block, or the cached shortcut."""
-        n, fn, bn = len(blocks), self.profile.Fn_compute_blocks, self.profile.Bn_compute_blocks
-        fn = min(fn, n)
-        middle = range(fn, max(fn, n - bn))
-        x_in = x
-        for block in blocks[:fn]:
-            x = block(x, *args)
-        first_residual = x - x_in
-        if self._can_skip(first_residual):
-            x = x + self.middle_residual
-            self.consecutive += 1
-            self.cached_steps += 1
-            self.skipped += len(middle)
-        else:
-            x_mid = x
-            for i in middle:
-                x = blocks[i](x, *args)
-            self.middle_residual = x - x_mid
-            self.first_residual = first_residual
-            self.consecutive = 0
-            self.evaluated += len(middle)
-        for block in blocks[middle.stop :]:
-            x = block(x, *args)
-        self.evaluated += fn + (n - middle.stop)
-        self.step += 1
-        return x
+def _cache_dit():
+    """cache-dit, imported on first use (it imports diffusers eagerly; a few seconds) and quiet unless asked."""
+    os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    import cache_dit
+
+    return cache_dit
+
+
+@contextmanager
+def block_cache(transformer: nn.Module, profile: CacheProfile, forwards: int) -> Iterator[CacheStats]:
+    """Install cache-dit's DBCache on `transformer.transformer_blocks` for one request of `forwards` DiT calls.
+
+    The transformer must call its blocks as `x = block(x, *args)` (cache-dit's forward pattern 3). The stats are
+    filled in when the block ends; the transformer is back to its plain forward afterwards, even on error."""
+    cache_dit = _cache_dit()
+    blocks = transformer.transformer_blocks
+    adapter = cache_dit.BlockAdapter(
+        transformer=transformer,
+        blocks=blocks,
+        forward_pattern=cache_dit.ForwardPattern.Pattern_3,
+        check_forward_pattern=False,
+    )
+    config = cache_dit.DBCacheConfig(num_inference_steps=forwards, **asdict(profile))
+    calls = {"blocks": 0, "forwards": 0}
+
+    def counter(key: str):
+        def count(*_) -> None:
+            calls[key] += 1
+
+        return count
+
+    hooks = [block.register_forward_pre_hook(counter("blocks")) for block in blocks]
+    hooks.append(transformer.register_forward_pre_hook(counter("forwards")))
+    cache_dit.enable_cache(adapter, cache_config=config)
+    stats = CacheStats()
+    try:
+        yield stats
+    finally:
+        manager = transformer._context_manager  # set by enable_cache; one context for our one block list
+        cached = {step for name in transformer._context_names for step in manager.get_context(name).cached_steps}
+        cache_dit.disable_cache(adapter)
+        for hook in hooks:
+            hook.remove()
+        stats.evaluated, stats.cached_steps = calls["blocks"], len(cached)
+        stats.skipped = calls["forwards"] * len(blocks) - calls["blocks"]

@@ -71,10 +71,7 @@ class LocalEngine:
         self.tasks = components.tasks
         self.pipeline = H3Pipeline(components, self.device, hooks=self.offload, cache=config.cache_profile())
         # quality=high installs the block cache per request even without --cache-backend: same limits apply.
-        self.cache_refusal = (
-            "sequence parallelism" if config.ulysses_degree * config.ring_degree > 1
-            else "layerwise offload" if config.offload.streamed else None
-        )
+        self.cache_refusal = config.cache_refusal()
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
@@ -93,9 +90,10 @@ class LocalEngine:
             load_s = time.perf_counter() - start
             result = self.pipeline.generate(plan, conditioning, on_progress)
         if result.block_cache is not None and self.rank == 0:
-            evaluated, skipped, steps = result.block_cache
+            cache = result.block_cache
             print(
-                f"block cache: {skipped} of {evaluated + skipped} DiT block evaluations skipped ({steps} cached steps)",
+                f"block cache: {cache.skipped} of {cache.evaluated + cache.skipped} DiT block evaluations skipped "
+                f"({cache.cached_steps} cached steps)",
                 file=sys.stderr,
             )
         if plan.task != "t2va":

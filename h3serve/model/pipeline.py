@@ -19,7 +19,7 @@ from PIL import Image
 from torch import nn
 
 from h3serve import limits
-from h3serve.accel.cache import BlockCache, CacheProfile, profile_for
+from h3serve.accel.cache import CacheProfile, CacheStats, block_cache, profile_for
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -76,7 +76,7 @@ class GenerationResult:
     video_latents: torch.Tensor  # [1, 24, F, lh, lw] normalised latents, fp32
     audio_latents: torch.Tensor  # [2, 32, A] normalised latents, fp32
     stage_durations: dict[str, float] = field(default_factory=dict)
-    block_cache: tuple[int, int, int] | None = None  # (block evaluations, evaluations skipped, cached steps)
+    block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
 
 
 class StageHooks(Protocol):
@@ -194,16 +194,13 @@ class H3Pipeline:
             raise ValueError(f"the {plan.task} DiT is not loaded")
         schedules = self._schedules(plan)
         profile = profile_for(plan.quality, self.cache)
-        cache = BlockCache(profile) if profile is not None else None
-        dit.block_cache = cache
-        try:
+        forwards = len(schedules[0])
+        with block_cache(dit, profile, forwards) if profile is not None else nullcontext() as cache:
             with clock("denoise"):
                 video_rows, audio_rows = self.denoise(
                     schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
                 )
-        finally:
-            dit.block_cache = None
-        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(schedules[0]))
+        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, forwards)
 
         layout = enc.layout
         video_latents = unpatchify(
@@ -230,7 +227,7 @@ class H3Pipeline:
             video_latents=video_latents.cpu(),
             audio_latents=audio_latents.cpu(),
             stage_durations=clock.durations,
-            block_cache=None if cache is None else (cache.evaluated, cache.skipped, cache.cached_steps),
+            block_cache=cache,
         )
 
     # -- conditioning ----------------------------------------------------------------------------------------

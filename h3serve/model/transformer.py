@@ -36,12 +36,6 @@ class SequenceSharder(Protocol):
     def gather(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-class BlockRunner(Protocol):
-    """Runs the main block loop in place of the plain loop (h3serve.accel.cache: block caching)."""
-
-    def run(self, blocks: nn.ModuleList, x: torch.Tensor, *args: object) -> torch.Tensor: ...
-
-
 @dataclass(frozen=True)
 class H3TransformerConfig:
     """Architecture of the DiT. Defaults are the released model; field names match diffusers' config.json."""
@@ -379,8 +373,6 @@ class H3Transformer(nn.Module):
         self.audio_proj_out = nn.Linear(d, cfg.audio_in_channels, bias=True)
         # Set by h3serve.parallel for sequence parallelism: splits the rows before the blocks, gathers after.
         self.sequence_parallel: SequenceSharder | None = None
-        # Set by the pipeline for one request when it runs with a block cache.
-        self.block_cache: BlockRunner | None = None
 
     def embed_text(self, text: torch.Tensor) -> torch.Tensor:
         """Text encoder states [B, L, text_dim] -> refined rows [B, L, D].
@@ -414,11 +406,9 @@ class H3Transformer(nn.Module):
         sp = self.sequence_parallel
         if sp is not None:  # each rank runs the blocks on its own chunk of the rows (attention sees them all)
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
-        if self.block_cache is not None:
-            x = self.block_cache.run(self.transformer_blocks, x, temb, adaln_idx, rotary)
-        else:
-            for block in self.transformer_blocks:
-                x = block(x, temb, adaln_idx, rotary)
+        # A block cache (h3serve.accel.cache, through cache-dit) swaps this list for its cached runner per request.
+        for block in self.transformer_blocks:
+            x = block(x, temb, adaln_idx, rotary)
         if sp is not None:
             x = sp.gather(x)
 

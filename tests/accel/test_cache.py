@@ -1,4 +1,5 @@
-"""DiT block cache: the DBCache policy step by step, the request's `quality`, the heads always run."""
+"""DiT block cache through cache-dit: the DBCache policy step by step, the request's `quality`, the heads always
+run, the refusals."""
 
 from __future__ import annotations
 
@@ -8,39 +9,59 @@ import pytest
 import torch
 from torch import nn
 
-from h3serve.accel.cache import HIGH, BlockCache, CacheConfigError, CacheProfile, profile_for
+from h3serve.accel.cache import HIGH, CacheConfigError, CacheProfile, CacheStats, block_cache, profile_for
 from h3serve.request import GenerationRequest
 from h3serve.validate import RequestError, validate
 
 
 class AddBlock(nn.Module):
-    """x -> x + step·scale + 1, counting its calls (the first block's residual is what the cache compares)."""
+    """x -> x + 1 + drift·calls (the first block's residual is what the cache compares), counting its calls."""
 
     def __init__(self, drift: float = 0.0):
         super().__init__()
         self.drift, self.calls = drift, 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args: object) -> torch.Tensor:
         self.calls += 1
         return x + 1.0 + self.drift * self.calls
 
 
+class ToyDiT(nn.Module):
+    """Calls its blocks as H3Transformer does: `x = block(x, *args)`, then a head after the loop."""
+
+    def __init__(self, blocks: list[AddBlock]):
+        super().__init__()
+        self.transformer_blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.transformer_blocks:
+            x = block(x, "temb", "rotary")
+        return 2 * x
+
+
+def _steps(dit: ToyDiT, profile: CacheProfile, forwards: int) -> tuple[list[torch.Tensor], CacheStats]:
+    with block_cache(dit, profile, forwards) as stats:
+        outs = [dit(torch.zeros(3)) for _ in range(forwards)]
+    return outs, stats
+
+
 def test_high_profile_warms_up_then_caches_at_most_one_step_in_a_row():
-    blocks = nn.ModuleList([AddBlock() for _ in range(4)])
-    cache = BlockCache(HIGH)
-    outs = [cache.run(blocks, torch.zeros(3)) for _ in range(8)]
-    assert all(torch.equal(o, torch.full((3,), 4.0)) for o in outs)  # a cached step adds the stored residual
+    dit = ToyDiT([AddBlock() for _ in range(4)])
+    outs, stats = _steps(dit, HIGH, 8)
+    assert all(torch.equal(o, torch.full((3,), 8.0)) for o in outs)  # a cached step adds the stored residual
     # steps 0-3 warm up; 4 cached, 5 computed (at most 1 in a row), 6 cached, 7 computed
-    assert (cache.cached_steps, cache.skipped, cache.evaluated) == (2, 6, 8 + 6 * 3)
-    assert [b.calls for b in blocks] == [8, 6, 6, 6]
+    assert (stats.cached_steps, stats.skipped, stats.evaluated) == (2, 6, 8 + 6 * 3)
+    assert [b.calls for b in dit.transformer_blocks] == [8, 6, 6, 6]
+    # Removed after the request: the plain loop again, every block every time.
+    dit(torch.zeros(3))
+    assert [b.calls for b in dit.transformer_blocks] == [9, 7, 7, 7]
+    assert isinstance(dit.transformer_blocks[0], AddBlock) and len(dit.transformer_blocks) == 4
 
 
 def test_a_changing_first_block_residual_is_never_cached():
-    blocks = nn.ModuleList([AddBlock(drift=0.5), AddBlock(), AddBlock()])
-    cache = BlockCache(dataclasses.replace(HIGH, max_warmup_steps=0, max_continuous_cached_steps=-1))
-    for _ in range(6):
-        cache.run(blocks, torch.zeros(2))
-    assert cache.skipped == 0 and cache.evaluated == 18
+    dit = ToyDiT([AddBlock(drift=0.5), AddBlock(), AddBlock()])
+    _, stats = _steps(dit, dataclasses.replace(HIGH, max_warmup_steps=0, max_continuous_cached_steps=-1), 6)
+    assert stats.skipped == 0 and stats.evaluated == 18 and stats.cached_steps == 0
 
 
 def test_profiles_per_request_and_config_parsing():
@@ -74,7 +95,8 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
         lossless, _ = _generate(pipeline, defaults, "lossless")
     finally:
         pipeline.cache = None
-    evaluated, skipped, steps = cached.block_cache
+    stats = cached.block_cache
+    evaluated, skipped, steps = stats.evaluated, stats.skipped, stats.cached_steps
     layers = len(pipeline.components.transformer.transformer_blocks)
     assert steps == 7 - 2 and skipped == steps * (layers - 1) and evaluated + skipped == 7 * layers
     assert heads == 7  # 8 grid points = 7 forwards: every one ran the audio head, cached or not
@@ -83,4 +105,17 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
     assert torch.equal(lossless.video_latents, plain.video_latents)
     assert torch.equal(lossless.audio_latents, plain.audio_latents)
     high, _ = _generate(pipeline, defaults, "high")  # installed per request without a server cache
-    assert high.block_cache is not None and sum(high.block_cache[:2]) == 7 * layers
+    assert high.block_cache is not None and high.block_cache.evaluated + high.block_cache.skipped == 7 * layers
+
+
+def test_quality_high_is_refused_where_the_engine_cannot_cache(tiny_checkpoint):
+    from h3serve.config import EngineConfig
+    from h3serve.engine.local import LocalEngine
+    from h3serve.offload.config import OffloadConfig
+
+    config = EngineConfig(model=tiny_checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))
+    assert "layerwise offload" in config.cache_refusal()
+    engine = LocalEngine(config)
+    with pytest.raises(RequestError, match="quality=high .* not available with layerwise offload"):
+        engine.plan(GenerationRequest(prompt="waves", duration_s=4, quality="high"))
+    assert engine.plan(GenerationRequest(prompt="waves", duration_s=4, quality="lossless")).quality == "lossless"
