@@ -128,17 +128,13 @@ class EngineConfig:
 
     def attention_roles(self) -> dict[str, str]:
         """The attention backend of each DiT role, checked against this device; `ConfigError` lists the usable."""
-        from h3serve.accel.attention import DEFAULT, AttentionBackendError, resolve_roles
+        from h3serve.accel.attention import AttentionBackendError, resolve_roles
 
+        ring = self.ring_degree > 1
         try:
-            roles = resolve_roles(self.attention_backend, self.attention_per_role, self.resolved_device())
+            roles = resolve_roles(self.attention_backend, self.attention_per_role, self.resolved_device(), ring)
         except AttentionBackendError as e:
             raise ConfigError(str(e)) from None
-        if roles["self"] != DEFAULT and self.ulysses_degree * self.ring_degree > 1:
-            raise ConfigError(
-                f"attention backend {roles['self']} for the DiT blocks with sequence parallelism: the sequence-"
-                f"parallel core runs torch SDPA kernels (with log-sum-exp for ring); use {DEFAULT}"
-            )
         return roles
 
     def resolved_device(self) -> torch.device:

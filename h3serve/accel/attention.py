@@ -4,6 +4,10 @@ Every backend computes the same dense, exact, bidirectional attention (no mask, 
 [B, S, H, Dh]; they differ only in the kernel. Roles are vLLM-Omni's: `self` (the main DiT blocks) and
 `minimax_h3.token_refiner`. A backend that is unknown or not usable on this device and build is refused at
 start-up with the list of usable ones; nothing falls back silently.
+
+Sequence parallelism uses the `self` backend too: Ulysses calls its kernel on the gathered segment, and ring
+attention its partial form (`with_lse`: attention over one block of keys that also returns the log-sum-exp, so
+that partial results merge exactly). A backend without a partial form is refused with `--ring`.
 """
 
 from __future__ import annotations
@@ -48,14 +52,60 @@ def _flashinfer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     return torch.stack([single_prefill_with_kv_cache(qi, ki, vi, causal=False) for qi, ki, vi in items])
 
 
+# -- partial attention with log-sum-exp, for ring attention: q, k, v [B, H, S, Dh] -> ([B, H, Sq, Dh], [B, H, Sq])
+
+
+def _math_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    lse = torch.logsumexp(scores, dim=-1)
+    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+def _sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's fused kernels that return the LSE: CPU flash, CUDA flash (half precision) or memory-efficient
+    attention; other devices use the explicit formula."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+        return out, lse.float()
+    if q.device.type == "cuda":
+        sq = q.shape[-2]
+        if q.dtype in (torch.float16, torch.bfloat16):
+            try:
+                out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+                return out, lse[..., :sq].float()
+            except RuntimeError:  # head_dim or architecture not supported by flash: the next kernel
+                pass
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
+        return out, lse[..., :sq].float()  # the efficient kernel pads the LSE's sequence dim
+    return _math_attention_with_lse(q, k, v)
+
+
+def _cudnn_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
+    return out, lse.reshape(q.shape[:-1]).float()
+
+
+def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from flash_attn import flash_attn_func
+
+    out, lse, _ = flash_attn_func(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=False, return_attn_probs=True
+    )
+    return out.transpose(1, 2), lse.float()  # flash-attn's LSE is [B, H, Sq], natural log
+
+
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+PartialFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
 class Backend:
     fn: AttentionFn
     unusable: Callable[[torch.device], str | None]  # why it cannot run on this device and build; None: usable
+    with_lse: PartialFn | None = None  # the partial form ring attention merges; None: no ring attention
 
 
 def _cuda_only(extra: Callable[[], str | None] = lambda: None) -> Callable[[torch.device], str | None]:
@@ -68,13 +118,16 @@ def _cuda_only(extra: Callable[[], str | None] = lambda: None) -> Callable[[torc
 
 
 BACKENDS: dict[str, Backend] = {
-    "TORCH_SDPA": Backend(sdpa_attention, lambda device: None),
+    "TORCH_SDPA": Backend(sdpa_attention, lambda device: None, _sdpa_with_lse),
     "FLASH_ATTN": Backend(
-        _flash_attention, _cuda_only(lambda: None if _has("flash_attn") else "flash-attn is not installed")
+        _flash_attention,
+        _cuda_only(lambda: None if _has("flash_attn") else "flash-attn is not installed"),
+        _flash_with_lse,
     ),
     "CUDNN_ATTN": Backend(
         _cudnn_attention,
         _cuda_only(lambda: None if torch.backends.cudnn.is_available() else "this torch build has no cuDNN"),
+        _cudnn_with_lse,
     ),
     "FLASHINFER_ATTN": Backend(
         _flashinfer_attention, _cuda_only(lambda: None if _has("flashinfer") else "flashinfer is not installed")
@@ -92,9 +145,17 @@ def usable_backends(device: torch.device) -> list[str]:
     return [name for name, backend in BACKENDS.items() if backend.unusable(device) is None]
 
 
-def check_backend(name: str, device: torch.device, where: str = "--diffusion-attention-backend") -> None:
-    """Raise `AttentionBackendError` unless `name` can run on `device`."""
+def check_backend(
+    name: str, device: torch.device, where: str = "--diffusion-attention-backend", ring: bool = False
+) -> None:
+    """Raise `AttentionBackendError` unless `name` can run on `device` (and, with `ring`, run ring attention)."""
     usable = ", ".join(usable_backends(device))
+    if ring and name in BACKENDS and BACKENDS[name].with_lse is None:
+        ring_ready = ", ".join(n for n, b in BACKENDS.items() if b.with_lse is not None)
+        raise AttentionBackendError(
+            f"{where} {name}: its kernel returns no log-sum-exp here, which ring attention (--ring) needs to merge "
+            f"its partial results; choose from: {ring_ready}"
+        )
     if name in BACKENDS:
         reason = BACKENDS[name].unusable(device)
     else:
@@ -103,8 +164,11 @@ def check_backend(name: str, device: torch.device, where: str = "--diffusion-att
         raise AttentionBackendError(f"{where} {name}: {reason}; available on {device.type}: {usable}")
 
 
-def resolve_roles(default: str, per_role: tuple[tuple[str, str], ...], device: torch.device) -> dict[str, str]:
-    """The backend of every role (`auto` is TORCH_SDPA), each checked against `device`."""
+def resolve_roles(
+    default: str, per_role: tuple[tuple[str, str], ...], device: torch.device, ring: bool = False
+) -> dict[str, str]:
+    """The backend of every role (`auto` is TORCH_SDPA), each checked against `device`; with `ring`, the `self`
+    role's backend must also have the partial form ring attention merges."""
     unknown = sorted({role for role, _ in per_role} - set(ROLES))
     if unknown:
         raise AttentionBackendError(
@@ -112,10 +176,11 @@ def resolve_roles(default: str, per_role: tuple[tuple[str, str], ...], device: t
             f"choose from: {', '.join(ROLES)}"
         )
     base = DEFAULT if default == "auto" else default
-    check_backend(base, device)
+    overridden = dict(per_role)
+    check_backend(base, device, ring=ring and "self" not in overridden)
     chosen = dict.fromkeys(ROLES, base)
     for role, name in per_role:
-        check_backend(name, device, f"--diffusion-attention-config per_role.{role}")
+        check_backend(name, device, f"--diffusion-attention-config per_role.{role}", ring=ring and role == "self")
         chosen[role] = name
     return chosen
 

@@ -56,7 +56,7 @@ class LocalEngine:
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 attention.install(dit, roles)
         if self.parallel is not None:
-            self.parallel.install(components)
+            self.parallel.install(components, attention.BACKENDS[roles["self"]])
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
         self.offload = OffloadRuntime(components, offload, self.device, gather_group)

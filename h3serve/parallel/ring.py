@@ -12,36 +12,9 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed import ProcessGroup
 
-
-def _math_attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    lse = torch.logsumexp(scores, dim=-1)
-    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
-
-
-def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bidirectional attention [B, H, S, D] -> (output [B, H, Sq, D], log-sum-exp [B, H, Sq] fp32).
-
-    Uses the fused kernels that return the LSE: the CPU flash kernel, CUDA flash (half precision) or
-    memory-efficient attention; anything else falls back to the explicit formula.
-    """
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
-        return out, lse.float()
-    if q.device.type == "cuda":
-        sq = q.shape[-2]
-        if q.dtype in (torch.float16, torch.bfloat16):
-            try:
-                out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
-                return out, lse[..., :sq].float()
-            except RuntimeError:  # head_dim or architecture not supported by flash: try the next kernel
-                pass
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
-        return out, lse[..., :sq].float()  # the efficient kernel pads the LSE's sequence dim
-    return _math_attention_with_lse(q, k, v)
+from h3serve.accel.attention import PartialFn
 
 
 def merge_partial(
@@ -63,10 +36,12 @@ def ring_attention(
     v: torch.Tensor,
     group: ProcessGroup,
     valid_keys: Callable[[int], int],
+    partial: PartialFn,
 ) -> torch.Tensor:
     """q, k, v [B, H, S_block, D] (this rank's block) -> attention over all blocks' real keys, [B, H, S_block, D].
 
-    `valid_keys(source_rank)` is how many leading keys of the block owned by ring rank `source_rank` are real.
+    `valid_keys(source_rank)` is how many leading keys of the block owned by ring rank `source_rank` are real;
+    `partial` is the attention backend's kernel with log-sum-exp (h3serve.accel.attention).
     """
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     send_to = dist.get_global_rank(group, (rank + 1) % size)
@@ -83,7 +58,7 @@ def ring_attention(
             pending = dist.batch_isend_irecv(ops)
         n = valid_keys((rank - step) % size)
         if n > 0:
-            acc = merge_partial(acc, *attention_with_lse(q, kv[0, :, :, :n], kv[1, :, :, :n]))
+            acc = merge_partial(acc, *partial(q, kv[0, :, :, :n], kv[1, :, :, :n]))
         for req in pending:
             req.wait()
         if pending:
@@ -93,6 +68,3 @@ def ring_attention(
     return acc[0].to(q.dtype)
 
 
-def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_valid: int) -> torch.Tensor:
-    """Plain SDPA over the first `num_valid` keys ([B, H, S, D] layout)."""
-    return F.scaled_dot_product_attention(q, k[:, :, :num_valid], v[:, :, :num_valid])

@@ -17,8 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.accel.attention import BACKENDS, DEFAULT, Backend
 from h3serve.parallel.comm import all_gather_dim, group_rank, group_size
-from h3serve.parallel.ring import local_attention, ring_attention
+from h3serve.parallel.ring import ring_attention
 from h3serve.parallel.ulysses import gather_heads, scatter_heads
 
 
@@ -31,6 +32,7 @@ class SequenceParallel:
     sp_group: ProcessGroup | None  # all U·R ranks, in chunk order
     seq_len: int = 0  # S of the forward in flight (set by `shard`)
     chunk: int = 0  # rows per rank
+    backend: Backend = BACKENDS[DEFAULT]  # the `self` role's kernel: whole (Ulysses) or partial (ring)
 
     @property
     def ulysses(self) -> int:
@@ -45,9 +47,12 @@ class SequenceParallel:
         """This rank's chunk of the padded sequence."""
         return group_rank(self.ring_group) * self.ulysses + group_rank(self.ulysses_group)
 
-    def install(self, transformer: nn.Module) -> None:
-        """Make `transformer` (an H3Transformer) run its blocks sequence-parallel. The token refiner only sees
-        the text rows and stays whole on every rank."""
+    def install(self, transformer: nn.Module, backend: Backend) -> None:
+        """Make `transformer` (an H3Transformer) run its blocks sequence-parallel, with `backend`'s kernels
+        (h3serve.accel.attention). The token refiner only sees the text rows and stays whole on every rank."""
+        if self.ring_group is not None and backend.with_lse is None:
+            raise ValueError("ring attention needs an attention backend with a log-sum-exp kernel")
+        self.backend = backend
         transformer.sequence_parallel = self
         for block in transformer.transformer_blocks:
             block.attn.attention_fn = self.attention
@@ -87,9 +92,11 @@ class SequenceParallel:
         dh = q.shape[-1]
         # One all-to-all for q, k and v together: concatenated on the feature dim, split after.
         qkv = scatter_heads(torch.cat([q, k, v], dim=-1), self.ulysses_group)  # [B, U·c, H/U, 3·Dh]
-        q, k, v = (t.transpose(1, 2) for t in qkv.split(dh, dim=-1))  # [B, H/U, U·c, Dh]
+        q, k, v = qkv.split(dh, dim=-1)  # [B, U·c, H/U, Dh]
         if self.ring_group is not None:
-            out = ring_attention(q, k, v, self.ring_group, self._real_keys)
-        else:
-            out = local_attention(q, k, v, self._real_keys(0))
-        return gather_heads(out.transpose(1, 2), self.ulysses_group)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H/U, U·c, Dh]
+            out = ring_attention(q, k, v, self.ring_group, self._real_keys, self.backend.with_lse).transpose(1, 2)
+        else:  # the segment's real keys are a prefix of it
+            n = self._real_keys(0)
+            out = self.backend.fn(q, k[:, :n], v[:, :n])
+        return gather_heads(out, self.ulysses_group)

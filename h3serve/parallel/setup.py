@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from h3serve.accel.attention import Backend
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.sequence import SequenceParallel
 from h3serve.parallel.tensor_parallel import TensorParallel
@@ -125,13 +126,14 @@ class RankParallel:
             out_dtype=dtype,
         )
 
-    def install(self, components: H3Components) -> None:
-        """Sequence parallelism into every loaded DiT, tile parallelism into the video VAE."""
+    def install(self, components: H3Components, attention: Backend) -> None:
+        """Sequence parallelism (with the DiT blocks' attention backend) into every loaded DiT, tile parallelism
+        into the video VAE."""
         for dit in (components.transformer, components.transformer_ref):
             if dit is None:
                 continue
             if self.sequence is not None:
-                self.sequence.install(dit)
+                self.sequence.install(dit, attention)
             if self.degrees.dit_group > 1:
                 dit.register_forward_pre_hook(_same_rows_everywhere)
         if self.vae_group is not None:

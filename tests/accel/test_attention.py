@@ -53,3 +53,28 @@ def test_install_sets_each_role_on_its_blocks():
     assert all(b.attn.attention_fn is attention.BACKENDS["TORCH_SDPA"].fn for b in model.transformer_blocks)
     refiner = model.token_refiner.refiner_blocks
     assert all(b.attn.attention_fn is attention.BACKENDS["CUDNN_ATTN"].fn for b in refiner)
+
+
+def test_ring_needs_a_backend_with_a_log_sum_exp_kernel(monkeypatch):
+    monkeypatch.setattr(attention, "_has", lambda module: True)  # a CUDA build with every library
+    cuda = torch.device("cuda")
+    with pytest.raises(AttentionBackendError, match="FLASHINFER_ATTN: its kernel returns no log-sum-exp .* "
+                                                    "choose from: TORCH_SDPA, FLASH_ATTN, CUDNN_ATTN"):
+        resolve_roles("FLASHINFER_ATTN", (), cuda, ring=True)
+    with pytest.raises(AttentionBackendError, match="per_role.self FLASHINFER_ATTN: its kernel returns no log-sum"):
+        resolve_roles("auto", (("self", "FLASHINFER_ATTN"),), cuda, ring=True)
+    # Only the main blocks run ring attention: the refiner may use any kernel, and without --ring so may `self`.
+    roles = resolve_roles("FLASH_ATTN", (("minimax_h3.token_refiner", "FLASHINFER_ATTN"),), cuda, ring=True)
+    assert roles["self"] == "FLASH_ATTN" and resolve_roles("FLASHINFER_ATTN", (), cuda)["self"] == "FLASHINFER_ATTN"
+
+
+def test_partial_kernels_return_the_attention_and_its_log_sum_exp():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 9, 16, generator=g) for _ in range(3))  # [B, H, S, Dh]
+    expected_out, expected_lse = attention._math_attention_with_lse(q, k, v)
+    for name in usable_backends(CPU):
+        out, lse = attention.BACKENDS[name].with_lse(q, k, v)
+        assert lse.dtype == torch.float32 and lse.shape == (2, 3, 9)
+        assert (out - expected_out).abs().max() < 1e-5 and (lse - expected_lse).abs().max() < 1e-5
+        whole = attention.BACKENDS[name].fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        assert (whole.transpose(1, 2) - out).abs().max() < 1e-5  # the two forms of one backend agree

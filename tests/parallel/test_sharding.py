@@ -10,10 +10,11 @@ import torch
 from safetensors.torch import save_file
 from tiny_parallel import PARALLEL_DIT, randomize_
 
+from h3serve.accel.attention import BACKENDS
 from h3serve.checkpoint import load_transformer
 from h3serve.model import keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.parallel.ring import attention_with_lse, merge_partial
+from h3serve.parallel.ring import merge_partial
 from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
 from h3serve.parallel.text_encoder import checkpoint_key_to_name
 
@@ -78,7 +79,7 @@ def test_online_softmax_merge_over_key_blocks_is_exact():
     reference = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     acc = None
     for lo, hi in ((0, 4), (4, 9), (9, 11)):  # unequal blocks, as Ring sees after cutting padded keys
-        acc = merge_partial(acc, *attention_with_lse(q, k[:, :, lo:hi], v[:, :, lo:hi]))
+        acc = merge_partial(acc, *BACKENDS["TORCH_SDPA"].with_lse(q, k[:, :, lo:hi], v[:, :, lo:hi]))
     assert (acc[0] - reference).abs().max() < 1e-6
     scores = (q @ k.transpose(-1, -2)) * 16**-0.5
     assert (acc[1] - torch.logsumexp(scores, -1)).abs().max() < 1e-5
