@@ -42,7 +42,7 @@ demo: venv ffmpeg
 	  -show_entries format=duration -of compact demo.mp4
 
 test: venv ffmpeg chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 lint: venv
 	$(BIN)/ruff check h3serve tests

@@ -14,7 +14,19 @@ from h3serve.cli import main
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    """The real entry point in its own process."""
     return subprocess.run([sys.executable, "-m", "h3serve.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def _refused(capsys, *args: str) -> str:
+    """`main(args)` in this process (no interpreter start-up per case): it must exit non-zero; its stderr."""
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    assert code not in (0, None)
+    return capsys.readouterr().err
 
 
 def _ffprobe(path) -> dict:
@@ -93,21 +105,21 @@ def test_raw_arrays_are_what_went_into_the_mp4(outputs):
         (["--diffusion-attention-config", '{"default": "FLASH_ATTN"}'], "--diffusion-attention-config: default"),
     ],
 )
-def test_bad_input_is_one_line_and_nonzero(tiny_checkpoint, tmp_path, extra, message):
-    r = _run("generate", "x", "-o", str(tmp_path / "o.mp4"), "--model", str(tiny_checkpoint), *extra)
-    assert r.returncode != 0
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr
+def test_bad_input_is_one_line_and_nonzero(tiny_checkpoint, tmp_path, capsys, extra, message):
+    err = _refused(capsys, "generate", "x", "-o", str(tmp_path / "o.mp4"), "--model", str(tiny_checkpoint), *extra)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err
     assert not (tmp_path / "o.mp4").exists()
 
 
-def test_empty_and_long_prompts_are_refused(tiny_checkpoint, tmp_path):
+def test_empty_and_long_prompts_are_refused(tiny_checkpoint, tmp_path, capsys):
     for prompt, message in (("", "prompt: must not be empty"), ("x" * 7001, "the limit is 7000")):
-        r = _run("generate", prompt, "-o", str(tmp_path / "o.mp4"), "--model", str(tiny_checkpoint))
-        assert r.returncode != 0 and message in r.stderr
+        err = _refused(capsys, "generate", prompt, "-o", str(tmp_path / "o.mp4"), "--model", str(tiny_checkpoint))
+        assert message in err
 
 
 def test_unwritable_output_is_refused_before_generating(tiny_checkpoint, tmp_path):
+    """Through the real entry point: exit status and stderr of the process itself."""
     r = _run("generate", "x", "-o", str(tmp_path / "missing" / "o.mp4"), "--model", str(tiny_checkpoint))
     assert r.returncode != 0 and "--output: folder" in r.stderr and "does not exist" in r.stderr
     assert "denoise" not in r.stderr  # refused before any weight was read
