@@ -41,7 +41,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aspect-ratio", help="W:H, e.g. 16:9 (canvas from the checkpoint's short edge)")
     p.add_argument("--width", type=int, help="multiple of 32; with --height, instead of --aspect-ratio")
     p.add_argument("--height", type=int, help="multiple of 32")
-    p.add_argument("--duration", type=float, help="seconds, 4-15, snapped up to a 17n+5 frame count (default 5)")
+    p.add_argument(
+        "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
+    )
     p.add_argument("--steps", type=int, help="num_inference_steps (grid points; N runs N-1 forwards; default 50)")
     p.add_argument("--seed", type=int, help="default 42")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
@@ -58,6 +60,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
             help=f"Ref2VA {kind} reference (repeatable; references keep their command-line order)",
         )
     p.add_argument("--task", help="t2va | fl2va | ref2va (default: from the inputs)")
+    p.add_argument("--long-video", action="store_const", const=True, help="allow up to 30 s (full) or 300 s")
+    p.add_argument("--long-video-mode", choices=("full", "continuation"), help="default: continuation for ref2va")
+    p.add_argument("--window-frames", type=int, help="continuation window, 17n+5 in 107-345 (default 277)")
+    p.add_argument("--overlap-frames", type=int, help="continuation overlap, 17n+5 below the window (default 22)")
+    p.add_argument(
+        "--continuation-prompt", action="append", metavar="TEXT",
+        help="one per window, in order (repeat); each is appended to the main prompt for its window",
+    )
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
     p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
@@ -102,6 +112,11 @@ def _request_from_args(args: argparse.Namespace):
         image=_media(args.image, "image"),
         last_image=_media(args.last_image, "image"),
         references=tuple(_media(path, kind) for kind, path in (args.references or [])),
+        long_video=args.long_video,
+        long_video_mode=args.long_video_mode,
+        continuation_window_frames=args.window_frames,
+        continuation_overlap_frames=args.overlap_frames,
+        continuation_prompts=None if args.continuation_prompt is None else tuple(args.continuation_prompt),
     )
 
 
@@ -144,9 +159,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         plan = plan_request(_request_from_args(args), layout.defaults(), tasks)
     except (RequestError, MediaError, ConfigError, CheckpointError, ValueError) as e:
         return fail(str(e))
+    windows = f", {len(plan.windows)} continuation windows" if plan.windows else ""
     print(
         f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), {plan.steps} steps, "
-        f"seed {plan.seed}, model {model}",
+        f"seed {plan.seed}{windows}, model {model}",
         file=sys.stderr,
     )
     try:

@@ -50,3 +50,10 @@ class GenerationRequest:
     last_image: MediaRef | None = None  # FL2VA last keyframe
     references: tuple[MediaRef, ...] = field(default_factory=tuple)  # Ref2VA images, videos, audio clips
     quality: str | None = None  # lossless (no DiT cache) | high (the built-in cache profile); None: the server's
+    # Long video (h3serve/long_video.py): long_video opts in; the mode is full (one pass, <= 30 s) or continuation
+    # (windows, <= 300 s, the Ref2VA path). continuation_prompts: one per window (see validate for the main prompt).
+    long_video: bool | None = None
+    long_video_mode: str | None = None
+    continuation_window_frames: int | None = None
+    continuation_overlap_frames: int | None = None
+    continuation_prompts: tuple[str, ...] | None = None

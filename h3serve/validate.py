@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
+from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
 
 
@@ -51,6 +52,13 @@ class GenerationPlan:
     last_image: MediaRef | None = None
     references: tuple[MediaRef, ...] = ()
     quality: str | None = None  # DiT block cache policy (h3serve.accel.cache.profile_for)
+    long_video_mode: str | None = None  # None (<= 15 s), full (one pass) or continuation (windows)
+    windows: tuple[Window, ...] = ()  # continuation: the windows, in order
+    window_prompts: tuple[str, ...] = ()  # continuation: the text each window's encoder reads
+
+    @property
+    def continuation(self) -> bool:
+        return self.long_video_mode == "continuation"
 
     @property
     def keyframes(self) -> tuple[MediaRef, ...]:
@@ -93,7 +101,11 @@ def validate(
     unless the request gives a size or an aspect ratio.
     """
     task = resolve_task(request)
+    mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
+    num_frames = _resolve_frames(request, mode)
+    quality = _check_quality(request.quality)
+    windows, prompts = _resolve_continuation(request, mode, num_frames, quality)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -102,12 +114,15 @@ def validate(
         prompt=_check_prompt(request.prompt),
         width=width,
         height=height,
-        num_frames=_resolve_frames(request),
+        num_frames=num_frames,
         steps=_check_int("steps", request.steps, limits.MIN_STEPS, limits.MAX_STEPS, limits.DEFAULT_STEPS),
         seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
         flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
         audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
-        quality=_check_quality(request.quality),
+        quality=quality,
+        long_video_mode=mode,
+        windows=windows,
+        window_prompts=prompts,
     )
 
 
@@ -120,6 +135,9 @@ def _check_quality(quality: str | None) -> str | None:
 def resolve_task(request: GenerationRequest) -> str:
     """references -> ref2va, keyframes -> fl2va, else t2va; an explicit task must agree with the inputs."""
     has_keyframes = request.image is not None or request.last_image is not None
+    continuation = request.long_video is True and request.long_video_mode == "continuation"
+    if continuation and request.task is None and not has_keyframes:
+        return "ref2va"  # continuation runs on the Ref2VA path; its windows' latent guides are its references
     if has_keyframes and request.references:
         raise RequestError("references", "keyframes (image / last_image) and references cannot be combined")
     inferred = "ref2va" if request.references else "fl2va" if has_keyframes else "t2va"
@@ -131,7 +149,7 @@ def resolve_task(request: GenerationRequest) -> str:
     if task != inferred and inferred != "t2va":
         what = "references" if request.references else "keyframes"
         raise RequestError("task", f"{task} does not take {what}; this request is {inferred}")
-    if task == "ref2va" and not request.references:
+    if task == "ref2va" and not request.references and not continuation:
         raise RequestError("task", "ref2va needs at least one reference (image, video or audio)")
     if task == "fl2va" and not has_keyframes:
         raise RequestError("task", "fl2va needs a first and/or last keyframe image")
@@ -170,15 +188,109 @@ def _check_shift(field: str, value: object, default: float) -> float:
     return float(value)
 
 
-def _resolve_frames(request: GenerationRequest) -> int:
-    lo, hi = limits.MIN_DURATION_S, limits.MAX_DURATION_S
+_CONTINUATION_FIELDS = ("continuation_window_frames", "continuation_overlap_frames", "continuation_prompts")
+
+
+def resolve_long_video_mode(request: GenerationRequest, task: str) -> str | None:
+    """None without `long_video`; else the mode (default: continuation for ref2va, full otherwise)."""
+    long_video, mode = request.long_video, request.long_video_mode
+    if long_video is not None and not isinstance(long_video, bool):
+        raise RequestError("long_video", f"must be a boolean, got {long_video!r}")
+    if mode is not None and mode not in MODES:
+        raise RequestError("long_video_mode", f"must be full or continuation, got {mode!r}")
+    if not long_video:
+        if mode is not None:
+            raise RequestError("long_video_mode", "needs long_video=true")
+        mode = None
+    elif mode is None:
+        mode = "continuation" if task == "ref2va" else "full"
+    if mode == "continuation" and task != "ref2va":
+        raise RequestError(
+            "long_video_mode", f"continuation requires Ref2VA request execution (task ref2va); this request is {task}"
+        )
+    if mode != "continuation":
+        for name in _CONTINUATION_FIELDS:
+            if getattr(request, name) is not None:
+                raise RequestError(name, "only with long_video=true and long_video_mode=continuation")
+    return mode
+
+
+def _duration_hint(mode: str | None) -> str:
+    if mode is None:
+        return (
+            f" (long_video=true allows up to {limits.MAX_FULL_DURATION_S:g} s in one pass, "
+            f"{limits.MAX_CONTINUATION_DURATION_S:g} s by continuation)"
+        )
+    return f" (long_video_mode={mode})"
+
+
+def _resolve_continuation(
+    request: GenerationRequest, mode: str | None, num_frames: int, quality: str | None
+) -> tuple[tuple[Window, ...], tuple[str, ...]]:
+    """The windows and each window's prompt. The main prompt describes the whole video and is kept in every
+    window; `continuation_prompts[i]` (if given) is appended to it, after a space, for window i."""
+    if mode != "continuation":
+        return (), ()
+    if quality == "high":
+        raise RequestError("quality", "continuation requires uncached denoising; set quality=lossless")
+    sizes = {}
+    for name, default in (
+        ("continuation_window_frames", limits.DEFAULT_WINDOW_FRAMES),
+        ("continuation_overlap_frames", limits.DEFAULT_OVERLAP_FRAMES),
+    ):
+        value = getattr(request, name)
+        value = default if value is None else value
+        if not on_frame_grid(value):
+            what = name.split("_")[1]
+            raise RequestError(
+                name, f"the continuation {what} must be an integer on the 17n+5 frame grid, got {value!r}"
+            )
+        sizes[name] = value
+    window, overlap = sizes["continuation_window_frames"], sizes["continuation_overlap_frames"]
+    if not window_fits(window, overlap):
+        only_overlap_given = request.continuation_window_frames is None
+        field = "continuation_overlap_frames" if only_overlap_given else "continuation_window_frames"
+        raise RequestError(
+            field,
+            f"the continuation window must be {limits.MIN_WINDOW_FRAMES}..{limits.MAX_WINDOW_FRAMES} frames and "
+            f"exceed its overlap, got window {window} and overlap {overlap}",
+        )
+    windows = plan_windows(num_frames, window, overlap)
+    prompts = request.continuation_prompts
+    if prompts is None:
+        return windows, (request.prompt,) * len(windows)
+    if (
+        not isinstance(prompts, tuple | list)
+        or len(prompts) != len(windows)
+        or not all(isinstance(p, str) and p.strip() for p in prompts)
+    ):
+        count = len(prompts) if isinstance(prompts, tuple | list) else prompts
+        raise RequestError(
+            "continuation_prompts",
+            f"must contain exactly {len(windows)} non-empty strings (one per window of {num_frames} frames), "
+            f"got {count!r}",
+        )
+    combined = tuple(f"{request.prompt} {p}" for p in prompts)
+    for i, text in enumerate(combined):
+        if len(text) > limits.MAX_PROMPT_CHARS:
+            raise RequestError(
+                f"continuation_prompts[{i}]",
+                f"with the main prompt is {len(text)} characters long; the limit is {limits.MAX_PROMPT_CHARS}",
+            )
+    return windows, combined
+
+
+def _resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:
+    lo, hi = limits.MIN_DURATION_S, max_duration_s(mode)
     frames_from_duration = None
     if request.duration_s is not None:
         d = request.duration_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
             raise RequestError("duration", f"must be a number of seconds, got {d!r}")
         if not lo <= d <= hi:
-            raise RequestError("duration", f"must be between {lo:g} and {hi:g} seconds, got {d:g}")
+            raise RequestError(
+                "duration", f"must be between {lo:g} and {hi:g} seconds{_duration_hint(mode)}, got {d:g}"
+            )
         frames_from_duration = geometry.frames_for_duration(d)
     if request.num_frames is None:
         return frames_from_duration or geometry.frames_for_duration(limits.DEFAULT_DURATION_S)
@@ -190,7 +302,8 @@ def _resolve_frames(request: GenerationRequest) -> int:
     if not lo_frames <= n <= hi_frames:
         raise RequestError(
             "num_frames",
-            f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps), got {n}",
+            f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps)"
+            f"{_duration_hint(mode)}, got {n}",
         )
     snapped = geometry.snap_frames_up(n)
     if frames_from_duration is not None and frames_from_duration != snapped:

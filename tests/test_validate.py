@@ -163,3 +163,65 @@ def test_keyframe_aspect_sets_the_canvas():
     assert (sized.width, sized.height) == (512, 256)
     # T2VA ignores a keyframe size: the canvas stays 16:9.
     assert validate(GenerationRequest(prompt="x"), keyframe_size=(9, 16)).width == 1344
+
+
+# -- long video (h3serve/long_video.py) ------------------------------------------------------------------------
+
+
+def _cont(**kw):
+    return {"long_video": True, "long_video_mode": "continuation", **kw}
+
+
+def test_long_video_duration_caps():
+    assert "long_video=true allows up to 30 s" in bad("duration", duration_s=16)
+    full = ok(long_video=True, duration_s=30)
+    assert (full.long_video_mode, full.num_frames, full.windows) == ("full", 736, ())
+    assert "between 4 and 30 seconds (long_video_mode=full)" in bad("duration", long_video=True, duration_s=30.5)
+    assert ok(long_video=True, num_frames=720).num_frames == 736
+    assert "long_video_mode=full" in bad("num_frames", long_video=True, num_frames=721)
+    plan = ok(**_cont(duration_s=300))
+    assert (plan.task, plan.num_frames, len(plan.windows)) == ("ref2va", 7213, 29)
+    assert "between 4 and 300 seconds (long_video_mode=continuation)" in bad("duration", **_cont(duration_s=301))
+    assert "between 4 and 300" in bad("duration", **_cont(duration_s=3))
+    assert ok(long_video=False, duration_s=15).long_video_mode is None
+
+
+def test_long_video_option_types_and_modes():
+    assert "must be a boolean" in bad("long_video", long_video="yes")
+    assert "must be full or continuation" in bad("long_video_mode", long_video=True, long_video_mode="sliding")
+    assert "needs long_video=true" in bad("long_video_mode", long_video_mode="full")
+    msg = bad("long_video_mode", long_video=True, long_video_mode="continuation", task="t2va")
+    assert "continuation requires Ref2VA request execution" in msg and "t2va" in msg
+    assert "only with long_video=true and long_video_mode=continuation" in bad(
+        "continuation_window_frames", long_video=True, continuation_window_frames=277
+    )
+    assert "only with" in bad("continuation_prompts", continuation_prompts=("a",))
+
+
+def test_continuation_defaults_and_window_options():
+    plan = ok(**_cont(duration_s=40))
+    assert [(w.start, w.end) for w in plan.windows] == [(0, 277), (255, 532), (510, 787), (765, 974)]
+    assert plan.window_prompts == ("a cat",) * 4 and plan.continuation
+    plan = ok(**_cont(duration_s=40, continuation_window_frames=345, continuation_overlap_frames=39))
+    assert [w.start for w in plan.windows] == [0, 306, 612, 918]
+    for field, value in (("continuation_window_frames", 276), ("continuation_overlap_frames", True),
+                         ("continuation_overlap_frames", 0), ("continuation_window_frames", "277")):
+        assert "must be an integer on the 17n+5 frame grid" in bad(field, **_cont(**{field: value}))
+    assert "must be 107..345 frames and exceed its overlap" in bad(
+        "continuation_window_frames", **_cont(continuation_window_frames=362)
+    )
+    assert "exceed its overlap" in bad("continuation_overlap_frames", **_cont(continuation_overlap_frames=277))
+    assert "uncached denoising; set quality=lossless" in bad("quality", **_cont(quality="high"))
+    assert ok(**_cont(quality="lossless")).quality == "lossless"
+
+
+def test_continuation_prompts_one_per_window_main_prompt_kept():
+    plan = ok(**_cont(duration_s=40, prompt="a beach", continuation_prompts=("dawn", "noon", "dusk", "night")))
+    assert plan.window_prompts == ("a beach dawn", "a beach noon", "a beach dusk", "a beach night")
+    assert plan.prompt == "a beach"
+    msg = bad("continuation_prompts", **_cont(duration_s=40, continuation_prompts=("a", "b", "c")))
+    assert "must contain exactly 4 non-empty strings" in msg
+    bad("continuation_prompts", **_cont(duration_s=40, continuation_prompts=("a", "b", " ", "d")))
+    long = "x" * 3600
+    assert "the limit is 7000" in bad("continuation_prompts[1]", **_cont(
+        prompt=long, duration_s=20, continuation_prompts=("a", long)))

@@ -1,7 +1,9 @@
 """The create request's fields, with vLLM-Omni's names and meanings, read into typed values.
 
 Top-level fields: prompt, model, seconds, size, width, height, num_frames, fps, aspect_ratio,
-num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, extra_params, and the media fields
+num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, extra_params, the long video options
+(long_video, long_video_mode, continuation_window_frames, continuation_overlap_frames, continuation_prompts;
+also accepted in extra_params, which wins), and the media fields
 input_reference, input_references, image_reference, video_reference, audio_reference.
 `extra_params` keys win over top-level fields (as in vLLM-Omni): task, duration, duration_seconds,
 aspect_ratio, flow_shift, audio_flow_shift, frame_indices, frame_index, and `target` {duration_seconds,
@@ -29,7 +31,7 @@ from h3serve.api.coerce import (
     reject_unknown,
 )
 from h3serve.api.errors import bad_request
-from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, Target, coerce_fields
+from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, LongVideoFields, Target, coerce_fields
 from h3serve.request import MediaKind
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
@@ -44,6 +46,7 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "audio_reference": ("audio", "audio_url"),
 }
 EXTRA_KEYS = tuple(ExtraParams.model_fields)
+LONG_VIDEO_KEYS = tuple(LongVideoFields.model_fields)
 TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
@@ -192,6 +195,12 @@ def parse_fields(body: RequestBody) -> ParsedFields:
     if "audio_flow_shift" in extra:
         values["audio_flow_shift"] = as_number(extra["audio_flow_shift"], "extra_params.audio_flow_shift")
         aliases["audio_flow_shift"] = "extra_params.audio_flow_shift"
+
+    for name in LONG_VIDEO_KEYS:  # extra_params wins over the top level, as for every other option
+        found = _first((f"extra_params.{name}", extra.get(name)), (name, f.get(name)))
+        if found is not None:
+            values[name] = tuple(found[1]) if isinstance(found[1], list) else found[1]
+            aliases[name] = found[0]
 
     if "task" in extra:  # validate checks the value: one of t2va, fl2va, ref2va, agreeing with the media
         values["task"] = as_text(extra["task"], "extra_params.task")
