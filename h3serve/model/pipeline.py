@@ -20,6 +20,7 @@ from torch import nn
 
 from h3serve import limits
 from h3serve.accel.cache import BlockCache, CacheProfile, profile_for
+from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -103,6 +104,7 @@ class _StageClock:
         self.device = device
         self.hooks = hooks or _NoHooks()
         self.durations: dict[str, float] = {}
+        self.steps = 0  # denoise steps run (a continuation runs several windows)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -131,6 +133,40 @@ class Conditioning:
     keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
     anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
     references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The generated latents' shape: video latent frames and canvas, audio latents per channel."""
+
+    latent_frames: int
+    latent_height: int
+    latent_width: int
+    audio_latents: int
+
+
+@dataclass
+class ReferenceMedia:
+    """Ref2VA references encoded once per request (a continuation reuses them in every window)."""
+
+    ids: list[int]  # the presentation's reference part (labels and vision blocks), before the prompt
+    tags: list[int]
+    vision: dict[str, torch.Tensor]
+    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
+    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
+    blocks: list[ReferenceBlock]
+
+
+@dataclass
+class LatentGuide:
+    """A continuation window's carry-over: the previous window's last overlap latents, clean and normalised."""
+
+    video: torch.Tensor  # [1, 24, F, lh, lw]
+    audio: torch.Tensor  # [2, 32, A]
+
+    def audio_rows(self) -> torch.Tensor:
+        """Channel-major rows [2·A, 32], the packing of every audio block."""
+        return self.audio.permute(0, 2, 1).reshape(-1, self.audio.shape[1])
 
 
 @dataclass
@@ -164,37 +200,53 @@ class H3Pipeline:
         self, plan: GenerationPlan, conditioning: Conditioning | None = None, on_step: StepCallback | None = None
     ) -> GenerationResult:
         with self.hooks.request(plan.task):
+            if plan.continuation:
+                return self._generate_continuation(plan, conditioning or Conditioning(), on_step)
             return self._generate(plan, conditioning or Conditioning(), on_step)
 
     def _generate(self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None) -> GenerationResult:
         clock = _StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
+        dit = self.components.transformer_ref if cond.references else self.components.transformer
+        profile = profile_for(plan.quality, self.cache)
+        cache = BlockCache(profile) if profile is not None else None
+        target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+        video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, cache)
+        return self._decode(video_latents, audio_latents, clock, cache)
 
+    def _sample(
+        self,
+        plan: GenerationPlan,
+        enc: Encoded,
+        dit: H3Transformer | None,
+        target: _Target,
+        seed: int,
+        clock: _StageClock,
+        on_step: StepCallback | None,
+        cache: BlockCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
-        generator = torch.Generator("cpu").manual_seed(plan.seed)
+        generator = torch.Generator("cpu").manual_seed(seed)
         condition_rows = [
             patchify(scale_noise(z, limits.KEYFRAME_NOISE_AUG_T, torch.randn(z.shape, generator=generator)))
             for z in enc.visual
         ]
+        channels = self.components.vae.config.latent_channels
         video_noise = torch.randn(
-            (1, self.components.vae.config.latent_channels, plan.latent_frames, plan.latent_height, plan.latent_width),
-            generator=generator,
+            (1, channels, target.latent_frames, target.latent_height, target.latent_width), generator=generator
         )
         audio_noise = torch.randn(
-            (limits.AUDIO_CHANNELS * plan.audio_latents, self.components.audio_vae.config.latent_channels),
+            (limits.AUDIO_CHANNELS * target.audio_latents, self.components.audio_vae.config.latent_channels),
             generator=generator,
         )
         video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
         audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
         if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
             raise ValueError("condition latents do not match the layout (canvas mismatch)")
-
-        dit = self.components.transformer_ref if cond.references else self.components.transformer
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
         schedules = self._schedules(plan)
-        profile = profile_for(plan.quality, self.cache)
-        cache = BlockCache(profile) if profile is not None else None
         dit.block_cache = cache
         try:
             with clock("denoise"):
@@ -203,22 +255,27 @@ class H3Pipeline:
                 )
         finally:
             dit.block_cache = None
-        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, len(schedules[0]))
-
+        clock.steps += len(schedules[0])
         layout = enc.layout
         video_latents = unpatchify(
             video_rows[layout.num_video_condition_rows :],
-            self.components.vae.config.latent_channels,
-            plan.latent_frames,
-            plan.latent_height,
-            plan.latent_width,
+            channels,
+            target.latent_frames,
+            target.latent_height,
+            target.latent_width,
         )
         audio_latents = (
             audio_rows[layout.num_audio_reference_rows :]
-            .reshape(limits.AUDIO_CHANNELS, plan.audio_latents, -1)
+            .reshape(limits.AUDIO_CHANNELS, target.audio_latents, -1)
             .permute(0, 2, 1)
             .contiguous()
         )
+        return video_latents, audio_latents
+
+    def _decode(
+        self, video_latents: torch.Tensor, audio_latents: torch.Tensor, clock: _StageClock, cache: BlockCache | None
+    ) -> GenerationResult:
+        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, clock.steps)
         # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
         with clock("video_decode"):
             video = self.decode_video(video_latents).cpu()
@@ -233,6 +290,74 @@ class H3Pipeline:
             block_cache=None if cache is None else (cache.evaluated, cache.skipped, cache.cached_steps),
         )
 
+    # -- continuation (h3serve/long_video.py) ----------------------------------------------------------------
+
+    def _generate_continuation(
+        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
+    ) -> GenerationResult:
+        """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
+        latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
+
+        Progress counts every step of every window (one bar, 0 -> 100); `on_step` is also called between windows
+        (same count), so a cancellation lands between windows as well as within them. Uncached denoising.
+        """
+        clock = _StageClock(self.device, self.hooks)
+        media = self.encode_reference_media(cond.references, clock)
+        texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
+        media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
+        per_window = len(self._schedules(plan)[0])
+        total = per_window * len(plan.windows)
+        kept_video: list[torch.Tensor] = []
+        kept_audio: list[torch.Tensor] = []
+        guide: LatentGuide | None = None
+        for window in plan.windows:
+            done = window.index * per_window
+            if on_step is not None and window.index:
+                on_step(done, total)
+
+            def progress(i: int, _n: int, done: int = done) -> None:
+                if on_step is not None:
+                    on_step(done + i, total)
+
+            video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
+                                           progress)
+            kept_video.append(video[:, :, window.overlap_latent_frames :])
+            kept_audio.append(audio[:, :, window.overlap_audio_latents :])
+            if window.index + 1 < len(plan.windows):
+                following = plan.windows[window.index + 1]
+                guide = LatentGuide(
+                    video[:, :, video.shape[2] - following.overlap_latent_frames :],
+                    audio[:, :, audio.shape[2] - following.overlap_audio_latents :],
+                )
+        video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
+        if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
+            raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
+        return self._decode(video_latents, audio_latents, clock, None)
+
+    def run_window(
+        self,
+        plan: GenerationPlan,
+        window: Window,
+        media: ReferenceMedia,
+        text: Presentation,
+        media_origin: float,
+        guide: LatentGuide | None,
+        clock: _StageClock,
+        on_step: StepCallback | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
+
+        The guide rows are the clean latents, noise-augmented like every visual condition; they sit on the RoPE
+        positions of this window's first latents. The window's noise comes from `window_seed(seed, index)`."""
+        target = _Target(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
+        extra = None
+        if guide is not None:
+            _, _, frames, h, w = guide.video.shape
+            extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
+        enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
+        seed = window_seed(plan.seed, window.index)
+        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step)
+
     # -- conditioning ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -240,7 +365,9 @@ class H3Pipeline:
         """Presentation -> text states, condition latents and the packed layout."""
         clock = clock or _StageClock(self.device, self.hooks)
         if cond.references:
-            return self._encode_references(plan, cond.references, clock)
+            media = self.encode_reference_media(cond.references, clock)
+            target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+            return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
         return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
 
     def _encode_keyframes(
@@ -273,8 +400,9 @@ class H3Pipeline:
         )
         return Encoded(text.ids, text_states, layout, visual, [])
 
-    def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> Encoded:
-        """Ref2VA: labels numbered per modality, a soundtrack's label before its video's, then the prompt."""
+    def encode_reference_media(self, refs: list[Reference], clock: _StageClock) -> ReferenceMedia:
+        """Ref2VA references encoded once per request: labels numbered per modality (a soundtrack's label before
+        its video's), vision inputs, condition latents and their layout blocks."""
         merge = self.components.vision_config.merge_size
         with clock("vision_encode"):
             images = [r.image for r in refs if isinstance(r, ImageReference)]
@@ -309,9 +437,6 @@ class H3Pipeline:
                 for stamp in stamps:
                     text.text(f"<{stamp:.1f} seconds>")
                     text.vision(VIDEO_PAD, tokens)
-        text.text(plan.prompt)
-        with clock("text_encode"):
-            text_states = self.components.text.encode(text.ids, vision)
 
         visual, audio_rows, blocks = [], [], []
         with clock("vae_encode"):
@@ -328,13 +453,42 @@ class H3Pipeline:
                 visual.append(encode_visual_condition(self.components.vae, pixels.to(self.device)))
                 f, h, w = visual[-1].shape[2:]
                 blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
+        return ReferenceMedia(text.ids, text.tags, vision, visual, audio_rows, blocks)
+
+    def _presentation(self, media: ReferenceMedia, prompt: str) -> Presentation:
+        """The references' labels and vision blocks, then the prompt."""
+        text = Presentation(self.components.text.tokenizer)
+        text.ids, text.tags = list(media.ids), list(media.tags)
+        text.text(prompt)
+        return text
+
+    def _reference_encoded(
+        self,
+        media: ReferenceMedia,
+        text: Presentation,
+        target: _Target,
+        clock: _StageClock,
+        guide: tuple[ReferenceBlock, LatentGuide] | None = None,
+        media_origin: float | None = None,
+        time_offset: float = 0.0,
+    ) -> Encoded:
+        with clock("text_encode"):
+            text_states = self.components.text.encode(text.ids, media.vision)
+        blocks, visual, audio_rows = list(media.blocks), list(media.visual), list(media.audio_rows)
+        if guide is not None:
+            block, latents = guide
+            blocks.append(block)
+            visual.append(latents.video)
+            audio_rows.append(latents.audio_rows())
         layout = build_reference_layout(
             torch.tensor(text.tags),
             blocks,
-            plan.latent_frames,
-            plan.latent_height,
-            plan.latent_width,
-            plan.audio_latents,
+            target.latent_frames,
+            target.latent_height,
+            target.latent_width,
+            target.audio_latents,
+            media_origin=media_origin,
+            time_offset=time_offset,
         )
         return Encoded(text.ids, text_states, layout, visual, audio_rows)
 
