@@ -57,3 +57,10 @@ class GenerationRequest:
     continuation_window_frames: int | None = None
     continuation_overlap_frames: int | None = None
     continuation_prompts: tuple[str, ...] | None = None
+    # Latent-mask editing (h3serve/edit_mask.py): sources, and masks as parsed JSON (a number or nested arrays);
+    # audio_mode lock_source holds one driving audio (source_audio, or the one audio reference) as the soundtrack.
+    source_video: MediaRef | None = None
+    source_audio: MediaRef | None = None
+    video_noise_mask: object = None
+    audio_noise_mask: object = None
+    audio_mode: str | None = None  # native | lock_source

@@ -6,10 +6,12 @@ server answers HTTP 400 with the same text.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
+from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
 
@@ -55,10 +57,21 @@ class GenerationPlan:
     long_video_mode: str | None = None  # None (<= 15 s), full (one pass) or continuation (windows)
     windows: tuple[Window, ...] = ()  # continuation: the windows, in order
     window_prompts: tuple[str, ...] = ()  # continuation: the text each window's encoder reads
+    # Latent-mask editing: the sources and the canonical masks (video (T, H, W), audio (2, A); 1 = generate).
+    source_video: MediaRef | None = None
+    source_audio: MediaRef | None = None  # an edit's audio source, or lock_source's driving audio
+    video_mask: LatentMask | None = None
+    audio_mask: LatentMask | None = None
+    audio_mode: str = "native"
 
     @property
     def continuation(self) -> bool:
         return self.long_video_mode == "continuation"
+
+    @property
+    def edit(self) -> bool:
+        """Latent-mask editing (an all-1 mask is dropped, so a plan with none is plain generation)."""
+        return self.video_mask is not None or self.audio_mask is not None
 
     @property
     def keyframes(self) -> tuple[MediaRef, ...]:
@@ -100,12 +113,14 @@ def validate(
     `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
     unless the request gives a size or an aspect ratio.
     """
+    request = driving_audio_split(request)
     task = resolve_task(request)
     mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
     num_frames = _resolve_frames(request, mode)
     quality = _check_quality(request.quality)
     windows, prompts = _resolve_continuation(request, mode, num_frames, quality)
+    masks = _resolve_edit(request, mode, num_frames, height, width)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -123,7 +138,70 @@ def validate(
         long_video_mode=mode,
         windows=windows,
         window_prompts=prompts,
+        source_video=request.source_video,
+        source_audio=request.source_audio,
+        video_mask=masks[0],
+        audio_mask=masks[1],
+        audio_mode=request.audio_mode or "native",
     )
+
+
+AUDIO_MODES = ("native", "lock_source")
+
+
+def driving_audio_split(request: GenerationRequest) -> GenerationRequest:
+    """audio_mode=lock_source: the one driving audio as `source_audio` (an audio reference is taken out of the
+    references, so it does not make the request Ref2VA). Other requests are returned as they are."""
+    if request.audio_mode not in (None, *AUDIO_MODES):
+        raise RequestError("audio_mode", f"must be native or lock_source, got {request.audio_mode!r}")
+    if request.audio_mode != "lock_source":
+        return request
+    audio_refs = [r for r in request.references if r.kind == "audio"]
+    if len(audio_refs) + (request.source_audio is not None) != 1:
+        raise RequestError(
+            "audio_mode", "lock_source requires exactly one driving audio (source_audio, or one audio reference)"
+        )
+    if request.source_audio is not None:
+        return request
+    rest = tuple(r for r in request.references if r.kind != "audio")
+    return dataclasses.replace(request, references=rest, source_audio=audio_refs[0])
+
+
+def _resolve_edit(
+    request: GenerationRequest, mode: str | None, num_frames: int, height: int, width: int
+) -> tuple[LatentMask | None, LatentMask | None]:
+    """The canonical (video, audio) masks; the rules between sources, masks, continuation and lock_source."""
+    lock = request.audio_mode == "lock_source"
+    has_video_mask, has_audio_mask = request.video_noise_mask is not None, request.audio_noise_mask is not None
+    if not (has_video_mask or has_audio_mask):
+        if request.source_video is not None:
+            raise RequestError("source_video", "edit sources require video_noise_mask or audio_noise_mask")
+        if request.source_audio is not None and not lock:
+            raise RequestError("source_audio", "requires an audio_noise_mask (or audio_mode=lock_source)")
+    if mode == "continuation" and (has_video_mask or has_audio_mask):
+        field = "video_noise_mask" if has_video_mask else "audio_noise_mask"
+        raise RequestError(field, "continuation does not support latent-mask editing; use long_video_mode=full")
+    if has_video_mask and request.source_video is None:
+        raise RequestError("video_noise_mask", "requires source_video")
+    if has_audio_mask and request.source_video is None and request.source_audio is None:
+        raise RequestError("audio_noise_mask", "requires source_audio or source_video")
+    if has_audio_mask and lock:
+        raise RequestError(
+            "audio_noise_mask", "audio_mode=lock_source cannot be combined with audio latent-mask editing"
+        )
+    lt = geometry.latent_frames(num_frames)
+    lh, lw = height // limits.VAE_SPATIAL_COMPRESSION, width // limits.VAE_SPATIAL_COMPRESSION
+    at = geometry.audio_latents(num_frames)
+    try:
+        field = "video_noise_mask"
+        video = video_mask(request.video_noise_mask, lt, lh, lw) if has_video_mask else None
+        field = "audio_noise_mask"
+        audio = audio_mask(request.audio_noise_mask, at) if has_audio_mask else None
+    except MaskError as e:
+        raise RequestError(field, str(e)) from None
+    if lock:  # the driving audio is kept whole: an all-0 audio mask over its soundtrack
+        audio = audio_mask(0.0, at)
+    return video, audio
 
 
 def _check_quality(quality: str | None) -> str | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from h3serve import geometry
-from h3serve.request import GenerationRequest
+from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import ModelDefaults, RequestError, validate
 
 
@@ -225,3 +227,62 @@ def test_continuation_prompts_one_per_window_main_prompt_kept():
     long = "x" * 3600
     assert "the limit is 7000" in bad("continuation_prompts[1]", **_cont(
         prompt=long, duration_s=20, continuation_prompts=("a", long)))
+
+
+# -- latent-mask editing (h3serve/edit_mask.py) -----------------------------------------------------------------
+
+SRC_V, SRC_A = MediaRef(Path("/src.mp4"), "src.mp4", "video"), MediaRef(Path("/src.wav"), "src.wav", "audio")
+EDIT = {"width": 64, "height": 32, "duration_s": 4}  # latent grid (32, 2, 4), 178 audio latents
+
+
+def test_mask_shapes_on_the_latent_grid():
+    plan = ok(source_video=SRC_V, video_noise_mask=0.25, **EDIT)
+    assert plan.edit and plan.video_mask.shape == (32, 2, 4) and set(plan.video_mask.array().flat) == {0.25}
+    tokens = [[[1.0, 0.0]] for _ in range(32)]  # (32, 1, 2) token grid -> upsampled 2x2
+    grid = ok(source_video=SRC_V, video_noise_mask=tokens, **EDIT).video_mask.array()
+    assert grid[:, :, :2].min() == 1 and grid[:, :, 2:].max() == 0
+    flat = ok(source_video=SRC_V, video_noise_mask=[0.5] * 64, **EDIT).video_mask.array()
+    assert flat.shape == (32, 2, 4) and flat.min() == 0.5
+    full = [[[0.0, 0.5, 1.0, 1.0]] * 2] * 32
+    assert ok(source_video=SRC_V, video_noise_mask=[full], **EDIT).video_mask.array()[0, 1, 1] == 0.5  # squeezed
+    assert ok(source_video=SRC_V, video_noise_mask=1, **EDIT).video_mask is None  # all-1: dropped
+    assert ok(source_audio=SRC_A, audio_noise_mask=[0.0] * 178, **EDIT).audio_mask.shape == (2, 178)
+    assert ok(source_audio=SRC_A, audio_noise_mask=[[0.0] * 178, [1.0] * 178], **EDIT).audio_mask.array()[1, 0] == 1
+    assert ok(source_video=SRC_V, audio_noise_mask=[0.5] * 356, **EDIT).audio_mask.array()[1, 177] == 0.5
+
+
+def test_mask_refusals_name_the_field():
+    assert "must not contain booleans" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[True], **EDIT)
+    assert "non-empty and finite" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[], **EDIT)
+    bad("video_noise_mask", source_video=SRC_V, video_noise_mask=float("nan"), **EDIT)
+    assert "values must be in [0, 1]" in bad("audio_noise_mask", source_audio=SRC_A, audio_noise_mask=1.5, **EDIT)
+    msg = bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[0.5] * 63, **EDIT)
+    assert "shape must be a scalar, (64,) flat, (32, 1, 2) tokens or (32, 2, 4)" in msg and "got (63,)" in msg
+    assert "ragged" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[[0.1], [0.1, 0.2]], **EDIT)
+    assert "(2, 178)" in bad("audio_noise_mask", source_audio=SRC_A, audio_noise_mask=[0.1] * 177, **EDIT)
+
+
+def test_edit_rules():
+    assert "edit sources require video_noise_mask or audio_noise_mask" in bad("source_video", source_video=SRC_V)
+    assert "requires an audio_noise_mask" in bad("source_audio", source_audio=SRC_A)
+    assert "requires source_video" in bad("video_noise_mask", video_noise_mask=0.5)
+    assert "requires source_audio or source_video" in bad("audio_noise_mask", audio_noise_mask=0.5)
+    msg = bad("video_noise_mask", source_video=SRC_V, video_noise_mask=0.5, long_video=True,
+              long_video_mode="continuation", task="ref2va")
+    assert "continuation does not support latent-mask editing; use long_video_mode=full" in msg
+    assert ok(source_video=SRC_V, video_noise_mask=0.5, long_video=True, duration_s=30).video_mask.shape[0] == 217
+
+
+def test_audio_mode_lock_source():
+    assert "must be native or lock_source" in bad("audio_mode", audio_mode="loop")
+    plan = ok(audio_mode="lock_source", source_audio=SRC_A, **EDIT)
+    assert plan.source_audio == SRC_A and plan.audio_mask.shape == (2, 178) and plan.audio_mask.array().max() == 0
+    assert (plan.task, plan.audio_mode, plan.video_mask) == ("t2va", "lock_source", None)
+    ref = MediaRef(Path("/drum.wav"), "drum.wav", "audio")
+    plan = ok(audio_mode="lock_source", references=(ref,), **EDIT)  # taken out of the references: still t2va
+    assert (plan.task, plan.references, plan.source_audio) == ("t2va", (), ref)
+    assert "exactly one driving audio" in bad("audio_mode", audio_mode="lock_source")
+    assert "exactly one driving audio" in bad("audio_mode", audio_mode="lock_source", source_audio=SRC_A,
+                                              references=(ref,))
+    assert "cannot be combined with audio latent-mask editing" in bad(
+        "audio_noise_mask", audio_mode="lock_source", source_audio=SRC_A, audio_noise_mask=0.5)
