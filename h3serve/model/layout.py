@@ -47,11 +47,15 @@ class Layout:
         self, t_video: float, t_audio: float, condition_t: float = 0.999
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row timesteps reduced to (distinct sorted timesteps [T] fp32, row -> index [S])."""
+        return torch.unique(self.row_times(t_video, t_audio, condition_t), sorted=True, return_inverse=True)
+
+    def row_times(self, t_video: float, t_audio: float, condition_t: float = 0.999) -> torch.Tensor:
+        """The timestep of every row [S] fp32: targets at the step's t, conditions pinned near or at clean."""
         row_t = torch.full((self.packed.seq_len,), t_video, dtype=torch.float32)
         row_t[self.roles == Role.VIDEO_CONDITION] = max(t_video, condition_t)
         row_t[self.roles == Role.AUDIO] = t_audio
         row_t[self.roles == Role.AUDIO_REFERENCE] = 1.0
-        return torch.unique(row_t, sorted=True, return_inverse=True)
+        return row_t
 
 
 def spatial_axis(n: int, sqrt_area: float, patch: int = 2) -> np.ndarray:

@@ -34,9 +34,11 @@ from h3serve.model.conditioning import (
     sample_condition_frames,
     video_condition_pixels,
 )
+from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
     ReferenceBlock,
+    Role,
     build_keyframe_layout,
     build_reference_layout,
     patchify,
@@ -133,6 +135,8 @@ class Conditioning:
     keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
     anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
     references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
+    edit_video: np.ndarray | None = None  # latent-mask editing: source frames (T, H, W, 3) uint8 on the canvas
+    edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
 
 
 @dataclass(frozen=True)
@@ -211,8 +215,40 @@ class H3Pipeline:
         profile = profile_for(plan.quality, self.cache)
         cache = BlockCache(profile) if profile is not None else None
         target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
-        video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, cache)
+        edits = self.encode_edit(plan, cond, clock) if plan.edit else (None, None)
+        video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, cache, edits)
         return self._decode(video_latents, audio_latents, clock, cache)
+
+    def encode_edit(
+        self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock
+    ) -> tuple[MaskedTarget | None, MaskedTarget | None]:
+        """The sources' clean latents and the masks as packed target rows (h3serve/model/latent_edit.py).
+
+        Source audio is cropped or zero-padded per channel to the target length; a padded tail is generated
+        (mask 1), except under lock_source, where the driving audio (silence past its end) is held whole."""
+        video = audio = None
+        with clock("vae_encode"):
+            if plan.video_mask is not None:
+                if cond.edit_video is None:
+                    raise ValueError("a video mask needs the decoded source video")
+                pixels = torch.from_numpy(cond.edit_video).permute(3, 0, 1, 2)[None].to(self.device)
+                clean = encode_visual_condition(self.components.vae, pixels)
+                expected = (plan.latent_frames, plan.latent_height, plan.latent_width)
+                if tuple(clean.shape[2:]) != expected:
+                    raise ValueError(f"the source video encodes to {tuple(clean.shape[2:])} latents, not {expected}")
+                video = video_target(clean, torch.from_numpy(plan.video_mask.array()))
+            if plan.audio_mask is not None:
+                if cond.edit_audio is None:
+                    raise ValueError("an audio mask needs the decoded source audio")
+                rows = encode_audio_condition(self.components.audio_vae, cond.edit_audio)
+                source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, : plan.audio_latents]
+                clean = torch.zeros(limits.AUDIO_CHANNELS, plan.audio_latents, rows.shape[-1])
+                clean[:, : source.shape[1]] = source
+                grid = torch.from_numpy(plan.audio_mask.array())
+                if plan.audio_mode != "lock_source":
+                    grid[:, source.shape[1] :] = 1.0  # a padded tail is generated
+                audio = audio_target(clean.reshape(-1, rows.shape[-1]), grid)
+        return video, audio
 
     def _sample(
         self,
@@ -224,6 +260,7 @@ class H3Pipeline:
         clock: _StageClock,
         on_step: StepCallback | None,
         cache: BlockCache | None = None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
@@ -242,6 +279,9 @@ class H3Pipeline:
         )
         video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
         audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
+        for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
+            if edit is not None:
+                edit.set_anchor(noise)
         if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
             raise ValueError("condition latents do not match the layout (canvas mismatch)")
         if dit is None:
@@ -251,7 +291,7 @@ class H3Pipeline:
         try:
             with clock("denoise"):
                 video_rows, audio_rows = self.denoise(
-                    schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
+                    schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits
                 )
         finally:
             dit.block_cache = None
@@ -519,22 +559,38 @@ class H3Pipeline:
         video_rows: torch.Tensor,  # [Nv, C·4] fp32, condition rows first
         audio_rows: torch.Tensor,  # [Na, 32] fp32, reference rows first
         on_step: StepCallback | None = None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling loop. Only target rows are stepped; condition rows stay as given."""
         video_sched, audio_sched = schedules
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
+        video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
         total = len(video_sched)
         for i in range(total):
-            timestep, row_index = layout.row_timesteps(
-                float(video_sched.timesteps[i]), float(audio_sched.timesteps[i]), limits.KEYFRAME_NOISE_AUG_T
-            )
+            t_video, t_audio = float(video_sched.timesteps[i]), float(audio_sched.timesteps[i])
+            row_t = layout.row_times(t_video, t_audio, limits.KEYFRAME_NOISE_AUG_T)
+            video_in, audio_in = video_rows, audio_rows
+            if video_edit is not None:  # latent-mask editing: the model reads the anchored blend, at per-row t
+                video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
+                row_t[layout.roles == Role.VIDEO] = video_edit.row_times(t_video)
+            if audio_edit is not None:
+                audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
+                row_t[layout.roles == Role.AUDIO] = audio_edit.row_times(t_audio)
+            timestep, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
             v_vel, a_vel = transformer(
-                video_rows[None], audio_rows[None], text, timestep.to(self.device), row_index.to(self.device), packed
+                video_in[None], audio_in[None], text, timestep.to(self.device), row_index.to(self.device), packed
             )
-            video_rows[nv:] = video_sched.step(v_vel[0, nv:], i, video_rows[nv:])
-            audio_rows[na:] = audio_sched.step(a_vel[0, na:], i, audio_rows[na:])
+            for sched, rows, model_in, vel, n, edit in (
+                (video_sched, video_rows, video_in, v_vel, nv, video_edit),
+                (audio_sched, audio_rows, audio_in, a_vel, na, audio_edit),
+            ):
+                if edit is None:
+                    rows[n:] = sched.step(vel[0, n:], i, rows[n:])
+                else:  # the Euler step starts from the un-blended state, towards the restored clean estimate
+                    t = sched.timesteps[i].to(rows.device, rows.dtype)
+                    rows[n:] = sched.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
             if on_step is not None:
                 on_step(i + 1, total)
         return video_rows, audio_rows
