@@ -6,8 +6,16 @@ No torch here: the API process calls this on the event loop's executor to answer
 from __future__ import annotations
 
 from h3serve.media import intake
+from h3serve.media.source import check_source
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, ModelDefaults, RequestError, resolve_task, validate
+from h3serve.validate import (
+    GenerationPlan,
+    ModelDefaults,
+    RequestError,
+    driving_audio_split,
+    resolve_task,
+    validate,
+)
 
 
 def check_task_served(task: str, tasks: tuple[str, ...]) -> None:
@@ -24,6 +32,7 @@ def plan_request(
     """Validate a request and its media, and (given `tasks`) that its task is served here.
 
     Raises `RequestError` or `intake.MediaError` (both client errors)."""
+    request = driving_audio_split(request)  # lock_source: the driving audio is not a reference
     task = resolve_task(request)
     if tasks is not None:  # before the media: no point decoding files for a task that cannot run
         check_task_served(task, tasks)
@@ -34,4 +43,9 @@ def plan_request(
         keyframe_size = images[0].image.size
     elif task == "ref2va":
         intake.check_references(request.references)  # every rule, without keeping decoded frames
-    return validate(request, defaults, keyframe_size)
+    plan = validate(request, defaults, keyframe_size)
+    sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
+    for field, ref, kind in sources:
+        if ref is not None:
+            check_source(ref, field, kind)  # kind and size; decoded when the job runs, only as far as needed
+    return plan
