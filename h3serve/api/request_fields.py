@@ -12,6 +12,7 @@ aspect_ratio, frame_indices}. Anything else is refused with a 400 that names it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,15 @@ from h3serve.api.coerce import (
     reject_unknown,
 )
 from h3serve.api.errors import bad_request
-from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, LongVideoFields, Target, coerce_fields
+from h3serve.api.request_model import (
+    SCALAR_FIELDS,
+    EditOptions,
+    ExtraParams,
+    LongVideoFields,
+    Target,
+    coerce_fields,
+)
+from h3serve.edit_mask import MaskError, parse_mask_json
 from h3serve.request import MediaKind
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
@@ -44,9 +53,13 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "image_reference": ("image", "image_url"),
     "video_reference": ("video", "video_url"),
     "audio_reference": ("audio", "audio_url"),
+    "source_video": ("video", "video_url"),  # latent-mask editing sources (512 MiB each)
+    "source_audio": ("audio", "audio_url"),
 }
+SOURCE_FIELDS = ("source_video", "source_audio")
+MASK_FIELDS = ("video_noise_mask", "audio_noise_mask")  # JSON: a file upload, a form field, or a JSON value
 EXTRA_KEYS = tuple(ExtraParams.model_fields)
-LONG_VIDEO_KEYS = tuple(LongVideoFields.model_fields)
+LONG_VIDEO_KEYS = (*LongVideoFields.model_fields, *EditOptions.model_fields)
 TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
@@ -115,8 +128,8 @@ def _check_field_names(body: RequestBody) -> None:
         reasons = "; ".join(f"{n}: {UNSUPPORTED[n]}" for n in unsupported)
         raise bad_request(f"Unsupported field{'s' if len(unsupported) > 1 else ''}: {reasons}.", unsupported[0],
                           "unsupported_field")
-    reject_unknown([n for n in names if n not in SCALAR_FIELDS and n not in MEDIA_FIELDS])
-    uploads_in_text = sorted(set(body.uploads) - set(MEDIA_FIELDS))
+    reject_unknown([n for n in names if n not in SCALAR_FIELDS and n not in MEDIA_FIELDS and n not in MASK_FIELDS])
+    uploads_in_text = sorted(set(body.uploads) - set(MEDIA_FIELDS) - set(MASK_FIELDS))
     if uploads_in_text:
         raise bad_request(f"{uploads_in_text[0]}: a file upload is not accepted here", uploads_in_text[0])
 
@@ -202,6 +215,10 @@ def parse_fields(body: RequestBody) -> ParsedFields:
             values[name] = tuple(found[1]) if isinstance(found[1], list) else found[1]
             aliases[name] = found[0]
 
+    for name in MASK_FIELDS:
+        if name in body.fields or name in body.uploads:
+            values[name] = _mask(body, name)
+
     if "task" in extra:  # validate checks the value: one of t2va, fl2va, ref2va, agreeing with the media
         values["task"] = as_text(extra["task"], "extra_params.task")
         aliases["task"] = "extra_params.task"
@@ -219,6 +236,26 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         seconds=seconds_label,
         aliases=aliases,
     )
+
+
+def _mask(body: RequestBody, name: str) -> Any:
+    """A mask's JSON value: from an uploaded JSON file, a form field's JSON text, or a JSON body's value."""
+    uploads = body.uploads.get(name, [])
+    if len(uploads) + (name in body.fields) > 1:
+        raise bad_request(f"{name}: given more than once", name)
+    try:
+        if uploads:
+            upload = uploads[0]
+            if (upload.size or 0) > limits.MAX_MASK_BYTES:
+                raise MaskError(f"JSON exceeds the {limits.MAX_MASK_BYTES // 2**20} MiB limit")
+            upload.file.seek(0)
+            return parse_mask_json(upload.file.read(limits.MAX_MASK_BYTES + 1))
+        value = body.fields[name]
+        if isinstance(value, str):
+            return parse_mask_json(value)
+        return parse_mask_json(json.dumps(value))  # a JSON body's value: the same size and nesting rules
+    except MaskError as e:
+        raise bad_request(f"{name}: {e}", name) from None
 
 
 # -- media fields ---------------------------------------------------------------------------------------------

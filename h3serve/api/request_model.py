@@ -48,6 +48,8 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "long_video": "durations: 4-15 s, with long_video=true up to 30 s (long_video_mode=full) or 300 s "
     "(continuation, ref2va only); continuation_* only with continuation: window and overlap on the 17n+5 grid, "
     "window 107..345 frames and longer than the overlap, one continuation prompt per window, not with quality=high",
+    "edit": "source_video / source_audio need a video_noise_mask / audio_noise_mask (masks in [0, 1] on the latent "
+    "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask",
 }
 
 
@@ -82,7 +84,15 @@ class LongVideoFields(_Strict):
         return as_json(value, "continuation_prompts")  # a form field carries the list as JSON text
 
 
-class ExtraParams(LongVideoFields):
+class EditOptions(_Strict):
+    """Latent-mask editing options besides the uploads (source_video, source_audio, *_noise_mask: media fields)."""
+
+    audio_mode: Literal["native", "lock_source"] | None = Field(
+        None, description="lock_source: the one driving audio (source_audio or an audio reference) is the soundtrack"
+    )
+
+
+class ExtraParams(LongVideoFields, EditOptions):
     task: Literal["t2va", "fl2va", "ref2va"] | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
@@ -94,7 +104,7 @@ class ExtraParams(LongVideoFields):
     target: Target | None = None
 
 
-class VideoCreateFields(LongVideoFields):
+class VideoCreateFields(LongVideoFields, EditOptions):
     """The scalar fields of POST /v1/videos (and /sync)."""
 
     prompt: Annotated[str, Field(min_length=1, max_length=limits.MAX_PROMPT_CHARS, pattern=r"\S")]

@@ -261,3 +261,39 @@ def test_long_video_field_errors_name_the_field():
     assert error.param == "continuation_window_frames" and "between 5 and 345" in error.message
     assert rejected(prompt="p", seconds="301").param == "seconds"
     assert rejected(prompt="p", extra_params='{"continuation_prompts": "[1"}').param == "continuation_prompts"
+
+
+# -- latent-mask editing fields -------------------------------------------------------------------------------
+
+
+def test_masks_from_json_text_values_and_uploads():
+    import io
+
+    from starlette.datastructures import UploadFile
+
+    request = request_of(prompt="p", video_noise_mask="[[0.5, 1]]", audio_mode="lock_source")
+    assert request.video_noise_mask == [[0.5, 1]] and request.audio_mode == "lock_source"
+    assert parse(prompt="p", extra_params={"audio_mode": "native"}).values["audio_mode"] == "native"
+    body = RequestBody({"prompt": "p", "audio_noise_mask": [0, 0.5]})
+    assert parse_fields(body).values["audio_noise_mask"] == [0, 0.5]
+    upload = UploadFile(io.BytesIO(b"0.25"), size=4, filename="mask.json")
+    assert parse_fields(RequestBody({"prompt": "p"}, {"video_noise_mask": [upload]})).values["video_noise_mask"] == 0.25
+
+
+def test_mask_and_audio_mode_errors_name_the_field():
+    error = rejected(prompt="p", video_noise_mask="[" * 70 + "]" * 70)
+    assert error.param == "video_noise_mask" and "nested too deeply" in error.message
+    assert "must not be null" in rejected(prompt="p", audio_noise_mask="null").message
+    assert rejected(prompt="p", audio_mode="loop").param == "audio_mode"
+
+
+def test_sources_are_routed_to_their_fields_not_the_references(tmp_path):
+    video = MediaRef(tmp_path / "s.mp4", "s.mp4", "video")
+    image = MediaRef(tmp_path / "r.png", "r.png", "image")
+    media = [
+        StoredMedia(MediaSource("source_video", "video"), video, "video"),
+        StoredMedia(MediaSource("image_reference", "image"), image, "image"),
+    ]
+    request = build_request(parse(prompt="p", video_noise_mask="0.5"), media)
+    assert request.source_video is video and request.references == (image,)
+    assert media_aliases(request, media)["source_video"] == "source_video"
