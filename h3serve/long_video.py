@@ -75,16 +75,24 @@ class Window:
         return self.start * ROPE_UNITS_PER_FRAME
 
 
-def plan_windows(total_frames: int, window_frames: int, overlap_frames: int) -> tuple[Window, ...]:
-    """The continuation windows covering `total_frames` (17n + 5). Raises `ValueError` on off-grid input."""
-    for name, value in (("total", total_frames), ("window", window_frames), ("overlap", overlap_frames)):
+def plan_windows(
+    total_frames: int, window_frames: int, overlap_frames: int, first_end: int | None = None
+) -> tuple[Window, ...]:
+    """The continuation windows covering `total_frames` (17n + 5). Raises `ValueError` on off-grid input.
+
+    `first_end` (an extension) makes window 0 the given source, `[0, first_end)` of any grid length above the
+    overlap; the generated windows follow it by the same rule."""
+    checked = [("total", total_frames), ("window", window_frames), ("overlap", overlap_frames)]
+    for name, value in [*checked, *([("source", first_end)] if first_end is not None else [])]:
         if not on_frame_grid(value):
             raise ValueError(f"{name} frames must be on the 17n+5 grid, got {value}")
     if not window_fits(window_frames, overlap_frames):
         raise ValueError(f"window must be 107..345 frames and exceed its overlap, got {window_frames}/{overlap_frames}")
+    if first_end is not None and not overlap_frames < first_end <= total_frames:
+        raise ValueError(f"a source of {first_end} frames must be longer than the overlap and within the total")
     overlap_v = geometry.latent_frames(overlap_frames)
     windows: list[Window] = []
-    start, end = 0, min(total_frames, window_frames)
+    start, end = 0, min(total_frames, window_frames) if first_end is None else first_end
     while True:
         first = not windows
         prev_end = windows[-1].end if windows else 0

@@ -64,3 +64,7 @@ class GenerationRequest:
     video_noise_mask: object = None
     audio_noise_mask: object = None
     audio_mode: str | None = None  # native | lock_source
+    # OpenAI extensions: continue this video (its last overlap frames are the first window's latent guide; the
+    # output is the video followed by the new part, duration_s long). remixed_from_video_id: provenance of a remix.
+    extend_video: MediaRef | None = None
+    remixed_from_video_id: str | None = None

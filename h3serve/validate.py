@@ -63,6 +63,7 @@ class GenerationPlan:
     video_mask: LatentMask | None = None
     audio_mask: LatentMask | None = None
     audio_mode: str = "native"
+    extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
 
     @property
     def continuation(self) -> bool:
@@ -107,11 +108,13 @@ def validate(
     request: GenerationRequest,
     defaults: ModelDefaults = ModelDefaults(),
     keyframe_size: tuple[int, int] | None = None,
+    extend_frames: int | None = None,
 ) -> GenerationPlan:
     """Check every rule and resolve every default. Raises `RequestError` on the first violation.
 
     `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
-    unless the request gives a size or an aspect ratio.
+    unless the request gives a size or an aspect ratio. `extend_frames`: the 24 fps frame count of an
+    extension's source video (measured by the caller).
     """
     request = driving_audio_split(request)
     task = resolve_task(request)
@@ -119,7 +122,15 @@ def validate(
     height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
     num_frames = _resolve_frames(request, mode)
     quality = _check_quality(request.quality)
-    windows, prompts = _resolve_continuation(request, mode, num_frames, quality)
+    source_frames = _resolve_extension(request, mode, extend_frames)
+    if source_frames:  # the output is the source followed by the new part (a whole number of 17-frame chunks)
+        num_frames = source_frames + num_frames - limits.VAE_LATENTS_PER_CHUNK
+        if num_frames / limits.FPS > limits.MAX_CONTINUATION_DURATION_S:
+            raise RequestError(
+                "duration", f"the source ({source_frames / limits.FPS:.2f} s) and the extension together must be at "
+                f"most {limits.MAX_CONTINUATION_DURATION_S:g} s, got {num_frames / limits.FPS:.2f} s"
+            )
+    windows, prompts = _resolve_continuation(request, mode, num_frames, quality, source_frames)
     masks = _resolve_edit(request, mode, num_frames, height, width)
     return GenerationPlan(
         task=task,
@@ -143,7 +154,27 @@ def validate(
         video_mask=masks[0],
         audio_mask=masks[1],
         audio_mode=request.audio_mode or "native",
+        extend_video=request.extend_video,
     )
+
+
+def _resolve_extension(request: GenerationRequest, mode: str | None, extend_frames: int | None) -> int:
+    """An extension's source length in frames, snapped down to 17n + 5 (0 without an extension)."""
+    if request.extend_video is None:
+        return 0
+    if mode != "continuation":
+        raise RequestError("extend_video", "an extension is a continuation (long_video_mode=continuation)")
+    if extend_frames is None:
+        raise RequestError("extend_video", "the source video's length was not measured")
+    block, rest = limits.VAE_FRAMES_PER_CHUNK, limits.VAE_LATENTS_PER_CHUNK
+    overlap = request.continuation_overlap_frames or limits.DEFAULT_OVERLAP_FRAMES
+    frames = (extend_frames - rest) // block * block + rest if extend_frames >= rest else 0
+    if frames <= overlap:
+        raise RequestError(
+            "extend_video", f"is {extend_frames} frames at {limits.FPS} fps; an extension needs more than the "
+            f"overlap ({overlap} frames)"
+        )
+    return frames
 
 
 AUDIO_MODES = ("native", "lock_source")
@@ -303,10 +334,11 @@ def _duration_hint(mode: str | None) -> str:
 
 
 def _resolve_continuation(
-    request: GenerationRequest, mode: str | None, num_frames: int, quality: str | None
+    request: GenerationRequest, mode: str | None, num_frames: int, quality: str | None, source_frames: int = 0
 ) -> tuple[tuple[Window, ...], tuple[str, ...]]:
     """The windows and each window's prompt. The main prompt describes the whole video and is kept in every
-    window; `continuation_prompts[i]` (if given) is appended to it, after a space, for window i."""
+    window; `continuation_prompts[i]` (if given) is appended to it, after a space, for window i. An extension's
+    window 0 is its source: the prompts are then for the generated windows only."""
     if mode != "continuation":
         return (), ()
     if quality == "high":
@@ -333,20 +365,21 @@ def _resolve_continuation(
             f"the continuation window must be {limits.MIN_WINDOW_FRAMES}..{limits.MAX_WINDOW_FRAMES} frames and "
             f"exceed its overlap, got window {window} and overlap {overlap}",
         )
-    windows = plan_windows(num_frames, window, overlap)
+    windows = plan_windows(num_frames, window, overlap, source_frames or None)
+    generated = len(windows) - (1 if source_frames else 0)
     prompts = request.continuation_prompts
     if prompts is None:
         return windows, (request.prompt,) * len(windows)
     if (
         not isinstance(prompts, tuple | list)
-        or len(prompts) != len(windows)
+        or len(prompts) != generated
         or not all(isinstance(p, str) and p.strip() for p in prompts)
     ):
         count = len(prompts) if isinstance(prompts, tuple | list) else prompts
         raise RequestError(
             "continuation_prompts",
-            f"must contain exactly {len(windows)} non-empty strings (one per window of {num_frames} frames), "
-            f"got {count!r}",
+            f"must contain exactly {generated} non-empty strings (one per generated window of {num_frames} "
+            f"frames), got {count!r}",
         )
     combined = tuple(f"{request.prompt} {p}" for p in prompts)
     for i, text in enumerate(combined):
@@ -355,7 +388,7 @@ def _resolve_continuation(
                 f"continuation_prompts[{i}]",
                 f"with the main prompt is {len(text)} characters long; the limit is {limits.MAX_PROMPT_CHARS}",
             )
-    return windows, combined
+    return windows, (request.prompt,) * (len(windows) - generated) + combined
 
 
 def _resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:

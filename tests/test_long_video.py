@@ -76,3 +76,14 @@ def test_duration_caps_and_seeds():
     assert (max_duration_s(None), max_duration_s("full"), max_duration_s("continuation")) == (15.0, 30.0, 300.0)
     assert [window_seed(42, i) for i in range(3)] == [42, 43, 44]
     assert window_seed(2**63 - 1, 1) == 0
+
+
+def test_an_extension_starts_with_its_source_as_window_zero():
+    windows = plan_windows(141 + 255, 277, 22, first_end=141)  # a 141-frame source and 255 new frames
+    assert [(w.start, w.end) for w in windows] == [(0, 141), (119, 396)]
+    assert windows[1].overlap_audio_latents == geometry.audio_latents(141) - geometry.audio_latents(119) == 37
+    windows = plan_windows(447 + 17, 277, 22, first_end=447)  # a source longer than a window
+    assert [(w.start, w.end) for w in windows] == [(0, 447), (425, 464)]
+    for bad in (22, 481):
+        with pytest.raises(ValueError, match="longer than the overlap"):
+            plan_windows(464, 277, 22, first_end=bad)

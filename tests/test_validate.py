@@ -286,3 +286,20 @@ def test_audio_mode_lock_source():
                                               references=(ref,))
     assert "cannot be combined with audio latent-mask editing" in bad(
         "audio_noise_mask", audio_mode="lock_source", source_audio=SRC_A, audio_noise_mask=0.5)
+
+
+def test_extension_plan_source_then_new_part():
+    src = MediaRef(Path("/src.mp4"), "src.mp4", "video")
+    request = GenerationRequest(prompt="on", extend_video=src, duration_s=4, long_video=True,
+                                long_video_mode="continuation", continuation_prompts=("and on",))
+    plan = validate(request, extend_frames=150)  # 150 frames -> 141 on the grid, then 102 new frames
+    assert (plan.task, plan.num_frames, plan.extend_video) == ("ref2va", 243, src)
+    assert [(w.start, w.end) for w in plan.windows] == [(0, 141), (119, 243)]
+    assert plan.window_prompts == ("on", "on and on")
+    with pytest.raises(RequestError, match="more than the overlap"):
+        validate(request, extend_frames=30)
+    with pytest.raises(RequestError, match="at most 300 s"):
+        validate(GenerationRequest(prompt="x", extend_video=src, duration_s=290, long_video=True,
+                                   long_video_mode="continuation"), extend_frames=24 * 20)
+    with pytest.raises(RequestError, match="an extension is a continuation"):
+        validate(GenerationRequest(prompt="x", extend_video=src), extend_frames=150)

@@ -55,6 +55,11 @@ def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditio
     """Decode the plan's media files and normalise them for its task (and its edit sources)."""
     cond = _load_task_conditioning(plan, defaults)
     cond.edit_video, cond.edit_audio = load_edit_sources(plan)
+    if plan.extend_video is not None:  # window 0 of the extension: the source on the canvas, and its soundtrack
+        frames, audio = load_source_video(
+            plan.extend_video, "extend_video", plan.windows[0].end, plan.width, plan.height, with_audio=True
+        )
+        cond.extend_video, cond.extend_audio = frames, None if audio is None else torch.from_numpy(audio)
     return cond
 
 

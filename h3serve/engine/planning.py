@@ -6,7 +6,7 @@ No torch here: the API process calls this on the event loop's executor to answer
 from __future__ import annotations
 
 from h3serve.media import intake
-from h3serve.media.source import check_source
+from h3serve.media.source import check_source, frames_at_24fps
 from h3serve.request import GenerationRequest
 from h3serve.validate import (
     GenerationPlan,
@@ -43,7 +43,8 @@ def plan_request(
         keyframe_size = images[0].image.size
     elif task == "ref2va":
         intake.check_references(request.references)  # every rule, without keeping decoded frames
-    plan = validate(request, defaults, keyframe_size)
+    extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
+    plan = validate(request, defaults, keyframe_size, extend_frames)
     sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
         if ref is not None:

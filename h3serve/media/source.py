@@ -120,3 +120,21 @@ def load_source_video(
     except Exception as exc:
         raise MediaDecodeError(ref.name, field, f"cannot decode the video ({exc})", "a complete, valid file") from None
     return out, audio
+
+
+def frames_at_24fps(ref: MediaRef, field: str) -> int:
+    """How many 24 fps frames a source video holds (frames held as in `load_source_video`), by decoding it."""
+    try:
+        with _open(ref, field, "video") as container:
+            if not container.streams.video:
+                raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate
+            if not rate or rate <= 0:
+                raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
+            count = sum(1 for _ in container.decode(stream))
+    except MediaError:
+        raise
+    except Exception as exc:
+        raise MediaDecodeError(ref.name, field, f"cannot decode the video ({exc})", "a complete, valid file") from None
+    return math.floor(count * limits.FPS / float(rate) + 0.5)

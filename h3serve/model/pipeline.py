@@ -137,6 +137,8 @@ class Conditioning:
     references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
     edit_video: np.ndarray | None = None  # latent-mask editing: source frames (T, H, W, 3) uint8 on the canvas
     edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
+    extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
+    extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
 
 
 @dataclass(frozen=True)
@@ -346,21 +348,25 @@ class H3Pipeline:
         texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
         media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
         per_window = len(self._schedules(plan)[0])
-        total = per_window * len(plan.windows)
+        extending = plan.extend_video is not None  # window 0 is the given video, encoded, not generated
+        total = per_window * (len(plan.windows) - extending)
         kept_video: list[torch.Tensor] = []
         kept_audio: list[torch.Tensor] = []
         guide: LatentGuide | None = None
         for window in plan.windows:
-            done = window.index * per_window
-            if on_step is not None and window.index:
+            done = (window.index - extending) * per_window
+            if on_step is not None and window.index > extending:
                 on_step(done, total)
 
             def progress(i: int, _n: int, done: int = done) -> None:
                 if on_step is not None:
                     on_step(done + i, total)
 
-            video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
-                                           progress)
+            if extending and window.index == 0:
+                video, audio = self.encode_extension_source(plan, cond, window, clock)
+            else:
+                video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
+                                               progress)
             kept_video.append(video[:, :, window.overlap_latent_frames :])
             kept_audio.append(audio[:, :, window.overlap_audio_latents :])
             if window.index + 1 < len(plan.windows):
@@ -372,7 +378,32 @@ class H3Pipeline:
         video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
         if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
             raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
-        return self._decode(video_latents, audio_latents, clock, None)
+        result = self._decode(video_latents, audio_latents, clock, None)
+        if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
+            source = torch.from_numpy(cond.extend_video).float() / 255.0
+            result.video[: source.shape[0]] = source
+            if cond.extend_audio is not None:
+                n = min(cond.extend_audio.shape[1], round(source.shape[0] * limits.AUDIO_SAMPLE_RATE / limits.FPS))
+                result.audio[:, :n] = cond.extend_audio[:, :n]
+        return result
+
+    def encode_extension_source(
+        self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: _StageClock
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An extension's window 0: the source video's latents [1, 24, F, lh, lw] and its soundtrack's [2, 32, A]
+        (cropped or zero-padded to the window; zeros without a soundtrack)."""
+        if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
+            raise ValueError("an extension needs its source frames (window 0) decoded")
+        with clock("vae_encode"):
+            pixels = torch.from_numpy(cond.extend_video).permute(3, 0, 1, 2)[None].to(self.device)
+            video = encode_visual_condition(self.components.vae, pixels)
+            channels = self.components.audio_vae.config.latent_channels
+            audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
+            if cond.extend_audio is not None:
+                rows = encode_audio_condition(self.components.audio_vae, cond.extend_audio)
+                source = rows.reshape(limits.AUDIO_CHANNELS, -1, channels)[:, : window.audio_latents]
+                audio[:, :, : source.shape[1]] = source.permute(0, 2, 1)
+        return video, audio
 
     def run_window(
         self,
