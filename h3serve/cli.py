@@ -68,6 +68,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--continuation-prompt", action="append", metavar="TEXT",
         help="one per window, in order (repeat); each is appended to the main prompt for its window",
     )
+    p.add_argument("--source-video", metavar="FILE", help="latent-mask editing: the video to edit (MP4/MOV)")
+    p.add_argument("--source-audio", metavar="FILE", help="latent-mask editing / lock_source: the audio (WAV/MP3)")
+    p.add_argument("--video-noise-mask", metavar="JSON", help="JSON text or a .json file: 1 = generate, 0 = keep")
+    p.add_argument("--audio-noise-mask", metavar="JSON", help="JSON text or a .json file on the audio latent grid")
+    p.add_argument("--audio-mode", choices=("native", "lock_source"), help="lock_source: the driving audio is kept")
+    p.add_argument("--extend", metavar="VIDEO", help="continue this video (--duration: the new part; --long-video)")
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
     p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
@@ -112,12 +118,35 @@ def _request_from_args(args: argparse.Namespace):
         image=_media(args.image, "image"),
         last_image=_media(args.last_image, "image"),
         references=tuple(_media(path, kind) for kind, path in (args.references or [])),
-        long_video=args.long_video,
-        long_video_mode=args.long_video_mode,
         continuation_window_frames=args.window_frames,
         continuation_overlap_frames=args.overlap_frames,
         continuation_prompts=None if args.continuation_prompt is None else tuple(args.continuation_prompt),
+        source_video=_media(args.source_video, "video"),
+        source_audio=_media(args.source_audio, "audio"),
+        video_noise_mask=_mask(args.video_noise_mask, "--video-noise-mask"),
+        audio_noise_mask=_mask(args.audio_noise_mask, "--audio-noise-mask"),
+        audio_mode=args.audio_mode,
+        extend_video=_media(args.extend, "video"),
+        long_video=True if args.extend else args.long_video,
+        long_video_mode="continuation" if args.extend else args.long_video_mode,
     )
+
+
+def _mask(text: str | None, flag: str):
+    """A mask from JSON text, or from a file holding it (a value that does not start like JSON is a path)."""
+    from h3serve.edit_mask import MaskError, parse_mask_json
+    from h3serve.validate import RequestError
+
+    if text is None:
+        return None
+    try:
+        if text.strip()[:1] in "[0123456789.-" and text.strip():
+            return parse_mask_json(text)
+        return parse_mask_json(Path(text).read_bytes())
+    except OSError as e:
+        raise RequestError(flag, f"cannot read {text}: {e.strerror}") from None
+    except MaskError as e:
+        raise RequestError(flag, str(e)) from None
 
 
 def _check_writable(flag: str, path: str | None) -> None:
