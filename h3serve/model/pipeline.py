@@ -240,17 +240,23 @@ class H3Pipeline:
                     raise ValueError(f"the source video encodes to {tuple(clean.shape[2:])} latents, not {expected}")
                 video = video_target(clean, torch.from_numpy(plan.video_mask.array()))
             if plan.audio_mask is not None:
-                if cond.edit_audio is None:
-                    raise ValueError("an audio mask needs the decoded source audio")
-                rows = encode_audio_condition(self.components.audio_vae, cond.edit_audio)
-                source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, : plan.audio_latents]
-                clean = torch.zeros(limits.AUDIO_CHANNELS, plan.audio_latents, rows.shape[-1])
-                clean[:, : source.shape[1]] = source
+                clean, length = self.source_audio_latents(plan, cond)
                 grid = torch.from_numpy(plan.audio_mask.array())
                 if plan.audio_mode != "lock_source":
-                    grid[:, source.shape[1] :] = 1.0  # a padded tail is generated
-                audio = audio_target(clean.reshape(-1, rows.shape[-1]), grid)
+                    grid[:, length:] = 1.0  # a padded tail is generated
+                audio = audio_target(clean.reshape(-1, clean.shape[-1]), grid)
         return video, audio
+
+    def source_audio_latents(self, plan: GenerationPlan, cond: Conditioning) -> tuple[torch.Tensor, int]:
+        """The edit's (or lock_source's) audio as normalised latents [2, A, 32] zero-padded to the request, and
+        how many of them the source covers."""
+        if cond.edit_audio is None:
+            raise ValueError("an audio mask needs the decoded source audio")
+        rows = encode_audio_condition(self.components.audio_vae, cond.edit_audio)
+        source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, : plan.audio_latents]
+        clean = torch.zeros(limits.AUDIO_CHANNELS, plan.audio_latents, rows.shape[-1])
+        clean[:, : source.shape[1]] = source
+        return clean, source.shape[1]
 
     def _sample(
         self,
@@ -345,6 +351,10 @@ class H3Pipeline:
         """
         clock = _StageClock(self.device, self.hooks)
         media = self.encode_reference_media(cond.references, clock)
+        locked = None  # lock_source: the driving audio's latents on the global timeline, sliced per window
+        if plan.audio_mask is not None:
+            with clock("vae_encode"):
+                locked, _ = self.source_audio_latents(plan, cond)
         texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
         media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
         per_window = len(self._schedules(plan)[0])
@@ -366,7 +376,7 @@ class H3Pipeline:
                 video, audio = self.encode_extension_source(plan, cond, window, clock)
             else:
                 video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
-                                               progress)
+                                               progress, locked)
             kept_video.append(video[:, :, window.overlap_latent_frames :])
             kept_audio.append(audio[:, :, window.overlap_audio_latents :])
             if window.index + 1 < len(plan.windows):
@@ -415,6 +425,7 @@ class H3Pipeline:
         guide: LatentGuide | None,
         clock: _StageClock,
         on_step: StepCallback | None,
+        locked_audio: torch.Tensor | None = None,  # lock_source: [2, A_total, 32] on the global timeline
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
 
@@ -427,7 +438,11 @@ class H3Pipeline:
             extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
         enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
         seed = window_seed(plan.seed, window.index)
-        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step)
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None)
+        if locked_audio is not None:
+            held = locked_audio[:, window.audio_start : window.audio_end]
+            edits = (None, audio_target(held.reshape(-1, held.shape[-1]), torch.zeros(2, window.audio_latents)))
+        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, None, edits)
 
     # -- conditioning ----------------------------------------------------------------------------------------
 

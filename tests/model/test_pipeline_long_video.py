@@ -6,6 +6,7 @@ the audio VAE decode of 30-40 s dominates, so each long decode runs once.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -34,10 +35,10 @@ class Spy:
         self.progress: list[tuple[int, int]] = []
         original = pipeline.run_window
 
-        def run_window(plan, window, media, text, media_origin, guide, clock, on_step):
+        def run_window(plan, window, media, text, media_origin, guide, clock, on_step, locked=None):
             record = {"window": window, "guide": guide, "ids": list(text.ids), "origin": media_origin}
             self.windows.append(record)
-            record["latents"] = original(plan, window, media, text, media_origin, guide, clock, on_step)
+            record["latents"] = original(plan, window, media, text, media_origin, guide, clock, on_step, locked)
             return record["latents"]
 
         monkeypatch.setattr(pipeline, "run_window", run_window)
@@ -150,3 +151,23 @@ def test_full_mode_30_s_is_one_pass_of_the_snapped_frame_count(tiny_pipeline, tm
     write_mp4(tmp_path / "full.mp4", result.video.numpy(), result.audio.numpy())
     probed = probe(tmp_path / "full.mp4")
     assert check_output_contract(probed) == [] and probed.nb_frames == 736
+
+
+def test_lock_source_holds_the_driving_audio_across_windows(tiny_pipeline, monkeypatch):
+    from pathlib import Path
+
+    from h3serve.model.conditioning import encode_audio_condition
+    from h3serve.model.pipeline import Conditioning
+    from h3serve.request import MediaRef
+
+    pipeline, defaults = tiny_pipeline
+    plan = validate(GenerationRequest(
+        prompt="a drum", width=32, height=32, steps=2, duration_s=11.5, long_video=True,
+        long_video_mode="continuation", continuation_window_frames=107, audio_mode="lock_source",
+        source_audio=MediaRef(Path("/d.wav"), "d.wav", "audio")), defaults)
+    wave = torch.from_numpy(np.random.default_rng(1).uniform(-0.5, 0.5, (2, 32_000 * 3)).astype(np.float32))
+    Spy(pipeline, monkeypatch, decode=False)
+    _, audio = pipeline.generate(plan, Conditioning(edit_audio=wave))
+    rows = encode_audio_condition(pipeline.components.audio_vae, wave)
+    clean = rows.reshape(2, -1, rows.shape[-1]).permute(0, 2, 1)  # 120 latents (3 s), then held silence
+    assert len(plan.windows) == 3 and torch.equal(audio[:, :, :120], clean) and not audio[:, :, 120:].any()
