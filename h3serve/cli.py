@@ -73,6 +73,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--video-noise-mask", metavar="JSON", help="JSON text or a .json file: 1 = generate, 0 = keep")
     p.add_argument("--audio-noise-mask", metavar="JSON", help="JSON text or a .json file on the audio latent grid")
     p.add_argument("--audio-mode", choices=("native", "lock_source"), help="lock_source: the driving audio is kept")
+    p.add_argument(
+        "--start-time", type=float, action="append", metavar="SECONDS",
+        help="ref2va: trim reference videos before this time (once for all, or once per --ref-video, in order)",
+    )
     p.add_argument("--extend", metavar="VIDEO", help="continue this video (--duration: the new part; --long-video)")
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
@@ -126,6 +130,7 @@ def _request_from_args(args: argparse.Namespace):
         video_noise_mask=_mask(args.video_noise_mask, "--video-noise-mask"),
         audio_noise_mask=_mask(args.audio_noise_mask, "--audio-noise-mask"),
         audio_mode=args.audio_mode,
+        start_time_seconds=None if args.start_time is None else tuple(args.start_time),
         extend_video=_media(args.extend, "video"),
         long_video=True if args.extend else args.long_video,
         long_video_mode="continuation" if args.extend else args.long_video_mode,

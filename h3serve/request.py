@@ -66,5 +66,7 @@ class GenerationRequest:
     audio_mode: str | None = None  # native | lock_source
     # OpenAI extensions: continue this video (its last overlap frames are the first window's latent guide; the
     # output is the video followed by the new part, duration_s long). remixed_from_video_id: provenance of a remix.
+    # Ref2VA reference videos trimmed before this time: one value for all, or one per video reference, in order.
+    start_time_seconds: float | tuple[float, ...] | None = None
     extend_video: MediaRef | None = None
     remixed_from_video_id: str | None = None

@@ -64,6 +64,7 @@ class GenerationPlan:
     audio_mask: LatentMask | None = None
     audio_mode: str = "native"
     extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
+    start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
 
     @property
     def continuation(self) -> bool:
@@ -155,7 +156,25 @@ def validate(
         audio_mask=masks[1],
         audio_mode=request.audio_mode or "native",
         extend_video=request.extend_video,
+        start_times=resolve_start_times(request, task),
     )
+
+
+def resolve_start_times(request: GenerationRequest, task: str) -> tuple[float, ...]:
+    """`start_time_seconds` as a tuple of finite seconds >= 0; only for Ref2VA (it trims reference videos, not
+    an edit's source_video). Whether the count matches the video references is the media intake's check."""
+    value = request.start_time_seconds
+    if value is None:
+        return ()
+    if task != "ref2va":
+        raise RequestError("start_time_seconds", f"trims Ref2VA reference videos; this request is {task}")
+    values = value if isinstance(value, tuple | list) else (value,)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise RequestError("start_time_seconds", f"must be seconds >= 0 (one, or one per video), got {v!r}")
+    if not values:
+        raise RequestError("start_time_seconds", "must not be an empty list")
+    return tuple(float(v) for v in values)
 
 
 def _resolve_extension(request: GenerationRequest, mode: str | None, extend_frames: int | None) -> int:

@@ -303,3 +303,11 @@ def test_extension_plan_source_then_new_part():
                                    long_video_mode="continuation"), extend_frames=24 * 20)
     with pytest.raises(RequestError, match="an extension is a continuation"):
         validate(GenerationRequest(prompt="x", extend_video=src), extend_frames=150)
+
+
+def test_start_time_seconds_only_for_ref2va():
+    ref = MediaRef(Path("/r.mp4"), "r.mp4", "video")
+    assert ok(references=(ref,), start_time_seconds=1.5).start_times == (1.5,)
+    assert ok(references=(ref, ref), start_time_seconds=(0, 2)).start_times == (0.0, 2.0)
+    assert "trims Ref2VA reference videos; this request is t2va" in bad("start_time_seconds", start_time_seconds=1)
+    assert "must be seconds >= 0" in bad("start_time_seconds", references=(ref,), start_time_seconds=-1)

@@ -60,6 +60,7 @@ SOURCE_FIELDS = ("source_video", "source_audio")
 MASK_FIELDS = ("video_noise_mask", "audio_noise_mask")  # JSON: a file upload, a form field, or a JSON value
 EXTRA_KEYS = tuple(ExtraParams.model_fields)
 LONG_VIDEO_KEYS = (*LongVideoFields.model_fields, *EditOptions.model_fields)
+LIST_FIELDS = ("continuation_prompts", "start_time_seconds")  # lists: repeated form fields or `name[]` parts
 TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
@@ -70,7 +71,6 @@ UNSUPPORTED: dict[str, str] = {
     "boundary_ratio": "a Wan2.2 option",
     "lora": "per-request LoRA is not supported",
     "short_edge": "the canvas follows the checkpoint; use size or aspect_ratio",
-    "start_time_seconds": "reference trimming is not supported",
     "generate_sound": "MiniMax-H3 always generates audio",
     "sound_duration": "the audio always matches the video",
 }
@@ -139,7 +139,7 @@ def parse_fields(body: RequestBody) -> ParsedFields:
     _check_field_names(body)
     _extra_params(body.fields)  # unknown keys are named before any value is checked
     for name in SCALAR_FIELDS:
-        if isinstance(body.fields.get(name), list):  # a form field sent twice (JSON refuses duplicate keys)
+        if name not in LIST_FIELDS and isinstance(body.fields.get(name), list):  # a form field sent twice
             raise bad_request(f"{name}: given more than once", name)
     f = {**body.fields, **coerce_fields(body.fields)}  # typed and range-checked by the one request model
     extra, target = _extra_params(f)

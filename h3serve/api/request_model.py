@@ -26,6 +26,7 @@ _MAX_S = limits.MAX_CONTINUATION_DURATION_S
 _LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * limits.FPS)
 
 Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_nan=False)]
+StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
 GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
 Ratio = Annotated[str, Field(pattern=r"^\s*[1-9]\d{0,2}(\.\d{1,3})?\s*[:xX/]\s*[1-9]\d{0,2}(\.\d{1,3})?\s*$")]
@@ -49,7 +50,8 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "(continuation, ref2va only); continuation_* only with continuation: window and overlap on the 17n+5 grid, "
     "window 107..345 frames and longer than the overlap, one continuation prompt per window, not with quality=high",
     "edit": "source_video / source_audio need a video_noise_mask / audio_noise_mask (masks in [0, 1] on the latent "
-    "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask",
+    "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask; "
+    "start_time_seconds only for ref2va, one value or one per video reference, inside each video with 2 s after",
 }
 
 
@@ -89,6 +91,9 @@ class EditOptions(_Strict):
 
     audio_mode: Literal["native", "lock_source"] | None = Field(
         None, description="lock_source: the one driving audio (source_audio or an audio reference) is the soundtrack"
+    )
+    start_time_seconds: StartTime | Annotated[list[StartTime], Field(min_length=1, max_length=3)] | None = Field(
+        None, description="ref2va: trim reference videos before this time (one, or one per video)"
     )
 
 
@@ -197,4 +202,6 @@ def coerce_fields(fields: dict[str, Any]) -> dict[str, Any]:
 
 def _is_union_tag(part: Any) -> bool:
     """pydantic names union members in error locations (`list[...]`, `literal[...]`): not field names."""
-    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "bool"))
+    return isinstance(part, str) and (
+        "[" in part or part in ("int", "float", "str", "bool") or part.startswith("constrained-")
+    )

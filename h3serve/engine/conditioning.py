@@ -77,7 +77,7 @@ def _load_task_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Co
         )
 
     refs: list[Reference] = []
-    for media in intake.load_references(plan.references, reduce_video=reduce):
+    for media in intake.load_references(plan.references, reduce_video=reduce, start_times=plan.start_times):
         if isinstance(media, intake.ImageMedia):
             refs.append(normalize_image_reference(media.image, defaults.reference_image_short_edge))
         elif isinstance(media, intake.VideoMedia):

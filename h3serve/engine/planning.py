@@ -13,6 +13,7 @@ from h3serve.validate import (
     ModelDefaults,
     RequestError,
     driving_audio_split,
+    resolve_start_times,
     resolve_task,
     validate,
 )
@@ -42,7 +43,8 @@ def plan_request(
         images = [intake.load_image(ref, field) for field, ref in fields if ref is not None]
         keyframe_size = images[0].image.size
     elif task == "ref2va":
-        intake.check_references(request.references)  # every rule, without keeping decoded frames
+        starts = resolve_start_times(request, task)
+        intake.check_references(request.references, starts)  # every rule, without keeping decoded frames
     extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
     plan = validate(request, defaults, keyframe_size, extend_frames)
     sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))

@@ -297,3 +297,12 @@ def test_sources_are_routed_to_their_fields_not_the_references(tmp_path):
     request = build_request(parse(prompt="p", video_noise_mask="0.5"), media)
     assert request.source_video is video and request.references == (image,)
     assert media_aliases(request, media)["source_video"] == "source_video"
+
+
+def test_list_options_as_json_lists_repeated_fields_and_sdk_brackets():
+    assert parse_fields(RequestBody({"prompt": "p", "continuation_prompts": ["a", "b"]})).values[
+        "continuation_prompts"] == ("a", "b")
+    pairs = [("prompt", "p"), ("start_time_seconds[]", "1.5"), ("start_time_seconds[]", "0")]
+    assert parse_fields(RequestBody(unflatten(pairs))).values["start_time_seconds"] == (1.5, 0.0)
+    assert request_of(prompt="p", start_time_seconds="2").start_time_seconds == 2.0
+    assert rejected(prompt="p", start_time_seconds="-1").param == "start_time_seconds"

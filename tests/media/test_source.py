@@ -42,3 +42,4 @@ def test_source_audio_is_cut_at_the_output_duration(clip, tmp_path):
     assert samples.shape == (2, 64_000) and samples.dtype == np.float32
     with pytest.raises(MediaFormatError, match="expected a source audio, got a video file"):
         check_source(clip, "source_audio", "audio")
+
