@@ -171,3 +171,26 @@ def test_lock_source_holds_the_driving_audio_across_windows(tiny_pipeline, monke
     rows = encode_audio_condition(pipeline.components.audio_vae, wave)
     clean = rows.reshape(2, -1, rows.shape[-1]).permute(0, 2, 1)  # 120 latents (3 s), then held silence
     assert len(plan.windows) == 3 and torch.equal(audio[:, :, :120], clean) and not audio[:, :, 120:].any()
+
+
+def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_pipeline, monkeypatch):
+    from pathlib import Path
+
+    from h3serve.model.conditioning import encode_visual_condition
+    from h3serve.model.pipeline import Conditioning
+    from h3serve.request import MediaRef
+
+    pipeline, defaults = tiny_pipeline
+    plan = validate(GenerationRequest(
+        prompt="on", width=32, height=32, steps=2, duration_s=4, long_video=True, long_video_mode="continuation",
+        extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
+    frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
+    spy = Spy(pipeline, monkeypatch)
+    result = pipeline.generate(plan, Conditioning(extend_video=frames), on_step=spy.on_step)
+    source = encode_visual_condition(pipeline.components.vae, torch.from_numpy(frames).permute(3, 0, 1, 2)[None])
+    (record,) = spy.windows  # only the new part is generated
+    assert (record["window"].start, record["window"].end) == (119, 243)
+    assert torch.equal(record["guide"].video, source[:, :, -7:]) and not record["guide"].audio.any()  # no soundtrack
+    assert torch.equal(result.video_latents[:, :, : source.shape[2]], source)
+    assert result.video.shape == (243, 32, 32, 3) and torch.equal(result.video[:141], torch.from_numpy(frames) / 255)
+    assert spy.progress == [(1, 1)]
