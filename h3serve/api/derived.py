@@ -96,7 +96,7 @@ def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | No
 async def _submit(
     request: Request,
     ctx: ServerContext,
-    build: Callable[[str, ParsedFields, MediaRef | None, Job | None], tuple[GenerationRequest, dict[str, str]]],
+    build: Callable[[ParsedFields, MediaRef | None, Job | None], tuple[GenerationRequest, dict[str, str]]],
     seconds_label: Callable[[ParsedFields, GenerationPlan, Job | None], str],
     video_id: str | None = None,
     takes_video: bool = True,
@@ -126,7 +126,7 @@ async def _submit(
             elif isinstance(given, MediaSource):
                 folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
                 video = (await store_media((given,), folder, ctx.fetcher))[0].ref
-            generation_request, aliases = build(job_id, parsed, video, source)
+            generation_request, aliases = build(parsed, video, source)
             return await queue_request(job_id, generation_request, {**parsed.aliases, **aliases},
                                        lambda plan: seconds_label(parsed, plan, source), ctx)
         except BaseException:
@@ -141,7 +141,7 @@ def _label(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> st
 
 
 async def remix(request: Request, ctx: ServerContext, video_id: str) -> Job:
-    def build(job_id, parsed, video, source):
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
         values = {**_source_defaults(parsed, source), **parsed.values}
         values.setdefault("task", "ref2va")
         generation = GenerationRequest(**values, references=(video,), remixed_from_video_id=video_id)
@@ -151,7 +151,7 @@ async def remix(request: Request, ctx: ServerContext, video_id: str) -> Job:
 
 
 async def edit(request: Request, ctx: ServerContext) -> Job:
-    def build(job_id, parsed, video, source):
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
         values = {**_source_defaults(parsed, source), **parsed.values}
         if any(name in values for name in MASK_FIELDS):
             return GenerationRequest(**values, source_video=video), {"source_video": VIDEO_FIELD}
@@ -162,14 +162,14 @@ async def edit(request: Request, ctx: ServerContext) -> Job:
 
 
 async def extend(request: Request, ctx: ServerContext) -> Job:
-    def build(job_id, parsed, video, source):
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
         if "duration_s" not in parsed.values:
             raise bad_request("seconds: is required (the length of the new part)", "seconds", "missing_field")
         values = {**_source_defaults(parsed, source), **parsed.values}
         values.update(long_video=True, long_video_mode="continuation")
         return GenerationRequest(**values, extend_video=video), {"extend_video": VIDEO_FIELD}
 
-    def total_seconds(parsed, plan, source):
+    def total_seconds(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> str:
         return f"{plan.duration_s:g}"  # the source and the new part together
 
     return await _submit(request, ctx, build, total_seconds)
