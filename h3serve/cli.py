@@ -177,6 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.engine.planning import plan_request
     from h3serve.media.intake import MediaError
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.offload.startup import device_memory_of, long_request_refusal
     from h3serve.request import tasks_served
     from h3serve.validate import RequestError
 
@@ -191,6 +192,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config = engine_config_from_args(args, model)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         plan = plan_request(_request_from_args(args), layout.defaults(), tasks)
+        refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
+        if refusal is not None:  # the planner's verdict, before a weight is read
+            return fail(f"duration: {refusal}")
     except (RequestError, MediaError, ConfigError, CheckpointError, ValueError) as e:
         return fail(str(e))
     windows = f", {len(plan.windows)} continuation windows" if plan.windows else ""
