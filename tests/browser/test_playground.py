@@ -412,3 +412,24 @@ def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
     accepted = {"image 256x256", "image 5:2", "audio 2 s with an image", "video 3 s"}
     assert server == {case: case in accepted for case in MEDIA_CASES}
     assert page_verdicts == server
+
+
+def test_long_video_continuation_from_the_page(page, live):
+    """Long video options: the duration cap follows the mode, window prompts go in extra_params; the 40 s job
+    is accepted (974 frames) and then deleted (cancelled) rather than waited for."""
+    fill(page, "a sailboat on a calm sea", {"#seconds": "40", "#steps": "2"})
+    expect(page.locator("#seconds-info")).to_have_text("between 4 and 15 s")
+    expect(page.locator("#window-prompts-field")).to_be_hidden()
+    page.select_option("#long-mode", "continuation")
+    expect(page.locator("#seconds-info")).to_have_text("40 s → 974 frames, 40.58 s")
+    page.fill("#window-prompts", "at dawn\na storm gathers\nlightning\nthe storm clears")
+    page.get_by_role("button", name="Generate").click()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def created():
+        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
+        return next((j for j in jobs if j["prompt"] == "a sailboat on a calm sea"), None)
+
+    job = wait_until(created, 60, "the job", 0.2)
+    assert (job["seconds"], job["num_frames"]) == ("40", 974)
+    assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=headers).status_code == 200
