@@ -433,3 +433,23 @@ def test_long_video_continuation_from_the_page(page, live):
     job = wait_until(created, 60, "the job", 0.2)
     assert (job["seconds"], job["num_frames"]) == ("40", 974)
     assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=headers).status_code == 200
+
+
+def test_extend_a_result(page, live):
+    """The result's Extend button: POST /v1/videos/extensions with the shown job's id; the new job is the source
+    (4 s, 107 frames) followed by 102 more frames, and the page follows it to the end."""
+    fill(page, "a kite over a hill")
+    generate_and_wait(page)
+    source = job_id(page)
+    page.fill("#prompt", "the kite climbs higher")
+    page.get_by_role("button", name="Extend").click()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def extension():
+        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
+        return next((j for j in jobs if j["prompt"] == "the kite climbs higher"), None)
+
+    job = wait_until(extension, 60, "the extension job", 0.2)
+    assert job["num_frames"] == FRAMES_4S + 102 and job["id"] != source
+    expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
+    assert httpx.get(f"{live.url}/v1/videos/{job['id']}", headers=headers).json()["status"] == "completed"
