@@ -453,3 +453,17 @@ def test_extend_a_result(page, live):
     assert job["num_frames"] == FRAMES_4S + 102 and job["id"] != source
     expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
     assert httpx.get(f"{live.url}/v1/videos/{job['id']}", headers=headers).json()["status"] == "completed"
+
+
+def test_latent_mask_edit_from_the_page(page, live, tmp_path):
+    """A source video and an all-0 mask: the job keeps the source (a latent-mask edit) and completes."""
+    source = tmp_path / "source.mp4"
+    source.write_bytes(mp4(tmp_path / "made.mp4", 4.5))
+    fill(page, "keep it as it is")
+    page.locator("#edit-box summary").click()
+    page.set_input_files("#source-video", str(source))
+    page.fill("#video-mask", "[1.5]")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#video_noise_mask-error")).to_contain_text("values must be in [0, 1]")
+    page.fill("#video-mask", "0")
+    generate_and_wait(page)

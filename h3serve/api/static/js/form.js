@@ -18,9 +18,11 @@ const FIELD_OF_PARAM = {
   "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
   "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
   "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
+  source_video: "source_video", video_noise_mask: "video_noise_mask",
 };
 const CONTROL_OF_FIELD = {
   size: "width", refs: "ref-input", task: null, long_video: "long-mode", continuation_prompts: "window-prompts",
+  source_video: "source-video", video_noise_mask: "video-mask",
 };
 // The duration cap of each long video mode (h3serve/long_video.py).
 const maxSeconds = (mode, limits) => ({
@@ -121,6 +123,9 @@ export class CreateForm {
     const mode = $("long-mode").value;
     if (mode) Object.assign(extra, { long_video: true, long_video_mode: mode });
     if (mode === "continuation" && windowPrompts().length) extra.continuation_prompts = windowPrompts();
+    const source = $("source-video").files[0];  // latent-mask editing: the source and its mask (JSON text)
+    if (source) files.push(["source_video", source]);
+    if ($("video-mask").value.trim()) fields.video_noise_mask = $("video-mask").value.trim();
     return { task, fields, extra, files };
   }
 
