@@ -41,7 +41,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aspect-ratio", help="W:H, e.g. 16:9 (canvas from the checkpoint's short edge)")
     p.add_argument("--width", type=int, help="multiple of 32; with --height, instead of --aspect-ratio")
     p.add_argument("--height", type=int, help="multiple of 32")
-    p.add_argument("--duration", type=float, help="seconds, 4-15, snapped up to a 17n+5 frame count (default 5)")
+    p.add_argument(
+        "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
+    )
     p.add_argument("--steps", type=int, help="num_inference_steps (grid points; N runs N-1 forwards; default 50)")
     p.add_argument("--seed", type=int, help="default 42")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
@@ -58,6 +60,24 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
             help=f"Ref2VA {kind} reference (repeatable; references keep their command-line order)",
         )
     p.add_argument("--task", help="t2va | fl2va | ref2va (default: from the inputs)")
+    p.add_argument("--long-video", action="store_const", const=True, help="allow up to 30 s (full) or 300 s")
+    p.add_argument("--long-video-mode", choices=("full", "continuation"), help="default: continuation for ref2va")
+    p.add_argument("--window-frames", type=int, help="continuation window, 17n+5 in 107-345 (default 277)")
+    p.add_argument("--overlap-frames", type=int, help="continuation overlap, 17n+5 below the window (default 22)")
+    p.add_argument(
+        "--continuation-prompt", action="append", metavar="TEXT",
+        help="one per window, in order (repeat); each is appended to the main prompt for its window",
+    )
+    p.add_argument("--source-video", metavar="FILE", help="latent-mask editing: the video to edit (MP4/MOV)")
+    p.add_argument("--source-audio", metavar="FILE", help="latent-mask editing / lock_source: the audio (WAV/MP3)")
+    p.add_argument("--video-noise-mask", metavar="JSON", help="JSON text or a .json file: 1 = generate, 0 = keep")
+    p.add_argument("--audio-noise-mask", metavar="JSON", help="JSON text or a .json file on the audio latent grid")
+    p.add_argument("--audio-mode", choices=("native", "lock_source"), help="lock_source: the driving audio is kept")
+    p.add_argument(
+        "--start-time", type=float, action="append", metavar="SECONDS",
+        help="ref2va: trim reference videos before this time (once for all, or once per --ref-video, in order)",
+    )
+    p.add_argument("--extend", metavar="VIDEO", help="continue this video (--duration: the new part; --long-video)")
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
     p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
@@ -102,7 +122,36 @@ def _request_from_args(args: argparse.Namespace):
         image=_media(args.image, "image"),
         last_image=_media(args.last_image, "image"),
         references=tuple(_media(path, kind) for kind, path in (args.references or [])),
+        continuation_window_frames=args.window_frames,
+        continuation_overlap_frames=args.overlap_frames,
+        continuation_prompts=None if args.continuation_prompt is None else tuple(args.continuation_prompt),
+        source_video=_media(args.source_video, "video"),
+        source_audio=_media(args.source_audio, "audio"),
+        video_noise_mask=_mask(args.video_noise_mask, "--video-noise-mask"),
+        audio_noise_mask=_mask(args.audio_noise_mask, "--audio-noise-mask"),
+        audio_mode=args.audio_mode,
+        start_time_seconds=None if args.start_time is None else tuple(args.start_time),
+        extend_video=_media(args.extend, "video"),
+        long_video=True if args.extend else args.long_video,
+        long_video_mode="continuation" if args.extend else args.long_video_mode,
     )
+
+
+def _mask(text: str | None, flag: str):
+    """A mask from JSON text, or from a file holding it (a value that does not start like JSON is a path)."""
+    from h3serve.edit_mask import MaskError, parse_mask_json
+    from h3serve.validate import RequestError
+
+    if text is None:
+        return None
+    try:
+        if text.strip()[:1] in "[0123456789.-" and text.strip():
+            return parse_mask_json(text)
+        return parse_mask_json(Path(text).read_bytes())
+    except OSError as e:
+        raise RequestError(flag, f"cannot read {text}: {e.strerror}") from None
+    except MaskError as e:
+        raise RequestError(flag, str(e)) from None
 
 
 def _check_writable(flag: str, path: str | None) -> None:
@@ -128,6 +177,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.engine.planning import plan_request
     from h3serve.media.intake import MediaError
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.offload.startup import device_memory_of, long_request_refusal
     from h3serve.request import tasks_served
     from h3serve.validate import RequestError
 
@@ -142,11 +192,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         config = engine_config_from_args(args, model)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         plan = plan_request(_request_from_args(args), layout.defaults(), tasks)
+        refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
+        if refusal is not None:  # the planner's verdict, before a weight is read
+            return fail(f"duration: {refusal}")
     except (RequestError, MediaError, ConfigError, CheckpointError, ValueError) as e:
         return fail(str(e))
+    windows = f", {len(plan.windows)} continuation windows" if plan.windows else ""
     print(
         f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), {plan.steps} steps, "
-        f"seed {plan.seed}, model {model}",
+        f"seed {plan.seed}{windows}, model {model}",
         file=sys.stderr,
     )
     try:

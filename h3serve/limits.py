@@ -17,7 +17,7 @@ SPATIAL_MULTIPLE = VAE_SPATIAL_COMPRESSION * PATCH_SIZE[2]  # 32: both canvas ed
 
 # Request rules.
 MIN_DURATION_S = 4.0
-MAX_DURATION_S = 15.0
+MAX_DURATION_S = 15.0  # without long_video
 DEFAULT_DURATION_S = 5.0
 MIN_ASPECT_RATIO = 1 / 4
 MAX_ASPECT_RATIO = 4.0
@@ -65,3 +65,18 @@ REF_MAX_IMAGES = 9
 REF_MAX_VIDEOS = 3
 REF_MAX_AUDIOS = 3
 REF_TOTAL_MAX_S = 15.0  # per modality: all reference video clips together; all reference audio clips together
+
+# Long video (h3serve/long_video.py). The limits: one pass up to 30 s (long_video_mode=full), windowed
+# continuation up to 300 s. Windows and overlaps are frame counts on the 17n + 5 grid.
+MAX_FULL_DURATION_S = 30.0
+MAX_CONTINUATION_DURATION_S = 300.0
+DEFAULT_WINDOW_FRAMES = 277
+DEFAULT_OVERLAP_FRAMES = 22
+MIN_WINDOW_FRAMES = 107
+MAX_WINDOW_FRAMES = 345
+MIN_OVERLAP_FRAMES = 5
+
+# Latent-mask editing: sources and masks (JSON) as uploaded; a mask's JSON nesting depth stays below this.
+MAX_SOURCE_BYTES = 512 * 2**20
+MAX_MASK_BYTES = 8 * 2**20
+MAX_MASK_NESTING = 64

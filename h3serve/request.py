@@ -50,3 +50,23 @@ class GenerationRequest:
     last_image: MediaRef | None = None  # FL2VA last keyframe
     references: tuple[MediaRef, ...] = field(default_factory=tuple)  # Ref2VA images, videos, audio clips
     quality: str | None = None  # lossless (no DiT cache) | high (the built-in cache profile); None: the server's
+    # Long video (h3serve/long_video.py): long_video opts in; the mode is full (one pass, <= 30 s) or continuation
+    # (windows, <= 300 s, the Ref2VA path). continuation_prompts: one per window (see validate for the main prompt).
+    long_video: bool | None = None
+    long_video_mode: str | None = None
+    continuation_window_frames: int | None = None
+    continuation_overlap_frames: int | None = None
+    continuation_prompts: tuple[str, ...] | None = None
+    # Latent-mask editing (h3serve/edit_mask.py): sources, and masks as parsed JSON (a number or nested arrays);
+    # audio_mode lock_source holds one driving audio (source_audio, or the one audio reference) as the soundtrack.
+    source_video: MediaRef | None = None
+    source_audio: MediaRef | None = None
+    video_noise_mask: object = None
+    audio_noise_mask: object = None
+    audio_mode: str | None = None  # native | lock_source
+    # OpenAI extensions: continue this video (its last overlap frames are the first window's latent guide; the
+    # output is the video followed by the new part, duration_s long). remixed_from_video_id: provenance of a remix.
+    # Ref2VA reference videos trimmed before this time: one value for all, or one per video reference, in order.
+    start_time_seconds: float | tuple[float, ...] | None = None
+    extend_video: MediaRef | None = None
+    remixed_from_video_id: str | None = None

@@ -6,10 +6,13 @@ server answers HTTP 400 with the same text.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
+from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
+from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
 
 
@@ -51,6 +54,26 @@ class GenerationPlan:
     last_image: MediaRef | None = None
     references: tuple[MediaRef, ...] = ()
     quality: str | None = None  # DiT block cache policy (h3serve.accel.cache.profile_for)
+    long_video_mode: str | None = None  # None (<= 15 s), full (one pass) or continuation (windows)
+    windows: tuple[Window, ...] = ()  # continuation: the windows, in order
+    window_prompts: tuple[str, ...] = ()  # continuation: the text each window's encoder reads
+    # Latent-mask editing: the sources and the canonical masks (video (T, H, W), audio (2, A); 1 = generate).
+    source_video: MediaRef | None = None
+    source_audio: MediaRef | None = None  # an edit's audio source, or lock_source's driving audio
+    video_mask: LatentMask | None = None
+    audio_mask: LatentMask | None = None
+    audio_mode: str = "native"
+    extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
+    start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
+
+    @property
+    def continuation(self) -> bool:
+        return self.long_video_mode == "continuation"
+
+    @property
+    def edit(self) -> bool:
+        """Latent-mask editing (an all-1 mask is dropped, so a plan with none is plain generation)."""
+        return self.video_mask is not None or self.audio_mask is not None
 
     @property
     def keyframes(self) -> tuple[MediaRef, ...]:
@@ -86,14 +109,30 @@ def validate(
     request: GenerationRequest,
     defaults: ModelDefaults = ModelDefaults(),
     keyframe_size: tuple[int, int] | None = None,
+    extend_frames: int | None = None,
 ) -> GenerationPlan:
     """Check every rule and resolve every default. Raises `RequestError` on the first violation.
 
     `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
-    unless the request gives a size or an aspect ratio.
+    unless the request gives a size or an aspect ratio. `extend_frames`: the 24 fps frame count of an
+    extension's source video (measured by the caller).
     """
+    request = driving_audio_split(request)
     task = resolve_task(request)
+    mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
+    num_frames = _resolve_frames(request, mode)
+    quality = _check_quality(request.quality)
+    source_frames = _resolve_extension(request, mode, extend_frames)
+    if source_frames:  # the output is the source followed by the new part (a whole number of 17-frame chunks)
+        num_frames = source_frames + num_frames - limits.VAE_LATENTS_PER_CHUNK
+        if num_frames / limits.FPS > limits.MAX_CONTINUATION_DURATION_S:
+            raise RequestError(
+                "duration", f"the source ({source_frames / limits.FPS:.2f} s) and the extension together must be at "
+                f"most {limits.MAX_CONTINUATION_DURATION_S:g} s, got {num_frames / limits.FPS:.2f} s"
+            )
+    windows, prompts = _resolve_continuation(request, mode, num_frames, quality, source_frames)
+    masks = _resolve_edit(request, mode, num_frames, height, width)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -102,13 +141,117 @@ def validate(
         prompt=_check_prompt(request.prompt),
         width=width,
         height=height,
-        num_frames=_resolve_frames(request),
+        num_frames=num_frames,
         steps=_check_int("steps", request.steps, limits.MIN_STEPS, limits.MAX_STEPS, limits.DEFAULT_STEPS),
         seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
         flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
         audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
-        quality=_check_quality(request.quality),
+        quality=quality,
+        long_video_mode=mode,
+        windows=windows,
+        window_prompts=prompts,
+        source_video=request.source_video,
+        source_audio=request.source_audio,
+        video_mask=masks[0],
+        audio_mask=masks[1],
+        audio_mode=request.audio_mode or "native",
+        extend_video=request.extend_video,
+        start_times=resolve_start_times(request, task),
     )
+
+
+def resolve_start_times(request: GenerationRequest, task: str) -> tuple[float, ...]:
+    """`start_time_seconds` as a tuple of finite seconds >= 0; only for Ref2VA (it trims reference videos, not
+    an edit's source_video). Whether the count matches the video references is the media intake's check."""
+    value = request.start_time_seconds
+    if value is None:
+        return ()
+    if task != "ref2va":
+        raise RequestError("start_time_seconds", f"trims Ref2VA reference videos; this request is {task}")
+    values = value if isinstance(value, tuple | list) else (value,)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            raise RequestError("start_time_seconds", f"must be seconds >= 0 (one, or one per video), got {v!r}")
+    if not values:
+        raise RequestError("start_time_seconds", "must not be an empty list")
+    return tuple(float(v) for v in values)
+
+
+def _resolve_extension(request: GenerationRequest, mode: str | None, extend_frames: int | None) -> int:
+    """An extension's source length in frames, snapped down to 17n + 5 (0 without an extension)."""
+    if request.extend_video is None:
+        return 0
+    if mode != "continuation":
+        raise RequestError("extend_video", "an extension is a continuation (long_video_mode=continuation)")
+    if extend_frames is None:
+        raise RequestError("extend_video", "the source video's length was not measured")
+    block, rest = limits.VAE_FRAMES_PER_CHUNK, limits.VAE_LATENTS_PER_CHUNK
+    overlap = request.continuation_overlap_frames or limits.DEFAULT_OVERLAP_FRAMES
+    frames = (extend_frames - rest) // block * block + rest if extend_frames >= rest else 0
+    if frames <= overlap:
+        raise RequestError(
+            "extend_video", f"is {extend_frames} frames at {limits.FPS} fps; an extension needs more than the "
+            f"overlap ({overlap} frames)"
+        )
+    return frames
+
+
+AUDIO_MODES = ("native", "lock_source")
+
+
+def driving_audio_split(request: GenerationRequest) -> GenerationRequest:
+    """audio_mode=lock_source: the one driving audio as `source_audio` (an audio reference is taken out of the
+    references, so it does not make the request Ref2VA). Other requests are returned as they are."""
+    if request.audio_mode not in (None, *AUDIO_MODES):
+        raise RequestError("audio_mode", f"must be native or lock_source, got {request.audio_mode!r}")
+    if request.audio_mode != "lock_source":
+        return request
+    audio_refs = [r for r in request.references if r.kind == "audio"]
+    if len(audio_refs) + (request.source_audio is not None) != 1:
+        raise RequestError(
+            "audio_mode", "lock_source requires exactly one driving audio (source_audio, or one audio reference)"
+        )
+    if request.source_audio is not None:
+        return request
+    rest = tuple(r for r in request.references if r.kind != "audio")
+    return dataclasses.replace(request, references=rest, source_audio=audio_refs[0])
+
+
+def _resolve_edit(
+    request: GenerationRequest, mode: str | None, num_frames: int, height: int, width: int
+) -> tuple[LatentMask | None, LatentMask | None]:
+    """The canonical (video, audio) masks; the rules between sources, masks, continuation and lock_source."""
+    lock = request.audio_mode == "lock_source"
+    has_video_mask, has_audio_mask = request.video_noise_mask is not None, request.audio_noise_mask is not None
+    if not (has_video_mask or has_audio_mask):
+        if request.source_video is not None:
+            raise RequestError("source_video", "edit sources require video_noise_mask or audio_noise_mask")
+        if request.source_audio is not None and not lock:
+            raise RequestError("source_audio", "requires an audio_noise_mask (or audio_mode=lock_source)")
+    if mode == "continuation" and (has_video_mask or has_audio_mask):
+        field = "video_noise_mask" if has_video_mask else "audio_noise_mask"
+        raise RequestError(field, "continuation does not support latent-mask editing; use long_video_mode=full")
+    if has_video_mask and request.source_video is None:
+        raise RequestError("video_noise_mask", "requires source_video")
+    if has_audio_mask and request.source_video is None and request.source_audio is None:
+        raise RequestError("audio_noise_mask", "requires source_audio or source_video")
+    if has_audio_mask and lock:
+        raise RequestError(
+            "audio_noise_mask", "audio_mode=lock_source cannot be combined with audio latent-mask editing"
+        )
+    lt = geometry.latent_frames(num_frames)
+    lh, lw = height // limits.VAE_SPATIAL_COMPRESSION, width // limits.VAE_SPATIAL_COMPRESSION
+    at = geometry.audio_latents(num_frames)
+    try:
+        field = "video_noise_mask"
+        video = video_mask(request.video_noise_mask, lt, lh, lw) if has_video_mask else None
+        field = "audio_noise_mask"
+        audio = audio_mask(request.audio_noise_mask, at) if has_audio_mask else None
+    except MaskError as e:
+        raise RequestError(field, str(e)) from None
+    if lock:  # the driving audio is kept whole: an all-0 audio mask over its soundtrack
+        audio = audio_mask(0.0, at)
+    return video, audio
 
 
 def _check_quality(quality: str | None) -> str | None:
@@ -120,6 +263,9 @@ def _check_quality(quality: str | None) -> str | None:
 def resolve_task(request: GenerationRequest) -> str:
     """references -> ref2va, keyframes -> fl2va, else t2va; an explicit task must agree with the inputs."""
     has_keyframes = request.image is not None or request.last_image is not None
+    continuation = request.long_video is True and request.long_video_mode == "continuation"
+    if continuation and request.task is None and not has_keyframes:
+        return "ref2va"  # continuation runs on the Ref2VA path; its windows' latent guides are its references
     if has_keyframes and request.references:
         raise RequestError("references", "keyframes (image / last_image) and references cannot be combined")
     inferred = "ref2va" if request.references else "fl2va" if has_keyframes else "t2va"
@@ -131,7 +277,7 @@ def resolve_task(request: GenerationRequest) -> str:
     if task != inferred and inferred != "t2va":
         what = "references" if request.references else "keyframes"
         raise RequestError("task", f"{task} does not take {what}; this request is {inferred}")
-    if task == "ref2va" and not request.references:
+    if task == "ref2va" and not request.references and not continuation:
         raise RequestError("task", "ref2va needs at least one reference (image, video or audio)")
     if task == "fl2va" and not has_keyframes:
         raise RequestError("task", "fl2va needs a first and/or last keyframe image")
@@ -170,15 +316,111 @@ def _check_shift(field: str, value: object, default: float) -> float:
     return float(value)
 
 
-def _resolve_frames(request: GenerationRequest) -> int:
-    lo, hi = limits.MIN_DURATION_S, limits.MAX_DURATION_S
+_CONTINUATION_FIELDS = ("continuation_window_frames", "continuation_overlap_frames", "continuation_prompts")
+
+
+def resolve_long_video_mode(request: GenerationRequest, task: str) -> str | None:
+    """None without `long_video`; else the mode (default: continuation for ref2va, full otherwise)."""
+    long_video, mode = request.long_video, request.long_video_mode
+    if long_video is not None and not isinstance(long_video, bool):
+        raise RequestError("long_video", f"must be a boolean, got {long_video!r}")
+    if mode is not None and mode not in MODES:
+        raise RequestError("long_video_mode", f"must be full or continuation, got {mode!r}")
+    if not long_video:
+        if mode is not None:
+            raise RequestError("long_video_mode", "needs long_video=true")
+        mode = None
+    elif mode is None:
+        mode = "continuation" if task == "ref2va" else "full"
+    if mode == "continuation" and task != "ref2va":
+        raise RequestError(
+            "long_video_mode", f"continuation requires Ref2VA request execution (task ref2va); this request is {task}"
+        )
+    if mode != "continuation":
+        for name in _CONTINUATION_FIELDS:
+            if getattr(request, name) is not None:
+                raise RequestError(name, "only with long_video=true and long_video_mode=continuation")
+    return mode
+
+
+def _duration_hint(mode: str | None) -> str:
+    if mode is None:
+        return (
+            f" (long_video=true allows up to {limits.MAX_FULL_DURATION_S:g} s in one pass, "
+            f"{limits.MAX_CONTINUATION_DURATION_S:g} s by continuation)"
+        )
+    return f" (long_video_mode={mode})"
+
+
+def _resolve_continuation(
+    request: GenerationRequest, mode: str | None, num_frames: int, quality: str | None, source_frames: int = 0
+) -> tuple[tuple[Window, ...], tuple[str, ...]]:
+    """The windows and each window's prompt. The main prompt describes the whole video and is kept in every
+    window; `continuation_prompts[i]` (if given) is appended to it, after a space, for window i. An extension's
+    window 0 is its source: the prompts are then for the generated windows only."""
+    if mode != "continuation":
+        return (), ()
+    if quality == "high":
+        raise RequestError("quality", "continuation requires uncached denoising; set quality=lossless")
+    sizes = {}
+    for name, default in (
+        ("continuation_window_frames", limits.DEFAULT_WINDOW_FRAMES),
+        ("continuation_overlap_frames", limits.DEFAULT_OVERLAP_FRAMES),
+    ):
+        value = getattr(request, name)
+        value = default if value is None else value
+        if not on_frame_grid(value):
+            what = name.split("_")[1]
+            raise RequestError(
+                name, f"the continuation {what} must be an integer on the 17n+5 frame grid, got {value!r}"
+            )
+        sizes[name] = value
+    window, overlap = sizes["continuation_window_frames"], sizes["continuation_overlap_frames"]
+    if not window_fits(window, overlap):
+        only_overlap_given = request.continuation_window_frames is None
+        field = "continuation_overlap_frames" if only_overlap_given else "continuation_window_frames"
+        raise RequestError(
+            field,
+            f"the continuation window must be {limits.MIN_WINDOW_FRAMES}..{limits.MAX_WINDOW_FRAMES} frames and "
+            f"exceed its overlap, got window {window} and overlap {overlap}",
+        )
+    windows = plan_windows(num_frames, window, overlap, source_frames or None)
+    generated = len(windows) - (1 if source_frames else 0)
+    prompts = request.continuation_prompts
+    if prompts is None:
+        return windows, (request.prompt,) * len(windows)
+    if (
+        not isinstance(prompts, tuple | list)
+        or len(prompts) != generated
+        or not all(isinstance(p, str) and p.strip() for p in prompts)
+    ):
+        count = len(prompts) if isinstance(prompts, tuple | list) else prompts
+        raise RequestError(
+            "continuation_prompts",
+            f"must contain exactly {generated} non-empty strings (one per generated window of {num_frames} "
+            f"frames), got {count!r}",
+        )
+    combined = tuple(f"{request.prompt} {p}" for p in prompts)
+    for i, text in enumerate(combined):
+        if len(text) > limits.MAX_PROMPT_CHARS:
+            raise RequestError(
+                f"continuation_prompts[{i}]",
+                f"with the main prompt is {len(text)} characters long; the limit is {limits.MAX_PROMPT_CHARS}",
+            )
+    return windows, (request.prompt,) * (len(windows) - generated) + combined
+
+
+def _resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:
+    lo, hi = limits.MIN_DURATION_S, max_duration_s(mode)
     frames_from_duration = None
     if request.duration_s is not None:
         d = request.duration_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
             raise RequestError("duration", f"must be a number of seconds, got {d!r}")
         if not lo <= d <= hi:
-            raise RequestError("duration", f"must be between {lo:g} and {hi:g} seconds, got {d:g}")
+            raise RequestError(
+                "duration", f"must be between {lo:g} and {hi:g} seconds{_duration_hint(mode)}, got {d:g}"
+            )
         frames_from_duration = geometry.frames_for_duration(d)
     if request.num_frames is None:
         return frames_from_duration or geometry.frames_for_duration(limits.DEFAULT_DURATION_S)
@@ -190,7 +432,8 @@ def _resolve_frames(request: GenerationRequest) -> int:
     if not lo_frames <= n <= hi_frames:
         raise RequestError(
             "num_frames",
-            f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps), got {n}",
+            f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps)"
+            f"{_duration_hint(mode)}, got {n}",
         )
     snapped = geometry.snap_frames_up(n)
     if frames_from_duration is not None and frames_from_duration != snapped:

@@ -101,6 +101,8 @@ def test_raw_arrays_are_what_went_into_the_mp4(outputs):
         (["--image", "/nonexistent.png"], "image"),
         (["--flow-shift", "1e6"], "flow_shift: must be greater than 0 and at most 100"),
         (["--crf", "99"], "crf"),
+        (["--long-video", "--duration", "31"], "duration: must be between 4 and 30 seconds (long_video_mode=full)"),
+        (["--video-noise-mask", "[0.5"], "--video-noise-mask: contains invalid JSON or is nested too deeply"),
         (["--save-raw", "/nonexistent-dir/raw.npz"], "--save-raw: folder /nonexistent-dir does not exist"),
         (["--diffusion-attention-config", '{"default": "FLASH_ATTN"}'], "--diffusion-attention-config: default"),
     ],

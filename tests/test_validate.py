@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from h3serve import geometry
-from h3serve.request import GenerationRequest
+from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import ModelDefaults, RequestError, validate
 
 
@@ -163,3 +165,149 @@ def test_keyframe_aspect_sets_the_canvas():
     assert (sized.width, sized.height) == (512, 256)
     # T2VA ignores a keyframe size: the canvas stays 16:9.
     assert validate(GenerationRequest(prompt="x"), keyframe_size=(9, 16)).width == 1344
+
+
+# -- long video (h3serve/long_video.py) ------------------------------------------------------------------------
+
+
+def _cont(**kw):
+    return {"long_video": True, "long_video_mode": "continuation", **kw}
+
+
+def test_long_video_duration_caps():
+    assert "long_video=true allows up to 30 s" in bad("duration", duration_s=16)
+    full = ok(long_video=True, duration_s=30)
+    assert (full.long_video_mode, full.num_frames, full.windows) == ("full", 736, ())
+    assert "between 4 and 30 seconds (long_video_mode=full)" in bad("duration", long_video=True, duration_s=30.5)
+    assert ok(long_video=True, num_frames=720).num_frames == 736
+    assert "long_video_mode=full" in bad("num_frames", long_video=True, num_frames=721)
+    plan = ok(**_cont(duration_s=300))
+    assert (plan.task, plan.num_frames, len(plan.windows)) == ("ref2va", 7213, 29)
+    assert "between 4 and 300 seconds (long_video_mode=continuation)" in bad("duration", **_cont(duration_s=301))
+    assert "between 4 and 300" in bad("duration", **_cont(duration_s=3))
+    assert ok(long_video=False, duration_s=15).long_video_mode is None
+
+
+def test_long_video_option_types_and_modes():
+    assert "must be a boolean" in bad("long_video", long_video="yes")
+    assert "must be full or continuation" in bad("long_video_mode", long_video=True, long_video_mode="sliding")
+    assert "needs long_video=true" in bad("long_video_mode", long_video_mode="full")
+    msg = bad("long_video_mode", long_video=True, long_video_mode="continuation", task="t2va")
+    assert "continuation requires Ref2VA request execution" in msg and "t2va" in msg
+    assert "only with long_video=true and long_video_mode=continuation" in bad(
+        "continuation_window_frames", long_video=True, continuation_window_frames=277
+    )
+    assert "only with" in bad("continuation_prompts", continuation_prompts=("a",))
+
+
+def test_continuation_defaults_and_window_options():
+    plan = ok(**_cont(duration_s=40))
+    assert [(w.start, w.end) for w in plan.windows] == [(0, 277), (255, 532), (510, 787), (765, 974)]
+    assert plan.window_prompts == ("a cat",) * 4 and plan.continuation
+    plan = ok(**_cont(duration_s=40, continuation_window_frames=345, continuation_overlap_frames=39))
+    assert [w.start for w in plan.windows] == [0, 306, 612, 918]
+    for field, value in (("continuation_window_frames", 276), ("continuation_overlap_frames", True),
+                         ("continuation_overlap_frames", 0), ("continuation_window_frames", "277")):
+        assert "must be an integer on the 17n+5 frame grid" in bad(field, **_cont(**{field: value}))
+    assert "must be 107..345 frames and exceed its overlap" in bad(
+        "continuation_window_frames", **_cont(continuation_window_frames=362)
+    )
+    assert "exceed its overlap" in bad("continuation_overlap_frames", **_cont(continuation_overlap_frames=277))
+    assert "uncached denoising; set quality=lossless" in bad("quality", **_cont(quality="high"))
+    assert ok(**_cont(quality="lossless")).quality == "lossless"
+
+
+def test_continuation_prompts_one_per_window_main_prompt_kept():
+    plan = ok(**_cont(duration_s=40, prompt="a beach", continuation_prompts=("dawn", "noon", "dusk", "night")))
+    assert plan.window_prompts == ("a beach dawn", "a beach noon", "a beach dusk", "a beach night")
+    assert plan.prompt == "a beach"
+    msg = bad("continuation_prompts", **_cont(duration_s=40, continuation_prompts=("a", "b", "c")))
+    assert "must contain exactly 4 non-empty strings" in msg
+    bad("continuation_prompts", **_cont(duration_s=40, continuation_prompts=("a", "b", " ", "d")))
+    long = "x" * 3600
+    assert "the limit is 7000" in bad("continuation_prompts[1]", **_cont(
+        prompt=long, duration_s=20, continuation_prompts=("a", long)))
+
+
+# -- latent-mask editing (h3serve/edit_mask.py) -----------------------------------------------------------------
+
+SRC_V, SRC_A = MediaRef(Path("/src.mp4"), "src.mp4", "video"), MediaRef(Path("/src.wav"), "src.wav", "audio")
+EDIT = {"width": 64, "height": 32, "duration_s": 4}  # latent grid (32, 2, 4), 178 audio latents
+
+
+def test_mask_shapes_on_the_latent_grid():
+    plan = ok(source_video=SRC_V, video_noise_mask=0.25, **EDIT)
+    assert plan.edit and plan.video_mask.shape == (32, 2, 4) and set(plan.video_mask.array().flat) == {0.25}
+    tokens = [[[1.0, 0.0]] for _ in range(32)]  # (32, 1, 2) token grid -> upsampled 2x2
+    grid = ok(source_video=SRC_V, video_noise_mask=tokens, **EDIT).video_mask.array()
+    assert grid[:, :, :2].min() == 1 and grid[:, :, 2:].max() == 0
+    flat = ok(source_video=SRC_V, video_noise_mask=[0.5] * 64, **EDIT).video_mask.array()
+    assert flat.shape == (32, 2, 4) and flat.min() == 0.5
+    full = [[[0.0, 0.5, 1.0, 1.0]] * 2] * 32
+    assert ok(source_video=SRC_V, video_noise_mask=[full], **EDIT).video_mask.array()[0, 1, 1] == 0.5  # squeezed
+    assert ok(source_video=SRC_V, video_noise_mask=1, **EDIT).video_mask is None  # all-1: dropped
+    assert ok(source_audio=SRC_A, audio_noise_mask=[0.0] * 178, **EDIT).audio_mask.shape == (2, 178)
+    assert ok(source_audio=SRC_A, audio_noise_mask=[[0.0] * 178, [1.0] * 178], **EDIT).audio_mask.array()[1, 0] == 1
+    assert ok(source_video=SRC_V, audio_noise_mask=[0.5] * 356, **EDIT).audio_mask.array()[1, 177] == 0.5
+
+
+def test_mask_refusals_name_the_field():
+    assert "must not contain booleans" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[True], **EDIT)
+    assert "non-empty and finite" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[], **EDIT)
+    bad("video_noise_mask", source_video=SRC_V, video_noise_mask=float("nan"), **EDIT)
+    assert "values must be in [0, 1]" in bad("audio_noise_mask", source_audio=SRC_A, audio_noise_mask=1.5, **EDIT)
+    msg = bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[0.5] * 63, **EDIT)
+    assert "shape must be a scalar, (64,) flat, (32, 1, 2) tokens or (32, 2, 4)" in msg and "got (63,)" in msg
+    assert "ragged" in bad("video_noise_mask", source_video=SRC_V, video_noise_mask=[[0.1], [0.1, 0.2]], **EDIT)
+    assert "(2, 178)" in bad("audio_noise_mask", source_audio=SRC_A, audio_noise_mask=[0.1] * 177, **EDIT)
+
+
+def test_edit_rules():
+    assert "edit sources require video_noise_mask or audio_noise_mask" in bad("source_video", source_video=SRC_V)
+    assert "requires an audio_noise_mask" in bad("source_audio", source_audio=SRC_A)
+    assert "requires source_video" in bad("video_noise_mask", video_noise_mask=0.5)
+    assert "requires source_audio or source_video" in bad("audio_noise_mask", audio_noise_mask=0.5)
+    msg = bad("video_noise_mask", source_video=SRC_V, video_noise_mask=0.5, long_video=True,
+              long_video_mode="continuation", task="ref2va")
+    assert "continuation does not support latent-mask editing; use long_video_mode=full" in msg
+    assert ok(source_video=SRC_V, video_noise_mask=0.5, long_video=True, duration_s=30).video_mask.shape[0] == 217
+
+
+def test_audio_mode_lock_source():
+    assert "must be native or lock_source" in bad("audio_mode", audio_mode="loop")
+    plan = ok(audio_mode="lock_source", source_audio=SRC_A, **EDIT)
+    assert plan.source_audio == SRC_A and plan.audio_mask.shape == (2, 178) and plan.audio_mask.array().max() == 0
+    assert (plan.task, plan.audio_mode, plan.video_mask) == ("t2va", "lock_source", None)
+    ref = MediaRef(Path("/drum.wav"), "drum.wav", "audio")
+    plan = ok(audio_mode="lock_source", references=(ref,), **EDIT)  # taken out of the references: still t2va
+    assert (plan.task, plan.references, plan.source_audio) == ("t2va", (), ref)
+    assert "exactly one driving audio" in bad("audio_mode", audio_mode="lock_source")
+    assert "exactly one driving audio" in bad("audio_mode", audio_mode="lock_source", source_audio=SRC_A,
+                                              references=(ref,))
+    assert "cannot be combined with audio latent-mask editing" in bad(
+        "audio_noise_mask", audio_mode="lock_source", source_audio=SRC_A, audio_noise_mask=0.5)
+
+
+def test_extension_plan_source_then_new_part():
+    src = MediaRef(Path("/src.mp4"), "src.mp4", "video")
+    request = GenerationRequest(prompt="on", extend_video=src, duration_s=4, long_video=True,
+                                long_video_mode="continuation", continuation_prompts=("and on",))
+    plan = validate(request, extend_frames=150)  # 150 frames -> 141 on the grid, then 102 new frames
+    assert (plan.task, plan.num_frames, plan.extend_video) == ("ref2va", 243, src)
+    assert [(w.start, w.end) for w in plan.windows] == [(0, 141), (119, 243)]
+    assert plan.window_prompts == ("on", "on and on")
+    with pytest.raises(RequestError, match="more than the overlap"):
+        validate(request, extend_frames=30)
+    with pytest.raises(RequestError, match="at most 300 s"):
+        validate(GenerationRequest(prompt="x", extend_video=src, duration_s=290, long_video=True,
+                                   long_video_mode="continuation"), extend_frames=24 * 20)
+    with pytest.raises(RequestError, match="an extension is a continuation"):
+        validate(GenerationRequest(prompt="x", extend_video=src), extend_frames=150)
+
+
+def test_start_time_seconds_only_for_ref2va():
+    ref = MediaRef(Path("/r.mp4"), "r.mp4", "video")
+    assert ok(references=(ref,), start_time_seconds=1.5).start_times == (1.5,)
+    assert ok(references=(ref, ref), start_time_seconds=(0, 2)).start_times == (0.0, 2.0)
+    assert "trims Ref2VA reference videos; this request is t2va" in bad("start_time_seconds", start_time_seconds=1)
+    assert "must be seconds >= 0" in bad("start_time_seconds", references=(ref,), start_time_seconds=-1)

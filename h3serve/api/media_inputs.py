@@ -18,8 +18,9 @@ from typing import BinaryIO
 
 from starlette.datastructures import UploadFile
 
+from h3serve import limits
 from h3serve.api.errors import APIError
-from h3serve.api.request_fields import MediaSource
+from h3serve.api.request_fields import SOURCE_FIELDS, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES
 from h3serve.media.raw import atomic_output
@@ -38,7 +39,9 @@ class StoredMedia:
     kind: MediaKind | None  # from the bytes when recognisable, else as declared
 
 
-def _limit(kind: MediaKind | None) -> int:
+def _limit(kind: MediaKind | None, field: str = "") -> int:
+    if field in SOURCE_FIELDS:
+        return limits.MAX_SOURCE_BYTES  # latent-mask editing sources
     return BYTE_LIMITS[kind] if kind else max(BYTE_LIMITS.values())
 
 
@@ -54,10 +57,11 @@ def _file_name(index: int, client_name: str) -> str:
 
 
 def _too_large(source: MediaSource, kind: MediaKind | None, size: int) -> APIError:
-    what = f"{kind} files" if kind else "media files"
+    what = "edit sources" if source.field in SOURCE_FIELDS else f"{kind} files" if kind else "media files"
     return APIError(
         413,
-        f"{source.field}: {size / 2**20:.1f} MiB is over the {_limit(kind) // 2**20} MiB limit for {what}.",
+        f"{source.field}: {size / 2**20:.1f} MiB is over the {_limit(kind, source.field) // 2**20} MiB limit for "
+        f"{what}.",
         "file_too_large",
         source.field,
     )
@@ -75,7 +79,7 @@ async def _store_upload(index: int, source: MediaSource, upload: UploadFile, fol
     fmt = identify(await upload.read(HEAD_BYTES))
     kind = fmt.kind if fmt else declared
     size = upload.size or 0
-    if size > _limit(kind):
+    if size > _limit(kind, source.field):
         raise _too_large(source, kind, size)
     name = upload.filename or "upload"
     dest = folder / _file_name(index, name)
@@ -99,14 +103,14 @@ async def _store_url(
     name = url[: url.find(",")] + ",..." if url.startswith("data:") else url
     dest = folder / _file_name(index, _url_file_name(url))
     try:
-        media_type = await fetcher.fetch(url, dest, _limit(source.kind), deadline)
+        media_type = await fetcher.fetch(url, dest, _limit(source.kind, source.field), deadline)
     except MediaFetchError as e:
         status, code = (413, "file_too_large") if e.too_large else (400, "invalid_media_url")
         raise APIError(status, f"{source.field}: {e}", code, source.field) from None
     fmt = identify(await asyncio.to_thread(read_head, dest))
     kind = fmt.kind if fmt else source.kind or _declared_kind(media_type)
     size = (await asyncio.to_thread(dest.stat)).st_size
-    if size > _limit(kind):
+    if size > _limit(kind, source.field):
         raise _too_large(source, kind, size)
     return StoredMedia(source, MediaRef(path=dest, name=name, kind=source.kind), kind)
 

@@ -12,9 +12,11 @@ and [0, -1] for two.
 
 from __future__ import annotations
 
+import dataclasses
+
 from h3serve.api.errors import bad_request
 from h3serve.api.media_inputs import StoredMedia
-from h3serve.api.request_fields import ParsedFields
+from h3serve.api.request_fields import SOURCE_FIELDS, ParsedFields
 from h3serve.request import GenerationRequest, MediaRef
 
 FIRST, LAST = 0, -1
@@ -49,6 +51,10 @@ def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef
 
 
 def build_request(parsed: ParsedFields, media: list[StoredMedia]) -> GenerationRequest:
+    sources = {m.source.field: m.ref for m in media if m.source.field in SOURCE_FIELDS}
+    if sources:
+        media = [m for m in media if m.source.field not in SOURCE_FIELDS]
+        parsed = dataclasses.replace(parsed, values={**parsed.values, **sources})
     if keyframes_requested(parsed.values.get("task"), media):
         image, last_image = _keyframes(parsed, media) if media else (None, None)
         return GenerationRequest(**parsed.values, image=image, last_image=last_image)
@@ -63,4 +69,5 @@ def media_aliases(request: GenerationRequest, media: list[StoredMedia]) -> dict[
     source_of = {id(m.ref): m.source.field for m in media}
     named = [("image", request.image), ("last_image", request.last_image)]
     named += [(f"references[{i}]", ref) for i, ref in enumerate(request.references)]
+    named += [(name, getattr(request, name)) for name in SOURCE_FIELDS]
     return {name: source_of[id(ref)] for name, ref in named if ref is not None and id(ref) in source_of}

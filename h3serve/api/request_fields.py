@@ -1,7 +1,9 @@
 """The create request's fields, with vLLM-Omni's names and meanings, read into typed values.
 
 Top-level fields: prompt, model, seconds, size, width, height, num_frames, fps, aspect_ratio,
-num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, extra_params, and the media fields
+num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, extra_params, the long video options
+(long_video, long_video_mode, continuation_window_frames, continuation_overlap_frames, continuation_prompts;
+also accepted in extra_params, which wins), and the media fields
 input_reference, input_references, image_reference, video_reference, audio_reference.
 `extra_params` keys win over top-level fields (as in vLLM-Omni): task, duration, duration_seconds,
 aspect_ratio, flow_shift, audio_flow_shift, frame_indices, frame_index, and `target` {duration_seconds,
@@ -10,6 +12,7 @@ aspect_ratio, frame_indices}. Anything else is refused with a 400 that names it.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +32,15 @@ from h3serve.api.coerce import (
     reject_unknown,
 )
 from h3serve.api.errors import bad_request
-from h3serve.api.request_model import SCALAR_FIELDS, ExtraParams, Target, coerce_fields
+from h3serve.api.request_model import (
+    SCALAR_FIELDS,
+    EditOptions,
+    ExtraParams,
+    LongVideoFields,
+    Target,
+    coerce_fields,
+)
+from h3serve.edit_mask import MaskError, parse_mask_json
 from h3serve.request import MediaKind
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
@@ -42,8 +53,14 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "image_reference": ("image", "image_url"),
     "video_reference": ("video", "video_url"),
     "audio_reference": ("audio", "audio_url"),
+    "source_video": ("video", "video_url"),  # latent-mask editing sources (512 MiB each)
+    "source_audio": ("audio", "audio_url"),
 }
+SOURCE_FIELDS = ("source_video", "source_audio")
+MASK_FIELDS = ("video_noise_mask", "audio_noise_mask")  # JSON: a file upload, a form field, or a JSON value
 EXTRA_KEYS = tuple(ExtraParams.model_fields)
+LONG_VIDEO_KEYS = (*LongVideoFields.model_fields, *EditOptions.model_fields)
+LIST_FIELDS = ("continuation_prompts", "start_time_seconds")  # lists: repeated form fields or `name[]` parts
 TARGET_KEYS = tuple(Target.model_fields)
 # vLLM-Omni fields this server refuses, with the reason (instead of ignoring them silently).
 UNSUPPORTED: dict[str, str] = {
@@ -54,7 +71,6 @@ UNSUPPORTED: dict[str, str] = {
     "boundary_ratio": "a Wan2.2 option",
     "lora": "per-request LoRA is not supported",
     "short_edge": "the canvas follows the checkpoint; use size or aspect_ratio",
-    "start_time_seconds": "reference trimming is not supported",
     "generate_sound": "MiniMax-H3 always generates audio",
     "sound_duration": "the audio always matches the video",
 }
@@ -112,8 +128,8 @@ def _check_field_names(body: RequestBody) -> None:
         reasons = "; ".join(f"{n}: {UNSUPPORTED[n]}" for n in unsupported)
         raise bad_request(f"Unsupported field{'s' if len(unsupported) > 1 else ''}: {reasons}.", unsupported[0],
                           "unsupported_field")
-    reject_unknown([n for n in names if n not in SCALAR_FIELDS and n not in MEDIA_FIELDS])
-    uploads_in_text = sorted(set(body.uploads) - set(MEDIA_FIELDS))
+    reject_unknown([n for n in names if n not in SCALAR_FIELDS and n not in MEDIA_FIELDS and n not in MASK_FIELDS])
+    uploads_in_text = sorted(set(body.uploads) - set(MEDIA_FIELDS) - set(MASK_FIELDS))
     if uploads_in_text:
         raise bad_request(f"{uploads_in_text[0]}: a file upload is not accepted here", uploads_in_text[0])
 
@@ -123,7 +139,7 @@ def parse_fields(body: RequestBody) -> ParsedFields:
     _check_field_names(body)
     _extra_params(body.fields)  # unknown keys are named before any value is checked
     for name in SCALAR_FIELDS:
-        if isinstance(body.fields.get(name), list):  # a form field sent twice (JSON refuses duplicate keys)
+        if name not in LIST_FIELDS and isinstance(body.fields.get(name), list):  # a form field sent twice
             raise bad_request(f"{name}: given more than once", name)
     f = {**body.fields, **coerce_fields(body.fields)}  # typed and range-checked by the one request model
     extra, target = _extra_params(f)
@@ -193,6 +209,16 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         values["audio_flow_shift"] = as_number(extra["audio_flow_shift"], "extra_params.audio_flow_shift")
         aliases["audio_flow_shift"] = "extra_params.audio_flow_shift"
 
+    for name in LONG_VIDEO_KEYS:  # extra_params wins over the top level, as for every other option
+        found = _first((f"extra_params.{name}", extra.get(name)), (name, f.get(name)))
+        if found is not None:
+            values[name] = tuple(found[1]) if isinstance(found[1], list) else found[1]
+            aliases[name] = found[0]
+
+    for name in MASK_FIELDS:
+        if name in body.fields or name in body.uploads:
+            values[name] = _mask(body, name)
+
     if "task" in extra:  # validate checks the value: one of t2va, fl2va, ref2va, agreeing with the media
         values["task"] = as_text(extra["task"], "extra_params.task")
         aliases["task"] = "extra_params.task"
@@ -210,6 +236,26 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         seconds=seconds_label,
         aliases=aliases,
     )
+
+
+def _mask(body: RequestBody, name: str) -> Any:
+    """A mask's JSON value: from an uploaded JSON file, a form field's JSON text, or a JSON body's value."""
+    uploads = body.uploads.get(name, [])
+    if len(uploads) + (name in body.fields) > 1:
+        raise bad_request(f"{name}: given more than once", name)
+    try:
+        if uploads:
+            upload = uploads[0]
+            if (upload.size or 0) > limits.MAX_MASK_BYTES:
+                raise MaskError(f"JSON exceeds the {limits.MAX_MASK_BYTES // 2**20} MiB limit")
+            upload.file.seek(0)
+            return parse_mask_json(upload.file.read(limits.MAX_MASK_BYTES + 1))
+        value = body.fields[name]
+        if isinstance(value, str):
+            return parse_mask_json(value)
+        return parse_mask_json(json.dumps(value))  # a JSON body's value: the same size and nesting rules
+    except MaskError as e:
+        raise bad_request(f"{name}: {e}", name) from None
 
 
 # -- media fields ---------------------------------------------------------------------------------------------

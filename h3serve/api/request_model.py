@@ -21,9 +21,13 @@ _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 _MIN_EDGE = limits.SPATIAL_MULTIPLE
 _MAX_EDGE = 4096  # ModelDefaults.max_edge of the released checkpoint; a smaller one is a documented rule
-_LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(limits.MAX_DURATION_S * limits.FPS)
+# The schema's bounds are the longest mode's (continuation); the per-mode caps are a cross-field rule.
+_MAX_S = limits.MAX_CONTINUATION_DURATION_S
+_LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * limits.FPS)
 
-Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=limits.MAX_DURATION_S, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_nan=False)]
+StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
+GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
 Ratio = Annotated[str, Field(pattern=r"^\s*[1-9]\d{0,2}(\.\d{1,3})?\s*[:xX/]\s*[1-9]\d{0,2}(\.\d{1,3})?\s*$")]
 Edge = Annotated[int, Field(ge=_MIN_EDGE, le=_MAX_EDGE)]
@@ -42,6 +46,12 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "media_mix": "input_reference(s) stand alone (not with image_reference or video_reference); 12 files at most",
     "media": "media must be fetchable and decode as the declared kind within the model card's limits",
     "prompt": "the prompt must hold non-whitespace, valid Unicode text",
+    "long_video": "durations: 4-15 s, with long_video=true up to 30 s (long_video_mode=full) or 300 s "
+    "(continuation, ref2va only); continuation_* only with continuation: window and overlap on the 17n+5 grid, "
+    "window 107..345 frames and longer than the overlap, one continuation prompt per window, not with quality=high",
+    "edit": "source_video / source_audio need a video_noise_mask / audio_noise_mask (masks in [0, 1] on the latent "
+    "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask; "
+    "start_time_seconds only for ref2va, one value or one per video reference, inside each video with 2 s after",
 }
 
 
@@ -55,7 +65,39 @@ class Target(_Strict):
     frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
 
 
-class ExtraParams(_Strict):
+class LongVideoFields(_Strict):
+    """Long video options (h3serve/long_video.py), accepted at the top level and in extra_params."""
+
+    long_video: bool | None = Field(None, description="allow up to 30 s (full) or 300 s (continuation)")
+    long_video_mode: Literal["full", "continuation"] | None = Field(
+        None, description="full: one pass; continuation: overlapping windows (default for ref2va)"
+    )
+    continuation_window_frames: GridFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
+    continuation_overlap_frames: GridFrames | None = Field(None, description="17n+5, below the window (default 22)")
+    continuation_prompts: Annotated[list[str], Field(min_length=1, max_length=200)] | None = Field(
+        None, description="one per window, each appended to the main prompt for its window"
+    )
+
+    @field_validator("continuation_prompts", mode="before")
+    @classmethod
+    def _json_list(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [value]  # one window's prompt as a plain form field
+        return as_json(value, "continuation_prompts")  # a form field carries the list as JSON text
+
+
+class EditOptions(_Strict):
+    """Latent-mask editing options besides the uploads (source_video, source_audio, *_noise_mask: media fields)."""
+
+    audio_mode: Literal["native", "lock_source"] | None = Field(
+        None, description="lock_source: the one driving audio (source_audio or an audio reference) is the soundtrack"
+    )
+    start_time_seconds: StartTime | Annotated[list[StartTime], Field(min_length=1, max_length=3)] | None = Field(
+        None, description="ref2va: trim reference videos before this time (one, or one per video)"
+    )
+
+
+class ExtraParams(LongVideoFields, EditOptions):
     task: Literal["t2va", "fl2va", "ref2va"] | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
@@ -67,12 +109,14 @@ class ExtraParams(_Strict):
     target: Target | None = None
 
 
-class VideoCreateFields(_Strict):
+class VideoCreateFields(LongVideoFields, EditOptions):
     """The scalar fields of POST /v1/videos (and /sync)."""
 
     prompt: Annotated[str, Field(min_length=1, max_length=limits.MAX_PROMPT_CHARS, pattern=r"\S")]
     model: str | None = None
-    seconds: Seconds | None = Field(None, description="4 to 15; snapped up to a 17n+5 frame count")
+    seconds: Seconds | None = Field(
+        None, description="4 to 15 (30 or 300 with long_video); snapped up to a 17n+5 frame count"
+    )
     size: Annotated[str, Field(pattern=r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$")] | None = Field(
         None, description="WIDTHxHEIGHT; each edge floored to a multiple of 32 (1280x720 -> 1280x704)"
     )
@@ -158,4 +202,6 @@ def coerce_fields(fields: dict[str, Any]) -> dict[str, Any]:
 
 def _is_union_tag(part: Any) -> bool:
     """pydantic names union members in error locations (`list[...]`, `literal[...]`): not field names."""
-    return isinstance(part, str) and ("[" in part or part in ("int", "float", "str", "bool"))
+    return isinstance(part, str) and (
+        "[" in part or part in ("int", "float", "str", "bool") or part.startswith("constrained-")
+    )

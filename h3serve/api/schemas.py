@@ -56,6 +56,7 @@ class Video(BaseModel):
             prompt=_text(job.request.prompt),
             size=_text(job.size),
             seconds=_text(job.seconds),
+            remixed_from_video_id=job.request.remixed_from_video_id,
             error=None if job.error is None else VideoError(code=job.error.code, message=_text(job.error.message)),
             num_frames=job.num_frames,
             fps=job.fps,

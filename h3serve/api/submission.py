@@ -6,6 +6,8 @@ already stored. Blocking work (file copies, SQLite, media checks) runs in the th
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
@@ -20,10 +22,11 @@ from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
 from h3serve.engine.jobs import Job, QueueFull, ShuttingDown, new_job_id
 from h3serve.engine.planning import plan_request
 from h3serve.media.intake import MediaError
+from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
 
 
-def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
+def queue_error(err: QueueFull | ShuttingDown) -> APIError:
     if isinstance(err, ShuttingDown):
         return APIError(503, "The server is shutting down; retry later.", "shutting_down")
     return APIError(
@@ -49,7 +52,7 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
         try:
             await run_in_threadpool(ctx.manager.check_capacity)  # before spending time on uploads
         except (QueueFull, ShuttingDown) as e:
-            raise _queue_error(e) from None
+            raise queue_error(e) from None
         body = await read_body(request, ctx.config.max_body_bytes)
         parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
@@ -74,6 +77,19 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
         media = await store_media(parsed.media, folder, ctx.fetcher)
     generation_request = build_request(parsed, media)
     aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
+    return await queue_request(job_id, generation_request, aliases, lambda plan: _seconds_label(parsed, plan), ctx,
+                               sync)
+
+
+async def queue_request(
+    job_id: str,
+    generation_request: GenerationRequest,
+    aliases: dict[str, str],
+    seconds_label: Callable[[GenerationPlan], str],
+    ctx: ServerContext,
+    sync: bool = False,
+) -> Job:
+    """Plan (4xx naming the client's field), check the cost, and queue the job. Media must be stored already."""
     try:
         plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults, ctx.manager.tasks)
     except RequestError as e:
@@ -86,10 +102,10 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     except TooCostly as e:
         raise bad_request(str(e), None, "request_too_costly") from None
     job = Job.planned(
-        job_id, ctx.config.served_model_name, generation_request, plan, _seconds_label(parsed, plan),
+        job_id, ctx.config.served_model_name, generation_request, plan, seconds_label(plan),
         created_at=int(ctx.manager.clock()), sync=sync,
     )
     try:
         return await run_in_threadpool(ctx.manager.submit, job, plan)
     except (QueueFull, ShuttingDown) as e:
-        raise _queue_error(e) from None
+        raise queue_error(e) from None

@@ -7,6 +7,7 @@ import torch
 
 from h3serve import limits
 from h3serve.media import intake
+from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (
     AudioReference,
     Reference,
@@ -29,8 +30,40 @@ def reference_audio_tensor(audio: intake.AudioMedia, max_seconds: float) -> torc
     return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
 
 
+def load_edit_sources(plan: GenerationPlan) -> tuple[np.ndarray | None, torch.Tensor | None]:
+    """Latent-mask editing / lock_source: the source frames on the canvas, and the audio its audio mask keeps
+    (source_audio, else the source video's soundtrack)."""
+    if not plan.edit:
+        return None, None
+    frames, soundtrack = None, None
+    want_soundtrack = plan.audio_mask is not None and plan.source_audio is None
+    if plan.source_video is not None and (plan.video_mask is not None or want_soundtrack):
+        frames, soundtrack = load_source_video(
+            plan.source_video, "source_video", plan.num_frames, plan.width, plan.height, want_soundtrack
+        )
+        if want_soundtrack and soundtrack is None:
+            raise intake.MediaFormatError(
+                plan.source_video.name, "source_video", "source_video has no audio track for audio editing",
+                "a video with a soundtrack, or a source_audio upload",
+            )
+    if plan.source_audio is not None and plan.audio_mask is not None:
+        soundtrack = load_source_audio(plan.source_audio, "source_audio", plan.duration_s)
+    return frames, None if soundtrack is None else torch.from_numpy(soundtrack)
+
+
 def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditioning:
-    """Decode the plan's media files and normalise them for its task."""
+    """Decode the plan's media files and normalise them for its task (and its edit sources)."""
+    cond = _load_task_conditioning(plan, defaults)
+    cond.edit_video, cond.edit_audio = load_edit_sources(plan)
+    if plan.extend_video is not None:  # window 0 of the extension: the source on the canvas, and its soundtrack
+        frames, audio = load_source_video(
+            plan.extend_video, "extend_video", plan.windows[0].end, plan.width, plan.height, with_audio=True
+        )
+        cond.extend_video, cond.extend_audio = frames, None if audio is None else torch.from_numpy(audio)
+    return cond
+
+
+def _load_task_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditioning:
     if plan.task == "fl2va":
         fields = [("image", plan.image), ("last_image", plan.last_image)]
         images = [intake.load_image(ref, field).image for field, ref in fields if ref is not None]
@@ -44,7 +77,7 @@ def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditio
         )
 
     refs: list[Reference] = []
-    for media in intake.load_references(plan.references, reduce_video=reduce):
+    for media in intake.load_references(plan.references, reduce_video=reduce, start_times=plan.start_times):
         if isinstance(media, intake.ImageMedia):
             refs.append(normalize_image_reference(media.image, defaults.reference_image_short_edge))
         elif isinstance(media, intake.VideoMedia):

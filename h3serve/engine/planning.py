@@ -6,8 +6,17 @@ No torch here: the API process calls this on the event loop's executor to answer
 from __future__ import annotations
 
 from h3serve.media import intake
+from h3serve.media.source import check_source, frames_at_24fps
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, ModelDefaults, RequestError, resolve_task, validate
+from h3serve.validate import (
+    GenerationPlan,
+    ModelDefaults,
+    RequestError,
+    driving_audio_split,
+    resolve_start_times,
+    resolve_task,
+    validate,
+)
 
 
 def check_task_served(task: str, tasks: tuple[str, ...]) -> None:
@@ -24,6 +33,7 @@ def plan_request(
     """Validate a request and its media, and (given `tasks`) that its task is served here.
 
     Raises `RequestError` or `intake.MediaError` (both client errors)."""
+    request = driving_audio_split(request)  # lock_source: the driving audio is not a reference
     task = resolve_task(request)
     if tasks is not None:  # before the media: no point decoding files for a task that cannot run
         check_task_served(task, tasks)
@@ -33,5 +43,12 @@ def plan_request(
         images = [intake.load_image(ref, field) for field, ref in fields if ref is not None]
         keyframe_size = images[0].image.size
     elif task == "ref2va":
-        intake.check_references(request.references)  # every rule, without keeping decoded frames
-    return validate(request, defaults, keyframe_size)
+        starts = resolve_start_times(request, task)
+        intake.check_references(request.references, starts)  # every rule, without keeping decoded frames
+    extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
+    plan = validate(request, defaults, keyframe_size, extend_frames)
+    sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
+    for field, ref, kind in sources:
+        if ref is not None:
+            check_source(ref, field, kind)  # kind and size; decoded when the job runs, only as far as needed
+    return plan

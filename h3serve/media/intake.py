@@ -462,20 +462,22 @@ class _FrameStore:
 
 
 def load_video(
-    ref: MediaRef, field: str = "video", keep_frames: bool = True, reduce: ReduceVideo | None = None
+    ref: MediaRef, field: str = "video", keep_frames: bool = True, reduce: ReduceVideo | None = None,
+    start_s: float = 0.0,
 ) -> VideoMedia:
     """Decode an H.264/H.265 clip of 2-15 s to rgb24 frames, with its AAC/MP3 soundtrack if it has one.
 
     `keep_frames=False` checks every rule (decoding every frame) without keeping the frames (see `_FrameStore`).
     `reduce` (used when the container states a frame rate) keeps only what it makes of the frames as they are
-    decoded; the result's `frames` are then the reducer's and `fps` is still the source's.
+    decoded; the result's `frames` are then the reducer's and `fps` is still the source's. `start_s` trims the
+    clip (frames and soundtrack) before that time; the duration rules apply to what remains.
     """
     fmt = _inspect(ref, field, "video")
     if fmt.name not in _VIDEO_CONTAINERS:
         raise MediaFormatError(ref.name, field, f"unsupported video container {fmt.label}", ACCEPTED["video"])
     try:
         with av.open(str(ref.path), format=_VIDEO_CONTAINERS[fmt.name]) as container:
-            return _decode_video(container, ref, field, keep_frames, reduce)
+            return _decode_video(container, ref, field, keep_frames, reduce, start_s)
     except MediaError:
         raise
     except Exception as exc:
@@ -485,7 +487,8 @@ def load_video(
 
 
 def _decode_video(
-    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool, reduce: ReduceVideo | None
+    container: av.container.InputContainer, ref: MediaRef, field: str, keep_frames: bool, reduce: ReduceVideo | None,
+    start_s: float = 0.0,
 ) -> VideoMedia:
     if not container.streams.video:
         raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
@@ -503,17 +506,31 @@ def _decode_video(
     soundtrack = None
     if sound is not None:
         soundtrack = _AudioCollector(sound, _max_clip_samples(int(sound.codec_context.sample_rate or 1)) - 1)
+    audio_start: float | None = None  # time of the first soundtrack frame kept
+    skipped = 0
     for packet in container.demux(*[s for s in (video, sound) if s is not None]):
         if packet.stream is sound and soundtrack.full:
             continue  # a soundtrack is kept up to the clip limit; the pipeline cuts it to the generated length anyway
         for frame in packet.decode():
             if isinstance(frame, av.VideoFrame):
+                if start_s and frame.time is not None and frame.time < start_s - 1e-6:
+                    skipped += 1  # trimmed by start_time_seconds
+                    continue
                 store.add(frame)
                 if max_frames is not None and store.count >= max_frames:
                     raise _too_long(ref, field, "video")
             else:
+                end = None if frame.time is None else frame.time + frame.samples / (frame.sample_rate or 1)
+                if start_s and end is not None and end <= start_s:
+                    continue
+                audio_start = frame.time if audio_start is None else audio_start
                 soundtrack.add(frame)
 
+    if store.count == 0 and skipped:
+        raise MediaLimitError(
+            ref.name, field, f"start_time_seconds {start_s:g} is outside the source duration",
+            "a start inside the video, with at least 2 s after it",
+        )
     if store.count == 0:
         raise MediaDecodeError(ref.name, field, "the file has no decodable video frames", "a complete, valid file")
     fps = fps or store.fps_from_timestamps()
@@ -521,6 +538,8 @@ def _decode_video(
         raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
     _check_clip_duration(ref, field, "video", store.count / fps)
     samples = None if soundtrack is None else soundtrack.samples()
+    if samples is not None and start_s and audio_start is not None and start_s > audio_start:
+        samples = samples[:, round((start_s - audio_start) * soundtrack.rate) :]  # cut from the same offset
     audio = None if samples is None else AudioMedia(name=ref.name, samples=samples, sample_rate=soundtrack.rate)
     return VideoMedia(name=ref.name, frames=store.stack(), fps=fps, audio=audio, reduced=store.reducer is not None,
                       source_frames=store.count)
@@ -538,21 +557,23 @@ def load_media(ref: MediaRef, field: str) -> Media:
     return _LOADERS[_inspect(ref, field, None).kind](ref, field)
 
 
-def check_references(refs: Sequence[MediaRef]) -> None:
+def check_references(refs: Sequence[MediaRef], start_times: Sequence[float] = ()) -> None:
     """Apply every rule of `load_references` without keeping decoded video frames (for request validation:
     a server checks each request's media before queueing it, and must not hold GiBs of frames to do so)."""
-    load_references(refs, keep_frames=False)
+    load_references(refs, keep_frames=False, start_times=start_times)
 
 
 def load_references(
-    refs: Sequence[MediaRef], keep_frames: bool = True, reduce_video: ReduceVideo | None = None
+    refs: Sequence[MediaRef], keep_frames: bool = True, reduce_video: ReduceVideo | None = None,
+    start_times: Sequence[float] = (),
 ) -> list[Media]:
     """Decode a Ref2VA reference set, in order, with the set rules applied (fields "references[i]").
 
     Rules: at most 9 images, 3 videos, 3 audio clips and 12 files; audio needs at least one image or video;
     video clips and audio clips each last 2-15 s and at most 15 s together per modality (a video's soundtrack is
     part of the video and counts towards neither audio limit). Counts, types and byte sizes are checked for the
-    whole set before anything is decoded.
+    whole set before anything is decoded. `start_times` trims the video references: one value for all, or one
+    per video reference in order (ref2va `start_time_seconds`); the duration rules apply to what remains.
     """
     fields = [f"references[{i}]" for i in range(len(refs))]
     if len(refs) > limits.MAX_MEDIA_FILES:
@@ -572,10 +593,20 @@ def load_references(
             refs[0].name, fields[0], "only audio references", "audio references need at least one image or video"
         )
 
+    videos = kinds.count("video")
+    if len(start_times) > 1 and len(start_times) != videos:
+        raise ReferenceSetError(
+            refs[0].name, "start_time_seconds", f"{len(start_times)} start times for {videos} video references",
+            "one start time, or one per video reference",
+        )
+    starts = iter(list(start_times) * videos if len(start_times) == 1 else start_times)
     media: list[Media] = []
     totals = {"video": 0.0, "audio": 0.0}
     for ref, field, kind in zip(refs, fields, kinds, strict=True):
-        item = load_video(ref, field, keep_frames, reduce_video) if kind == "video" else _LOADERS[kind](ref, field)
+        if kind == "video":
+            item = load_video(ref, field, keep_frames, reduce_video, next(starts, 0.0))
+        else:
+            item = _LOADERS[kind](ref, field)
         if isinstance(item, VideoMedia | AudioMedia):
             totals[kind] += item.duration_s
             if totals[kind] > limits.REF_TOTAL_MAX_S + limits.MEDIA_DURATION_SLACK_S:

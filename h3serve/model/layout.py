@@ -47,11 +47,15 @@ class Layout:
         self, t_video: float, t_audio: float, condition_t: float = 0.999
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-row timesteps reduced to (distinct sorted timesteps [T] fp32, row -> index [S])."""
+        return torch.unique(self.row_times(t_video, t_audio, condition_t), sorted=True, return_inverse=True)
+
+    def row_times(self, t_video: float, t_audio: float, condition_t: float = 0.999) -> torch.Tensor:
+        """The timestep of every row [S] fp32: targets at the step's t, conditions pinned near or at clean."""
         row_t = torch.full((self.packed.seq_len,), t_video, dtype=torch.float32)
         row_t[self.roles == Role.VIDEO_CONDITION] = max(t_video, condition_t)
         row_t[self.roles == Role.AUDIO] = t_audio
         row_t[self.roles == Role.AUDIO_REFERENCE] = 1.0
-        return torch.unique(row_t, sorted=True, return_inverse=True)
+        return row_t
 
 
 def spatial_axis(n: int, sqrt_area: float, patch: int = 2) -> np.ndarray:
@@ -172,9 +176,13 @@ def build_keyframe_layout(
 
 @dataclass(frozen=True)
 class ReferenceBlock:
-    """Geometry of one Ref2VA reference as encoded: visual latent (frames, h, w) and audio latents per channel."""
+    """Geometry of one Ref2VA reference as encoded: visual latent (frames, h, w) and audio latents per channel.
 
-    kind: str  # "image" | "video" | "audio"
+    Kind "latent_guide" is a continuation window's carry-over (the previous window's last overlap latents): it
+    must be last, is on the target canvas, and sits on the RoPE positions of the target's first latents.
+    """
+
+    kind: str  # "image" | "video" | "audio" | "latent_guide"
     latent_frames: int = 0
     latent_h: int = 0
     latent_w: int = 0
@@ -188,35 +196,50 @@ def build_reference_layout(
     latent_h: int,
     latent_w: int,
     audio_latents: int,
+    media_origin: float | None = None,
+    time_offset: float = 0.0,
 ) -> Layout:
     """The Ref2VA layout. A clock starts after the text; each reference occupies the next stretch of it:
     an image one unit, an audio clip its latent count, a video the longer of its soundtrack and its frames.
     The targets start at the final clock.
+
+    Continuation windows: `media_origin` starts the clock there instead (after the longest window prompt, so
+    every window's media share one clock), and `time_offset` (the window's start · 40/24) shifts the temporal
+    rows (audio and video references, the guide, the targets), not the text or still images.
     """
-    clock = float(text_tags.shape[0])
+    clock = float(text_tags.shape[0]) if media_origin is None else float(media_origin)
     target_grid, target_width_axis = frame_grid(latent_h, latent_w)
     rows = _Rows()
     rows.add(text_positions(text_tags.shape[0]), text_tags, Role.TEXT)
-    for ref in references:
+    for index, ref in enumerate(references):
         if ref.kind == "image":
             grid, _ = frame_grid(ref.latent_h, ref.latent_w)
             rows.add_video_frames(torch.tensor([clock], dtype=torch.float64), grid, Role.VIDEO_CONDITION)
             clock += 1.0
         elif ref.kind == "audio":
-            rows.add_audio(clock, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
+            rows.add_audio(clock + time_offset, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
             clock += float(ref.audio_latents)
         elif ref.kind == "video":
             grid, width_axis = frame_grid(ref.latent_h, ref.latent_w)
             if ref.audio_latents:  # the soundtrack sits right before its frames, on the video's own width axis
-                rows.add_audio(clock, ref.audio_latents, width_axis, Role.AUDIO_REFERENCE)
-            rows.add_video_frames(frame_times(ref.latent_frames, clock), grid, Role.VIDEO_CONDITION)
+                rows.add_audio(clock + time_offset, ref.audio_latents, width_axis, Role.AUDIO_REFERENCE)
+            rows.add_video_frames(frame_times(ref.latent_frames, clock + time_offset), grid, Role.VIDEO_CONDITION)
             # Sequential Python float sum, as the reference computes this span (not numpy's pairwise sum).
             span = sum(ROPE_FRAME_RESCALE * ROPE_FRAMES_PER_LATENT[i % 5] for i in range(ref.latent_frames))
             clock += max(float(ref.audio_latents), span)
+        elif ref.kind == "latent_guide":
+            if index != len(references) - 1 or (ref.latent_h, ref.latent_w) != (latent_h, latent_w):
+                raise ValueError("a latent guide must be the last reference and on the target canvas")
+            if ref.latent_frames > latent_frames or ref.audio_latents > audio_latents:
+                raise ValueError("a latent guide cannot be longer than its window")
+            origin = clock + time_offset
+            rows.add_audio(origin, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
+            times = frame_times(latent_frames, origin)[: ref.latent_frames]  # the target's first latent times
+            rows.add_video_frames(times, target_grid, Role.VIDEO_CONDITION)
         else:
-            raise ValueError(f"reference kind must be 'image', 'video' or 'audio', got {ref.kind!r}")
-    rows.add_audio(clock, audio_latents, target_width_axis, Role.AUDIO)
-    rows.add_video_frames(frame_times(latent_frames, clock), target_grid, Role.VIDEO)
+            raise ValueError(f"reference kind must be 'image', 'video', 'audio' or 'latent_guide', got {ref.kind!r}")
+    rows.add_audio(clock + time_offset, audio_latents, target_width_axis, Role.AUDIO)
+    rows.add_video_frames(frame_times(latent_frames, clock + time_offset), target_grid, Role.VIDEO)
     return rows.build()
 
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from h3serve import limits
 from h3serve.accel.cache import CacheProfile, CacheStats, block_cache, profile_for
+from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -33,9 +34,11 @@ from h3serve.model.conditioning import (
     sample_condition_frames,
     video_condition_pixels,
 )
+from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
     ReferenceBlock,
+    Role,
     build_keyframe_layout,
     build_reference_layout,
     patchify,
@@ -103,6 +106,7 @@ class _StageClock:
         self.device = device
         self.hooks = hooks or _NoHooks()
         self.durations: dict[str, float] = {}
+        self.steps = 0  # denoise steps run (a continuation runs several windows)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -131,6 +135,44 @@ class Conditioning:
     keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
     anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
     references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
+    edit_video: np.ndarray | None = None  # latent-mask editing: source frames (T, H, W, 3) uint8 on the canvas
+    edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
+    extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
+    extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The generated latents' shape: video latent frames and canvas, audio latents per channel."""
+
+    latent_frames: int
+    latent_height: int
+    latent_width: int
+    audio_latents: int
+
+
+@dataclass
+class ReferenceMedia:
+    """Ref2VA references encoded once per request (a continuation reuses them in every window)."""
+
+    ids: list[int]  # the presentation's reference part (labels and vision blocks), before the prompt
+    tags: list[int]
+    vision: dict[str, torch.Tensor]
+    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
+    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
+    blocks: list[ReferenceBlock]
+
+
+@dataclass
+class LatentGuide:
+    """A continuation window's carry-over: the previous window's last overlap latents, clean and normalised."""
+
+    video: torch.Tensor  # [1, 24, F, lh, lw]
+    audio: torch.Tensor  # [2, 32, A]
+
+    def audio_rows(self) -> torch.Tensor:
+        """Channel-major rows [2·A, 32], the packing of every audio block."""
+        return self.audio.permute(0, 2, 1).reshape(-1, self.audio.shape[1])
 
 
 @dataclass
@@ -164,58 +206,121 @@ class H3Pipeline:
         self, plan: GenerationPlan, conditioning: Conditioning | None = None, on_step: StepCallback | None = None
     ) -> GenerationResult:
         with self.hooks.request(plan.task):
+            if plan.continuation:
+                return self._generate_continuation(plan, conditioning or Conditioning(), on_step)
             return self._generate(plan, conditioning or Conditioning(), on_step)
 
     def _generate(self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None) -> GenerationResult:
         clock = _StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
+        dit = self.components.transformer_ref if cond.references else self.components.transformer
+        target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+        edits = self.encode_edit(plan, cond, clock) if plan.edit else (None, None)
+        profile = profile_for(plan.quality, self.cache)
+        cached = profile is not None and dit is not None
+        forwards = len(self._schedules(plan)[0])
+        with block_cache(dit, profile, forwards) if cached else nullcontext() as cache:
+            video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, edits)
+        return self._decode(video_latents, audio_latents, clock, cache)
 
+    def encode_edit(
+        self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock
+    ) -> tuple[MaskedTarget | None, MaskedTarget | None]:
+        """The sources' clean latents and the masks as packed target rows (h3serve/model/latent_edit.py).
+
+        Source audio is cropped or zero-padded per channel to the target length; a padded tail is generated
+        (mask 1), except under lock_source, where the driving audio (silence past its end) is held whole."""
+        video = audio = None
+        with clock("vae_encode"):
+            if plan.video_mask is not None:
+                if cond.edit_video is None:
+                    raise ValueError("a video mask needs the decoded source video")
+                pixels = torch.from_numpy(cond.edit_video).permute(3, 0, 1, 2)[None].to(self.device)
+                clean = encode_visual_condition(self.components.vae, pixels)
+                expected = (plan.latent_frames, plan.latent_height, plan.latent_width)
+                if tuple(clean.shape[2:]) != expected:
+                    raise ValueError(f"the source video encodes to {tuple(clean.shape[2:])} latents, not {expected}")
+                video = video_target(clean, torch.from_numpy(plan.video_mask.array()))
+            if plan.audio_mask is not None:
+                clean, length = self.source_audio_latents(plan, cond)
+                grid = torch.from_numpy(plan.audio_mask.array())
+                if plan.audio_mode != "lock_source":
+                    grid[:, length:] = 1.0  # a padded tail is generated
+                audio = audio_target(clean.reshape(-1, clean.shape[-1]), grid)
+        return video, audio
+
+    def source_audio_latents(self, plan: GenerationPlan, cond: Conditioning) -> tuple[torch.Tensor, int]:
+        """The edit's (or lock_source's) audio as normalised latents [2, A, 32] zero-padded to the request, and
+        how many of them the source covers."""
+        if cond.edit_audio is None:
+            raise ValueError("an audio mask needs the decoded source audio")
+        rows = encode_audio_condition(self.components.audio_vae, cond.edit_audio)
+        source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, : plan.audio_latents]
+        clean = torch.zeros(limits.AUDIO_CHANNELS, plan.audio_latents, rows.shape[-1])
+        clean[:, : source.shape[1]] = source
+        return clean, source.shape[1]
+
+    def _sample(
+        self,
+        plan: GenerationPlan,
+        enc: Encoded,
+        dit: H3Transformer | None,
+        target: _Target,
+        seed: int,
+        clock: _StageClock,
+        on_step: StepCallback | None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
-        generator = torch.Generator("cpu").manual_seed(plan.seed)
+        generator = torch.Generator("cpu").manual_seed(seed)
         condition_rows = [
             patchify(scale_noise(z, limits.KEYFRAME_NOISE_AUG_T, torch.randn(z.shape, generator=generator)))
             for z in enc.visual
         ]
+        channels = self.components.vae.config.latent_channels
         video_noise = torch.randn(
-            (1, self.components.vae.config.latent_channels, plan.latent_frames, plan.latent_height, plan.latent_width),
-            generator=generator,
+            (1, channels, target.latent_frames, target.latent_height, target.latent_width), generator=generator
         )
         audio_noise = torch.randn(
-            (limits.AUDIO_CHANNELS * plan.audio_latents, self.components.audio_vae.config.latent_channels),
+            (limits.AUDIO_CHANNELS * target.audio_latents, self.components.audio_vae.config.latent_channels),
             generator=generator,
         )
         video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
         audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
+        for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
+            if edit is not None:
+                edit.set_anchor(noise)
         if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
             raise ValueError("condition latents do not match the layout (canvas mismatch)")
-
-        dit = self.components.transformer_ref if cond.references else self.components.transformer
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
         schedules = self._schedules(plan)
-        profile = profile_for(plan.quality, self.cache)
-        forwards = len(schedules[0])
-        with block_cache(dit, profile, forwards) if profile is not None else nullcontext() as cache:
-            with clock("denoise"):
-                video_rows, audio_rows = self.denoise(
-                    schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step
-                )
-        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, forwards)
-
+        with clock("denoise"):
+            video_rows, audio_rows = self.denoise(
+                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits
+            )
+        clock.steps += len(schedules[0])
         layout = enc.layout
         video_latents = unpatchify(
             video_rows[layout.num_video_condition_rows :],
-            self.components.vae.config.latent_channels,
-            plan.latent_frames,
-            plan.latent_height,
-            plan.latent_width,
+            channels,
+            target.latent_frames,
+            target.latent_height,
+            target.latent_width,
         )
         audio_latents = (
             audio_rows[layout.num_audio_reference_rows :]
-            .reshape(limits.AUDIO_CHANNELS, plan.audio_latents, -1)
+            .reshape(limits.AUDIO_CHANNELS, target.audio_latents, -1)
             .permute(0, 2, 1)
             .contiguous()
         )
+        return video_latents, audio_latents
+
+    def _decode(
+        self, video_latents: torch.Tensor, audio_latents: torch.Tensor, clock: _StageClock, cache: CacheStats | None
+    ) -> GenerationResult:
+        clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, clock.steps)
         # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
         with clock("video_decode"):
             video = self.decode_video(video_latents).cpu()
@@ -230,6 +335,112 @@ class H3Pipeline:
             block_cache=cache,
         )
 
+    # -- continuation (h3serve/long_video.py) ----------------------------------------------------------------
+
+    def _generate_continuation(
+        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
+    ) -> GenerationResult:
+        """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
+        latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
+
+        Progress counts every step of every window (one bar, 0 -> 100); `on_step` is also called between windows
+        (same count), so a cancellation lands between windows as well as within them. Uncached denoising.
+        """
+        clock = _StageClock(self.device, self.hooks)
+        media = self.encode_reference_media(cond.references, clock)
+        locked = None  # lock_source: the driving audio's latents on the global timeline, sliced per window
+        if plan.audio_mask is not None:
+            with clock("vae_encode"):
+                locked, _ = self.source_audio_latents(plan, cond)
+        texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
+        media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
+        per_window = len(self._schedules(plan)[0])
+        extending = plan.extend_video is not None  # window 0 is the given video, encoded, not generated
+        total = per_window * (len(plan.windows) - extending)
+        kept_video: list[torch.Tensor] = []
+        kept_audio: list[torch.Tensor] = []
+        guide: LatentGuide | None = None
+        for window in plan.windows:
+            done = (window.index - extending) * per_window
+            if on_step is not None and window.index > extending:
+                on_step(done, total)
+
+            def progress(i: int, _n: int, done: int = done) -> None:
+                if on_step is not None:
+                    on_step(done + i, total)
+
+            if extending and window.index == 0:
+                video, audio = self.encode_extension_source(plan, cond, window, clock)
+            else:
+                video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
+                                               progress, locked)
+            kept_video.append(video[:, :, window.overlap_latent_frames :])
+            kept_audio.append(audio[:, :, window.overlap_audio_latents :])
+            if window.index + 1 < len(plan.windows):
+                following = plan.windows[window.index + 1]
+                guide = LatentGuide(
+                    video[:, :, video.shape[2] - following.overlap_latent_frames :],
+                    audio[:, :, audio.shape[2] - following.overlap_audio_latents :],
+                )
+        video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
+        if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
+            raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
+        result = self._decode(video_latents, audio_latents, clock, None)
+        if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
+            source = torch.from_numpy(cond.extend_video).float() / 255.0
+            result.video[: source.shape[0]] = source
+            if cond.extend_audio is not None:
+                n = min(cond.extend_audio.shape[1], round(source.shape[0] * limits.AUDIO_SAMPLE_RATE / limits.FPS))
+                result.audio[:, :n] = cond.extend_audio[:, :n]
+        return result
+
+    def encode_extension_source(
+        self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: _StageClock
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An extension's window 0: the source video's latents [1, 24, F, lh, lw] and its soundtrack's [2, 32, A]
+        (cropped or zero-padded to the window; zeros without a soundtrack)."""
+        if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
+            raise ValueError("an extension needs its source frames (window 0) decoded")
+        with clock("vae_encode"):
+            pixels = torch.from_numpy(cond.extend_video).permute(3, 0, 1, 2)[None].to(self.device)
+            video = encode_visual_condition(self.components.vae, pixels)
+            channels = self.components.audio_vae.config.latent_channels
+            audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
+            if cond.extend_audio is not None:
+                rows = encode_audio_condition(self.components.audio_vae, cond.extend_audio)
+                source = rows.reshape(limits.AUDIO_CHANNELS, -1, channels)[:, : window.audio_latents]
+                audio[:, :, : source.shape[1]] = source.permute(0, 2, 1)
+        return video, audio
+
+    def run_window(
+        self,
+        plan: GenerationPlan,
+        window: Window,
+        media: ReferenceMedia,
+        text: Presentation,
+        media_origin: float,
+        guide: LatentGuide | None,
+        clock: _StageClock,
+        on_step: StepCallback | None,
+        locked_audio: torch.Tensor | None = None,  # lock_source: [2, A_total, 32] on the global timeline
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
+
+        The guide rows are the clean latents, noise-augmented like every visual condition; they sit on the RoPE
+        positions of this window's first latents. The window's noise comes from `window_seed(seed, index)`."""
+        target = _Target(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
+        extra = None
+        if guide is not None:
+            _, _, frames, h, w = guide.video.shape
+            extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
+        enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
+        seed = window_seed(plan.seed, window.index)
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None)
+        if locked_audio is not None:
+            held = locked_audio[:, window.audio_start : window.audio_end]
+            edits = (None, audio_target(held.reshape(-1, held.shape[-1]), torch.zeros(2, window.audio_latents)))
+        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)
+
     # -- conditioning ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -237,7 +448,9 @@ class H3Pipeline:
         """Presentation -> text states, condition latents and the packed layout."""
         clock = clock or _StageClock(self.device, self.hooks)
         if cond.references:
-            return self._encode_references(plan, cond.references, clock)
+            media = self.encode_reference_media(cond.references, clock)
+            target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+            return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
         return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
 
     def _encode_keyframes(
@@ -270,8 +483,9 @@ class H3Pipeline:
         )
         return Encoded(text.ids, text_states, layout, visual, [])
 
-    def _encode_references(self, plan: GenerationPlan, refs: list[Reference], clock: _StageClock) -> Encoded:
-        """Ref2VA: labels numbered per modality, a soundtrack's label before its video's, then the prompt."""
+    def encode_reference_media(self, refs: list[Reference], clock: _StageClock) -> ReferenceMedia:
+        """Ref2VA references encoded once per request: labels numbered per modality (a soundtrack's label before
+        its video's), vision inputs, condition latents and their layout blocks."""
         merge = self.components.vision_config.merge_size
         with clock("vision_encode"):
             images = [r.image for r in refs if isinstance(r, ImageReference)]
@@ -306,9 +520,6 @@ class H3Pipeline:
                 for stamp in stamps:
                     text.text(f"<{stamp:.1f} seconds>")
                     text.vision(VIDEO_PAD, tokens)
-        text.text(plan.prompt)
-        with clock("text_encode"):
-            text_states = self.components.text.encode(text.ids, vision)
 
         visual, audio_rows, blocks = [], [], []
         with clock("vae_encode"):
@@ -325,13 +536,42 @@ class H3Pipeline:
                 visual.append(encode_visual_condition(self.components.vae, pixels.to(self.device)))
                 f, h, w = visual[-1].shape[2:]
                 blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
+        return ReferenceMedia(text.ids, text.tags, vision, visual, audio_rows, blocks)
+
+    def _presentation(self, media: ReferenceMedia, prompt: str) -> Presentation:
+        """The references' labels and vision blocks, then the prompt."""
+        text = Presentation(self.components.text.tokenizer)
+        text.ids, text.tags = list(media.ids), list(media.tags)
+        text.text(prompt)
+        return text
+
+    def _reference_encoded(
+        self,
+        media: ReferenceMedia,
+        text: Presentation,
+        target: _Target,
+        clock: _StageClock,
+        guide: tuple[ReferenceBlock, LatentGuide] | None = None,
+        media_origin: float | None = None,
+        time_offset: float = 0.0,
+    ) -> Encoded:
+        with clock("text_encode"):
+            text_states = self.components.text.encode(text.ids, media.vision)
+        blocks, visual, audio_rows = list(media.blocks), list(media.visual), list(media.audio_rows)
+        if guide is not None:
+            block, latents = guide
+            blocks.append(block)
+            visual.append(latents.video)
+            audio_rows.append(latents.audio_rows())
         layout = build_reference_layout(
             torch.tensor(text.tags),
             blocks,
-            plan.latent_frames,
-            plan.latent_height,
-            plan.latent_width,
-            plan.audio_latents,
+            target.latent_frames,
+            target.latent_height,
+            target.latent_width,
+            target.audio_latents,
+            media_origin=media_origin,
+            time_offset=time_offset,
         )
         return Encoded(text.ids, text_states, layout, visual, audio_rows)
 
@@ -362,22 +602,38 @@ class H3Pipeline:
         video_rows: torch.Tensor,  # [Nv, C·4] fp32, condition rows first
         audio_rows: torch.Tensor,  # [Na, 32] fp32, reference rows first
         on_step: StepCallback | None = None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling loop. Only target rows are stepped; condition rows stay as given."""
         video_sched, audio_sched = schedules
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
+        video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
         total = len(video_sched)
         for i in range(total):
-            timestep, row_index = layout.row_timesteps(
-                float(video_sched.timesteps[i]), float(audio_sched.timesteps[i]), limits.KEYFRAME_NOISE_AUG_T
-            )
+            t_video, t_audio = float(video_sched.timesteps[i]), float(audio_sched.timesteps[i])
+            row_t = layout.row_times(t_video, t_audio, limits.KEYFRAME_NOISE_AUG_T)
+            video_in, audio_in = video_rows, audio_rows
+            if video_edit is not None:  # latent-mask editing: the model reads the anchored blend, at per-row t
+                video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
+                row_t[layout.roles == Role.VIDEO] = video_edit.row_times(t_video)
+            if audio_edit is not None:
+                audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
+                row_t[layout.roles == Role.AUDIO] = audio_edit.row_times(t_audio)
+            timestep, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
             v_vel, a_vel = transformer(
-                video_rows[None], audio_rows[None], text, timestep.to(self.device), row_index.to(self.device), packed
+                video_in[None], audio_in[None], text, timestep.to(self.device), row_index.to(self.device), packed
             )
-            video_rows[nv:] = video_sched.step(v_vel[0, nv:], i, video_rows[nv:])
-            audio_rows[na:] = audio_sched.step(a_vel[0, na:], i, audio_rows[na:])
+            for sched, rows, model_in, vel, n, edit in (
+                (video_sched, video_rows, video_in, v_vel, nv, video_edit),
+                (audio_sched, audio_rows, audio_in, a_vel, na, audio_edit),
+            ):
+                if edit is None:
+                    rows[n:] = sched.step(vel[0, n:], i, rows[n:])
+                else:  # the Euler step starts from the un-blended state, towards the restored clean estimate
+                    t = sched.timesteps[i].to(rows.device, rows.dtype)
+                    rows[n:] = sched.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
             if on_step is not None:
                 on_step(i + 1, total)
         return video_rows, audio_rows

@@ -33,6 +33,10 @@ class FlowSchedule:
         """One Euler (eta = 0) step from grid point `index` to `index + 1`, blended in fp32."""
         t = self.timesteps[index].to(sample.device, sample.dtype)
         denoised = sample + (1 - t) * velocity  # sigma taken from t, as the reference does
+        return self.step_from_x0(denoised, index, sample)
+
+    def step_from_x0(self, denoised: torch.Tensor, index: int, sample: torch.Tensor) -> torch.Tensor:
+        """The same Euler step given the clean estimate; at the last grid point (sigma 0) it returns `denoised`."""
         ratio = (self.sigmas[index + 1] / self.sigmas[index]).to(sample.device, torch.float32)
         out = ratio * sample.float() + (1.0 - ratio) * denoised.float()
         return out.to(sample.dtype)

@@ -14,7 +14,7 @@ from h3serve.offload.inventory import Inventory, build_inventory
 from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.planner import plan_placement
 from h3serve.request import tasks_served
-from h3serve.validate import ModelDefaults
+from h3serve.validate import GenerationPlan, ModelDefaults
 
 DEFAULT_HEADROOM = GiB  # kept free above the estimate: fragmentation the allocator cannot reuse, late kernels
 
@@ -101,3 +101,26 @@ def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[Engine
     if config.offload.resident_layers == AUTO:
         config = replace(config, offload=replace(config.offload, resident_layers=plan.resident_layers))
     return config, plan
+
+
+def longest_pass(plan: GenerationPlan) -> RequestShape:
+    """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window."""
+    frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
+    return RequestShape(plan.width, plan.height, frames, plan.task)
+
+
+def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> str | None:
+    """The planner's verdict on a long video request (`long_video_mode` set) before it starts: why its longest pass
+    cannot fit the device, or None (it fits, it is not a long request, or the device size is unknown)."""
+    if plan.long_video_mode is None or device_memory is None:
+        return None
+    shape = longest_pass(plan)
+    verdict = plan_for_engine(config, device_memory, shape)
+    if verdict.fits is not False:
+        return None
+    return (
+        f"its longest pass ({shape.num_frames} frames at {shape.width}x{shape.height}) needs "
+        f"{verdict.peak_device_bytes / GiB:.2f} GiB + {verdict.headroom / GiB:.2f} GiB headroom on a "
+        f"{device_memory / GiB:.2f} GiB device; use fewer seconds, long_video_mode=continuation, a smaller size or "
+        "more offload (`h3serve plan` shows where the memory goes)"
+    )

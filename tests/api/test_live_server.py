@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from api_servers import start_live_server
@@ -17,6 +18,9 @@ from h3serve.media.probe import check_output_contract, probe
 
 KEY = "live-key"
 SHORT = {"num_inference_steps": 2}  # one transformer forward
+# Mean |difference| (0-255) between a source's frames and an extension's first frames: a second H.264 encode of the
+# tiny checkpoint's noise-like frames (5.4 measured); another video of the same size differs by far more.
+EXTEND_TOLERANCE = 8.0
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +168,50 @@ def test_media_url_to_loopback_is_refused(live):
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "image_reference"
     assert "loopback" in response.json()["error"]["message"]
+
+
+def _frames(path: Path) -> np.ndarray:
+    import av
+
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]).astype(np.int16)
+
+
+def test_sdk_remix_edit_and_extend(sdk, live, tmp_path):
+    base = sdk.videos.create_and_poll(prompt="a red ball", seconds="4", size="64x64", extra_body={**SHORT, "seed": 1})
+    assert base.status == "completed" and base.remixed_from_video_id is None
+    source = tmp_path / "base.mp4"
+    sdk.videos.download_content(base.id).write_to_file(source)
+    upload = ("base.mp4", source.read_bytes(), "video/mp4")
+
+    remix = sdk.videos.remix(base.id, prompt="a blue ball")
+    assert (remix.remixed_from_video_id, remix.size, remix.seconds, remix.status) == (base.id, "64x64", "4", "queued")
+    masked = sdk.videos.edit(prompt="a green ball", video=upload,
+                             extra_body={**SHORT, "size": "64x64", "seconds": "4", "video_noise_mask": "0.5"})
+    by_id = sdk.videos.edit(prompt="a green ball", video=openai.NOT_GIVEN, extra_body={"video": {"id": base.id}})
+    assert (by_id.size, by_id.seconds) == ("64x64", "4")  # from the source job
+    extended = sdk.videos.extend(prompt="the ball rolls on", seconds="4", video=upload,
+                                 extra_body={**SHORT, "size": "64x64"})
+    assert extended.seconds == f"{(107 + 102) / 24:g}"  # the source and the new part
+
+    for job in (remix, masked, by_id, extended):
+        done = sdk.videos.poll(job.id, poll_interval_ms=100)
+        assert (done.status, done.progress, done.error) == ("completed", 100, None), done.error
+    assert sdk.videos.retrieve(remix.id).remixed_from_video_id == base.id
+
+    out = tmp_path / "extended.mp4"
+    sdk.videos.download_content(extended.id).write_to_file(out)
+    assert_valid_mp4(out)
+    original, result = _frames(source), _frames(out)
+    assert result.shape == (209, 64, 64, 3)
+    # The first 107 frames are the source itself, through a second H.264 encode (x264 ultrafast, crf 18).
+    assert np.abs(result[:107] - original).mean() < EXTEND_TOLERANCE
+    other = tmp_path / "masked.mp4"
+    sdk.videos.download_content(masked.id).write_to_file(other)
+    assert np.abs(_frames(other) - original).mean() > 3 * EXTEND_TOLERANCE
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.videos.extend(prompt="x", seconds="4", video=openai.NOT_GIVEN)
+    assert bad.value.param == "video"
+    with pytest.raises(openai.NotFoundError):
+        sdk.videos.remix("video_" + "0" * 32, prompt="x")

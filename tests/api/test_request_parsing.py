@@ -142,8 +142,8 @@ def test_missing_prompt():
 def test_unknown_fields_are_named():
     err = rejected(prompt="p", colour="red", zoom="2")
     assert err.code == "unknown_field" and "colour, zoom" in err.message
-    err = rejected(prompt="p", extra_params={"task": "t2va", "long_video": True})
-    assert err.param == "extra_params.long_video"
+    err = rejected(prompt="p", extra_params={"task": "t2va", "sliding_window": True})
+    assert err.param == "extra_params.sliding_window"
     assert rejected(prompt="p", extra_params={"target": {"short_edge": 768}}).param == "extra_params.target.short_edge"
 
 
@@ -235,3 +235,74 @@ def test_quality_selects_the_cache_policy_and_is_checked_by_the_schema():
     assert request_of(prompt="a cat").quality is None  # the server's own setting
     error = rejected(prompt="a cat", quality="ultra")
     assert error.param == "quality" and "'lossless' or 'high'" in str(error)
+
+
+# -- long video options ---------------------------------------------------------------------------------------
+
+
+def test_long_video_fields_from_form_strings_json_and_extra_params():
+    request = request_of(prompt="p", seconds="40", long_video="true", long_video_mode="continuation",
+                         continuation_window_frames="345", continuation_prompts='["a", "b", "c", "d"]')
+    assert (request.long_video, request.long_video_mode, request.duration_s) == (True, "continuation", 40.0)
+    assert request.continuation_window_frames == 345 and request.continuation_prompts == ("a", "b", "c", "d")
+    request = request_of(prompt="p", long_video="false", extra_params=json.dumps(
+        {"long_video": True, "continuation_prompts": ["one"], "continuation_overlap_frames": 39}))
+    assert (request.long_video, request.continuation_prompts, request.continuation_overlap_frames) == (
+        True, ("one",), 39)
+    assert request_of(prompt="p", continuation_prompts="just one").continuation_prompts == ("just one",)
+    plan = plan_request(request_of(prompt="p", seconds="30", long_video="true"), TINY_DEFAULTS)
+    assert (plan.long_video_mode, plan.num_frames) == ("full", 736)
+
+
+def test_long_video_field_errors_name_the_field():
+    assert rejected(prompt="p", long_video="maybe").param == "long_video"
+    assert rejected(prompt="p", long_video_mode="sliding").param == "long_video_mode"
+    error = rejected(prompt="p", continuation_window_frames="400")
+    assert error.param == "continuation_window_frames" and "between 5 and 345" in error.message
+    assert rejected(prompt="p", seconds="301").param == "seconds"
+    assert rejected(prompt="p", extra_params='{"continuation_prompts": "[1"}').param == "continuation_prompts"
+
+
+# -- latent-mask editing fields -------------------------------------------------------------------------------
+
+
+def test_masks_from_json_text_values_and_uploads():
+    import io
+
+    from starlette.datastructures import UploadFile
+
+    request = request_of(prompt="p", video_noise_mask="[[0.5, 1]]", audio_mode="lock_source")
+    assert request.video_noise_mask == [[0.5, 1]] and request.audio_mode == "lock_source"
+    assert parse(prompt="p", extra_params={"audio_mode": "native"}).values["audio_mode"] == "native"
+    body = RequestBody({"prompt": "p", "audio_noise_mask": [0, 0.5]})
+    assert parse_fields(body).values["audio_noise_mask"] == [0, 0.5]
+    upload = UploadFile(io.BytesIO(b"0.25"), size=4, filename="mask.json")
+    assert parse_fields(RequestBody({"prompt": "p"}, {"video_noise_mask": [upload]})).values["video_noise_mask"] == 0.25
+
+
+def test_mask_and_audio_mode_errors_name_the_field():
+    error = rejected(prompt="p", video_noise_mask="[" * 70 + "]" * 70)
+    assert error.param == "video_noise_mask" and "nested too deeply" in error.message
+    assert "must not be null" in rejected(prompt="p", audio_noise_mask="null").message
+    assert rejected(prompt="p", audio_mode="loop").param == "audio_mode"
+
+
+def test_sources_are_routed_to_their_fields_not_the_references(tmp_path):
+    video = MediaRef(tmp_path / "s.mp4", "s.mp4", "video")
+    image = MediaRef(tmp_path / "r.png", "r.png", "image")
+    media = [
+        StoredMedia(MediaSource("source_video", "video"), video, "video"),
+        StoredMedia(MediaSource("image_reference", "image"), image, "image"),
+    ]
+    request = build_request(parse(prompt="p", video_noise_mask="0.5"), media)
+    assert request.source_video is video and request.references == (image,)
+    assert media_aliases(request, media)["source_video"] == "source_video"
+
+
+def test_list_options_as_json_lists_repeated_fields_and_sdk_brackets():
+    assert parse_fields(RequestBody({"prompt": "p", "continuation_prompts": ["a", "b"]})).values[
+        "continuation_prompts"] == ("a", "b")
+    pairs = [("prompt", "p"), ("start_time_seconds[]", "1.5"), ("start_time_seconds[]", "0")]
+    assert parse_fields(RequestBody(unflatten(pairs))).values["start_time_seconds"] == (1.5, 0.0)
+    assert request_of(prompt="p", start_time_seconds="2").start_time_seconds == 2.0
+    assert rejected(prompt="p", start_time_seconds="-1").param == "start_time_seconds"

@@ -412,3 +412,58 @@ def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
     accepted = {"image 256x256", "image 5:2", "audio 2 s with an image", "video 3 s"}
     assert server == {case: case in accepted for case in MEDIA_CASES}
     assert page_verdicts == server
+
+
+def test_long_video_continuation_from_the_page(page, live):
+    """Long video options: the duration cap follows the mode, window prompts go in extra_params; the 40 s job
+    is accepted (974 frames) and then deleted (cancelled) rather than waited for."""
+    fill(page, "a sailboat on a calm sea", {"#seconds": "40", "#steps": "2"})
+    expect(page.locator("#seconds-info")).to_have_text("between 4 and 15 s")
+    expect(page.locator("#window-prompts-field")).to_be_hidden()
+    page.select_option("#long-mode", "continuation")
+    expect(page.locator("#seconds-info")).to_have_text("40 s → 974 frames, 40.58 s")
+    page.fill("#window-prompts", "at dawn\na storm gathers\nlightning\nthe storm clears")
+    page.get_by_role("button", name="Generate").click()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def created():
+        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
+        return next((j for j in jobs if j["prompt"] == "a sailboat on a calm sea"), None)
+
+    job = wait_until(created, 60, "the job", 0.2)
+    assert (job["seconds"], job["num_frames"]) == ("40", 974)
+    assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=headers).status_code == 200
+
+
+def test_extend_a_result(page, live):
+    """The result's Extend button: POST /v1/videos/extensions with the shown job's id; the new job is the source
+    (4 s, 107 frames) followed by 102 more frames, and the page follows it to the end."""
+    fill(page, "a kite over a hill")
+    generate_and_wait(page)
+    source = job_id(page)
+    page.fill("#prompt", "the kite climbs higher")
+    page.get_by_role("button", name="Extend").click()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def extension():
+        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
+        return next((j for j in jobs if j["prompt"] == "the kite climbs higher"), None)
+
+    job = wait_until(extension, 60, "the extension job", 0.2)
+    assert job["num_frames"] == FRAMES_4S + 102 and job["id"] != source
+    expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
+    assert httpx.get(f"{live.url}/v1/videos/{job['id']}", headers=headers).json()["status"] == "completed"
+
+
+def test_latent_mask_edit_from_the_page(page, live, tmp_path):
+    """A source video and an all-0 mask: the job keeps the source (a latent-mask edit) and completes."""
+    source = tmp_path / "source.mp4"
+    source.write_bytes(mp4(tmp_path / "made.mp4", 4.5))
+    fill(page, "keep it as it is")
+    page.locator("#edit-box summary").click()
+    page.set_input_files("#source-video", str(source))
+    page.fill("#video-mask", "[1.5]")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#video_noise_mask-error")).to_contain_text("values must be in [0, 1]")
+    page.fill("#video-mask", "0")
+    generate_and_wait(page)

@@ -29,6 +29,8 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "media_mix": ("invalid_value", r"cannot be combined|one file only|at most \d+ media inputs"),
     "media": ("", r""),  # any invalid_media / fetch refusal: the bytes, not the shape, are at fault
     "prompt": ("invalid_value", r"prompt: must not be empty|surrogate"),
+    "long_video": ("invalid_value", r"long_video|continuation|seconds \(long_video|set quality=lossless"),
+    "edit": ("invalid_value", r"source_video|source_audio|noise_mask|driving audio|start_time_seconds"),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
 SEQUENCES = 60  # stateful runs, one sequence of up to 6 linked steps each

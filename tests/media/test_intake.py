@@ -375,3 +375,23 @@ def test_resample_audio_keeps_the_signal_and_has_torchaudio_length():
     t2 = np.arange(y.shape[1]) / target
     assert np.abs(y[0, 64:-64] - np.sin(2 * np.pi * 440 * t2[64:-64])).max() < 1e-3
     assert np.array_equal(intake.resample_audio(x[:1], target, target), x[:1])
+
+
+def test_start_time_seconds_trims_reference_videos_and_their_soundtrack(tmp_path):
+    from h3serve.media.intake import load_references
+    from h3serve.media.mp4 import write_mp4
+
+    path = tmp_path / "six.mp4"  # 6 s, frame i at grey level i
+    frames = np.arange(144, dtype=np.float32)[:, None, None, None] / 255 * np.ones((144, 64, 64, 3))
+    write_mp4(path, frames.astype(np.float32), np.zeros((2, 6 * 32_000), dtype=np.float32))
+    ref = MediaRef(path, "six.mp4", "video")
+    (video,) = load_references([ref], start_times=[3.0])
+    assert video.frames.shape[0] == 72 and abs(int(video.frames[0, 32, 32, 0]) - 72) <= 3
+    assert abs(video.audio.samples.shape[1] / video.audio.sample_rate - 3.0) < 0.1
+    assert load_references([ref], start_times=[0.0])[0].frames.shape[0] == 144
+    with pytest.raises(MediaLimitError, match="2-15 s|at least"):
+        load_references([ref], start_times=[5.0])  # 1 s left
+    with pytest.raises(MediaLimitError, match="outside the source duration"):
+        load_references([ref], start_times=[7.0])
+    with pytest.raises(ReferenceSetError, match="2 start times for 1 video"):
+        load_references([ref], start_times=[1.0, 2.0])

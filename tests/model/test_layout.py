@@ -145,3 +145,30 @@ def test_reference_clock_matches_spec_run():
     assert pos[45, 0] == 45.0 and pos[45 + 4, 0] == 46.0
     assert pos[layout.roles == Role.AUDIO][0, 0] == 126.0 and pos[layout.roles == Role.VIDEO][0, 0] == 126.0
     assert layout.num_audio_reference_rows == 160
+
+
+def test_latent_guide_shares_the_targets_first_positions_and_offsets_shift_temporal_rows_only():
+    """Continuation: media clock from `media_origin`, temporal rows shifted by the window's offset (start · 40/24),
+    text and still images not; the guide (last) sits on the target's first latent times, pinned like a condition."""
+    from h3serve.model.layout import ReferenceBlock, build_reference_layout
+
+    blocks = [ReferenceBlock("image", 1, 4, 4), ReferenceBlock("audio", audio_latents=80)]
+    guide = ReferenceBlock("latent_guide", 7, 2, 4, audio_latents=37)
+    tags = torch.full((45,), TEXT_TAG)
+    plain = build_reference_layout(tags, blocks, 82, 2, 4, 462, media_origin=50.0)
+    layout = build_reference_layout(tags, [*blocks, guide], 82, 2, 4, 462, media_origin=50.0, time_offset=425.0)
+    pos, roles = layout.packed.position_ids, layout.roles
+    assert torch.equal(pos[:45], plain.packed.position_ids[:45])  # text
+    assert pos[45, 0] == 50.0  # the image: the clock's start, not shifted
+    ref_audio = pos[roles == Role.AUDIO_REFERENCE]
+    assert ref_audio[0, 0] == 51.0 + 425.0 and len(ref_audio) == 160 + 74
+    target_video, target_audio = pos[roles == Role.VIDEO], pos[roles == Role.AUDIO]
+    assert target_video[0, 0] == 131.0 + 425.0 and torch.equal(target_audio, plain.packed.position_ids[
+        plain.roles == Role.AUDIO] + torch.tensor([425.0, 0, 0], dtype=torch.float64))
+    guide_video = pos[roles == Role.VIDEO_CONDITION][4:]  # after the 4x4 image's 2x2 tokens
+    assert torch.equal(guide_video, target_video[: 7 * 2])  # 7 latent frames x 2 tokens, same (t, h, w)
+    assert torch.equal(ref_audio[160:], torch.cat([target_audio[:37], target_audio[462 : 462 + 37]]))
+    t, index = layout.row_timesteps(0.3, 0.2)
+    assert torch.all(t[index[roles == Role.VIDEO_CONDITION]] == torch.tensor(0.999))
+    with pytest.raises(ValueError, match="last reference"):
+        build_reference_layout(tags, [guide, *blocks], 82, 2, 4, 462)

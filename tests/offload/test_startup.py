@@ -79,3 +79,22 @@ def test_serve_engine_refuses_at_start_up_not_at_the_first_request(tiny_checkpoi
 
     with pytest.raises(EngineError, match="does not fit the device"):
         Executor(_config(tiny_checkpoint, device_memory=64 * 2**20))
+
+
+def test_long_request_verdict_before_it_starts(tiny_checkpoint):
+    """A 30 s one-pass request needs ~6x the activations of 5 s: refused on a device the default request fits."""
+    from h3serve.offload.startup import long_request_refusal, longest_pass
+    from h3serve.request import GenerationRequest
+    from h3serve.validate import validate
+
+    config = EngineConfig(model=tiny_checkpoint)
+    full = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
+    message = long_request_refusal(config, full, 3 * GiB // 2)  # ~1 GiB of activations + 1 GiB headroom
+    assert message and "longest pass (736 frames at 96x64)" in message and "on a 1.50 GiB device" in message
+    assert long_request_refusal(config, full, 4 * GiB) is None
+    assert long_request_refusal(config, full, None) is None  # no device size: no verdict
+    ordinary = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=15))
+    assert long_request_refusal(config, ordinary, 3 * GiB // 2) is None  # not long: the start-up plan covers it
+    windows = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=60, long_video=True,
+                                         long_video_mode="continuation"))
+    assert longest_pass(windows).num_frames == 277 and long_request_refusal(config, windows, 3 * GiB // 2) is None

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, error_responses
@@ -44,6 +45,27 @@ def _job(ctx: ServerContext, video_id: str) -> Job:
 )
 async def create_video(request: Request, ctx: Context) -> Video:
     return Video.from_job(await submit(request, ctx, sync=False))
+
+
+# Literal paths before the {video_id} routes (else POST /videos/edits would meet GET /videos/{video_id}: 405).
+@router.post("/videos/edits", response_model=Video, summary="Edit a video (latent-mask edit or Ref2VA re-make)",
+             responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429))
+async def edit_video(request: Request, ctx: Context) -> Video:
+    return Video.from_job(await derived.edit(request, ctx))
+
+
+@router.post("/videos/extensions", response_model=Video,
+             summary="Extend a video: the source followed by `seconds` more (continuation from its last frames)",
+             responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429))
+async def extend_video(request: Request, ctx: Context) -> Video:
+    return Video.from_job(await derived.extend(request, ctx))
+
+
+@router.post("/videos/{video_id}/remix", response_model=Video,
+             summary="Remix a completed video with a new prompt (Ref2VA, the video as the reference)",
+             responses=error_responses(400, 401, 404, 409, 422, 429))
+async def remix_video(video_id: str, request: Request, ctx: Context) -> Video:
+    return Video.from_job(await derived.remix(request, ctx, video_id))
 
 
 @router.post(

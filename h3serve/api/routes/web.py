@@ -65,6 +65,8 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "frames_rest": limits.VAE_LATENTS_PER_CHUNK,
             "min_duration_s": limits.MIN_DURATION_S,
             "max_duration_s": limits.MAX_DURATION_S,
+            "max_full_duration_s": limits.MAX_FULL_DURATION_S,
+            "max_continuation_duration_s": limits.MAX_CONTINUATION_DURATION_S,
             "spatial_multiple": limits.SPATIAL_MULTIPLE,
             "min_aspect_ratio": limits.MIN_ASPECT_RATIO,
             "max_aspect_ratio": limits.MAX_ASPECT_RATIO,

@@ -16,8 +16,19 @@ const FIELD_OF_PARAM = {
   height: "size", num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift",
   "extra_params.flow_shift": "flow_shift", "extra_params.audio_flow_shift": "audio_flow_shift",
   "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
+  "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
+  "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
+  source_video: "source_video", video_noise_mask: "video_noise_mask",
 };
-const CONTROL_OF_FIELD = { size: "width", refs: "ref-input", task: null };
+const CONTROL_OF_FIELD = {
+  size: "width", refs: "ref-input", task: null, long_video: "long-mode", continuation_prompts: "window-prompts",
+  source_video: "source-video", video_noise_mask: "video-mask",
+};
+// The duration cap of each long video mode (h3serve/long_video.py).
+const maxSeconds = (mode, limits) => ({
+  full: limits.max_full_duration_s, continuation: limits.max_continuation_duration_s,
+})[mode] ?? limits.max_duration_s;
+const windowPrompts = () => $("window-prompts").value.split(/\r\n|\r|\n/).map(line => line.trim()).filter(Boolean);
 
 export class CreateForm {
   constructor(config, onSubmit) {
@@ -62,8 +73,11 @@ export class CreateForm {
     $("prompt-count").textContent = `${length.toLocaleString("en")} / ${max.toLocaleString("en")} characters`;
     $("prompt-count").classList.toggle("over", length > max);
     const seconds = Number($("seconds").value);
-    const info = durationInfo(seconds, this.config.limits);
-    const { min_duration_s: lo, max_duration_s: hi } = this.config.limits;
+    const mode = $("long-mode").value;
+    $("window-prompts-field").hidden = mode !== "continuation";
+    const limits = { ...this.config.limits, max_duration_s: maxSeconds(mode, this.config.limits) };
+    const info = durationInfo(seconds, limits);
+    const { min_duration_s: lo, max_duration_s: hi } = limits;
     $("seconds-info").textContent = info
       ? `${seconds} s → ${info.frames} frames, ${info.seconds.toFixed(2)} s`
       : `between ${lo} and ${hi} s`;
@@ -106,6 +120,12 @@ export class CreateForm {
     const { files, extra } = this.inputs.files(task);
     const audioShift = $("audio_flow_shift").value.trim();
     if (audioShift) extra.audio_flow_shift = Number(audioShift);
+    const mode = $("long-mode").value;
+    if (mode) Object.assign(extra, { long_video: true, long_video_mode: mode });
+    if (mode === "continuation" && windowPrompts().length) extra.continuation_prompts = windowPrompts();
+    const source = $("source-video").files[0];  // latent-mask editing: the source and its mask (JSON text)
+    if (source) files.push(["source_video", source]);
+    if ($("video-mask").value.trim()) fields.video_noise_mask = $("video-mask").value.trim();
     return { task, fields, extra, files };
   }
 

@@ -72,6 +72,29 @@ async function submit() {
   }
 }
 
+// POST /v1/videos/extensions: the shown video followed by the form's duration more, described by its prompt.
+async function extend() {
+  if (!result.current) return;
+  form.clearErrors();
+  const { fields } = form.request();
+  const data = new FormData();
+  for (const name of ["prompt", "seconds", "num_inference_steps", "seed", "size"]) {
+    if (fields[name]) data.append(name, fields[name]);
+  }
+  data.append("video[id]", result.current.id);
+  $("extend").disabled = true;
+  try {
+    const job = await apiJson("/v1/videos/extensions", { method: "POST", body: data });
+    progress.track(job, null);
+    history.refresh();
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) showAuthError(e, true);
+    else form.showError(e.param, e.message);
+  } finally {
+    $("extend").disabled = false;
+  }
+}
+
 function onError(e) {
   if (e instanceof ApiError && e.status === 401) showAuthError(e, false);
   else $("history-error").textContent = e.message;
@@ -97,6 +120,7 @@ const progress = new ProgressView(job => {
   if (job.status === "completed") open(job);
 });
 const history = new History({ onOpen: open, onError, ready: () => !config.api_key_required || apiKey() });
+$("extend").addEventListener("click", extend);
 setUpKey(config);
 history.refresh();
 document.body.dataset.ready = "true";

@@ -1,0 +1,176 @@
+"""Jobs made from another video: OpenAI's remix, edits and extensions, mapped onto H3's request.
+
+- remix `{id}` (JSON `{"prompt"}`): Ref2VA with the completed job's MP4 as the video reference; size, seconds and
+  steps come from the source unless given; `remixed_from_video_id` is set.
+- edits (multipart, `video` a file or `{"id": ...}`): with a video/audio noise mask, latent-mask editing of the
+  video (the `source_video`); without, a Ref2VA edit of the whole clip (the video as the reference).
+- extensions (multipart, `seconds` required: the new part's length): a continuation that starts from the video,
+  whose tail is VAE-encoded as the first latent guide; the result is the source followed by the new part.
+
+The other create fields (num_inference_steps, seed, size, extra_params, ...) work as on POST /v1/videos.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from h3serve.api.body import RequestBody, read_body
+from h3serve.api.coerce import as_json
+from h3serve.api.context import ServerContext
+from h3serve.api.errors import APIError, bad_request, not_found
+from h3serve.api.media_inputs import store_media
+from h3serve.api.request_fields import MASK_FIELDS, MediaSource, ParsedFields, parse_fields
+from h3serve.api.submission import queue_error, queue_request
+from h3serve.engine.artifacts import VARIANTS
+from h3serve.engine.jobs import UNFINISHED, Job, QueueFull, ShuttingDown, new_job_id
+from h3serve.request import GenerationRequest, MediaRef
+from h3serve.validate import GenerationPlan
+
+VIDEO_FIELD = "video"
+
+
+def completed_job(ctx: ServerContext, video_id: str, param: str = "video_id") -> Job:
+    """A job whose MP4 can be used as a source: 404 if unknown or expired, 409 unfinished, 422 failed."""
+    job = ctx.store.get(video_id)
+    if job is None:
+        raise not_found(video_id)
+    if job.status in UNFINISHED:
+        raise APIError(409, f"Video '{video_id}' is not completed yet (status {job.status}).", "video_not_ready",
+                       param, headers={"x-should-retry": "false"})
+    if job.status == "failed":
+        raise APIError(422, f"Video '{video_id}' failed; it cannot be used as a source.", "video_failed", param)
+    if job.expired or not ctx.manager.files.file(job.id, VARIANTS["video"].file_name).is_file():
+        raise APIError(404, f"The files of video '{video_id}' expired and were deleted.", "video_expired", param)
+    return job
+
+
+def _copy_output(ctx: ServerContext, source: Job, job_id: str) -> MediaRef:
+    """The source job's MP4, copied into the new job's inputs (deleting the source cannot break the new job)."""
+    folder = ctx.manager.files.inputs_dir(job_id)
+    dest = folder / f"{source.id}.mp4"
+    shutil.copyfile(ctx.manager.files.file(source.id, VARIANTS["video"].file_name), dest)
+    return MediaRef(path=dest, name=source.id, kind="video")
+
+
+def _source_defaults(parsed: ParsedFields, source: Job | None) -> dict[str, Any]:
+    """Size, seconds and steps from the source job unless the request gives them."""
+    if source is None:
+        return {}
+    values = parsed.values
+    out: dict[str, Any] = {}
+    if not {"width", "height", "aspect_ratio"} & set(values):
+        out["width"], out["height"] = (int(v) for v in source.size.split("x"))
+    if "duration_s" not in values and "num_frames" not in values:
+        out["duration_s"] = source.duration_s if source.request.long_video else float(source.seconds)
+        for name in ("long_video", "long_video_mode"):
+            if getattr(source.request, name) is not None:
+                out[name] = getattr(source.request, name)
+    if "steps" not in values and source.request.steps is not None:
+        out["steps"] = source.request.steps
+    return out
+
+
+def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | None]:
+    """The `video` field (a file, or `{"id": ...}` / its JSON text) and the rest of the body."""
+    fields, uploads = dict(body.fields), dict(body.uploads)
+    files = uploads.pop(VIDEO_FIELD, [])
+    value = fields.pop(VIDEO_FIELD, None)
+    if len(files) + (value is not None) > 1:
+        raise bad_request("video: give one file or one {\"id\": ...}", VIDEO_FIELD)
+    rest = RequestBody(fields, uploads)
+    if files:
+        return rest, MediaSource(VIDEO_FIELD, "video", upload=files[0])
+    if value is None:
+        return rest, None
+    value = as_json(value, VIDEO_FIELD) if isinstance(value, str) and value.strip().startswith("{") else value
+    if isinstance(value, dict) and set(value) == {"id"} and isinstance(value["id"], str):
+        return rest, value["id"]
+    raise bad_request('video: must be a video file or {"id": "<a completed video id>"}', VIDEO_FIELD)
+
+
+async def _submit(
+    request: Request,
+    ctx: ServerContext,
+    build: Callable[[ParsedFields, MediaRef | None, Job | None], tuple[GenerationRequest, dict[str, str]]],
+    seconds_label: Callable[[ParsedFields, GenerationPlan, Job | None], str],
+    video_id: str | None = None,
+    takes_video: bool = True,
+) -> Job:
+    """Parse the body, resolve the source video (uploaded, or a completed job's), build the request, queue it."""
+    try:
+        try:
+            await run_in_threadpool(ctx.manager.check_capacity)
+        except (QueueFull, ShuttingDown) as e:
+            raise queue_error(e) from None
+        body = await read_body(request, ctx.config.max_body_bytes)
+        rest, given = _split_video(body) if takes_video else (body, None)
+        parsed = await run_in_threadpool(parse_fields, rest)
+        if parsed.media:
+            raise bad_request(f"{parsed.media[0].field}: this route takes only `video` as media",
+                              parsed.media[0].field)
+        if takes_video and given is None:
+            raise bad_request('video: is required (a video file or {"id": ...})', VIDEO_FIELD, "missing_field")
+        source_id = video_id if video_id is not None else given if isinstance(given, str) else None
+        source = None if source_id is None else await run_in_threadpool(
+            completed_job, ctx, source_id, "video_id" if video_id else VIDEO_FIELD)
+        job_id = new_job_id()
+        try:
+            video: MediaRef | None = None
+            if source is not None:
+                video = await run_in_threadpool(_copy_output, ctx, source, job_id)
+            elif isinstance(given, MediaSource):
+                folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
+                video = (await store_media((given,), folder, ctx.fetcher))[0].ref
+            generation_request, aliases = build(parsed, video, source)
+            return await queue_request(job_id, generation_request, {**parsed.aliases, **aliases},
+                                       lambda plan: seconds_label(parsed, plan, source), ctx)
+        except BaseException:
+            await run_in_threadpool(ctx.manager.files.remove, job_id)
+            raise
+    finally:
+        await request.close()
+
+
+def _label(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> str:
+    return parsed.seconds or (source.seconds if source is not None else f"{plan.duration_s:g}")
+
+
+async def remix(request: Request, ctx: ServerContext, video_id: str) -> Job:
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
+        values = {**_source_defaults(parsed, source), **parsed.values}
+        values.setdefault("task", "ref2va")
+        generation = GenerationRequest(**values, references=(video,), remixed_from_video_id=video_id)
+        return generation, {"references[0]": "video_id"}
+
+    return await _submit(request, ctx, build, _label, video_id=video_id, takes_video=False)
+
+
+async def edit(request: Request, ctx: ServerContext) -> Job:
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
+        values = {**_source_defaults(parsed, source), **parsed.values}
+        if any(name in values for name in MASK_FIELDS):
+            return GenerationRequest(**values, source_video=video), {"source_video": VIDEO_FIELD}
+        values.setdefault("task", "ref2va")
+        return GenerationRequest(**values, references=(video,)), {"references[0]": VIDEO_FIELD}
+
+    return await _submit(request, ctx, build, _label)
+
+
+async def extend(request: Request, ctx: ServerContext) -> Job:
+    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
+        if "duration_s" not in parsed.values:
+            raise bad_request("seconds: is required (the length of the new part)", "seconds", "missing_field")
+        values = {**_source_defaults(parsed, source), **parsed.values}
+        values.update(long_video=True, long_video_mode="continuation")
+        return GenerationRequest(**values, extend_video=video), {"extend_video": VIDEO_FIELD}
+
+    def total_seconds(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> str:
+        return f"{plan.duration_s:g}"  # the source and the new part together
+
+    return await _submit(request, ctx, build, total_seconds)
+
