@@ -20,7 +20,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline, StepCallback
 from h3serve.offload.runtime import OffloadRuntime
-from h3serve.offload.startup import placement_for_engine
+from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
@@ -82,8 +82,14 @@ class LocalEngine:
         return plan
 
     def generate(self, plan: GenerationPlan, on_progress: StepCallback | None = None) -> GenerationOutput:
-        """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too)."""
+        """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too).
+
+        A long video request is first put to the memory planner (its longest pass on this device): one that
+        cannot fit is refused as the client's error before anything runs."""
         check_task_served(plan.task, self.tasks)
+        refusal = long_request_refusal(self.config, plan, device_memory_of(self.config, self.device))
+        if refusal is not None:
+            raise RequestError("long_video_mode", f"this server cannot run the request: {refusal}")
         with PeakMemory(self.device) as memory:
             start = time.perf_counter()
             conditioning = load_conditioning(plan, self.defaults)

@@ -37,3 +37,12 @@ def test_default_engine_loads_both_dits_and_runs_fl2va(tiny_checkpoint, keyframe
     out = engine.generate(plan)
     assert out.video.shape == (107, 64, 96, 3)
     assert {"media_load", "vision_encode", "vae_encode", "denoise"} <= set(out.stage_durations)
+
+
+def test_a_long_request_the_device_cannot_hold_is_refused_before_it_runs(tiny_checkpoint, monkeypatch):
+    """The server path: the engine puts a 30 s one-pass request to the planner (1.5 GiB device) before any step."""
+    engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, device_memory=3 * 2**30 // 2))
+    monkeypatch.setattr(engine.pipeline, "generate", lambda *a, **k: pytest.fail("the request ran"))
+    full = engine.plan(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
+    with pytest.raises(RequestError, match=r"long_video_mode: this server cannot run .* longest pass \(736 frames"):
+        engine.generate(full)
