@@ -98,7 +98,7 @@ async def queue_request(
         param = aliases.get(e.field, e.field)
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
     try:
-        check_cost(plan, ctx.config.max_request_cost or default_max_cost(ctx.manager.defaults))
+        check_cost(plan, ctx.config.max_request_cost or default_max_cost(ctx.manager.defaults, plan.long_video_mode))
     except TooCostly as e:
         raise bad_request(str(e), None, "request_too_costly") from None
     job = Job.planned(

@@ -4,7 +4,9 @@ cost = width × height × frames × steps / 10^6 ("Mpx·frame·steps"). Denoisin
 least linear in the latent tokens (pixels × frames), so this orders requests by run time and memory; it is
 conservative for attention, which grows faster. The default limit is what the checkpoint's own largest canvas
 costs at the longest duration with twice the default steps: any request the model card calls ordinary passes,
-and a 4096×4096, 15 s, 200-step request (~33x the limit) is refused before it can hold the engine.
+and a 4096×4096, 15 s, 200-step request (~33x the limit) is refused before it can hold the engine. The longest
+duration is that of the request's mode (15 s, 30 s with `long_video_mode=full`, 300 s by continuation), so a long
+video the model card offers passes by default too; `--max-request-cost` sets one limit for every mode.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ def request_cost(plan: GenerationPlan) -> float:
     return plan.width * plan.height * plan.num_frames * plan.steps / COST_UNIT
 
 
-def default_max_cost(defaults: ModelDefaults) -> float:
-    frames = geometry.frames_for_duration(limits.MAX_DURATION_S)
+def default_max_cost(defaults: ModelDefaults, long_video_mode: str | None = None) -> float:
+    """The default limit for a request of `long_video_mode` (None: an ordinary request)."""
+    longest = {None: limits.MAX_DURATION_S, "full": limits.MAX_FULL_DURATION_S}.get(
+        long_video_mode, limits.MAX_CONTINUATION_DURATION_S
+    )
+    frames = geometry.frames_for_duration(longest)
     return defaults.canvas_max_pixels * frames * limits.DEFAULT_STEPS * DEFAULT_STEPS_FACTOR / COST_UNIT
 
 

@@ -83,3 +83,18 @@ def test_health_reports_a_stuck_engine(tmp_path, stall_s):
             release.set()
             wait_until(lambda: client.get("/health").status_code == 200, 5, "/health to recover")
     assert body["status"] == "unhealthy" and "no progress" in body["reason"]
+
+
+def test_the_default_limit_follows_the_long_video_mode():
+    """What the long video modes offer at the largest canvas passes by default; the runaway still does not."""
+    from h3serve.validate import ModelDefaults
+
+    real = ModelDefaults()
+    big = {"prompt": "x", "width": 1792, "height": 1024, "steps": 50, "long_video": True}
+    full = validate(GenerationRequest(**big, duration_s=30, long_video_mode="full"), real)
+    windows = validate(GenerationRequest(**big, duration_s=300, long_video_mode="continuation"), real)
+    assert default_max_cost(real) < request_cost(full) <= default_max_cost(real, "full")
+    assert default_max_cost(real, "full") < request_cost(windows) <= default_max_cost(real, "continuation")
+    runaway = validate(GenerationRequest(prompt="x", width=4096, height=4096, duration_s=30, steps=200,
+                                         long_video=True, long_video_mode="full"), real)
+    assert request_cost(runaway) > 30 * default_max_cost(real, "full")
