@@ -289,7 +289,7 @@ def load_components(
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
-    from h3serve.model.pipeline import H3Components
+    from h3serve.model.pipeline_types import H3Components
 
     device = torch.device(device)
     present = [name for name in dits if layout.has(name)]

@@ -16,7 +16,7 @@ from h3serve.model.conditioning import (
     normalize_video_reference,
     prepare_keyframes,
 )
-from h3serve.model.pipeline import Conditioning
+from h3serve.model.pipeline_types import Conditioning
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 

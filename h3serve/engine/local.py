@@ -18,7 +18,8 @@ from h3serve.engine.conditioning import load_conditioning
 from h3serve.engine.memory import PeakMemory
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
-from h3serve.model.pipeline import H3Pipeline, StepCallback
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.model.pipeline_types import StepCallback
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel

@@ -7,20 +7,14 @@ them is `h3serve.checkpoint`'s job. Noise is drawn from one CPU generator in the
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Protocol
+from contextlib import nullcontext
 
 import numpy as np
 import torch
 from PIL import Image
-from torch import nn
 
 from h3serve import limits
 from h3serve.accel.cache import CacheProfile, CacheStats, block_cache, profile_for
-from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -34,6 +28,7 @@ from h3serve.model.conditioning import (
     sample_condition_frames,
     video_condition_pixels,
 )
+from h3serve.model.continuation import ContinuationMixin
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
@@ -44,78 +39,24 @@ from h3serve.model.layout import (
     patchify,
     unpatchify,
 )
+from h3serve.model.pipeline_types import (
+    Conditioning,
+    Encoded,
+    GenerationResult,
+    H3Components,
+    LatentGuide,
+    NoHooks,
+    ReferenceMedia,
+    StageClock,
+    StageHooks,
+    StepCallback,
+    Target,
+)
 from h3serve.model.scheduler import FlowSchedule, scale_noise
-from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD, TextConditioner
+from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.transformer import H3Transformer, PackedLayout
-from h3serve.model.vision_inputs import VisionProcessorConfig, num_vision_tokens, preprocess_image, preprocess_video
-from h3serve.request import tasks_served
+from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
 from h3serve.validate import GenerationPlan
-
-StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
-
-
-@dataclass
-class H3Components:
-    """Everything one pipeline needs, already on its device."""
-
-    transformer: H3Transformer | None  # T2VA / FL2VA DiT
-    transformer_ref: H3Transformer | None  # Ref2VA DiT
-    vae: nn.Module  # AutoencoderKLMiniMaxH3
-    audio_vae: nn.Module  # AutoencoderKLMiniMaxH3Audio
-    text: TextConditioner
-    vision_config: VisionProcessorConfig  # Qwen3-VL image/video preprocessing
-
-    @property
-    def tasks(self) -> tuple[str, ...]:
-        """Tasks the loaded DiTs can serve."""
-        loaded = {"transformer": self.transformer, "transformer_ref": self.transformer_ref}
-        return tasks_served(name for name, dit in loaded.items() if dit is not None)
-
-
-@dataclass
-class GenerationResult:
-    video: torch.Tensor  # [T, H, W, 3] float32 in [0, 1]
-    audio: torch.Tensor  # [2, N] float32 in [-1, 1] at 32 kHz
-    video_latents: torch.Tensor  # [1, 24, F, lh, lw] normalised latents, fp32
-    audio_latents: torch.Tensor  # [2, 32, A] normalised latents, fp32
-    stage_durations: dict[str, float] = field(default_factory=dict)
-    block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
-
-
-class StageHooks(Protocol):
-    """Told where a request is, so that weights can be placed for each stage (h3serve.offload carries it out)."""
-
-    def request(self, task: str) -> AbstractContextManager[None]: ...
-
-    def stage(self, name: str) -> AbstractContextManager[None]: ...
-
-
-class _NoHooks:
-    def request(self, task: str) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def stage(self, name: str) -> AbstractContextManager[None]:
-        return nullcontext()
-
-
-class _StageClock:
-    """Accumulates wall time per named stage (synchronising the GPU so the figures are real); each stage runs
-    inside the placement hooks' `stage(name)`, so its time includes moving its weights in."""
-
-    def __init__(self, device: torch.device, hooks: StageHooks | None = None):
-        self.device = device
-        self.hooks = hooks or _NoHooks()
-        self.durations: dict[str, float] = {}
-        self.steps = 0  # denoise steps run (a continuation runs several windows)
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        with self.hooks.stage(name):
-            yield
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.durations[name] = self.durations.get(name, 0.0) + time.perf_counter() - start
 
 
 def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
@@ -128,65 +69,7 @@ def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
     )
 
 
-@dataclass
-class Conditioning:
-    """Decoded, normalised conditioning for one request (empty for T2VA)."""
-
-    keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
-    anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
-    references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
-    edit_video: np.ndarray | None = None  # latent-mask editing: source frames (T, H, W, 3) uint8 on the canvas
-    edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
-    extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
-    extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
-
-
-@dataclass(frozen=True)
-class _Target:
-    """The generated latents' shape: video latent frames and canvas, audio latents per channel."""
-
-    latent_frames: int
-    latent_height: int
-    latent_width: int
-    audio_latents: int
-
-
-@dataclass
-class ReferenceMedia:
-    """Ref2VA references encoded once per request (a continuation reuses them in every window)."""
-
-    ids: list[int]  # the presentation's reference part (labels and vision blocks), before the prompt
-    tags: list[int]
-    vision: dict[str, torch.Tensor]
-    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
-    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
-    blocks: list[ReferenceBlock]
-
-
-@dataclass
-class LatentGuide:
-    """A continuation window's carry-over: the previous window's last overlap latents, clean and normalised."""
-
-    video: torch.Tensor  # [1, 24, F, lh, lw]
-    audio: torch.Tensor  # [2, 32, A]
-
-    def audio_rows(self) -> torch.Tensor:
-        """Channel-major rows [2·A, 32], the packing of every audio block."""
-        return self.audio.permute(0, 2, 1).reshape(-1, self.audio.shape[1])
-
-
-@dataclass
-class Encoded:
-    """Everything the loop needs from the conditioning stage."""
-
-    token_ids: list[int]  # the presentation the text encoder read
-    text_states: torch.Tensor  # [1, L, text_dim]
-    layout: Layout
-    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
-    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
-
-
-class H3Pipeline:
+class H3Pipeline(ContinuationMixin):
     """Runs T2VA, FL2VA and Ref2VA requests on loaded components. Stateless between requests."""
 
     def __init__(
@@ -198,7 +81,7 @@ class H3Pipeline:
     ):
         self.components = components
         self.device = torch.device(device)
-        self.hooks = hooks or _NoHooks()
+        self.hooks = hooks or NoHooks()
         self.cache = cache
 
     @torch.no_grad()
@@ -211,10 +94,10 @@ class H3Pipeline:
             return self._generate(plan, conditioning or Conditioning(), on_step)
 
     def _generate(self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None) -> GenerationResult:
-        clock = _StageClock(self.device, self.hooks)
+        clock = StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
         dit = self.components.transformer_ref if cond.references else self.components.transformer
-        target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+        target = Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
         edits = self.encode_edit(plan, cond, clock) if plan.edit else (None, None)
         profile = profile_for(plan.quality, self.cache)
         cached = profile is not None and dit is not None
@@ -224,7 +107,7 @@ class H3Pipeline:
         return self._decode(video_latents, audio_latents, clock, cache)
 
     def encode_edit(
-        self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock
+        self, plan: GenerationPlan, cond: Conditioning, clock: StageClock
     ) -> tuple[MaskedTarget | None, MaskedTarget | None]:
         """The sources' clean latents and the masks as packed target rows (h3serve/model/latent_edit.py).
 
@@ -265,9 +148,9 @@ class H3Pipeline:
         plan: GenerationPlan,
         enc: Encoded,
         dit: H3Transformer | None,
-        target: _Target,
+        target: Target,
         seed: int,
-        clock: _StageClock,
+        clock: StageClock,
         on_step: StepCallback | None,
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,7 +201,7 @@ class H3Pipeline:
         return video_latents, audio_latents
 
     def _decode(
-        self, video_latents: torch.Tensor, audio_latents: torch.Tensor, clock: _StageClock, cache: CacheStats | None
+        self, video_latents: torch.Tensor, audio_latents: torch.Tensor, clock: StageClock, cache: CacheStats | None
     ) -> GenerationResult:
         clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, clock.steps)
         # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
@@ -335,126 +218,20 @@ class H3Pipeline:
             block_cache=cache,
         )
 
-    # -- continuation (h3serve/long_video.py) ----------------------------------------------------------------
-
-    def _generate_continuation(
-        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
-    ) -> GenerationResult:
-        """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
-        latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
-
-        Progress counts every step of every window (one bar, 0 -> 100); `on_step` is also called between windows
-        (same count), so a cancellation lands between windows as well as within them. Uncached denoising.
-        """
-        clock = _StageClock(self.device, self.hooks)
-        media = self.encode_reference_media(cond.references, clock)
-        locked = None  # lock_source: the driving audio's latents on the global timeline, sliced per window
-        if plan.audio_mask is not None:
-            with clock("vae_encode"):
-                locked, _ = self.source_audio_latents(plan, cond)
-        texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
-        media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
-        per_window = len(self._schedules(plan)[0])
-        extending = plan.extend_video is not None  # window 0 is the given video, encoded, not generated
-        total = per_window * (len(plan.windows) - extending)
-        kept_video: list[torch.Tensor] = []
-        kept_audio: list[torch.Tensor] = []
-        guide: LatentGuide | None = None
-        for window in plan.windows:
-            done = (window.index - extending) * per_window
-            if on_step is not None and window.index > extending:
-                on_step(done, total)
-
-            def progress(i: int, _n: int, done: int = done) -> None:
-                if on_step is not None:
-                    on_step(done + i, total)
-
-            if extending and window.index == 0:
-                video, audio = self.encode_extension_source(plan, cond, window, clock)
-            else:
-                video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
-                                               progress, locked)
-            kept_video.append(video[:, :, window.overlap_latent_frames :])
-            kept_audio.append(audio[:, :, window.overlap_audio_latents :])
-            if window.index + 1 < len(plan.windows):
-                following = plan.windows[window.index + 1]
-                guide = LatentGuide(
-                    video[:, :, video.shape[2] - following.overlap_latent_frames :],
-                    audio[:, :, audio.shape[2] - following.overlap_audio_latents :],
-                )
-        video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
-        if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
-            raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
-        result = self._decode(video_latents, audio_latents, clock, None)
-        if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
-            source = torch.from_numpy(cond.extend_video).float() / 255.0
-            result.video[: source.shape[0]] = source
-            if cond.extend_audio is not None:
-                n = min(cond.extend_audio.shape[1], round(source.shape[0] * limits.AUDIO_SAMPLE_RATE / limits.FPS))
-                result.audio[:, :n] = cond.extend_audio[:, :n]
-        return result
-
-    def encode_extension_source(
-        self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: _StageClock
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """An extension's window 0: the source video's latents [1, 24, F, lh, lw] and its soundtrack's [2, 32, A]
-        (cropped or zero-padded to the window; zeros without a soundtrack)."""
-        if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
-            raise ValueError("an extension needs its source frames (window 0) decoded")
-        with clock("vae_encode"):
-            pixels = torch.from_numpy(cond.extend_video).permute(3, 0, 1, 2)[None].to(self.device)
-            video = encode_visual_condition(self.components.vae, pixels)
-            channels = self.components.audio_vae.config.latent_channels
-            audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
-            if cond.extend_audio is not None:
-                rows = encode_audio_condition(self.components.audio_vae, cond.extend_audio)
-                source = rows.reshape(limits.AUDIO_CHANNELS, -1, channels)[:, : window.audio_latents]
-                audio[:, :, : source.shape[1]] = source.permute(0, 2, 1)
-        return video, audio
-
-    def run_window(
-        self,
-        plan: GenerationPlan,
-        window: Window,
-        media: ReferenceMedia,
-        text: Presentation,
-        media_origin: float,
-        guide: LatentGuide | None,
-        clock: _StageClock,
-        on_step: StepCallback | None,
-        locked_audio: torch.Tensor | None = None,  # lock_source: [2, A_total, 32] on the global timeline
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
-
-        The guide rows are the clean latents, noise-augmented like every visual condition; they sit on the RoPE
-        positions of this window's first latents. The window's noise comes from `window_seed(seed, index)`."""
-        target = _Target(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
-        extra = None
-        if guide is not None:
-            _, _, frames, h, w = guide.video.shape
-            extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
-        enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
-        seed = window_seed(plan.seed, window.index)
-        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None)
-        if locked_audio is not None:
-            held = locked_audio[:, window.audio_start : window.audio_end]
-            edits = (None, audio_target(held.reshape(-1, held.shape[-1]), torch.zeros(2, window.audio_latents)))
-        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)
-
     # -- conditioning ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def encode(self, plan: GenerationPlan, cond: Conditioning, clock: _StageClock | None = None) -> Encoded:
+    def encode(self, plan: GenerationPlan, cond: Conditioning, clock: StageClock | None = None) -> Encoded:
         """Presentation -> text states, condition latents and the packed layout."""
-        clock = clock or _StageClock(self.device, self.hooks)
+        clock = clock or StageClock(self.device, self.hooks)
         if cond.references:
             media = self.encode_reference_media(cond.references, clock)
-            target = _Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+            target = Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
             return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
         return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
 
     def _encode_keyframes(
-        self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: _StageClock
+        self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: StageClock
     ) -> Encoded:
         """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
         text = Presentation(self.components.text.tokenizer)
@@ -483,7 +260,7 @@ class H3Pipeline:
         )
         return Encoded(text.ids, text_states, layout, visual, [])
 
-    def encode_reference_media(self, refs: list[Reference], clock: _StageClock) -> ReferenceMedia:
+    def encode_reference_media(self, refs: list[Reference], clock: StageClock) -> ReferenceMedia:
         """Ref2VA references encoded once per request: labels numbered per modality (a soundtrack's label before
         its video's), vision inputs, condition latents and their layout blocks."""
         merge = self.components.vision_config.merge_size
@@ -549,8 +326,8 @@ class H3Pipeline:
         self,
         media: ReferenceMedia,
         text: Presentation,
-        target: _Target,
-        clock: _StageClock,
+        target: Target,
+        clock: StageClock,
         guide: tuple[ReferenceBlock, LatentGuide] | None = None,
         media_origin: float | None = None,
         time_offset: float = 0.0,

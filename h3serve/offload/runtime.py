@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from h3serve.model.pipeline import H3Components
+from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.plan import BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
 from h3serve.offload.units import GatheredUnit, HostUnit

@@ -23,7 +23,7 @@ from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.parallel.vae_tiles import TileParallelDecode
 
 if TYPE_CHECKING:
-    from h3serve.model.pipeline import H3Components
+    from h3serve.model.pipeline_types import H3Components
 
 
 def _new_groups(degrees: ParallelDegrees, rank: int, axes: tuple[str, ...]) -> ProcessGroup | None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from h3serve.model.conditioning import encode_audio_condition, encode_visual_condition
-from h3serve.model.pipeline import Conditioning
+from h3serve.model.pipeline_types import Conditioning
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import validate
 

@@ -157,7 +157,7 @@ def test_lock_source_holds_the_driving_audio_across_windows(tiny_pipeline, monke
     from pathlib import Path
 
     from h3serve.model.conditioning import encode_audio_condition
-    from h3serve.model.pipeline import Conditioning
+    from h3serve.model.pipeline_types import Conditioning
     from h3serve.request import MediaRef
 
     pipeline, defaults = tiny_pipeline
@@ -177,7 +177,7 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
     from pathlib import Path
 
     from h3serve.model.conditioning import encode_visual_condition
-    from h3serve.model.pipeline import Conditioning
+    from h3serve.model.pipeline_types import Conditioning
     from h3serve.request import MediaRef
 
     pipeline, defaults = tiny_pipeline

@@ -1,0 +1,135 @@
+"""Long video by continuation (windows planned in `h3serve.long_video`), mixed into `H3Pipeline`.
+
+Each window is a Ref2VA pass over its own frames; the previous window's last overlap latents ride along as a
+latent guide on the RoPE positions of the window's first latents. Windows are stitched with a hard latent cut
+and decoded once. An extension's window 0 is the given video, VAE-encoded instead of generated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from h3serve import limits
+from h3serve.long_video import Window, window_seed
+from h3serve.model.conditioning import Presentation, encode_audio_condition, encode_visual_condition
+from h3serve.model.latent_edit import MaskedTarget, audio_target
+from h3serve.model.layout import ReferenceBlock
+from h3serve.model.pipeline_types import (
+    Conditioning,
+    GenerationResult,
+    LatentGuide,
+    ReferenceMedia,
+    StageClock,
+    StepCallback,
+    Target,
+)
+from h3serve.validate import GenerationPlan
+
+
+class ContinuationMixin:
+    """`H3Pipeline`'s continuation methods. They use the pipeline's own encoding, sampling and decoding
+    (`encode_reference_media`, `_presentation`, `_reference_encoded`, `_sample`, `_decode`, `_schedules`)."""
+
+    def _generate_continuation(
+        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
+    ) -> GenerationResult:
+        """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
+        latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
+
+        Progress counts every step of every window (one bar, 0 -> 100); `on_step` is also called between windows
+        (same count), so a cancellation lands between windows as well as within them. Uncached denoising.
+        """
+        clock = StageClock(self.device, self.hooks)
+        media = self.encode_reference_media(cond.references, clock)
+        locked = None  # lock_source: the driving audio's latents on the global timeline, sliced per window
+        if plan.audio_mask is not None:
+            with clock("vae_encode"):
+                locked, _ = self.source_audio_latents(plan, cond)
+        texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
+        media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
+        per_window = len(self._schedules(plan)[0])
+        extending = plan.extend_video is not None  # window 0 is the given video, encoded, not generated
+        total = per_window * (len(plan.windows) - extending)
+        kept_video: list[torch.Tensor] = []
+        kept_audio: list[torch.Tensor] = []
+        guide: LatentGuide | None = None
+        for window in plan.windows:
+            done = (window.index - extending) * per_window
+            if on_step is not None and window.index > extending:
+                on_step(done, total)
+
+            def progress(i: int, _n: int, done: int = done) -> None:
+                if on_step is not None:
+                    on_step(done + i, total)
+
+            if extending and window.index == 0:
+                video, audio = self.encode_extension_source(plan, cond, window, clock)
+            else:
+                video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
+                                               progress, locked)
+            kept_video.append(video[:, :, window.overlap_latent_frames :])
+            kept_audio.append(audio[:, :, window.overlap_audio_latents :])
+            if window.index + 1 < len(plan.windows):
+                following = plan.windows[window.index + 1]
+                guide = LatentGuide(
+                    video[:, :, video.shape[2] - following.overlap_latent_frames :],
+                    audio[:, :, audio.shape[2] - following.overlap_audio_latents :],
+                )
+        video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
+        if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
+            raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
+        result = self._decode(video_latents, audio_latents, clock, None)
+        if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
+            source = torch.from_numpy(cond.extend_video).float() / 255.0
+            result.video[: source.shape[0]] = source
+            if cond.extend_audio is not None:
+                n = min(cond.extend_audio.shape[1], round(source.shape[0] * limits.AUDIO_SAMPLE_RATE / limits.FPS))
+                result.audio[:, :n] = cond.extend_audio[:, :n]
+        return result
+
+    def encode_extension_source(
+        self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: StageClock
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """An extension's window 0: the source video's latents [1, 24, F, lh, lw] and its soundtrack's [2, 32, A]
+        (cropped or zero-padded to the window; zeros without a soundtrack)."""
+        if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
+            raise ValueError("an extension needs its source frames (window 0) decoded")
+        with clock("vae_encode"):
+            pixels = torch.from_numpy(cond.extend_video).permute(3, 0, 1, 2)[None].to(self.device)
+            video = encode_visual_condition(self.components.vae, pixels)
+            channels = self.components.audio_vae.config.latent_channels
+            audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
+            if cond.extend_audio is not None:
+                rows = encode_audio_condition(self.components.audio_vae, cond.extend_audio)
+                source = rows.reshape(limits.AUDIO_CHANNELS, -1, channels)[:, : window.audio_latents]
+                audio[:, :, : source.shape[1]] = source.permute(0, 2, 1)
+        return video, audio
+
+    def run_window(
+        self,
+        plan: GenerationPlan,
+        window: Window,
+        media: ReferenceMedia,
+        text: Presentation,
+        media_origin: float,
+        guide: LatentGuide | None,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        locked_audio: torch.Tensor | None = None,  # lock_source: [2, A_total, 32] on the global timeline
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
+
+        The guide rows are the clean latents, noise-augmented like every visual condition; they sit on the RoPE
+        positions of this window's first latents. The window's noise comes from `window_seed(seed, index)`."""
+        target = Target(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
+        extra = None
+        if guide is not None:
+            _, _, frames, h, w = guide.video.shape
+            extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
+        enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
+        seed = window_seed(plan.seed, window.index)
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None)
+        if locked_audio is not None:
+            held = locked_audio[:, window.audio_start : window.audio_end]
+            edits = (None, audio_target(held.reshape(-1, held.shape[-1]), torch.zeros(2, window.audio_latents)))
+        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)

@@ -1,0 +1,149 @@
+"""The pipeline's data types: its components, conditioning, targets, results, and the stage clock and hooks.
+
+Shared by `h3serve.model.pipeline` (T2VA / FL2VA / Ref2VA) and `h3serve.model.continuation` (long video windows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from h3serve.accel.cache import CacheStats
+from h3serve.model.conditioning import Reference
+from h3serve.model.layout import Layout, ReferenceBlock
+from h3serve.model.text_encoder import TextConditioner
+from h3serve.model.transformer import H3Transformer
+from h3serve.model.vision_inputs import VisionProcessorConfig
+from h3serve.request import tasks_served
+
+StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
+
+
+@dataclass
+class H3Components:
+    """Everything one pipeline needs, already on its device."""
+
+    transformer: H3Transformer | None  # T2VA / FL2VA DiT
+    transformer_ref: H3Transformer | None  # Ref2VA DiT
+    vae: nn.Module  # AutoencoderKLMiniMaxH3
+    audio_vae: nn.Module  # AutoencoderKLMiniMaxH3Audio
+    text: TextConditioner
+    vision_config: VisionProcessorConfig  # Qwen3-VL image/video preprocessing
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """Tasks the loaded DiTs can serve."""
+        loaded = {"transformer": self.transformer, "transformer_ref": self.transformer_ref}
+        return tasks_served(name for name, dit in loaded.items() if dit is not None)
+
+
+@dataclass
+class GenerationResult:
+    video: torch.Tensor  # [T, H, W, 3] float32 in [0, 1]
+    audio: torch.Tensor  # [2, N] float32 in [-1, 1] at 32 kHz
+    video_latents: torch.Tensor  # [1, 24, F, lh, lw] normalised latents, fp32
+    audio_latents: torch.Tensor  # [2, 32, A] normalised latents, fp32
+    stage_durations: dict[str, float] = field(default_factory=dict)
+    block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
+
+
+class StageHooks(Protocol):
+    """Told where a request is, so that weights can be placed for each stage (h3serve.offload carries it out)."""
+
+    def request(self, task: str) -> AbstractContextManager[None]: ...
+
+    def stage(self, name: str) -> AbstractContextManager[None]: ...
+
+
+class NoHooks:
+    def request(self, task: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def stage(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+class StageClock:
+    """Accumulates wall time per named stage (synchronising the GPU so the figures are real); each stage runs
+    inside the placement hooks' `stage(name)`, so its time includes moving its weights in."""
+
+    def __init__(self, device: torch.device, hooks: StageHooks | None = None):
+        self.device = device
+        self.hooks = hooks or NoHooks()
+        self.durations: dict[str, float] = {}
+        self.steps = 0  # denoise steps run (a continuation runs several windows)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with self.hooks.stage(name):
+            yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.durations[name] = self.durations.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass
+class Conditioning:
+    """Decoded, normalised conditioning for one request (empty for T2VA)."""
+
+    keyframes: list[Image.Image] = field(default_factory=list)  # FL2VA, on the canvas, in packed order
+    anchors: tuple[str, ...] = ()  # "first" / "last", one per keyframe
+    references: list[Reference] = field(default_factory=list)  # Ref2VA, normalised, in request order
+    edit_video: np.ndarray | None = None  # latent-mask editing: source frames (T, H, W, 3) uint8 on the canvas
+    edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
+    extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
+    extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
+
+
+@dataclass(frozen=True)
+class Target:
+    """The generated latents' shape: video latent frames and canvas, audio latents per channel."""
+
+    latent_frames: int
+    latent_height: int
+    latent_width: int
+    audio_latents: int
+
+
+@dataclass
+class ReferenceMedia:
+    """Ref2VA references encoded once per request (a continuation reuses them in every window)."""
+
+    ids: list[int]  # the presentation's reference part (labels and vision blocks), before the prompt
+    tags: list[int]
+    vision: dict[str, torch.Tensor]
+    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
+    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
+    blocks: list[ReferenceBlock]
+
+
+@dataclass
+class LatentGuide:
+    """A continuation window's carry-over: the previous window's last overlap latents, clean and normalised."""
+
+    video: torch.Tensor  # [1, 24, F, lh, lw]
+    audio: torch.Tensor  # [2, 32, A]
+
+    def audio_rows(self) -> torch.Tensor:
+        """Channel-major rows [2·A, 32], the packing of every audio block."""
+        return self.audio.permute(0, 2, 1).reshape(-1, self.audio.shape[1])
+
+
+@dataclass
+class Encoded:
+    """Everything the loop needs from the conditioning stage."""
+
+    token_ids: list[int]  # the presentation the text encoder read
+    text_states: torch.Tensor  # [1, L, text_dim]
+    layout: Layout
+    visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
+    audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
