@@ -7,9 +7,9 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 
-from h3serve.engine.jobs import Job, JobManager
+from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.records import JOB_STATUSES, Job
 
-STATES = ("queued", "in_progress", "completed", "failed")
 # Seconds: a tiny CPU job's stage takes milliseconds; a 15 s 1344x768 video denoises for many minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
@@ -75,7 +75,7 @@ class Metrics:
             f"h3serve_queue_depth {manager.queue_depth}",
             "# HELP h3serve_jobs Stored jobs by state.",
             "# TYPE h3serve_jobs gauge",
-            *(f'h3serve_jobs{{state="{s}"}} {jobs_by_state.get(s, 0)}' for s in STATES),
+            *(f'h3serve_jobs{{state="{s}"}} {jobs_by_state.get(s, 0)}' for s in JOB_STATUSES),
             "# HELP h3serve_engine_up Whether the engine's rank processes and the job runner are alive.",
             "# TYPE h3serve_engine_up gauge",
             f"h3serve_engine_up {int(manager.healthy())}",
