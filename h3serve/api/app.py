@@ -31,6 +31,7 @@ def create_app(
     """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
     metrics = Metrics()
     manager.add_listener(metrics.on_job_finished)
+    manager.add_start_listener(metrics.on_job_started)
     context = ServerContext(
         config=config,
         manager=manager,

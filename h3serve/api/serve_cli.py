@@ -182,8 +182,10 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
 
     from h3serve.api.app import create_app
     from h3serve.api.http_server import build_server
+    from h3serve.config import ConfigError
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
+    from h3serve.engine.replicas import start_replicas
 
     if server_config.api_key is None and server_config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without --api-key: anyone who can reach it can submit jobs", server_config.host)
@@ -194,14 +196,14 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
         return fail(f"{where}: {e}", EXIT_ERROR)
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)
     try:
-        executor = Executor(engine_config, rendezvous=rendezvous)
-    except EngineError as e:
+        executors = start_replicas(engine_config, rendezvous, Executor)
+    except (EngineError, ConfigError) as e:
         store.close()
         return fail(str(e), EXIT_ERROR)
     manager = None
     try:
         manager = JobManager(
-            executor,
+            executors,
             store,
             files,
             max_queue=server_config.max_queue,
@@ -217,17 +219,18 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
                  server_config.port, server_config.data_dir)
         build_server(app, server_config, log_level=logging.root.level).run()
     finally:
-        shut_down(manager, executor, store)
+        shut_down(manager, executors, store)
     return 0
 
 
-def shut_down(manager: JobManager | None, executor: Executor, store: JobStore) -> None:
+def shut_down(manager: JobManager | None, executors: Executor | list[Executor], store: JobStore) -> None:
     """Stop in the order that keeps every job: the runner is asked to stop (the app's lifespan did so and
     waited a while already), the ranks are closed (killing any still busy: the runner gets `EngineError` and
     puts its job back in the queue), the runner is joined, and only then is the store closed."""
     if manager is not None:
         manager.stop()
-    executor.close()
+    for executor in executors if isinstance(executors, list) else [executors]:
+        executor.close()
     if manager is not None and not manager.join(RUNNER_JOIN_S):
         log.warning("the job runner did not stop within %g s; its job may run again on the next start",
                     RUNNER_JOIN_S)

@@ -26,7 +26,8 @@ from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
 
-ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu")  # only logged: the engine is a fake
+# Only logged (the engine is a fake); one replica.
+ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu", data_parallel_size=1)
 
 
 class RecordedExecutor(FakeExecutor):
