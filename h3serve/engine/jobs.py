@@ -533,7 +533,9 @@ class JobManager:
     def heartbeat(self) -> None:
         """Renew this server's leases; stop runs whose job was deleted or claimed elsewhere. On a shared store
         also delete orphaned sync jobs and forget jobs submitted here that another server finished."""
-        held = self.store.renew(self.owner, self.lease_s)
+        with self._cond:  # the jobs this server runs, and its sync jobs (their clients wait here)
+            mine = {a.job_id for a in self._active.values()} | set(self._done)
+        held = self.store.renew(self.owner, self.lease_s, mine)
         with self._cond:
             for active in list(self._active.values()):
                 if active.job_id not in held and not active.dropped:

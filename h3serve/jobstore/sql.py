@@ -9,7 +9,7 @@ result, and `finish` counts completions (exactly one per finished job)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -112,12 +112,17 @@ class SQLJobStore:
         )
         return from_row(rows[0]) if rows else None
 
-    def renew(self, owner: str, lease_s: float) -> set[str]:
-        """Extend every lease `owner` holds; the ids it still holds (a job missing from them was deleted, or
-        reclaimed by another server after this one's lease ran out)."""
+    def renew(self, owner: str, lease_s: float, job_ids: Collection[str]) -> set[str]:
+        """Extend `owner`'s leases on `job_ids` (the jobs it runs or waits for); the ids it still holds (one
+        missing was deleted, or reclaimed by another server after this one's lease ran out). A job `owner`
+        holds but no longer names (its outcome could not be recorded) is left to run out and be claimed again."""
+        ids = sorted(job_ids)
+        if not ids:
+            return set()
         rows = self._run(
-            f"UPDATE jobs SET lease_expires_at = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL} RETURNING id",
-            (time.time() + lease_s, owner),
+            f"UPDATE jobs SET lease_expires_at = ? WHERE owner = ? AND status IN {_UNFINISHED_SQL} "
+            f"AND id IN ({', '.join('?' for _ in ids)}) RETURNING id",
+            (time.time() + lease_s, owner, *ids),
         )
         return {row["id"] for row in rows}
 

@@ -126,7 +126,8 @@ def test_claim_takes_the_oldest_and_finish_records_once(store):
     assert not store.finish(a.id, "s1", status="completed")  # recorded already
     done = store.get(a.id)
     assert (done.status, done.progress, done.completions) == ("completed", 100, 1)
-    assert store.count_queued() == 0 and store.renew("s1", 30) == set() and store.renew("s2", 30) == {b.id}
+    assert store.count_queued() == 0 and store.renew("s1", 30, {a.id}) == set()
+    assert store.renew("s2", 30, {a.id, b.id}) == {b.id} and store.renew("s2", 30, ()) == set()
 
 
 def test_an_expired_lease_is_reclaimed_and_the_old_owner_cannot_record(store):
@@ -135,7 +136,7 @@ def test_an_expired_lease_is_reclaimed_and_the_old_owner_cannot_record(store):
     assert store.claim("live", 30) is None  # the lease still holds
     time.sleep(0.3)
     assert store.claim("live", 30).id == job.id
-    assert store.renew("dead", 30) == set() and not store.finish(job.id, "dead", status="completed")
+    assert store.renew("dead", 30, {job.id}) == set() and not store.finish(job.id, "dead", status="completed")
     assert store.finish(job.id, "live", status="completed") and store.get(job.id).completions == 1
 
 
