@@ -11,6 +11,7 @@ from h3serve.engine.jobs import JobManager, QueueFull
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
@@ -51,8 +52,6 @@ def servers(postgres_url, tmp_path):
 
 
 def test_replicas_run_jobs_side_by_side_and_a_failure_stays_in_its_replica(tmp_path):
-    from h3serve.jobstore.sqlite import SQLiteJobStore
-
     store = SQLiteJobStore(tmp_path / "jobs.sqlite3")
     replicas = [FakeExecutor(step_s=0.05), FakeExecutor(step_s=0.05)]
     manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), encoder_options=FAST_ENCODE, poll_s=0.05)

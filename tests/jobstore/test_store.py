@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from h3serve.jobstore import open_job_store
@@ -173,3 +174,15 @@ def test_concurrent_claims_never_share_a_job(target):
     assert {first.get(j).completions for j in ids} == {1}
     for s in (first, *stores):
         s.close()
+
+
+def test_a_dropped_postgresql_connection_is_reopened_on_the_next_call(postgres_url):
+    store = open_job_store(postgres_url)
+    job = store.insert(make_job())
+    backend = store._run("SELECT pg_backend_pid() AS pid")[0]["pid"]
+    with psycopg.connect(postgres_url, autocommit=True) as admin:  # as a database restart would
+        admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+    with pytest.raises(psycopg.OperationalError):
+        store.get(job.id)
+    assert store.get(job.id) == job  # the next call reconnects
+    store.close()
