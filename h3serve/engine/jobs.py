@@ -352,7 +352,10 @@ class JobManager:
                 except Exception:
                     log.exception("claiming a job from the store failed; retrying")
                     job = None
-                if job is not None:
+                if job is not None and self._find_active(job.id) is not None:
+                    # Our own running job, its lease run out (a heartbeat held up): the claim renewed it.
+                    log.warning("job %s: lease ran out while running here; renewed", job.id)
+                elif job is not None:
                     active = self._active[replica] = _Active(job.id, replica)
                     return job, active
                 if self._wakeups == seen:
