@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="throughput mode: jobs/minute with N, M, ... data-parallel CPU replicas (e.g. 1,2)")
     p.add_argument("--jobs", type=int, default=8, help="throughput mode: timed jobs per replica count (default 8)")
     p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="throughput mode: alternating timed rounds per replica count; the median counts (default 3)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -55,7 +57,7 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func", "replicas", "jobs", "threads")
+_NOT_FLAGS = ("command", "func", "replicas", "jobs", "threads", "rounds")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -81,14 +83,15 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         counts = [int(n) for n in args.replicas.split(",")]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1 or args.jobs < 1 or args.threads < 1:
-        print("error: --replicas takes replica counts like 1,2; --jobs and --threads must be >= 1", file=sys.stderr)
+    if not counts or min(counts) < 1 or min(args.jobs, args.threads, args.rounds) < 1:
+        print("error: --replicas takes replica counts like 1,2; --jobs, --threads and --rounds must be >= 1",
+              file=sys.stderr)
         return EXIT_USAGE
     steps = args.steps or 4
     model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
     try:
-        results = [measure(model, n, args.jobs, steps, args.threads, lambda line: print(line, file=sys.stderr))
-                   for n in counts]
+        results = measure(model, counts, args.jobs, steps, args.threads, args.rounds,
+                          lambda line: print(line, file=sys.stderr))
     except (ConfigError, EngineError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,12 +1,15 @@
 """`h3serve bench --replicas 1,2 --jobs 8`: jobs per minute through the server's own path (the store-driven
 queue, N data-parallel replicas on CPU with a fixed thread count each, MP4 encoding), one line per replica
-count and the speed-up over the first. Engine start-up and one warm-up job per replica are not timed."""
+count and the speed-up over the first. Engine start-up and one warm-up job per replica are not timed; the
+counts are timed in alternation over several rounds and the median round is reported."""
 
 from __future__ import annotations
 
+import contextlib
+import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +32,7 @@ class Throughput:
     replicas: int
     threads: int  # per rank
     jobs: int
-    seconds: float
+    seconds: float  # the median round
 
     @property
     def jobs_per_minute(self) -> float:
@@ -55,9 +58,9 @@ def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_
         time.sleep(0.05)
 
 
-def measure(model: Path, replicas: int, jobs: int, steps: int, threads: int, log: Callable[[str], None],
-            timeout_s: float = 3600.0) -> Throughput:
-    """Start `replicas` CPU replicas of `threads` threads per rank, warm each up, then time `jobs` jobs."""
+@contextlib.contextmanager
+def _server(model: Path, replicas: int, jobs: int, threads: int, log: Callable[[str], None]) -> Iterator[JobManager]:
+    """A job manager over `replicas` CPU replicas of `threads` threads per rank, on a temporary store."""
     config = EngineConfig(model=model, device="cpu", threads=threads, data_parallel_size=replicas).validate()
     log(f"starting {replicas} replica(s) x {threads} thread(s)")
     executors = start_replicas(config, Rendezvous.local())
@@ -68,26 +71,40 @@ def measure(model: Path, replicas: int, jobs: int, steps: int, threads: int, log
                                  encoder_options=EncoderOptions(preset="ultrafast"), poll_s=0.02)
             manager.start()
             try:
-                _run_batch(manager, replicas, steps, 10_000, timeout_s)  # warm-up: first-call costs per replica
-                start = time.monotonic()
-                _run_batch(manager, jobs, steps, 0, timeout_s)
-                seconds = time.monotonic() - start
+                yield manager
             finally:
                 manager.close()
                 store.close()
     finally:
         for executor in executors:
             executor.close()
-    result = Throughput(replicas, threads, jobs, seconds)
-    log(f"{replicas} replica(s): {jobs} jobs in {seconds:.1f} s = {result.jobs_per_minute:.1f} jobs/min")
-    return result
+
+
+def measure(model: Path, counts: list[int], jobs: int, steps: int, threads: int, rounds: int,
+            log: Callable[[str], None], timeout_s: float = 3600.0) -> list[Throughput]:
+    """Every replica count's jobs/minute: all servers start first (idle ranks cost no CPU), each is warmed up
+    with one job per replica, then `rounds` rounds time `jobs` jobs on each in turn (A/B alternation, so a
+    change in the machine's load hits every count alike); the median round counts."""
+    with contextlib.ExitStack() as stack:
+        managers = [stack.enter_context(_server(model, n, jobs, threads, log)) for n in counts]
+        for n, manager in zip(counts, managers, strict=True):
+            _run_batch(manager, n, steps, 10_000, timeout_s)
+        times: list[list[float]] = [[] for _ in counts]
+        for round_ in range(rounds):
+            for i, manager in enumerate(managers):
+                start = time.monotonic()
+                _run_batch(manager, jobs, steps, round_ * jobs, timeout_s)
+                times[i].append(time.monotonic() - start)
+                log(f"round {round_ + 1}: {counts[i]} replica(s): {jobs} jobs in {times[i][-1]:.1f} s")
+    return [Throughput(n, threads, jobs, statistics.median(t)) for n, t in zip(counts, times, strict=True)]
 
 
 def summary(results: list[Throughput], steps: int) -> str:
     """A Markdown table: one row per replica count, the speed-up over the first row."""
     base = results[0].jobs_per_minute
     lines = [
-        f"| replicas x threads | jobs | seconds | jobs/min | speed-up |  (128x64, 4 s, {steps} steps, CPU)",
+        f"| replicas x threads | jobs | seconds (median round) | jobs/min | speed-up |  (128x64, 4 s, {steps} "
+        "steps, CPU)",
         "|---|---|---|---|---|",
     ]
     for r in results:
