@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PROMPT ?= A red fox trots through fresh snow at dawn, its paws crunching softly.
 
-.PHONY: demo test lint ffmpeg chromium venv clean
+.PHONY: demo test lint ffmpeg chromium postgresql venv clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,16 @@ chromium:
 	    echo "error: could not install chromium with apt-get; install it by hand (or set H3SERVE_CHROMIUM)" >&2; \
 	    exit 1; }; }
 
+# The job-store tests start a throwaway PostgreSQL server (initdb + pg_ctl in a temp dir; as the postgres user
+# when run as root). Debian puts its binaries in /usr/lib/postgresql/*/bin, off the PATH.
+postgresql:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "PostgreSQL's initdb not found: installing postgresql with apt-get (for the job-store tests)"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get install -y postgresql || { $$SUDO apt-get update && $$SUDO apt-get install -y postgresql; } || { \
+	    echo "error: could not install postgresql with apt-get; install it by hand, then rerun make" >&2; \
+	    exit 1; }; }
+
 demo: venv ffmpeg
 	$(BIN)/h3serve make-tiny-checkpoint --default
 	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 8 --seed 0
@@ -41,7 +51,7 @@ demo: venv ffmpeg
 	@ffprobe -v error -show_entries stream=codec_name,width,height,r_frame_rate,nb_frames,sample_rate,channels \
 	  -show_entries format=duration -of compact demo.mp4
 
-test: venv ffmpeg chromium
+test: venv ffmpeg chromium postgresql
 	$(BIN)/python -m pytest -q --durations=30
 
 lint: venv

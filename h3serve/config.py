@@ -28,7 +28,8 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
     threads: int = 0  # CPU intra-op threads; 0 = torch's default
-    num_ranks: int = 0  # --num-gpus: rank processes (one per GPU); 0 = tensor_parallel_size·ulysses·ring
+    num_ranks: int = 0  # rank processes of one replica (one per GPU); 0 = tensor_parallel_size·ulysses·ring
+    data_parallel_size: int = 1  # engine replicas, each its own rank group running its own job
     task_type: str = "auto"  # auto: every DiT the checkpoint has | fl2va (t2va + fl2va) | ref2va
     # Multi-rank execution (h3serve.parallel); checked against the checkpoint's shapes in `validate`.
     tensor_parallel_size: int = 1  # DiT tensor parallel: heads and FFN columns split over TP ranks
@@ -82,6 +83,9 @@ class EngineConfig:
         from h3serve.parallel.degrees import parallel_notices
 
         notices = parallel_notices(self.parallel_degrees())
+        if self.data_parallel_size > 1:
+            notices.append(f"notice: {self.data_parallel_size} data-parallel engine replicas of {self.world_size} "
+                           f"rank(s) each: up to {self.data_parallel_size} jobs run at once")
         if self.world_size > 1 and self.resolved_device().type == "cpu":
             notices.append(f"notice: --num-gpus {self.world_size} on CPU: {self.world_size} rank processes over gloo")
         if self.dtype in ("bfloat16", "float16") and self.resolved_device().type == "cpu":
@@ -170,6 +174,8 @@ class EngineConfig:
             raise ConfigError(
                 f"--num-gpus must be >= 1 (or 0: the product of the parallel degrees), got {self.num_ranks}"
             )
+        if self.data_parallel_size < 1:
+            raise ConfigError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if self.init_timeout_s <= 0:
             raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
         if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
@@ -209,10 +215,11 @@ class EngineConfig:
         if self.resolved_device().type == "cuda":
             import torch
 
-            per_node, visible = self.world_size // nodes_from_env(), torch.cuda.device_count()
+            devices = self.world_size * self.data_parallel_size
+            per_node, visible = devices // nodes_from_env(), torch.cuda.device_count()
             if per_node > visible:
                 raise ConfigError(
-                    f"--num-gpus {self.world_size} needs {per_node} GPUs on this node, {visible} are visible; "
+                    f"--num-gpus {devices} needs {per_node} GPUs on this node, {visible} are visible; "
                     f"use --num-gpus {visible} (or run across nodes, see h3serve.parallel.rendezvous)"
                 )
         return self

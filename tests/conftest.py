@@ -25,3 +25,19 @@ def tiny_pipeline(tiny_checkpoint):
 
     layout = read_layout(tiny_checkpoint)
     return H3Pipeline(load_components(layout)), layout.defaults()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server for the whole session (see tests/postgres_server.py); never skipped."""
+    from postgres_server import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's PostgreSQL server."""
+    return postgres_server.new_database()

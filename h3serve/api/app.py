@@ -17,20 +17,21 @@ from h3serve.api.context import ServerContext
 from h3serve.api.errors import install_error_handlers
 from h3serve.api.metrics import Metrics
 from h3serve.api.routes import system, videos, web
-from h3serve.api.store import SQLiteJobStore
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.protocol import JobStore
 
 
 def create_app(
     config: ServerConfig,
     manager: JobManager,
-    store: SQLiteJobStore,
+    store: JobStore,
     fetcher: MediaFetcher | None = None,
 ) -> FastAPI:
     """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
     metrics = Metrics()
     manager.add_listener(metrics.on_job_finished)
+    manager.add_start_listener(metrics.on_job_started)
     context = ServerContext(
         config=config,
         manager=manager,

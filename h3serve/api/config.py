@@ -8,6 +8,7 @@ from pathlib import Path
 
 from h3serve import limits
 from h3serve.config import ConfigError
+from h3serve.jobstore.postgres import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
 
 MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
@@ -28,6 +29,8 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # Bearer token every /v1 route requires; None: open
     data_dir: Path = field(default_factory=default_data_dir)  # jobs.sqlite3 + jobs/<id>/ folders
+    job_store: str | None = None  # a postgresql:// URL shared by several servers; None: jobs.sqlite3 in data_dir
+    job_lease_s: float = 30.0  # a dead server's running job is claimed again this long after its last renewal
     max_queue: int = 16  # queued jobs (the running one excluded) before 429
     sync_timeout_s: float = 600.0  # /v1/videos/sync: 504 and the job is aborted after this
     output_ttl_s: float = 86_400.0  # outputs are deleted this long after a job finishes; 0: never
@@ -70,6 +73,9 @@ class ServerConfig:
             (self.max_request_cost is None or self.max_request_cost > 0, "--max-request-cost must be > 0"),
             (self.job_timeout_s is None or self.job_timeout_s > 0, "--job-timeout must be > 0 seconds"),
             (self.stall_timeout_s > 0, f"--stall-timeout must be > 0, got {self.stall_timeout_s:g}"),
+            (self.job_store is None or is_postgres_url(self.job_store),
+             f"--job-store: expected a postgresql://USER@HOST/DB URL, got {self.job_store!r}"),
+            (self.job_lease_s >= 1, f"--job-lease must be >= 1 second, got {self.job_lease_s:g}"),
             (self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty"),
             (bool(self.served_model_name), "--served-model-name must not be empty"),
         )

@@ -8,16 +8,16 @@ from fastapi import Request
 
 from h3serve.api.config import ServerConfig
 from h3serve.api.metrics import Metrics
-from h3serve.api.store import SQLiteJobStore
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.protocol import JobStore
 
 
 @dataclass(frozen=True)
 class ServerContext:
     config: ServerConfig
     manager: JobManager
-    store: SQLiteJobStore
+    store: JobStore
     fetcher: MediaFetcher
     metrics: Metrics
     started_at: int

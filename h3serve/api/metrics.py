@@ -1,4 +1,5 @@
-"""Prometheus metrics in the text exposition format: queue depth, jobs by state, latency histograms."""
+"""Prometheus metrics in the text exposition format: queue depth, jobs by state, per-replica state, latency
+histograms."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable
 
-from h3serve.engine.jobs import Job, JobManager
+from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.records import JOB_STATUSES, Job
 
-STATES = ("queued", "in_progress", "completed", "failed")
 # Seconds: a tiny CPU job's stage takes milliseconds; a 15 s 1344x768 video denoises for many minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
@@ -61,6 +62,12 @@ class Metrics:
         self.job_seconds = Histogram(
             "h3serve_job_duration_seconds", "Wall time of a job from start to finish (queue time excluded).", "status"
         )
+        self.queue_wait_seconds = Histogram(
+            "h3serve_queue_wait_seconds", "Time from submission until an engine replica took the job.", "replica"
+        )
+
+    def on_job_started(self, replica: int, queue_wait_s: float) -> None:
+        self.queue_wait_seconds.observe(str(replica), queue_wait_s)
 
     def on_job_finished(self, job: Job) -> None:
         for stage, seconds in job.stage_durations.items():
@@ -69,16 +76,27 @@ class Metrics:
             self.job_seconds.observe(job.status, job.inference_time_s)
 
     def render(self, manager: JobManager, jobs_by_state: dict[str, int]) -> str:
+        replicas = manager.replicas()
         lines = [
             "# HELP h3serve_queue_depth Jobs waiting for the engine (the running one excluded).",
             "# TYPE h3serve_queue_depth gauge",
             f"h3serve_queue_depth {manager.queue_depth}",
             "# HELP h3serve_jobs Stored jobs by state.",
             "# TYPE h3serve_jobs gauge",
-            *(f'h3serve_jobs{{state="{s}"}} {jobs_by_state.get(s, 0)}' for s in STATES),
+            *(f'h3serve_jobs{{state="{s}"}} {jobs_by_state.get(s, 0)}' for s in JOB_STATUSES),
             "# HELP h3serve_engine_up Whether the engine's rank processes and the job runner are alive.",
             "# TYPE h3serve_engine_up gauge",
             f"h3serve_engine_up {int(manager.healthy())}",
+            "# HELP h3serve_replica_up Whether an engine replica's rank processes and job runner are alive.",
+            "# TYPE h3serve_replica_up gauge",
+            *(f'h3serve_replica_up{{replica="{r.index}"}} {int(r.problem is None)}' for r in replicas),
+            "# HELP h3serve_replica_busy Whether an engine replica is running a job.",
+            "# TYPE h3serve_replica_busy gauge",
+            *(f'h3serve_replica_busy{{replica="{r.index}"}} {int(r.busy)}' for r in replicas),
+            "# HELP h3serve_replica_jobs_served_total Jobs an engine replica has run (any outcome).",
+            "# TYPE h3serve_replica_jobs_served_total counter",
+            *(f'h3serve_replica_jobs_served_total{{replica="{r.index}"}} {r.jobs_served}' for r in replicas),
+            *self.queue_wait_seconds.render(),
             *self.stage_seconds.render(),
             *self.job_seconds.render(),
         ]

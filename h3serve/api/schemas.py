@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from h3serve.engine.jobs import Job
+from h3serve.jobstore.records import Job, JobStatus
 
 
 def _text(value: str) -> str:
@@ -26,7 +26,7 @@ class Video(BaseModel):
     id: str
     object: Literal["video"] = "video"
     model: str
-    status: Literal["queued", "in_progress", "completed", "failed"]
+    status: JobStatus
     progress: int
     created_at: int
     completed_at: int | None

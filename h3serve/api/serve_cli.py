@@ -12,11 +12,11 @@ from h3serve.cli_util import EXIT_ERROR, fail, model_dir
 
 if TYPE_CHECKING:
     from h3serve.api.config import ServerConfig
-    from h3serve.api.store import SQLiteJobStore
     from h3serve.config import EngineConfig
     from h3serve.engine.executor import Executor
     from h3serve.engine.jobs import JobManager
-    from h3serve.engine.storage import JobFiles
+    from h3serve.jobstore.files import JobFiles
+    from h3serve.jobstore.protocol import JobStore
     from h3serve.parallel.rendezvous import Rendezvous
 
 log = logging.getLogger("h3serve.serve")
@@ -48,7 +48,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $H3SERVE_API_KEY)")
     p.add_argument("--data-dir", type=Path,
                    help="jobs, inputs and outputs (default: $H3SERVE_DATA_DIR, else ~/.local/share/h3serve); "
-                        "one server per data dir")
+                        "one server per data dir, except with a shared --job-store")
+    p.add_argument("--job-store", metavar="URL", default=server("job_store"),
+                   help="postgresql://USER@HOST/DB: a job queue shared by every server on that database (then "
+                        "--data-dir must be one shared folder; see docs/scaling.md); default: "
+                        "jobs.sqlite3 in the data dir")
+    p.add_argument("--job-lease", type=float, default=server("job_lease_s"),
+                   help="seconds after a server's last lease renewal before another may rerun its job "
+                        "(default %(default)g)")
     p.add_argument("--served-model-name", help="the model id clients see (default: the checkpoint folder name)")
     p.add_argument("--max-queue", type=int, default=server("max_queue"),
                    help="queued jobs before 429 (default %(default)s)")
@@ -106,6 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=args.port,
             api_key=args.api_key,
             data_dir=args.data_dir or default_data_dir(),
+            job_store=args.job_store,
+            job_lease_s=args.job_lease,
             max_queue=args.max_queue,
             sync_timeout_s=args.sync_timeout,
             output_ttl_s=args.output_ttl,
@@ -138,6 +147,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         return fail(str(e), EXIT_ERROR)
     if not rendezvous.is_leader:  # another node serves HTTP; this one only hosts its ranks
         return _serve_follower(engine_config, rendezvous)
+    if server_config.job_store is not None:  # a shared queue: every server of the database shares the data dir
+        return _serve_leader(engine_config, server_config, rendezvous)
     lock = DataDirLock(server_config.data_dir)
     try:  # before the model loads: a second server on this data dir fails in a moment, not minutes
         lock.acquire()
@@ -149,13 +160,14 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
         lock.release()
 
 
-def _open_storage(server_config: ServerConfig) -> tuple[SQLiteJobStore, JobFiles]:
-    """The job store and files. `OSError` (an unusable folder), `sqlite3.Error` (a broken or locked database)
-    or `RuntimeError` (a database from a newer h3serve) if the data dir cannot hold them."""
-    from h3serve.api.store import SQLiteJobStore
-    from h3serve.engine.storage import JobFiles
+def _open_storage(server_config: ServerConfig) -> tuple[JobStore, JobFiles]:
+    """The job store and files. `OSError` (an unusable folder), `sqlite3.Error` (a broken or locked database),
+    `psycopg.Error` (an unreachable PostgreSQL) or `RuntimeError` (a database from a newer h3serve) if the
+    data dir or the database cannot hold them."""
+    from h3serve.jobstore import open_job_store
+    from h3serve.jobstore.files import JobFiles
 
-    store = SQLiteJobStore(server_config.store_path)
+    store = open_job_store(server_config.job_store or server_config.store_path)
     try:
         return store, JobFiles(server_config.jobs_dir)
     except BaseException:
@@ -166,27 +178,32 @@ def _open_storage(server_config: ServerConfig) -> tuple[SQLiteJobStore, JobFiles
 def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rendezvous: Rendezvous) -> int:
     import sqlite3
 
+    import psycopg
+
     from h3serve.api.app import create_app
     from h3serve.api.http_server import build_server
+    from h3serve.config import ConfigError
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
+    from h3serve.engine.replicas import start_replicas
 
     if server_config.api_key is None and server_config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without --api-key: anyone who can reach it can submit jobs", server_config.host)
     try:  # before the engine too: a bad data dir should not cost a model load
         store, files = _open_storage(server_config)
-    except (OSError, sqlite3.Error, RuntimeError) as e:
-        return fail(f"--data-dir {server_config.data_dir}: {e}", EXIT_ERROR)
+    except (OSError, sqlite3.Error, psycopg.Error, RuntimeError) as e:
+        where = "--job-store" if server_config.job_store else f"--data-dir {server_config.data_dir}"
+        return fail(f"{where}: {e}", EXIT_ERROR)
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)
     try:
-        executor = Executor(engine_config, rendezvous=rendezvous)
-    except EngineError as e:
+        executors = start_replicas(engine_config, rendezvous, Executor)
+    except (EngineError, ConfigError) as e:
         store.close()
         return fail(str(e), EXIT_ERROR)
     manager = None
     try:
         manager = JobManager(
-            executor,
+            executors,
             store,
             files,
             max_queue=server_config.max_queue,
@@ -195,23 +212,25 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             encoder_options=server_config.encoder_options,
             job_timeout_s=server_config.job_timeout_s,
             stall_timeout_s=server_config.stall_timeout_s,
+            lease_s=server_config.job_lease_s,
         )
         app = create_app(server_config, manager, store)
         log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,
                  server_config.port, server_config.data_dir)
         build_server(app, server_config, log_level=logging.root.level).run()
     finally:
-        shut_down(manager, executor, store)
+        shut_down(manager, executors, store)
     return 0
 
 
-def shut_down(manager: JobManager | None, executor: Executor, store: SQLiteJobStore) -> None:
+def shut_down(manager: JobManager | None, executors: Executor | list[Executor], store: JobStore) -> None:
     """Stop in the order that keeps every job: the runner is asked to stop (the app's lifespan did so and
     waited a while already), the ranks are closed (killing any still busy: the runner gets `EngineError` and
     puts its job back in the queue), the runner is joined, and only then is the store closed."""
     if manager is not None:
         manager.stop()
-    executor.close()
+    for executor in executors if isinstance(executors, list) else [executors]:
+        executor.close()
     if manager is not None and not manager.join(RUNNER_JOIN_S):
         log.warning("the job runner did not stop within %g s; its job may run again on the next start",
                     RUNNER_JOIN_S)

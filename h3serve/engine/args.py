@@ -47,7 +47,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--task-type", default="auto", help="DiTs to load: auto | combined (both) | t2va | fl2va | ref2va")
 
     p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
-    p.add_argument("--num-gpus", type=int, default=0, help="ranks (default: tensor-parallel · ulysses · ring)")
+    p.add_argument("--num-gpus", type=int, default=0,
+                   help="ranks in all (default: tensor-parallel · ulysses · ring · data-parallel); more than "
+                        "tensor-parallel · ulysses · ring makes the remainder data-parallel replicas")
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine replicas, each its own rank group (GPUs / --threads share) running its own job")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="DiT tensor parallel (divides 56 heads)")
     p.add_argument(
         "--usp",
@@ -276,11 +280,36 @@ def device_memory(text: str | None) -> int | None:
         raise ConfigError(str(e)) from None
 
 
+def data_parallel_layout(args: argparse.Namespace) -> tuple[int, int]:
+    """(ranks per replica, replicas) from --num-gpus and --data-parallel-size, as in vLLM-Omni: --num-gpus
+    above tensor-parallel · ulysses · ring makes the remainder data-parallel. Ranks per replica 0: the product.
+
+    Only when no flag asks for ranks beyond the DiT group: with --text-encoder-tp-size or
+    --vae-patch-parallel-size above it, the extra ranks of one replica serve those (checked in `check_degrees`)."""
+    from h3serve.config import ConfigError
+
+    dp = args.data_parallel_size
+    if dp < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1, got {dp}")
+    if not args.num_gpus:
+        return 0, dp
+    if args.num_gpus % dp:
+        raise ConfigError(f"--num-gpus {args.num_gpus} must be a multiple of --data-parallel-size {dp}")
+    per_replica = args.num_gpus // dp
+    dit_group = args.tensor_parallel_size * args.ulysses_degree * args.ring_degree
+    extra_ranks_used = max(args.text_encoder_tp_size, args.vae_patch_parallel_size) > dit_group
+    if per_replica > dit_group and per_replica % dit_group == 0 and not extra_ranks_used:
+        return dit_group, dp * (per_replica // dit_group)
+    return per_replica, dp
+
+
 def layout_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that say which DiTs load and how the ranks split the work."""
+    num_ranks, replicas = data_parallel_layout(args)
     return {
         "task_type": TASK_TYPES[args.task_type],
-        "num_ranks": args.num_gpus,
+        "num_ranks": num_ranks,
+        "data_parallel_size": replicas,
         "tensor_parallel_size": args.tensor_parallel_size,
         "ulysses_degree": args.ulysses_degree,
         "ring_degree": args.ring_degree,

@@ -75,12 +75,16 @@ class Executor:
 
     Across several nodes (see `h3serve.parallel.rendezvous`) each node's executor starts its share of the
     ranks; only the leader (global rank 0's node) serves `generate`, the others call `run_follower`.
+    `replica` (data parallelism, see `h3serve.engine.replicas`): this executor's GPUs are the replica's slice,
+    devices `replica * world_size ...`; it shares nothing else with the other replicas' executors.
     """
 
     def __init__(
-        self, config: EngineConfig, start_timeout_s: float | None = None, rendezvous: Rendezvous | None = None
+        self, config: EngineConfig, start_timeout_s: float | None = None, rendezvous: Rendezvous | None = None,
+        replica: int = 0,
     ):
         self.config = config
+        self.replica = replica
         self.rendezvous = rendezvous or Rendezvous.from_env()
         self.start_timeout_s = config.init_timeout_s if start_timeout_s is None else start_timeout_s
         self._ctx = mp.get_context("spawn")
@@ -114,8 +118,8 @@ class Executor:
             self._ctx.Process(
                 target=worker_main,
                 args=(rank, world, rendezvous.init_method, self.config, self._requests, self._events, self._cancel),
-                kwargs={"local_rank": local_rank},
-                name=f"h3serve-rank{rank}",
+                kwargs={"local_rank": self.replica * len(self._ranks) + local_rank},
+                name=f"h3serve-rank{rank}" if not self.replica else f"h3serve-replica{self.replica}-rank{rank}",
                 daemon=True,
             )
             for local_rank, rank in enumerate(self._ranks)

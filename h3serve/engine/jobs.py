@@ -1,110 +1,52 @@
-"""Video jobs: a durable, bounded FIFO queue and one runner thread that feeds the executor a job at a time.
+"""Video jobs: a durable FIFO queue that lives in the job store, and one runner thread per engine replica.
 
-The queue lives in memory; every job's state lives in a `JobStore` (SQLite in the server) and its files in
-`JobFiles`, so a restarted manager finds every job again: finished ones stay finished, queued and in-progress
-ones run again from the start, in their original order (generation is deterministic, so a re-run gives the
-same output). A running job is cancelled at its next denoise step; a queued one simply leaves the queue.
-Nothing here knows about HTTP.
+The queue *is* the store (`h3serve.jobstore`): a runner claims the oldest queued job under a lease, renews
+the lease on a heartbeat while the job runs, and records the outcome conditioned on still holding it. So one
+replica, N replicas in one server, or many servers on one PostgreSQL database run the same code path, and a
+job whose server died is claimed again once its lease runs out (generation is deterministic, so a rerun
+gives the same output). A restarted server finds every job again: finished ones stay finished, queued and
+in-progress ones run again from the start, in their original order. A running job is cancelled at its next
+denoise step (a delete on another server reaches the owner through its lease renewal); a queued one is
+simply removed from the store. Nothing here knows about HTTP.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
+import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from h3serve import limits
 from h3serve.engine.artifacts import write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import plan_request
-from h3serve.engine.storage import JobFiles
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.records import FINISHED, Job, JobError
 from h3serve.media.intake import MediaError
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, ModelDefaults, RequestError
 
 log = logging.getLogger("h3serve.jobs")
 
-JobStatus = Literal["queued", "in_progress", "completed", "failed"]
-UNFINISHED: tuple[JobStatus, ...] = ("queued", "in_progress")
 DEFAULT_RETRY_AFTER_S = 30
-
-
-def new_job_id() -> str:
-    return f"video_{secrets.token_hex(16)}"
-
-
-# Codes of failures the request itself caused (its fields or media failed a check at run time): a client
-# error, not a server one. Every other code (generation_failed, output_failed, internal_error) is the server's.
-CLIENT_ERROR_CODES = frozenset({"invalid_request", "invalid_media"})
+DEFAULT_LEASE_S = 30.0  # a dead server's job is claimed again this long after its last renewal
+DEFAULT_POLL_S = 0.5  # idle runners look for work this often (a local submit wakes them at once)
+ORPHAN_AGE_S = 3600.0  # shared data dir: a job folder without a record is removed once this old
 INTERNAL_ERROR_MESSAGE = "the server hit an internal error while running the job"
 
 
-@dataclass(frozen=True)
-class JobError:
-    """Why a job failed; `message` is client-safe."""
-
-    code: str
-    message: str
-
-    @property
-    def client_error(self) -> bool:
-        """The request was at fault (an HTTP client gets a 4xx), not the server."""
-        return self.code in CLIENT_ERROR_CODES
-
-
-@dataclass(frozen=True)
-class Job:
-    """One video job as stored. `seq` (assigned by the store) is the FIFO order; `sync` jobs are never listed."""
-
-    id: str
-    model: str
-    request: GenerationRequest
-    created_at: int
-    size: str  # "WxH" of the planned canvas
-    seconds: str  # the requested duration, as the OpenAI schema's string
-    num_frames: int
-    fps: int
-    duration_s: float
-    status: JobStatus = "queued"
-    progress: int = 0
-    completed_at: int | None = None
-    expires_at: int | None = None
-    stage_durations: dict[str, float] = field(default_factory=dict)
-    peak_memory_mb: float = 0.0
-    inference_time_s: float | None = None
-    error: JobError | None = None
-    sync: bool = False
-    expired: bool = False  # the output files were swept after `expires_at`
-    seq: int = 0
-
-    @classmethod
-    def planned(cls, job_id: str, model: str, request: GenerationRequest, plan: GenerationPlan, seconds: str,
-                created_at: int, sync: bool = False) -> Job:
-        return cls(
-            id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
-            seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
-        )
-
-
-class JobStore(Protocol):
-    """Durable job records. Every method is atomic and thread-safe."""
-
-    def insert(self, job: Job) -> Job: ...  # returns the job with its `seq`
-    def get(self, job_id: str) -> Job | None: ...
-    def update(self, job_id: str, **changes: Any) -> None: ...  # no-op for a missing id
-    def delete(self, job_id: str) -> bool: ...
-    def ids(self) -> set[str]: ...
-    def unfinished(self) -> list[Job]: ...  # queued or in progress, by seq
-    def sync_jobs(self) -> list[Job]: ...
-    def due_to_expire(self, now: int) -> list[Job]: ...  # expires_at <= now and files not yet swept
+def server_name() -> str:
+    """A name no other live server has: host, pid and a random tag (a restarted process is a new owner)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
 class ExecutorLike(Protocol):
@@ -135,24 +77,43 @@ class ShuttingDown(RuntimeError):
 
 @dataclass
 class _Active:
-    """The job the runner holds. `seq` is the executor's handle, known once the executor has taken the job."""
+    """A job a replica holds. `seq` is the executor's handle, known once the executor has taken the job."""
 
     job_id: str
+    replica: int
     seq: int | None = None
     deleted: bool = False
+    lost: bool = False  # another server holds the job now (this one's lease ran out): its result is not ours
     started: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)  # /health's stall check
 
+    @property
+    def dropped(self) -> bool:
+        return self.deleted or self.lost
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One engine replica as /health and /metrics show it."""
+
+    index: int
+    busy: bool
+    job_id: str | None
+    jobs_served: int
+    problem: str | None  # why it cannot serve; None: it can
+
 
 JobListener = Callable[[Job], None]
+StartListener = Callable[[int, float], None]  # (replica, seconds the job waited in the queue)
 
 
 class JobManager:
-    """Owns the queue and the runner thread; the executor runs one job at a time, in submission order."""
+    """Owns the runner threads (one per executor: the engine replicas), the lease heartbeat and the TTL sweeper.
+    Jobs run in submission order; each replica runs one job at a time."""
 
     def __init__(
         self,
-        executor: ExecutorLike,
+        executor: ExecutorLike | Sequence[ExecutorLike],
         store: JobStore,
         files: JobFiles,
         *,
@@ -163,8 +124,13 @@ class JobManager:
         clock: Callable[[], float] = time.time,
         job_timeout_s: float | None = None,
         stall_timeout_s: float | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        poll_s: float = DEFAULT_POLL_S,
+        owner: str | None = None,
     ):
-        self.executor = executor
+        self.executors: list[ExecutorLike] = list(executor) if isinstance(executor, Sequence) else [executor]
+        if not self.executors:
+            raise ValueError("a job manager needs at least one executor")
         self.store = store
         self.files = files
         self.max_queue = max_queue
@@ -174,18 +140,29 @@ class JobManager:
         self.clock = clock
         self.job_timeout_s = job_timeout_s
         self.stall_timeout_s = stall_timeout_s
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.owner = owner or server_name()
         self._cond = threading.Condition()
-        self._queue: deque[tuple[str, GenerationPlan]] = deque()
-        self._active: _Active | None = None
+        self._wakeups = 0  # bumped on every local submit: a runner that saw no job re-checks before waiting
+        self._plans: dict[str, GenerationPlan] = {}  # plans of jobs planned here (a claim elsewhere re-plans)
+        self._active: dict[int, _Active] = {}  # replica -> the job it runs
+        self._served = [0] * len(self.executors)
         self._done: dict[str, threading.Event] = {}
         self._listeners: list[JobListener] = []
-        self._run_seconds: deque[float] = deque(maxlen=8)
+        self._start_listeners: list[StartListener] = []
+        self._run_seconds: list[float] = []
         self._stopping = False
-        self._stop_sweeper = threading.Event()
-        self._runner: threading.Thread | None = None
-        self._sweeper: threading.Thread | None = None
+        self._stop_background = threading.Event()
+        self._runners: list[threading.Thread] = []
+        self._background: list[threading.Thread] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------------
+
+    @property
+    def executor(self) -> ExecutorLike:
+        """The first replica's executor (the only one without data parallelism)."""
+        return self.executors[0]
 
     @property
     def defaults(self) -> ModelDefaults:
@@ -196,81 +173,106 @@ class JobManager:
         return self.executor.tasks
 
     def start(self) -> None:
-        """Recover the stored jobs, then start the runner and the TTL sweeper."""
+        """Recover the stored jobs, then start the runners, the lease heartbeat and the TTL sweeper."""
         self._recover()
-        self._runner = threading.Thread(target=self._run_forever, name="h3serve-job-runner", daemon=True)
-        self._runner.start()
-        self._sweeper = threading.Thread(target=self._sweep_forever, name="h3serve-ttl-sweeper", daemon=True)
-        self._sweeper.start()
+        self._runners = [
+            threading.Thread(target=self._run_forever, args=(i,), name=f"h3serve-job-runner-{i}", daemon=True)
+            for i in range(len(self.executors))
+        ]
+        self._background = [
+            threading.Thread(target=self._heartbeat_forever, name="h3serve-lease-heartbeat", daemon=True),
+            threading.Thread(target=self._sweep_forever, name="h3serve-ttl-sweeper", daemon=True),
+        ]
+        for thread in (*self._runners, *self._background):
+            thread.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """`stop`, then `join`: a running job stops at its next step and stays queued for the next start."""
+        """`stop`, then `join`: running jobs stop at their next step and go back to the queue."""
         self.stop()
         self.join(timeout_s)
 
     def stop(self) -> None:
-        """Stop taking jobs and ask the running one to stop; returns at once. Idempotent.
+        """Stop taking jobs and ask the running ones to stop; returns at once. Idempotent.
 
         From here on a run that ends in `Cancelled` or `EngineError` (its ranks killed by `executor.close`)
         puts its job back in the queue instead of failing it."""
         with self._cond:
             self._stopping = True
-            if self._active is not None and self._active.seq is not None:
-                self.executor.cancel(self._active.seq)
+            for active in self._active.values():
+                if active.seq is not None:
+                    self.executors[active.replica].cancel(active.seq)
             self._cond.notify_all()
-        self._stop_sweeper.set()
+        self._stop_background.set()
 
     def drain(self, grace_s: float) -> bool:
         """Graceful stop: take no more jobs, release /sync waiters of queued jobs (they answer 'shutting down'),
-        give the running job `grace_s` to finish, then `stop` (cancelling it back into the queue). True if
+        give the running jobs `grace_s` to finish, then `stop` (cancelling them back into the queue). True if
         nothing was left running."""
         deadline = time.monotonic() + grace_s
         with self._cond:
             self._stopping = True
-            for job_id, _ in self._queue:  # they stay queued (and stored) for the next start
+            running = {a.job_id for a in self._active.values()}
+            for job_id in [j for j in self._done if j not in running]:  # they stay queued for the next start
                 self._finish_waiters(job_id)
             self._cond.notify_all()
-            while self._active is not None and (left := deadline - time.monotonic()) > 0:
+            while self._active and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            finished = self._active is None
+            finished = not self._active
         self.stop()
         return finished
 
     def join(self, timeout_s: float = 30.0) -> bool:
-        """Wait for the runner and the sweeper to exit; True once both have (the store may then be closed)."""
+        """Wait for every thread to exit; True once all have (the store may then be closed)."""
         deadline = time.monotonic() + timeout_s
-        for thread in (self._runner, self._sweeper):
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t is not None and t.is_alive() for t in (self._runner, self._sweeper))
+        threads = (*self._runners, *self._background)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     def healthy(self) -> bool:
         return self.unhealthy_reason() is None
 
     def unhealthy_reason(self) -> str | None:
-        """Why the engine cannot serve (None: it can): the runner or the ranks are gone, or the running job has
-        made no progress for `stall_timeout_s` (a stuck engine)."""
-        if self._runner is None or not self._runner.is_alive():
-            return "the job runner is not running"
-        if not self.executor.alive():
-            return "the engine's rank processes are not running"
-        active = self._active
-        if active is not None and self.stall_timeout_s is not None:
+        """Why the server cannot serve (None: it can): every replica has a problem (see `replicas`)."""
+        problems = [r.problem for r in self.replicas()]
+        if not all(problems):
+            return None
+        if len(problems) == 1:
+            return problems[0]
+        return "; ".join(f"replica {i}: {p}" for i, p in enumerate(problems))
+
+    def replicas(self) -> list[ReplicaStatus]:
+        """Each replica's state. Its problem: the runner or the ranks are gone, or its running job has made no
+        progress for `stall_timeout_s` (a stuck engine)."""
+        return [self._replica_status(i) for i in range(len(self.executors))]
+
+    def _replica_status(self, i: int) -> ReplicaStatus:
+        active = self._active.get(i)
+        problem = None
+        if len(self._runners) <= i or not self._runners[i].is_alive():
+            problem = "the job runner is not running"
+        elif not self.executors[i].alive():
+            problem = "the engine's rank processes are not running"
+        elif active is not None and self.stall_timeout_s is not None:
             stalled_s = time.monotonic() - active.last_progress
             if stalled_s > self.stall_timeout_s:
                 limit = self.stall_timeout_s
-                return f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
-        return None
+                problem = f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
+        return ReplicaStatus(i, active is not None, active.job_id if active else None, self._served[i], problem)
 
     def add_listener(self, listener: JobListener) -> None:
-        """`listener(job)` is called from the runner thread whenever a job completes or fails."""
+        """`listener(job)` is called from a runner thread whenever a job completes or fails."""
         self._listeners.append(listener)
+
+    def add_start_listener(self, listener: StartListener) -> None:
+        """`listener(replica, queue_wait_s)` is called from a runner thread whenever it takes a job."""
+        self._start_listeners.append(listener)
 
     # -- requests from the API -------------------------------------------------------------------------------
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        return self.store.count_queued()
 
     def check_capacity(self) -> None:
         """Raise `QueueFull` now, before a request spends time on uploads and downloads."""
@@ -280,75 +282,126 @@ class JobManager:
     def _check_capacity(self) -> None:
         if self._stopping:
             raise ShuttingDown("the server is shutting down")
-        if len(self._queue) >= self.max_queue:
-            raise QueueFull(len(self._queue), self._retry_after_s())
+        depth = self.store.count_queued()  # every server's queued jobs, on a shared store
+        if depth >= self.max_queue:
+            raise QueueFull(depth, self._retry_after_s())
 
     def _retry_after_s(self) -> int:
-        """A slot frees when the running job ends: about one job's duration, from the recent ones."""
-        if not self._run_seconds:
+        """A slot frees when a running job ends: about one job's duration, from the recent ones."""
+        recent = self._run_seconds[-8:]
+        if not recent:
             return DEFAULT_RETRY_AFTER_S
-        return max(1, math.ceil(sum(self._run_seconds) / len(self._run_seconds)))
+        return max(1, math.ceil(sum(recent) / len(recent) / len(self.executors)))
 
     def submit(self, job: Job, plan: GenerationPlan) -> Job:
-        """Store `job` and queue it behind the others. Raises `QueueFull` or `ShuttingDown`."""
+        """Store `job` in the queue behind the others. Raises `QueueFull` or `ShuttingDown`.
+
+        A sync job is leased to this server from the start: only it may run the job (its HTTP client waits
+        here), and if this server dies the lease runs out and any server deletes the job."""
         with self._cond:
             self._check_capacity()
+            if job.sync:
+                job = replace(job, owner=self.owner, lease_expires_at=time.time() + self.lease_s)
             job = self.store.insert(job)
-            self._queue.append((job.id, plan))
+            self._plans[job.id] = plan
             self._done[job.id] = threading.Event()
+            self._wakeups += 1
             self._cond.notify_all()
         return job
 
     def done_event(self, job_id: str) -> threading.Event | None:
-        """Set once the job completes, fails or is deleted; None when the job is not in the queue or running.
+        """Set once the job completes, fails or is deleted; None when this server is not tracking it.
 
         Lock-free (one dict read), so the event loop can call it without waiting on a store write."""
         return self._done.get(job_id)
 
     def delete(self, job_id: str) -> bool:
-        """Forget a job and its files. A queued job leaves the queue; a running one stops at its next step."""
+        """Forget a job and its files. A queued job leaves the queue; a running one stops at its next step
+        (on another server: once that server's lease renewal finds the record gone)."""
         with self._cond:
-            if not self.store.delete(job_id):
+            job = self.store.get(job_id)
+            if job is None or not self.store.delete(job_id):
                 return False
-            if self._active is not None and self._active.job_id == job_id:
-                self._active.deleted = True  # the runner removes the files once the executor lets go
-                if self._active.seq is not None:
-                    self.executor.cancel(self._active.seq)
+            active = self._find_active(job_id)
+            if active is not None:
+                active.deleted = True  # the runner removes the files once the executor lets go
+                if active.seq is not None:
+                    self.executors[active.replica].cancel(active.seq)
                 return True
-            for item in self._queue:
-                if item[0] == job_id:
-                    self._queue.remove(item)
-                    break
+            self._plans.pop(job_id, None)
             self._finish_waiters(job_id)
-        self.files.remove(job_id)
+        running_elsewhere = (job.status == "in_progress" and job.owner != self.owner
+                             and (job.lease_expires_at or 0) > time.time())
+        if not running_elsewhere:  # else its owner removes them once it lets go (it may be writing them)
+            self.files.remove(job_id)
         return True
 
-    # -- runner ----------------------------------------------------------------------------------------------
+    def _find_active(self, job_id: str) -> _Active | None:
+        return next((a for a in self._active.values() if a.job_id == job_id), None)
 
-    def _run_forever(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                job_id, plan = self._queue.popleft()
-                active = self._active = _Active(job_id)
+    # -- runners ---------------------------------------------------------------------------------------------
+
+    def _claim(self, replica: int) -> tuple[Job, _Active] | None:
+        """The next job for `replica`, registered as active (under the lock, so a delete sees it), or None
+        after waiting for a wake-up; None also once stopping."""
+        with self._cond:
+            while not self._stopping:
+                seen = self._wakeups
+                try:
+                    job = self.store.claim(self.owner, self.lease_s)
+                except Exception:
+                    log.exception("claiming a job from the store failed; retrying")
+                    job = None
+                if job is not None and self._find_active(job.id) is not None:
+                    # Our own running job, its lease run out (a heartbeat held up): the claim renewed it.
+                    log.warning("job %s: lease ran out while running here; renewed", job.id)
+                elif job is not None:
+                    active = self._active[replica] = _Active(job.id, replica)
+                    return job, active
+                if self._wakeups == seen:
+                    self._cond.wait(self.poll_s)
+            return None
+
+    def _run_forever(self, replica: int) -> None:
+        while (claimed := self._claim(replica)) is not None:
+            job, active = claimed
+            waited = max(0.0, self.clock() - job.created_at)
+            for listener in self._start_listeners:
+                try:
+                    listener(replica, waited)
+                except Exception:
+                    log.exception("job start listener failed")
             try:
-                self._run(active, plan)
+                plan = self._plan_for(job, active)
+                if plan is not None:
+                    self._run(active, plan)
             except Exception as e:  # whatever a run raises ends that job, never the runner
                 self._record_failure(active, e)
             finally:
                 with self._cond:
                     if active.deleted:
-                        self.files.remove(job_id)
-                    self._active = None
-                    self._finish_waiters(job_id)  # after the outcome is stored: a sync waiter reads it next
-                    self._cond.notify_all()  # a drain waits for the running job
+                        self.files.remove(job.id)
+                    del self._active[replica]
+                    self._served[replica] += 1
+                    self._plans.pop(job.id, None)
+                    self._finish_waiters(job.id)  # after the outcome is stored: a sync waiter reads it next
+                    self._cond.notify_all()  # a drain waits for the running jobs
+
+    def _plan_for(self, job: Job, active: _Active) -> GenerationPlan | None:
+        """The job's plan: the one made at submission, else planned again (a job submitted to another server,
+        or before a restart); None after failing the job when its request no longer plans."""
+        plan = self._plans.get(job.id)
+        if plan is not None:
+            return plan
+        try:
+            return plan_request(job.request, self.defaults, self.tasks)
+        except (RequestError, MediaError) as e:  # the model or the input files changed under the job
+            code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
+            self._finish(active, status="failed", error=JobError(code, str(e)))
+            return None
 
     def _run(self, active: _Active, plan: GenerationPlan) -> None:
-        if active.deleted:  # deleted between leaving the queue and reaching here
-            return
+        executor = self.executors[active.replica]
         job_id = active.job_id
         reported = [0]
 
@@ -356,10 +409,8 @@ class JobManager:
             with self._cond:
                 active.seq = seq
                 active.last_progress = time.monotonic()
-                if active.deleted or self._stopping:
-                    self.executor.cancel(seq)
-                else:
-                    self.store.update(job_id, status="in_progress")
+                if active.dropped or self._stopping:
+                    executor.cancel(seq)
 
         def on_progress(done: int, total: int) -> None:
             active.last_progress = time.monotonic()
@@ -367,11 +418,18 @@ class JobManager:
             if percent > reported[0]:
                 reported[0] = percent
                 with self._cond:
-                    if not active.deleted:
-                        self.store.update(job_id, progress=percent)
+                    if active.dropped:
+                        return
+                    try:
+                        held = self.store.update_owned(job_id, self.owner, progress=percent)
+                    except Exception:  # the database is briefly away: the lease decides, not a progress tick
+                        log.warning("job %s: recording progress failed", job_id, exc_info=True)
+                        return
+                    if not held:
+                        self._drop(active)
 
-        output = self.executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s)
-        if active.deleted:
+        output = executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s)
+        if active.dropped:
             return
         encode_start = time.monotonic()
         try:
@@ -382,7 +440,7 @@ class JobManager:
                          inference_time_s=time.monotonic() - active.started)
             return
         now = time.monotonic()
-        self._run_seconds.append(now - active.started)
+        self._run_seconds = [*self._run_seconds[-7:], now - active.started]
         frames = int(output.video.shape[0])
         self._finish(
             active,
@@ -396,16 +454,30 @@ class JobManager:
             inference_time_s=now - active.started,
         )
 
+    def _drop(self, active: _Active) -> None:
+        """This server no longer holds `active`'s job (called under the lock): it was deleted, or another
+        server claimed it after this one's lease ran out. Either way the run stops at its next step."""
+        job = self.store.get(active.job_id)
+        if job is not None and job.owner == self.owner and job.status in FINISHED:
+            return  # recorded by this very run a moment ago
+        if job is None:
+            active.deleted = True  # the runner removes the files once the executor lets go
+        else:
+            active.lost = True
+            log.warning("job %s: lease lost to %s; stopping this run", active.job_id, job.owner)
+        if active.seq is not None:
+            self.executors[active.replica].cancel(active.seq)
+
     def _record_failure(self, active: _Active, exc: Exception) -> None:
         """End a run that raised: back in the queue when a shutdown stopped it, else failed. Never raises."""
-        if active.deleted:  # deleting cancels the run; there is no record left to update
+        if active.dropped:  # deleted (no record to update) or another server's now
             return
         try:
             error = self._error_for(active, exc)
             if error is None:
                 with self._cond:
-                    if not active.deleted:
-                        self.store.update(active.job_id, status="queued", progress=0)
+                    if not active.dropped:
+                        self.store.release(active.job_id, self.owner)
                 return
             # The wall time is recorded for failures too, so they reach the job duration histogram.
             self._finish(active, status="failed", error=error, inference_time_s=time.monotonic() - active.started)
@@ -428,14 +500,17 @@ class JobManager:
         return JobError("internal_error", INTERNAL_ERROR_MESSAGE)
 
     def _finish(self, active: _Active, **changes: Any) -> None:
+        """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""
         now = int(self.clock())
         changes["completed_at"] = now
         if self.output_ttl_s is not None:
             changes["expires_at"] = now + math.ceil(self.output_ttl_s)
         with self._cond:
-            if active.deleted:
+            if active.dropped:
                 return
-            self.store.update(active.job_id, **changes)
+            if not self.store.finish(active.job_id, self.owner, **changes):
+                self._drop(active)
+                return
         job = self.store.get(active.job_id)
         for listener in self._listeners if job is not None else ():
             try:
@@ -448,28 +523,72 @@ class JobManager:
         if event is not None:
             event.set()
 
+    # -- leases ----------------------------------------------------------------------------------------------
+
+    def _heartbeat_forever(self) -> None:
+        while not self._stop_background.wait(self.lease_s / 3):
+            try:
+                self.heartbeat()
+            except Exception:
+                log.exception("renewing the job leases failed (the jobs run on; another server may claim "
+                              "them once the leases run out)")
+
+    def heartbeat(self) -> None:
+        """Renew this server's leases; stop runs whose job was deleted or claimed elsewhere. On a shared store
+        also delete orphaned sync jobs and forget jobs submitted here that another server finished."""
+        with self._cond:  # the jobs this server runs, and its sync jobs (their clients wait here)
+            mine = {a.job_id for a in self._active.values()} | set(self._done)
+        held = self.store.renew(self.owner, self.lease_s, mine)
+        with self._cond:
+            for active in list(self._active.values()):
+                if active.job_id not in held and not active.dropped:
+                    self._drop(active)
+        if not self.store.shared:
+            return
+        for job_id in self.store.reap_orphaned_sync():
+            self.files.remove(job_id)
+        with self._cond:
+            running = {a.job_id for a in self._active.values()}
+            tracked = [j for j in set(self._done) | set(self._plans) if j not in running]
+        for job_id in tracked:
+            job = self.store.get(job_id)
+            if job is None or job.status in FINISHED or job.owner not in (None, self.owner):
+                with self._cond:
+                    self._plans.pop(job_id, None)
+                    self._finish_waiters(job_id)
+
     # -- recovery and expiry ---------------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Requeue what a previous process left unfinished, in order; drop what no client can still collect."""
-        for job in self.store.sync_jobs():  # their HTTP clients went away with the old process
-            self.store.delete(job.id)
-            self.files.remove(job.id)
-        for job in self.store.unfinished():
-            if job.status != "queued" or job.progress:
-                self.store.update(job.id, status="queued", progress=0)
-            try:
-                plan = plan_request(job.request, self.defaults, self.tasks)
-            except (RequestError, MediaError) as e:  # the model or the input files changed under the job
-                code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
-                self.store.update(job.id, status="failed", completed_at=int(self.clock()), error=JobError(code, str(e)))
-                continue
-            self._queue.append((job.id, plan))
-            self._done[job.id] = threading.Event()
-        for orphan in self.files.job_ids() - self.store.ids():  # a crash between record and folder removal
+        """Make the stored queue runnable. A store only this server uses: requeue what a previous process left
+        unfinished, in order (failing what no longer plans), and drop sync jobs (their clients went away with
+        that process) and job folders without a record. A shared store: other servers' leases decide; only
+        orphaned sync jobs and old record-less folders go."""
+        if self.store.shared:
+            for job_id in self.store.reap_orphaned_sync():
+                self.files.remove(job_id)
+            orphans = self.files.job_ids(older_than_s=ORPHAN_AGE_S) - self.store.ids()
+        else:
+            for job in self.store.sync_jobs():
+                self.store.delete(job.id)
+                self.files.remove(job.id)
+            self.store.release_all()
+            recovered = 0
+            for job in self.store.unfinished():
+                try:
+                    self._plans[job.id] = plan_request(job.request, self.defaults, self.tasks)
+                except (RequestError, MediaError) as e:  # the model or the input files changed under the job
+                    code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
+                    self.store.update(job.id, status="failed", completed_at=int(self.clock()),
+                                      error=JobError(code, str(e)))
+                    continue
+                self._done[job.id] = threading.Event()
+                recovered += 1
+            if recovered:
+                log.info("recovered %d unfinished job(s)", recovered)
+            orphans = self.files.job_ids() - self.store.ids()  # a crash between record and folder removal
+        for orphan in orphans:
             self.files.remove(orphan)
-        if self._queue:
-            log.info("recovered %d unfinished job(s)", len(self._queue))
         self.sweep_expired()
 
     def sweep_expired(self) -> int:
@@ -477,7 +596,7 @@ class JobManager:
         swept = 0
         for job in self.store.due_to_expire(int(self.clock())):
             with self._cond:
-                if self._active is not None and self._active.job_id == job.id:
+                if self._find_active(job.id) is not None:
                     continue
                 self.store.update(job.id, expired=True)
             self.files.remove(job.id)
@@ -485,9 +604,8 @@ class JobManager:
         return swept
 
     def _sweep_forever(self) -> None:
-        while not self._stop_sweeper.wait(self.sweep_interval_s):
+        while not self._stop_background.wait(self.sweep_interval_s):
             try:
                 self.sweep_expired()
             except Exception:
                 log.exception("TTL sweep failed")
-

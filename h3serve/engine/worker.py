@@ -110,10 +110,10 @@ def worker_main(
 
     _exit_with_parent()
     try:
+        cuda = config.resolved_device().type == "cuda"
+        if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
+            torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
         if world > 1:
-            cuda = config.resolved_device().type == "cuda"
-            if cuda:  # before any CUDA work: NCCL and every allocation of this rank go to its own GPU
-                torch.cuda.set_device(rank if local_rank is None else local_rank)
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             dist.init_process_group(
                 "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timeout

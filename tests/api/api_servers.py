@@ -15,9 +15,9 @@ import httpx
 from fake_executor import FakeExecutor
 
 from h3serve.api.config import ServerConfig
-from h3serve.api.store import SQLiteJobStore
 from h3serve.engine.jobs import JobManager
-from h3serve.engine.storage import JobFiles
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.sqlite import SQLiteJobStore
 
 API_KEY = "test-key"
 START_TIMEOUT_S = 180.0

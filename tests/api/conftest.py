@@ -11,9 +11,9 @@ from fake_executor import FakeExecutor
 
 from h3serve.api.app import create_app
 from h3serve.api.config import ServerConfig
-from h3serve.api.store import SQLiteJobStore
 from h3serve.engine.jobs import JobManager
-from h3serve.engine.storage import JobFiles
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 
 

@@ -9,9 +9,16 @@ import json
 
 import httpx
 import pytest
-from fake_executor import CLIENT_FAIL_PROMPT, CRASH_PROMPT, FAIL_PROMPT, TIMEOUT_PROMPT
+from fake_executor import CLIENT_FAIL_PROMPT, CRASH_PROMPT, FAIL_PROMPT, TIMEOUT_PROMPT, FakeExecutor
+from fastapi.testclient import TestClient
 from PIL import Image
 from waiting import wait_until
+
+from h3serve.api.app import create_app
+from h3serve.api.config import ServerConfig
+from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.sqlite import SQLiteJobStore
 
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
@@ -353,3 +360,23 @@ def test_openapi_and_web_page(fake_server):
     assert {"/v1/videos/sync", "/v1/videos/{video_id}/content", "/health", "/metrics"} <= set(spec["paths"])
     page = httpx.get(fake_server.url + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/videos" in page.text
+
+
+def test_health_and_metrics_show_each_replica(tmp_path):
+    config = ServerConfig(served_model_name="tiny", data_dir=tmp_path).validate()
+    store = SQLiteJobStore(config.store_path)
+    replicas = [FakeExecutor(), FakeExecutor()]
+    manager = JobManager(replicas, store, JobFiles(config.jobs_dir))
+    try:
+        with TestClient(create_app(config, manager, store)) as client:
+            replicas[1].closed = True  # its ranks are gone: the other replica still serves
+            health = client.get("/health")
+            assert health.status_code == 200 and [r["healthy"] for r in health.json()["replicas"]] == [True, False]
+            assert "not running" in health.json()["replicas"][1]["reason"]
+            text = client.get("/metrics").text
+            assert 'h3serve_replica_up{replica="0"} 1' in text and 'h3serve_replica_up{replica="1"} 0' in text
+            assert 'h3serve_replica_jobs_served_total{replica="1"} 0' in text
+            replicas[0].closed = True
+            assert client.get("/health").status_code == 503
+    finally:
+        store.close()

@@ -19,13 +19,15 @@ from h3serve.api import serve_cli
 from h3serve.api.config import ServerConfig
 from h3serve.api.data_lock import DataDirBusy, DataDirLock
 from h3serve.api.http_server import H3Server
-from h3serve.api.store import SQLiteJobStore
-from h3serve.engine.jobs import Job, JobManager, new_job_id
-from h3serve.engine.storage import JobFiles
+from h3serve.engine.jobs import JobManager
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
 
-ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu")  # only logged: the engine is a fake
+# Only logged (the engine is a fake); one replica.
+ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu", data_parallel_size=1)
 
 
 class RecordedExecutor(FakeExecutor):

@@ -19,6 +19,8 @@ from h3serve.media.mp4 import EncoderOptions
         ({"port": 70000}, "--port"),
         ({"api_key": " "}, "--api-key"),
         ({"encoder_options": EncoderOptions(crf=99)}, "encoder"),
+        ({"job_store": "mysql://db/jobs"}, "--job-store"),
+        ({"job_lease_s": 0.5}, "--job-lease"),
     ],
 )
 def test_illegal_values_name_the_flag(tmp_path, changes, flag):

@@ -11,10 +11,11 @@ from PIL import Image
 from waiting import wait_until
 
 from h3serve.api.metrics import Metrics
-from h3serve.api.store import SQLiteJobStore
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
-from h3serve.engine.jobs import INTERNAL_ERROR_MESSAGE, Job, JobManager, QueueFull, new_job_id
-from h3serve.engine.storage import JobFiles
+from h3serve.engine.jobs import INTERNAL_ERROR_MESSAGE, JobManager, QueueFull
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
@@ -90,19 +91,30 @@ def test_progress_is_stored_at_every_step_and_status_follows_the_executor(env):
     make, store, _ = env
     manager = make()
     updates = []
-    original = store.update
+    claim, update_owned, finish = store.claim, store.update_owned, store.finish
 
-    def recording_update(job_id, **changes):
+    def recording_claim(owner, lease_s):
+        job = claim(owner, lease_s)
+        if job is not None:
+            updates.append({"status": job.status})
+        return job
+
+    def recording_update(job_id, owner, **changes):
         updates.append(changes)
-        original(job_id, **changes)
+        return update_owned(job_id, owner, **changes)
 
-    store.update = recording_update
+    def recording_finish(job_id, owner, **changes):
+        updates.append(changes)
+        return finish(job_id, owner, **changes)
+
+    store.claim, store.update_owned, store.finish = recording_claim, recording_update, recording_finish
     manager.start()
     job = submit(manager, steps=5)  # 4 forwards
     wait_until(lambda: finished(store, job.id))
     progress = [u["progress"] for u in updates if "progress" in u]
     assert updates[0] == {"status": "in_progress"}
     assert progress == [25, 50, 75, 99, 100]
+    assert store.get(job.id).completions == 1
 
 
 def test_queue_is_bounded(env):

@@ -16,10 +16,10 @@ from fake_executor import FakeExecutor
 
 from h3serve.api.app import create_app
 from h3serve.api.config import ServerConfig
-from h3serve.api.store import SQLiteJobStore
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
-from h3serve.engine.storage import JobFiles
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 
 HEALTH_BUDGET_S = 1.0  # /health must answer within this, during and after every attack

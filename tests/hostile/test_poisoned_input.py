@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from h3serve.api.store import decode_request
-from h3serve.engine.jobs import Job, new_job_id
+from h3serve.jobstore.codec import decode_request
+from h3serve.jobstore.records import Job, new_job_id
 from h3serve.request import GenerationRequest
 
 BASE = {"size": "128x64", "num_inference_steps": 2, "seconds": "4"}
@@ -58,7 +58,7 @@ def test_a_stored_unserialisable_row_never_breaks_a_listing(server):
 def test_the_store_codec_keeps_a_surrogate_it_was_given():
     """The store itself is not where the check belongs (it round-trips what it is given)."""
     request = dataclasses.replace(GenerationRequest(prompt="x"), prompt="\ud800")
-    from h3serve.api.store import encode_request
+    from h3serve.jobstore.codec import encode_request
 
     assert decode_request(encode_request(request)).prompt == "\ud800"
 

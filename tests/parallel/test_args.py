@@ -110,3 +110,30 @@ def test_defaults_are_one_rank(parallel_checkpoint, capsys):
     config = engine_config_from_args(_parse(f"--model {parallel_checkpoint} --device cpu"))
     assert config.world_size == 1 and config.notices() == []
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "line, layout",
+    [
+        ("", (0, 1)),
+        ("--num-gpus 4", (1, 4)),  # the remainder beyond tp·usp·ring is data parallel, as in vLLM-Omni
+        ("--num-gpus 8 -tp 2", (2, 4)),
+        ("--num-gpus 4 --usp 2 --data-parallel-size 2", (2, 2)),
+        ("--data-parallel-size 3", (0, 3)),
+        ("--num-gpus 2 --text-encoder-tp-size 2", (2, 1)),  # the extra rank serves the text encoder
+        ("--num-gpus 4 --usp 2 --ring 2", (4, 1)),
+    ],
+)
+def test_num_gpus_beyond_the_parallel_degrees_becomes_replicas(line, layout):
+    from h3serve.engine.args import data_parallel_layout
+
+    assert data_parallel_layout(_parse(line)) == layout
+
+
+def test_illegal_data_parallel_layouts_name_the_flag():
+    from h3serve.engine.args import data_parallel_layout
+
+    with pytest.raises(ConfigError, match="--data-parallel-size must be >= 1"):
+        data_parallel_layout(_parse("--data-parallel-size 0"))
+    with pytest.raises(ConfigError, match="--num-gpus 3 must be a multiple of --data-parallel-size 2"):
+        data_parallel_layout(_parse("--num-gpus 3 --data-parallel-size 2"))

@@ -17,13 +17,20 @@ Context = Annotated[ServerContext, Depends(get_context)]
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@router.get("/health", summary="200 while the engine and the job runner are alive and not stuck, else 503")
+@router.get("/health", summary="200 while an engine replica and its job runner are alive and not stuck, else 503")
 async def health(request: Request) -> JSONResponse:
     # Async on purpose: it answers from the event loop even if every worker thread were busy.
-    reason = get_context(request).manager.unhealthy_reason()
-    if reason is None:
-        return JSONResponse({"status": "healthy"})
-    return JSONResponse({"status": "unhealthy", "reason": reason}, 503)
+    manager = get_context(request).manager
+    reason = manager.unhealthy_reason()
+    body: dict = {"status": "healthy"} if reason is None else {"status": "unhealthy", "reason": reason}
+    replicas = manager.replicas()
+    if len(replicas) > 1:  # data parallelism: each replica's own state
+        body["replicas"] = [
+            {"replica": r.index, "healthy": r.problem is None, "busy": r.busy, "jobs_served": r.jobs_served,
+             **({"reason": r.problem} if r.problem else {})}
+            for r in replicas
+        ]
+    return JSONResponse(body, 200 if reason is None else 503)
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)

@@ -21,7 +21,7 @@ from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, error_respon
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
-from h3serve.engine.jobs import UNFINISHED, Job, JobError
+from h3serve.jobstore.records import UNFINISHED, Job, JobError
 
 log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])

@@ -39,6 +39,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gemm-seconds", type=float, help="time budget of each same-run GEMM peak measurement (default 3)")
     p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
     p.add_argument("--keep-raw", action="store_true", help="keep every run's float arrays (.npz) under OUT/raw")
+    p.add_argument("--replicas", metavar="N,M,...",
+                   help="throughput mode: jobs/minute with N, M, ... data-parallel CPU replicas (e.g. 1,2)")
+    p.add_argument("--jobs", type=int, default=8, help="throughput mode: timed jobs per replica count (default 8)")
+    p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="throughput mode: alternating timed rounds per replica count; the median counts (default 3)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -51,7 +57,7 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func")
+_NOT_FLAGS = ("command", "func", "replicas", "jobs", "threads", "rounds")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -66,7 +72,36 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+def cmd_throughput(args: argparse.Namespace) -> int:
+    """`--replicas`: jobs per minute by replica count (see `h3serve.tools.bench.throughput`)."""
+    from h3serve.config import ConfigError
+    from h3serve.engine.executor import EngineError
+    from h3serve.tools.bench.throughput import measure, summary
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    try:
+        counts = [int(n) for n in args.replicas.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or min(args.jobs, args.threads, args.rounds) < 1:
+        print("error: --replicas takes replica counts like 1,2; --jobs, --threads and --rounds must be >= 1",
+              file=sys.stderr)
+        return EXIT_USAGE
+    steps = args.steps or 4
+    model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
+    try:
+        results = measure(model, counts, args.jobs, steps, args.threads, args.rounds,
+                          lambda line: print(line, file=sys.stderr))
+    except (ConfigError, EngineError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary(results, steps))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.replicas:
+        return cmd_throughput(args)
     from h3serve.checkpoint import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.media.intake import MediaError

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 JOB_ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
@@ -53,6 +54,11 @@ class JobFiles:
         """Delete the job's folder and everything in it (a missing folder is fine)."""
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
-    def job_ids(self) -> set[str]:
-        """Ids of every job folder on disk (other entries are ignored)."""
-        return {p.name for p in self.root.iterdir() if p.is_dir() and JOB_ID_PATTERN.match(p.name)}
+    def job_ids(self, older_than_s: float = 0.0) -> set[str]:
+        """Ids of every job folder on disk (other entries are ignored); with `older_than_s`, only folders not
+        modified for that long (on a shared data dir another server may be writing a job it has not stored yet)."""
+        cutoff = time.time() - older_than_s
+        return {
+            p.name for p in self.root.iterdir()
+            if p.is_dir() and JOB_ID_PATTERN.match(p.name) and (not older_than_s or p.stat().st_mtime < cutoff)
+        }

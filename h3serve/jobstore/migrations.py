@@ -1,0 +1,66 @@
+"""Versioned schema migrations, applied in order at start-up; the applied version is kept in `schema_version`.
+
+Each migration is a list of statements per dialect. A database newer than this h3serve is refused (an older
+h3serve must not write rows it does not understand)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Dialect = Literal["sqlite", "postgresql"]
+
+_V1_JOBS = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq {seq},
+    id TEXT NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    request TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    size TEXT NOT NULL,
+    seconds TEXT NOT NULL,
+    num_frames INTEGER NOT NULL,
+    fps INTEGER NOT NULL,
+    duration_s {real} NOT NULL,
+    status TEXT NOT NULL,
+    progress INTEGER NOT NULL,
+    completed_at BIGINT,
+    expires_at BIGINT,
+    stage_durations TEXT NOT NULL,
+    peak_memory_mb {real} NOT NULL,
+    inference_time_s {real},
+    error TEXT,
+    sync INTEGER NOT NULL,
+    expired INTEGER NOT NULL
+)"""
+_TYPES: dict[Dialect, dict[str, str]] = {
+    "sqlite": {"seq": "INTEGER PRIMARY KEY AUTOINCREMENT", "real": "REAL"},
+    "postgresql": {"seq": "BIGSERIAL PRIMARY KEY", "real": "DOUBLE PRECISION"},
+}
+
+
+def _migrations(dialect: Dialect) -> list[list[str]]:
+    t = _TYPES[dialect]
+    return [
+        # 1: the job table (h3serve 0.1's SQLite store, recorded there as PRAGMA user_version 1).
+        [_V1_JOBS.format(**t), "CREATE INDEX IF NOT EXISTS jobs_status ON jobs (status)"],
+        # 2: leases, so several servers can share one queue, and a completion counter (exactly-once check).
+        [
+            "ALTER TABLE jobs ADD COLUMN owner TEXT",
+            f"ALTER TABLE jobs ADD COLUMN lease_expires_at {t['real']}",
+            "ALTER TABLE jobs ADD COLUMN completions INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner)",
+        ],
+    ]
+
+
+LATEST = len(_migrations("sqlite"))
+
+
+def pending(dialect: Dialect, current: int, where: str) -> list[tuple[int, list[str]]]:
+    """(version, statements) of each migration after `current`; `RuntimeError` if `current` is newer."""
+    if current > LATEST:
+        raise RuntimeError(f"{where}: job store schema {current} is newer than this h3serve ({LATEST})")
+    return [(version, statements) for version, statements in enumerate(_migrations(dialect), 1) if version > current]
+
+
+SCHEMA_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"

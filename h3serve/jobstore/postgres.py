@@ -1,0 +1,76 @@
+"""PostgreSQL job store (`--job-store postgresql://...`): one queue shared by any number of servers.
+
+The claim selects its row with `FOR UPDATE SKIP LOCKED` inside the claiming UPDATE (one transaction), so
+concurrent servers never take the same job and never wait on each other. One connection per store, in
+autocommit mode, serialised by a lock; a broken connection (the database restarted) is replaced on the next
+call, and the call that saw it break raises `psycopg.OperationalError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from h3serve.jobstore import migrations
+from h3serve.jobstore.sql import Row, SQLJobStore
+
+log = logging.getLogger("h3serve.store")
+# pg_advisory_xact_lock key: servers starting together apply the migrations one at a time.
+_MIGRATION_LOCK = 0x68337365  # "h3se"
+
+
+def is_postgres_url(target: str) -> bool:
+    return target.startswith(("postgresql://", "postgres://"))
+
+
+class PostgresJobStore(SQLJobStore):
+    """`h3serve.jobstore.protocol.JobStore` on a PostgreSQL database."""
+
+    shared = True
+    lock_clause = "FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, url: str, connect_timeout_s: float = 10.0):
+        self.url = url
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()
+        self._db: psycopg.Connection | None = None
+        with self._lock:
+            self._migrate()
+
+    def _connection(self) -> psycopg.Connection:
+        if self._db is None or self._db.closed or self._db.broken:
+            if self._db is not None:
+                log.warning("job store: reconnecting to PostgreSQL")
+                self._db.close()
+            self._db = psycopg.connect(self.url, autocommit=True, row_factory=dict_row,
+                                       connect_timeout=max(1, round(self.connect_timeout_s)))
+        return self._db
+
+    def _migrate(self) -> None:
+        db = self._connection()
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            db.execute(migrations.SCHEMA_VERSION_TABLE)
+            row = db.execute("SELECT MAX(version) AS v FROM schema_version").fetchone()
+            todo = migrations.pending("postgresql", (row or {}).get("v") or 0, "--job-store")
+            for _, statements in todo:
+                for statement in statements:
+                    db.execute(statement)
+            if todo:
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version (version) VALUES (%s)", (migrations.LATEST,))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        with self._lock:
+            cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
+            return cursor.fetchall() if cursor.description else []
