@@ -31,6 +31,7 @@ class ServerConfig:
     data_dir: Path = field(default_factory=default_data_dir)  # jobs.sqlite3 + jobs/<id>/ folders
     job_store: str | None = None  # a postgresql:// URL shared by several servers; None: jobs.sqlite3 in data_dir
     job_lease_s: float = 30.0  # a dead server's running job is claimed again this long after its last renewal
+    overlap_output: bool = True  # write a job's MP4 while its replica runs the next job (h3serve.engine.jobs)
     max_queue: int = 16  # queued jobs (the running one excluded) before 429
     sync_timeout_s: float = 600.0  # /v1/videos/sync: 504 and the job is aborted after this
     output_ttl_s: float = 86_400.0  # outputs are deleted this long after a job finishes; 0: never

@@ -56,6 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-lease", type=float, default=server("job_lease_s"),
                    help="seconds after a server's last lease renewal before another may rerun its job "
                         "(default %(default)g)")
+    p.add_argument("--no-overlap-output", dest="overlap_output", action="store_false",
+                   default=server("overlap_output"),
+                   help="write each job's MP4 before its replica takes the next job (default: the mux overlaps "
+                        "the next job's run)")
     p.add_argument("--served-model-name", help="the model id clients see (default: the checkpoint folder name)")
     p.add_argument("--max-queue", type=int, default=server("max_queue"),
                    help="queued jobs before 429 (default %(default)s)")
@@ -115,6 +119,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             data_dir=args.data_dir or default_data_dir(),
             job_store=args.job_store,
             job_lease_s=args.job_lease,
+            overlap_output=args.overlap_output,
             max_queue=args.max_queue,
             sync_timeout_s=args.sync_timeout,
             output_ttl_s=args.output_ttl,
@@ -213,6 +218,7 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             job_timeout_s=server_config.job_timeout_s,
             stall_timeout_s=server_config.stall_timeout_s,
             lease_s=server_config.job_lease_s,
+            overlap_output=server_config.overlap_output,
         )
         app = create_app(server_config, manager, store)
         log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,

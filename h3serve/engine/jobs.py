@@ -8,6 +8,11 @@ gives the same output). A restarted server finds every job again: finished ones 
 in-progress ones run again from the start, in their original order. A running job is cancelled at its next
 denoise step (a delete on another server reaches the owner through its lease renewal); a queued one is
 simply removed from the store. Nothing here knows about HTTP.
+
+Output overlap (the default): once a job's engine run ends, a finisher thread of its replica writes the MP4
+(the mux) and records the outcome while the replica's runner already claims and runs the next job. Each replica
+has at most one job finishing, so at most one decoded output waits beside the running job; the files and the
+record are the same as without overlap (`overlap_output=False` writes them before the next job starts).
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class JobManager:
         lease_s: float = DEFAULT_LEASE_S,
         poll_s: float = DEFAULT_POLL_S,
         owner: str | None = None,
+        overlap_output: bool = True,
     ):
         self.executors: list[ExecutorLike] = list(executor) if isinstance(executor, Sequence) else [executor]
         if not self.executors:
@@ -143,10 +149,13 @@ class JobManager:
         self.lease_s = lease_s
         self.poll_s = poll_s
         self.owner = owner or server_name()
+        self.overlap_output = overlap_output
         self._cond = threading.Condition()
         self._wakeups = 0  # bumped on every local submit: a runner that saw no job re-checks before waiting
         self._plans: dict[str, GenerationPlan] = {}  # plans of jobs planned here (a claim elsewhere re-plans)
         self._active: dict[int, _Active] = {}  # replica -> the job it runs
+        self._finishing: dict[int, _Active] = {}  # replica -> its job whose output is being written
+        self._finishers: dict[int, threading.Thread] = {}  # replica -> the thread writing it
         self._served = [0] * len(self.executors)
         self._done: dict[str, threading.Event] = {}
         self._listeners: list[JobListener] = []
@@ -211,13 +220,13 @@ class JobManager:
         deadline = time.monotonic() + grace_s
         with self._cond:
             self._stopping = True
-            running = {a.job_id for a in self._active.values()}
+            running = {a.job_id for a in self._held()}
             for job_id in [j for j in self._done if j not in running]:  # they stay queued for the next start
                 self._finish_waiters(job_id)
             self._cond.notify_all()
-            while self._active and (left := deadline - time.monotonic()) > 0:
+            while self._held() and (left := deadline - time.monotonic()) > 0:
                 self._cond.wait(left)
-            finished = not self._active
+            finished = not self._held()
         self.stop()
         return finished
 
@@ -336,8 +345,12 @@ class JobManager:
             self.files.remove(job_id)
         return True
 
+    def _held(self) -> list[_Active]:
+        """Every job this server holds: running on a replica, or having its output written."""
+        return [*self._active.values(), *self._finishing.values()]
+
     def _find_active(self, job_id: str) -> _Active | None:
-        return next((a for a in self._active.values() if a.job_id == job_id), None)
+        return next((a for a in self._held() if a.job_id == job_id), None)
 
     # -- runners ---------------------------------------------------------------------------------------------
 
@@ -363,29 +376,67 @@ class JobManager:
             return None
 
     def _run_forever(self, replica: int) -> None:
-        while (claimed := self._claim(replica)) is not None:
-            job, active = claimed
-            waited = max(0.0, self.clock() - job.created_at)
-            for listener in self._start_listeners:
+        try:
+            while (claimed := self._claim(replica)) is not None:
+                job, active = claimed
+                waited = max(0.0, self.clock() - job.created_at)
+                for listener in self._start_listeners:
+                    try:
+                        listener(replica, waited)
+                    except Exception:
+                        log.exception("job start listener failed")
+                output = None
                 try:
-                    listener(replica, waited)
-                except Exception:
-                    log.exception("job start listener failed")
+                    plan = self._plan_for(job, active)
+                    if plan is not None:
+                        output = self._run(active, plan)
+                except Exception as e:  # whatever a run raises ends that job, never the runner
+                    self._record_failure(active, e)
+                if output is not None and self.overlap_output:
+                    self._hand_off(active, output)  # written while this runner takes the next job
+                else:
+                    if output is not None:
+                        self._write_and_finish(active, output)
+                    self._release(active)
+        finally:
+            finisher = self._finishers.get(replica)
+            if finisher is not None:
+                finisher.join()  # the runner ends once its last output is written
+
+    def _hand_off(self, active: _Active, output: GenerationOutput) -> None:
+        """Give the job to the replica's finisher thread (after its previous one is written) and free the replica."""
+        replica = active.replica
+        previous = self._finishers.get(replica)
+        if previous is not None:
+            previous.join()  # one job finishing per replica: bounded memory, outcomes recorded in order
+
+        def finish() -> None:
             try:
-                plan = self._plan_for(job, active)
-                if plan is not None:
-                    self._run(active, plan)
-            except Exception as e:  # whatever a run raises ends that job, never the runner
-                self._record_failure(active, e)
+                self._write_and_finish(active, output)
             finally:
-                with self._cond:
-                    if active.deleted:
-                        self.files.remove(job.id)
-                    del self._active[replica]
-                    self._served[replica] += 1
-                    self._plans.pop(job.id, None)
-                    self._finish_waiters(job.id)  # after the outcome is stored: a sync waiter reads it next
-                    self._cond.notify_all()  # a drain waits for the running jobs
+                self._release(active)
+
+        with self._cond:
+            del self._active[replica]
+            self._finishing[replica] = active
+        thread = threading.Thread(target=finish, name=f"h3serve-job-finisher-{replica}", daemon=True)
+        self._finishers[replica] = thread
+        thread.start()
+
+    def _release(self, active: _Active) -> None:
+        """The job leaves this server's hands: remove a deleted job's files, count it, wake its waiters."""
+        with self._cond:
+            if active.deleted:
+                self.files.remove(active.job_id)
+            replica = active.replica
+            if self._active.get(replica) is active:
+                del self._active[replica]
+            if self._finishing.get(replica) is active:
+                del self._finishing[replica]
+            self._served[replica] += 1
+            self._plans.pop(active.job_id, None)
+            self._finish_waiters(active.job_id)  # after the outcome is stored: a sync waiter reads it next
+            self._cond.notify_all()  # a drain waits for the held jobs
 
     def _plan_for(self, job: Job, active: _Active) -> GenerationPlan | None:
         """The job's plan: the one made at submission, else planned again (a job submitted to another server,
@@ -400,7 +451,8 @@ class JobManager:
             self._finish(active, status="failed", error=JobError(code, str(e)))
             return None
 
-    def _run(self, active: _Active, plan: GenerationPlan) -> None:
+    def _run(self, active: _Active, plan: GenerationPlan) -> GenerationOutput | None:
+        """The engine run of the job; its output, or None when the job was dropped meanwhile."""
         executor = self.executors[active.replica]
         job_id = active.job_id
         reported = [0]
@@ -429,10 +481,15 @@ class JobManager:
                         self._drop(active)
 
         output = executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s)
-        if active.dropped:
-            return
+        return None if active.dropped else output
+
+    def _write_and_finish(self, active: _Active, output: GenerationOutput) -> None:
+        """Write the job's MP4 (and its other artifacts) and record it completed; never raises."""
+        job_id = active.job_id
         encode_start = time.monotonic()
         try:
+            if active.dropped:
+                return
             write_artifacts(self.files.job_dir(job_id), output, self.encoder_options)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
@@ -442,17 +499,20 @@ class JobManager:
         now = time.monotonic()
         self._run_seconds = [*self._run_seconds[-7:], now - active.started]
         frames = int(output.video.shape[0])
-        self._finish(
-            active,
-            status="completed",
-            progress=100,
-            num_frames=frames,
-            fps=limits.FPS,
-            duration_s=frames / limits.FPS,
-            stage_durations={**output.stage_durations, "encode": now - encode_start},
-            peak_memory_mb=float(output.peak_memory_mb),
-            inference_time_s=now - active.started,
-        )
+        try:
+            self._finish(
+                active,
+                status="completed",
+                progress=100,
+                num_frames=frames,
+                fps=limits.FPS,
+                duration_s=frames / limits.FPS,
+                stage_durations={**output.stage_durations, "encode": now - encode_start},
+                peak_memory_mb=float(output.peak_memory_mb),
+                inference_time_s=now - active.started,
+            )
+        except Exception:  # the store is away: the lease runs out and the job is claimed and run again
+            log.exception("job %s: recording its completion failed", job_id)
 
     def _drop(self, active: _Active) -> None:
         """This server no longer holds `active`'s job (called under the lock): it was deleted, or another
@@ -537,10 +597,10 @@ class JobManager:
         """Renew this server's leases; stop runs whose job was deleted or claimed elsewhere. On a shared store
         also delete orphaned sync jobs and forget jobs submitted here that another server finished."""
         with self._cond:  # the jobs this server runs, and its sync jobs (their clients wait here)
-            mine = {a.job_id for a in self._active.values()} | set(self._done)
+            mine = {a.job_id for a in self._held()} | set(self._done)
         held = self.store.renew(self.owner, self.lease_s, mine)
         with self._cond:
-            for active in list(self._active.values()):
+            for active in self._held():
                 if active.job_id not in held and not active.dropped:
                     self._drop(active)
         if not self.store.shared:
@@ -548,7 +608,7 @@ class JobManager:
         for job_id in self.store.reap_orphaned_sync():
             self.files.remove(job_id)
         with self._cond:
-            running = {a.job_id for a in self._active.values()}
+            running = {a.job_id for a in self._held()}
             tracked = [j for j in set(self._done) | set(self._plans) if j not in running]
         for job_id in tracked:
             job = self.store.get(job_id)

@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-raw", action="store_true", help="keep every run's float arrays (.npz) under OUT/raw")
     p.add_argument("--replicas", metavar="N,M,...",
                    help="throughput mode: jobs/minute with N, M, ... data-parallel CPU replicas (e.g. 1,2)")
+    p.add_argument("--overlap", default="on", metavar="on,off",
+                   help="throughput mode: output overlap settings to compare for each replica count (default on)")
     p.add_argument("--jobs", type=int, default=8, help="throughput mode: timed jobs per replica count (default 8)")
     p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
     p.add_argument("--rounds", type=int, default=3,
@@ -57,7 +59,7 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func", "replicas", "jobs", "threads", "rounds")
+_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -76,21 +78,23 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     """`--replicas`: jobs per minute by replica count (see `h3serve.tools.bench.throughput`)."""
     from h3serve.config import ConfigError
     from h3serve.engine.executor import EngineError
-    from h3serve.tools.bench.throughput import measure, summary
+    from h3serve.tools.bench.throughput import Layout, measure, summary
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
     try:
         counts = [int(n) for n in args.replicas.split(",")]
     except ValueError:
         counts = []
-    if not counts or min(counts) < 1 or min(args.jobs, args.threads, args.rounds) < 1:
-        print("error: --replicas takes replica counts like 1,2; --jobs, --threads and --rounds must be >= 1",
-              file=sys.stderr)
+    overlaps = [{"on": True, "off": False}.get(word) for word in args.overlap.split(",")]
+    if not counts or min(counts) < 1 or min(args.jobs, args.threads, args.rounds) < 1 or None in overlaps:
+        print("error: --replicas takes replica counts like 1,2; --overlap takes on, off or on,off; --jobs, "
+              "--threads and --rounds must be >= 1", file=sys.stderr)
         return EXIT_USAGE
+    layouts = [Layout(n, overlap) for n in counts for overlap in overlaps]
     steps = args.steps or 4
     model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
     try:
-        results = measure(model, counts, args.jobs, steps, args.threads, args.rounds,
+        results = measure(model, layouts, args.jobs, steps, args.threads, args.rounds,
                           lambda line: print(line, file=sys.stderr))
     except (ConfigError, EngineError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,11 +1,14 @@
-"""`h3serve bench --replicas 1,2 --jobs 8`: jobs per minute through the server's own path (the store-driven
-queue, N data-parallel replicas on CPU with a fixed thread count each, MP4 encoding), one line per replica
-count and the speed-up over the first. Engine start-up and one warm-up job per replica are not timed; the
-counts are timed in alternation over several rounds and the median round is reported."""
+"""`h3serve bench --replicas 1,2 [--overlap on,off] --jobs 8`: jobs per minute through the server's own path
+(the store-driven queue, N data-parallel replicas on CPU with a fixed thread count each, MP4 encoding with the
+server's default encoder settings, with or without the output overlap), one line per layout and the speed-up
+over the first. Engine start-up and one warm-up job per replica are not timed; the layouts are timed in
+alternation over several rounds and the median round is reported. Every layout must write the same MP4 bytes
+for the same seed (checked)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import statistics
 import tempfile
 import time
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.config import EngineConfig
+from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.files import JobFiles
@@ -28,8 +32,17 @@ PROMPT = "A red fox trots through fresh snow at dawn."
 
 
 @dataclass(frozen=True)
-class Throughput:
+class Layout:
     replicas: int
+    overlap: bool  # the mux of a finished job overlaps the next job's run (the server's default)
+
+    def __str__(self) -> str:
+        return f"{self.replicas} replica(s), overlap {'on' if self.overlap else 'off'}"
+
+
+@dataclass(frozen=True)
+class Throughput:
+    layout: Layout
     threads: int  # per rank
     jobs: int
     seconds: float  # the median round
@@ -39,7 +52,8 @@ class Throughput:
         return 60.0 * self.jobs / self.seconds
 
 
-def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_s: float) -> None:
+def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_s: float) -> dict[int, str]:
+    """Run `count` jobs (seeds seed0, seed0 + 1, ...) to completion; the SHA-256 of each one's MP4, by seed."""
     ids = []
     for seed in range(seed0, seed0 + count):
         request = GenerationRequest(prompt=PROMPT, width=128, height=64, duration_s=4, steps=steps, seed=seed)
@@ -52,23 +66,27 @@ def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_
             failed = [j.error for j in jobs if j.status != "completed"]
             if failed:
                 raise RuntimeError(f"{len(failed)} bench job(s) failed: {failed[0]}")
-            return
+            return {
+                seed0 + k: hashlib.sha256(manager.files.file(i, VARIANTS["video"].file_name).read_bytes()).hexdigest()
+                for k, i in enumerate(ids)
+            }
         if time.monotonic() > deadline:
             raise TimeoutError(f"the bench jobs did not finish within {timeout_s:g} s")
         time.sleep(0.05)
 
 
 @contextlib.contextmanager
-def _server(model: Path, replicas: int, jobs: int, threads: int, log: Callable[[str], None]) -> Iterator[JobManager]:
-    """A job manager over `replicas` CPU replicas of `threads` threads per rank, on a temporary store."""
+def _server(model: Path, layout: Layout, jobs: int, threads: int, log: Callable[[str], None]) -> Iterator[JobManager]:
+    """A job manager over `layout.replicas` CPU replicas of `threads` threads per rank, on a temporary store."""
+    replicas = layout.replicas
     config = EngineConfig(model=model, device="cpu", threads=threads, data_parallel_size=replicas).validate()
-    log(f"starting {replicas} replica(s) x {threads} thread(s)")
+    log(f"starting {layout} x {threads} thread(s)")
     executors = start_replicas(config, Rendezvous.local())
     try:
         with tempfile.TemporaryDirectory(prefix="h3serve-bench-") as tmp:
             store = SQLiteJobStore(Path(tmp) / "jobs.sqlite3")
             manager = JobManager(executors, store, JobFiles(Path(tmp) / "jobs"), max_queue=jobs + replicas,
-                                 encoder_options=EncoderOptions(preset="ultrafast"), poll_s=0.02)
+                                 encoder_options=EncoderOptions(), poll_s=0.02, overlap_output=layout.overlap)
             manager.start()
             try:
                 yield manager
@@ -80,34 +98,40 @@ def _server(model: Path, replicas: int, jobs: int, threads: int, log: Callable[[
             executor.close()
 
 
-def measure(model: Path, counts: list[int], jobs: int, steps: int, threads: int, rounds: int,
+def measure(model: Path, layouts: list[Layout], jobs: int, steps: int, threads: int, rounds: int,
             log: Callable[[str], None], timeout_s: float = 3600.0) -> list[Throughput]:
-    """Every replica count's jobs/minute: all servers start first (idle ranks cost no CPU), each is warmed up
-    with one job per replica, then `rounds` rounds time `jobs` jobs on each in turn (A/B alternation, so a
-    change in the machine's load hits every count alike); the median round counts."""
+    """Every layout's jobs/minute: all servers start first (idle ranks cost no CPU), each is warmed up with one
+    job per replica, then `rounds` rounds time `jobs` jobs on each in turn (A/B alternation, so a change in the
+    machine's load hits every layout alike); the median round counts. Raises if two layouts wrote different MP4
+    bytes for one seed."""
     with contextlib.ExitStack() as stack:
-        managers = [stack.enter_context(_server(model, n, jobs, threads, log)) for n in counts]
-        for n, manager in zip(counts, managers, strict=True):
-            _run_batch(manager, n, steps, 10_000, timeout_s)
-        times: list[list[float]] = [[] for _ in counts]
+        managers = [stack.enter_context(_server(model, layout, jobs, threads, log)) for layout in layouts]
+        for layout, manager in zip(layouts, managers, strict=True):
+            _run_batch(manager, layout.replicas, steps, 10_000, timeout_s)
+        times: list[list[float]] = [[] for _ in layouts]
+        outputs: list[dict[int, str]] = [{} for _ in layouts]
         for round_ in range(rounds):
             for i, manager in enumerate(managers):
                 start = time.monotonic()
-                _run_batch(manager, jobs, steps, round_ * jobs, timeout_s)
+                outputs[i] |= _run_batch(manager, jobs, steps, round_ * jobs, timeout_s)
                 times[i].append(time.monotonic() - start)
-                log(f"round {round_ + 1}: {counts[i]} replica(s): {jobs} jobs in {times[i][-1]:.1f} s")
-    return [Throughput(n, threads, jobs, statistics.median(t)) for n, t in zip(counts, times, strict=True)]
+                log(f"round {round_ + 1}: {layouts[i]}: {jobs} jobs in {times[i][-1]:.1f} s")
+    differing = [str(layout) for layout, out in zip(layouts, outputs, strict=True) if out != outputs[0]]
+    if differing:
+        raise RuntimeError(f"outputs differ from {layouts[0]}'s for the same seeds: {', '.join(differing)}")
+    return [Throughput(layout, threads, jobs, statistics.median(t)) for layout, t in zip(layouts, times, strict=True)]
 
 
 def summary(results: list[Throughput], steps: int) -> str:
     """A Markdown table: one row per replica count, the speed-up over the first row."""
     base = results[0].jobs_per_minute
     lines = [
-        f"| replicas x threads | jobs | seconds (median round) | jobs/min | speed-up |  (128x64, 4 s, {steps} "
-        "steps, CPU)",
-        "|---|---|---|---|---|",
+        f"| replicas x threads | output overlap | jobs | seconds (median round) | jobs/min | speed-up |  (128x64, "
+        f"4 s, {steps} steps, CPU; same MP4 bytes per seed in every layout)",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {r.replicas} x {r.threads} | {r.jobs} | {r.seconds:.1f} | {r.jobs_per_minute:.1f} | "
-                     f"{r.jobs_per_minute / base:.2f}x |")
+        overlap = "on" if r.layout.overlap else "off"
+        lines.append(f"| {r.layout.replicas} x {r.threads} | {overlap} | {r.jobs} | {r.seconds:.1f} | "
+                     f"{r.jobs_per_minute:.1f} | {r.jobs_per_minute / base:.2f}x |")
     return "\n".join(lines)
