@@ -82,19 +82,25 @@ def load_source_audio(ref: MediaRef, field: str, max_seconds: float) -> np.ndarr
     return samples
 
 
+def _video_stream(container, ref: MediaRef, field: str):
+    """The container's first video stream and its frame rate (> 0); refused, naming the field, without either."""
+    if not container.streams.video:
+        raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate
+    if not rate or rate <= 0:
+        raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
+    return stream, float(rate)
+
+
 def load_source_video(
     ref: MediaRef, field: str, num_frames: int, width: int, height: int, with_audio: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Source frames (num_frames, height, width, 3) uint8 and (if asked) its soundtrack (2, N) or None."""
     try:
         with _open(ref, field, "video") as container:
-            if not container.streams.video:
-                raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
-            stream = container.streams.video[0]
-            rate = stream.average_rate or stream.guessed_rate
-            if not rate or rate <= 0:
-                raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
-            scale = limits.FPS / float(rate)
+            stream, rate = _video_stream(container, ref, field)
+            scale = limits.FPS / rate
             out = np.empty((num_frames, height, width, 3), dtype=np.uint8)
             filled = 0
             for index, frame in enumerate(container.decode(stream)):
@@ -126,15 +132,10 @@ def frames_at_24fps(ref: MediaRef, field: str) -> int:
     """How many 24 fps frames a source video holds (frames held as in `load_source_video`), by decoding it."""
     try:
         with _open(ref, field, "video") as container:
-            if not container.streams.video:
-                raise MediaFormatError(ref.name, field, "the file has no video stream", ACCEPTED["video"])
-            stream = container.streams.video[0]
-            rate = stream.average_rate or stream.guessed_rate
-            if not rate or rate <= 0:
-                raise MediaFormatError(ref.name, field, "the video has no frame rate", "a known, positive frame rate")
+            stream, rate = _video_stream(container, ref, field)
             count = sum(1 for _ in container.decode(stream))
     except MediaError:
         raise
     except Exception as exc:
         raise MediaDecodeError(ref.name, field, f"cannot decode the video ({exc})", "a complete, valid file") from None
-    return math.floor(count * limits.FPS / float(rate) + 0.5)
+    return math.floor(count * limits.FPS / rate + 0.5)
