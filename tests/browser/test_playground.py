@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 JOB_TIMEOUT_MS = 180_000
 FAST = {"#seconds": "4", "#steps": "2", "#seed": "7"}
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 FRAMES_4S = 107  # 4 s at 24 fps snapped up to 17n + 5
 
 
@@ -45,7 +46,7 @@ def job_id(page: Page) -> str:
 
 
 def download(live, video_id: str) -> bytes:
-    response = httpx.get(f"{live.url}/v1/videos/{video_id}/content", headers={"Authorization": f"Bearer {API_KEY}"})
+    response = httpx.get(f"{live.url}/v1/videos/{video_id}/content", headers=HEADERS)
     assert response.status_code == 200, response.text
     return response.content
 
@@ -179,7 +180,7 @@ def test_ref2va_with_an_image_and_an_audio_clip(page, live, screenshots, tmp_pat
 
 
 def jobs(live) -> list[dict]:
-    response = httpx.get(f"{live.url}/v1/videos?limit=100", headers={"Authorization": f"Bearer {API_KEY}"})
+    response = httpx.get(f"{live.url}/v1/videos?limit=100", headers=HEADERS)
     return response.json()["data"]
 
 
@@ -254,19 +255,18 @@ def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):
     video_id = page.locator("#jobs li").first.get_attribute("data-id")
     page.get_by_role("button", name="Cancel", exact=True).click()
     expect(stage).to_have_text("Cancelled")
-    response = httpx.get(f"{live.url}/v1/videos/{video_id}", headers={"Authorization": f"Bearer {API_KEY}"})
+    response = httpx.get(f"{live.url}/v1/videos/{video_id}", headers=HEADERS)
     assert response.status_code == 404
 
 
 def test_history_pages_filters_and_deletes(page, live):
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    done = httpx.post(f"{live.url}/v1/videos", headers=headers,
+    done = httpx.post(f"{live.url}/v1/videos", headers=HEADERS,
                       data={"prompt": "finished", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
-    wait_until(lambda: httpx.get(f"{live.url}/v1/videos/{done}", headers=headers).json()["status"] == "completed",
+    wait_until(lambda: httpx.get(f"{live.url}/v1/videos/{done}", headers=HEADERS).json()["status"] == "completed",
                timeout_s=JOB_TIMEOUT_MS / 1000, what="a completed job", interval_s=0.2)
     # Long jobs: the first runs for the whole test and the others stay queued, so a row's Cancel button cannot
     # turn into Delete under the test's feet (a fast host finished short jobs before the focus check).
-    ids = [httpx.post(f"{live.url}/v1/videos", headers=headers,
+    ids = [httpx.post(f"{live.url}/v1/videos", headers=HEADERS,
                       data={"prompt": f"queued {i}", "seconds": "15", "num_inference_steps": "200"}).json()["id"]
            for i in range(11)]
     try:
@@ -293,10 +293,10 @@ def test_history_pages_filters_and_deletes(page, live):
         page.get_by_role("button", name="Newer").click()
         page.get_by_role("button", name=f"Cancel job {ids[-1]}").click()
         expect(rows.first).not_to_contain_text("queued 10")
-        assert httpx.get(f"{live.url}/v1/videos/{ids[-1]}", headers=headers).status_code == 404
+        assert httpx.get(f"{live.url}/v1/videos/{ids[-1]}", headers=HEADERS).status_code == 404
     finally:
         for video_id in ids:
-            httpx.delete(f"{live.url}/v1/videos/{video_id}", headers=headers)
+            httpx.delete(f"{live.url}/v1/videos/{video_id}", headers=HEADERS)
 
 
 def test_phone_width_keyboard_and_accessibility(browser, live, screenshots):
@@ -414,6 +414,12 @@ def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
     assert page_verdicts == server
 
 
+def _job_with_prompt(live, prompt: str) -> dict | None:
+    """The newest listed job with this prompt, or None."""
+    jobs = httpx.get(f"{live.url}/v1/videos", headers=HEADERS).json()["data"]
+    return next((j for j in jobs if j["prompt"] == prompt), None)
+
+
 def test_long_video_continuation_from_the_page(page, live):
     """Long video options: the duration cap follows the mode, window prompts go in extra_params; the 40 s job
     is accepted (974 frames) and then deleted (cancelled) rather than waited for."""
@@ -424,15 +430,9 @@ def test_long_video_continuation_from_the_page(page, live):
     expect(page.locator("#seconds-info")).to_have_text("40 s → 974 frames, 40.58 s")
     page.fill("#window-prompts", "at dawn\na storm gathers\nlightning\nthe storm clears")
     page.get_by_role("button", name="Generate").click()
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-
-    def created():
-        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
-        return next((j for j in jobs if j["prompt"] == "a sailboat on a calm sea"), None)
-
-    job = wait_until(created, 60, "the job", 0.2)
+    job = wait_until(lambda: _job_with_prompt(live, "a sailboat on a calm sea"), 60, "the job", 0.2)
     assert (job["seconds"], job["num_frames"]) == ("40", 974)
-    assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=headers).status_code == 200
+    assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=HEADERS).status_code == 200
 
 
 def test_extend_a_result(page, live):
@@ -443,16 +443,10 @@ def test_extend_a_result(page, live):
     source = job_id(page)
     page.fill("#prompt", "the kite climbs higher")
     page.get_by_role("button", name="Extend").click()
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-
-    def extension():
-        jobs = httpx.get(f"{live.url}/v1/videos", headers=headers).json()["data"]
-        return next((j for j in jobs if j["prompt"] == "the kite climbs higher"), None)
-
-    job = wait_until(extension, 60, "the extension job", 0.2)
+    job = wait_until(lambda: _job_with_prompt(live, "the kite climbs higher"), 60, "the extension job", 0.2)
     assert job["num_frames"] == FRAMES_4S + 102 and job["id"] != source
     expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
-    assert httpx.get(f"{live.url}/v1/videos/{job['id']}", headers=headers).json()["status"] == "completed"
+    assert httpx.get(f"{live.url}/v1/videos/{job['id']}", headers=HEADERS).json()["status"] == "completed"
 
 
 def test_latent_mask_edit_from_the_page(page, live, tmp_path):
