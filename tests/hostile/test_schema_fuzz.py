@@ -33,8 +33,8 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "edit": ("invalid_value", r"source_video|source_audio|noise_mask|driving audio|start_time_seconds"),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
-SEQUENCES = 60  # stateful runs, one sequence of up to 6 linked steps each
-EXAMPLES = 100  # per operation and mode: ~10 operations x 2 modes, about a minute on 2 cores
+SEQUENCES = 30  # stateful runs, one sequence of up to 6 linked steps each
+EXAMPLES = 40  # per operation and mode: ~13 operations x 2 modes, about 25 s on 2 cores
 ALLOWED_STATUSES = {200, 400, 401, 404, 409, 413, 415, 422, 429}
 
 
