@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
+from h3serve.jobstore.errors import StoreUnavailable
 from h3serve.validate import RequestError
 
 log = logging.getLogger("h3serve.api")
@@ -113,6 +114,16 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     return error_response(400, message, "invalid_value", param)
 
 
+STORE_RETRY_AFTER_S = 5
+
+
+async def _store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
+    # The database is away (restarting, unreachable): the server's condition, not the request's; retry later.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "The job database is unreachable right now; retry shortly.", "store_unavailable",
+                          headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "Internal server error.", "internal_error")
@@ -123,4 +134,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StoreUnavailable, _store_unavailable)
     app.add_exception_handler(Exception, _unexpected)

@@ -3,7 +3,7 @@
 The claim selects its row with `FOR UPDATE SKIP LOCKED` inside the claiming UPDATE (one transaction), so
 concurrent servers never take the same job and never wait on each other. One connection per store, in
 autocommit mode, serialised by a lock; a broken connection (the database restarted) is replaced on the next
-call, and the call that saw it break raises `psycopg.OperationalError`.
+call, and a call that cannot reach the database raises `StoreUnavailable` (the API answers 503).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from h3serve.jobstore import migrations
+from h3serve.jobstore.errors import StoreUnavailable
 from h3serve.jobstore.sql import Row, SQLJobStore
 
 log = logging.getLogger("h3serve.store")
@@ -72,5 +73,9 @@ class PostgresJobStore(SQLJobStore):
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
-            cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
-            return cursor.fetchall() if cursor.description else []
+            try:
+                cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
+                return cursor.fetchall() if cursor.description else []
+            except psycopg.OperationalError as e:  # connection refused, lost or timed out: not the query's fault
+                first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise StoreUnavailable(f"the job database is unreachable ({first_line})") from e

@@ -13,6 +13,7 @@ import pytest
 
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.codec import decode_request, encode_request
+from h3serve.jobstore.errors import StoreUnavailable
 from h3serve.jobstore.migrations import LATEST
 from h3serve.jobstore.records import Job, JobError, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
@@ -182,7 +183,7 @@ def test_a_dropped_postgresql_connection_is_reopened_on_the_next_call(postgres_u
     backend = store._run("SELECT pg_backend_pid() AS pid")[0]["pid"]
     with psycopg.connect(postgres_url, autocommit=True) as admin:  # as a database restart would
         admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(StoreUnavailable, match="the job database is unreachable"):
         store.get(job.id)
     assert store.get(job.id) == job  # the next call reconnects
     store.close()

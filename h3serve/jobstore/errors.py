@@ -1,0 +1,8 @@
+"""The job store's own errors (a leaf: the API maps them to HTTP answers without knowing the database)."""
+
+from __future__ import annotations
+
+
+class StoreUnavailable(RuntimeError):
+    """The job database cannot be reached right now (down, restarting, unreachable). Nothing was changed by the
+    call that raised; the next call tries to reconnect."""
