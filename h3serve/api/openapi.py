@@ -92,6 +92,45 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
 
 CREATE_REQUEST_BODY = create_body_schema()
 
+_VIDEO_ID = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"],
+             "additionalProperties": False, "description": "a completed video job of this server"}
+_MASK = {
+    "anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "array"}],
+    "description": "values in [0, 1] on the latent grid (1 = generate, 0 = keep): docs/long_video_and_editing.md",
+}
+
+
+def derived_body_schema(video: bool, required: tuple[str, ...] = ("prompt",)) -> dict[str, Any]:
+    """The requestBody of the routes that make a job from a video: remix (the path names the video) and, with
+    `video`, edits and extensions (`video` is an upload or {"id": ...} of a completed job; masks for edits)."""
+    fields = _strip_nulls(_inlined(VideoCreateFields.model_json_schema()))
+    fields["required"] = list(required)
+    json_body = copy.deepcopy(fields)
+    form = copy.deepcopy(fields)
+    del form["properties"]["extra_params"]
+    if not video:
+        return {"required": True, "content": {"application/json": {"schema": json_body},
+                                              "application/x-www-form-urlencoded": {"schema": form}}}
+    # Masks are documented on the JSON body; forms may carry them as JSON text or uploads (the same rules apply).
+    json_body["properties"].update(video=_VIDEO_ID, video_noise_mask=_MASK, audio_noise_mask=_MASK)
+    form["properties"]["video"] = {
+        "type": "string",
+        "pattern": r'^[ \t\n\r]*\{[ \t\n\r]*"id"[ \t\n\r]*:[ \t\n\r]*"[A-Za-z0-9_]*"[ \t\n\r]*\}[ \t\n\r]*$',
+        "description": '{"id": "<a completed video id>"} as JSON text',
+    }
+    multipart = copy.deepcopy(form)
+    multipart["properties"]["video"] = {"anyOf": [_BINARY, form["properties"]["video"]]}
+    for schema in (json_body, form, multipart):
+        schema["required"] = [*required, "video"]
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": json_body},
+            "multipart/form-data": {"schema": multipart},
+            "application/x-www-form-urlencoded": {"schema": form},
+        },
+    }
+
 
 def _link(operation_id: str) -> dict[str, Any]:
     return {"operationId": operation_id, "parameters": {"video_id": "$response.body#/id"}}

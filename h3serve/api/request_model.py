@@ -52,6 +52,9 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "edit": "source_video / source_audio need a video_noise_mask / audio_noise_mask (masks in [0, 1] on the latent "
     "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask; "
     "start_time_seconds only for ref2va, one value or one per video reference, inside each video with 2 s after",
+    "video": "edits and extensions take one `video`: a video file or {\"id\": ...} of a completed video of this "
+    "server (an unknown id is 404, an unfinished one 409), and no other media field",
+    "required": "a remix or an edit needs a prompt, an extension also `seconds` (code missing_field)",
 }
 
 
@@ -127,7 +130,10 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     aspect_ratio: Ratio | None = None
     num_inference_steps: Annotated[int, Field(ge=limits.MIN_STEPS, le=limits.MAX_STEPS)] | None = None
     flow_shift: Shift | None = None
-    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
+    # The schema states the largest float64 below 2**63: JSON tools that read numbers as doubles would round
+    # SEED_MAX (2**63 - 1) up to 2**63 and send it as "valid"; the server itself accepts up to SEED_MAX.
+    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX,
+                               json_schema_extra={"maximum": 2**63 - 1024})] | None = None
     user: str | None = None
     num_outputs_per_prompt: Annotated[int, Field(ge=1, le=1)] | None = None
     quality: Literal[QUALITIES] | None = Field(  # type: ignore[valid-type]

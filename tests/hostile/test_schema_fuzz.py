@@ -31,6 +31,8 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "prompt": ("invalid_value", r"prompt: must not be empty|surrogate"),
     "long_video": ("invalid_value", r"long_video|continuation|seconds \(long_video|set quality=lossless"),
     "edit": ("invalid_value", r"source_video|source_audio|noise_mask|driving audio|start_time_seconds"),
+    "video": ("invalid_value", r"^video: |this route takes only `video`"),
+    "required": ("missing_field", r"is required"),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
 SEQUENCES = 30  # stateful runs, one sequence of up to 6 linked steps each

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError, not_found
-from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, error_responses
+from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.engine.artifacts import VARIANTS
@@ -49,6 +49,7 @@ async def create_video(request: Request, ctx: Context) -> Video:
 
 # Literal paths before the {video_id} routes (else POST /videos/edits would meet GET /videos/{video_id}: 405).
 @router.post("/videos/edits", response_model=Video, summary="Edit a video (latent-mask edit or Ref2VA re-make)",
+             openapi_extra={"requestBody": derived_body_schema(video=True)},
              responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429))
 async def edit_video(request: Request, ctx: Context) -> Video:
     return Video.from_job(await derived.edit(request, ctx))
@@ -56,6 +57,7 @@ async def edit_video(request: Request, ctx: Context) -> Video:
 
 @router.post("/videos/extensions", response_model=Video,
              summary="Extend a video: the source followed by `seconds` more (continuation from its last frames)",
+             openapi_extra={"requestBody": derived_body_schema(video=True, required=("prompt", "seconds"))},
              responses=error_responses(400, 401, 404, 409, 413, 415, 422, 429))
 async def extend_video(request: Request, ctx: Context) -> Video:
     return Video.from_job(await derived.extend(request, ctx))
@@ -63,6 +65,7 @@ async def extend_video(request: Request, ctx: Context) -> Video:
 
 @router.post("/videos/{video_id}/remix", response_model=Video,
              summary="Remix a completed video with a new prompt (Ref2VA, the video as the reference)",
+             openapi_extra={"requestBody": derived_body_schema(video=False)},
              responses=error_responses(400, 401, 404, 409, 422, 429))
 async def remix_video(video_id: str, request: Request, ctx: Context) -> Video:
     return Video.from_job(await derived.remix(request, ctx, video_id))
