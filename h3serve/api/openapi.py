@@ -61,6 +61,15 @@ def _strip_nulls(node: Any) -> Any:
     return node
 
 
+def _request_body(json_body: dict, form: dict, multipart: dict | None = None) -> dict[str, Any]:
+    """An OpenAPI requestBody taking the same fields as JSON, urlencoded form and (with uploads) multipart."""
+    content = {"application/json": {"schema": json_body}}
+    if multipart is not None:
+        content["multipart/form-data"] = {"schema": multipart}
+    content["application/x-www-form-urlencoded"] = {"schema": form}
+    return {"required": True, "content": content}
+
+
 def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
     """The requestBody of POST /v1/videos(/sync) for JSON, urlencoded and multipart bodies."""
     fields = _strip_nulls(_inlined(VideoCreateFields.model_json_schema()))
@@ -80,14 +89,7 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
         input_reference=_BINARY,
         input_references={"type": "array", "items": _BINARY, "maxItems": limits.MAX_MEDIA_FILES},
     )
-    return {
-        "required": True,
-        "content": {
-            "application/json": {"schema": json_body},
-            "multipart/form-data": {"schema": multipart},
-            "application/x-www-form-urlencoded": {"schema": form},
-        },
-    }
+    return _request_body(json_body, form, multipart)
 
 
 CREATE_REQUEST_BODY = create_body_schema()
@@ -109,8 +111,7 @@ def derived_body_schema(video: bool, required: tuple[str, ...] = ("prompt",)) ->
     form = copy.deepcopy(fields)
     del form["properties"]["extra_params"]
     if not video:
-        return {"required": True, "content": {"application/json": {"schema": json_body},
-                                              "application/x-www-form-urlencoded": {"schema": form}}}
+        return _request_body(json_body, form)
     # Masks are documented on the JSON body; forms may carry them as JSON text or uploads (the same rules apply).
     json_body["properties"].update(video=_VIDEO_ID, video_noise_mask=_MASK, audio_noise_mask=_MASK)
     form["properties"]["video"] = {
@@ -122,14 +123,7 @@ def derived_body_schema(video: bool, required: tuple[str, ...] = ("prompt",)) ->
     multipart["properties"]["video"] = {"anyOf": [_BINARY, form["properties"]["video"]]}
     for schema in (json_body, form, multipart):
         schema["required"] = [*required, "video"]
-    return {
-        "required": True,
-        "content": {
-            "application/json": {"schema": json_body},
-            "multipart/form-data": {"schema": multipart},
-            "application/x-www-form-urlencoded": {"schema": form},
-        },
-    }
+    return _request_body(json_body, form, multipart)
 
 
 def _link(operation_id: str) -> dict[str, Any]:
