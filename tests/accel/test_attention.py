@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from small_dit import SMALL_DIT
 
 from h3serve.accel import attention
 from h3serve.accel.attention import AttentionBackendError, resolve_roles, usable_backends
@@ -43,10 +44,7 @@ def test_a_cuda_build_without_the_library_names_what_is_missing(monkeypatch):
 
 
 def test_install_sets_each_role_on_its_blocks():
-    cfg = H3TransformerConfig(
-        num_attention_heads=2, attention_head_dim=32, hidden_size=48, num_layers=2, num_refiner_layers=1,
-        ffn_dim=64, text_dim=32, freq_dim=32, time_embed_hidden_dim=48, time_embed_dim=24, rope_freq_dim=4,
-    )
+    cfg = H3TransformerConfig(**SMALL_DIT)
     with torch.device("meta"):
         model = H3Transformer(cfg)
     attention.install(model, {"self": "TORCH_SDPA", "minimax_h3.token_refiner": "CUDNN_ATTN"})

@@ -4,29 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from small_dit import SMALL_DIT
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 
-TINY = dict(
-    num_attention_heads=2,
-    attention_head_dim=32,
-    hidden_size=48,
-    num_layers=2,
-    num_refiner_layers=1,
-    ffn_dim=64,
-    text_dim=32,
-    freq_dim=32,
-    time_embed_hidden_dim=48,
-    time_embed_dim=24,
-    rope_freq_dim=4,
-)
-
 
 def _model() -> H3Transformer:
     torch.manual_seed(0)
-    model = H3Transformer(H3TransformerConfig(**TINY)).eval()
+    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -39,7 +26,7 @@ def _run(model: H3Transformer, frames: int, seed: int = 1) -> tuple[torch.Tensor
     layout = build_keyframe_layout(torch.full((text_len,), TEXT_TAG), frames, lh, lw, audio, anchors=("first",))
     video = patchify(torch.randn(1, 24, frames + 1, lh, lw, generator=g))[None]
     audio_rows = torch.randn(1, 2 * audio, 32, generator=g)
-    text = torch.randn(1, text_len, TINY["text_dim"], generator=g)
+    text = torch.randn(1, text_len, SMALL_DIT["text_dim"], generator=g)
     timestep, row_index = layout.row_timesteps(0.3, 0.6)
     with torch.inference_mode():
         return model(video, audio_rows, model.embed_text(text), timestep, row_index, layout.packed)

@@ -5,30 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
+from small_dit import SMALL_DIT
 
 from h3serve.model import keys
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 
-TINY = dict(
-    num_attention_heads=2,
-    attention_head_dim=32,
-    hidden_size=48,
-    num_layers=2,
-    num_refiner_layers=1,
-    ffn_dim=64,
-    text_dim=32,
-    freq_dim=32,
-    time_embed_hidden_dim=48,
-    time_embed_dim=24,
-    rope_freq_dim=4,
-)
-
 
 @pytest.fixture(scope="module")
 def reference() -> MiniMaxH3Transformer3DModel:
     torch.manual_seed(0)
-    model = MiniMaxH3Transformer3DModel(**TINY).eval()
+    model = MiniMaxH3Transformer3DModel(**SMALL_DIT).eval()
     with torch.no_grad():  # diffusers zero-inits nothing here, but make every weight non-trivial anyway
         for p in model.parameters():
             p.normal_(0, 0.2)
@@ -37,7 +24,7 @@ def reference() -> MiniMaxH3Transformer3DModel:
 
 @pytest.fixture(scope="module")
 def ours(reference) -> H3Transformer:
-    model = H3Transformer(H3TransformerConfig(**TINY)).eval()
+    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
     model.load_state_dict(reference.state_dict(), strict=True)
     return model
 
@@ -59,7 +46,7 @@ def test_full_size_keys_and_shapes_equal_diffusers():
 
 
 def test_state_dict_round_trip_both_ways(reference, ours):
-    back = MiniMaxH3Transformer3DModel(**TINY)
+    back = MiniMaxH3Transformer3DModel(**SMALL_DIT)
     back.load_state_dict(ours.state_dict(), strict=True)
     for k, v in reference.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
@@ -71,7 +58,7 @@ def _inputs(seed: int = 1):
     layout = build_keyframe_layout(torch.full((text_len,), TEXT_TAG), frames, lh, lw, audio, anchors=("first", "last"))
     video = patchify(torch.randn(1, 24, frames + 2, lh, lw, generator=g))[None]
     audio_rows = torch.randn(1, 2 * audio, 32, generator=g)
-    text = torch.randn(1, text_len, TINY["text_dim"], generator=g)
+    text = torch.randn(1, text_len, SMALL_DIT["text_dim"], generator=g)
     timestep, row_index = layout.row_timesteps(0.3, 0.6)
     return layout, video, audio_rows, text, timestep, row_index
 
@@ -103,7 +90,7 @@ def test_forward_matches_diffusers(reference, ours):
 @pytest.mark.parametrize("layout", ["interleaved", "stacked"])
 def test_native_keys_round_trip(ours, layout):
     sd = ours.state_dict()
-    native = keys.diffusers_to_native(sd, TINY["attention_head_dim"], layout)
+    native = keys.diffusers_to_native(sd, SMALL_DIT["attention_head_dim"], layout)
     assert keys.is_native_key_set(list(native))
     assert "blocks.0.attn.qkv_proj.weight" in native and "video_patch_proj.weight" in native
     assert not keys.is_native_key_set(list(sd))
@@ -132,4 +119,4 @@ def test_native_ffn_halves_are_swapped():
 
 def test_rejects_head_dim_too_small_for_rope():
     with pytest.raises(ValueError, match="rope_freq_dim"):
-        H3Transformer(H3TransformerConfig(**{**TINY, "attention_head_dim": 16}))
+        H3Transformer(H3TransformerConfig(**{**SMALL_DIT, "attention_head_dim": 16}))
