@@ -55,6 +55,7 @@ class LocalEngine:
         roles = config.attention_roles()
         for dit in (components.transformer, components.transformer_ref):
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
+                dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
                 attention.install(dit, roles)
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])

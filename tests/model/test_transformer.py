@@ -87,6 +87,22 @@ def test_forward_matches_diffusers(reference, ours):
     assert timestep.numel() == 3  # video 0.3, condition 0.999, audio 0.6
 
 
+def test_fused_qkv_projections_keep_the_output_bit_identical(reference, ours):
+    layout, video, audio, text, timestep, row_index = _inputs()
+    fused = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
+    fused.load_state_dict(ours.state_dict(), strict=True)
+    fused.fuse_projections()
+    names = set(fused.state_dict())
+    assert {"transformer_blocks.0.attn.to_qkv.weight", "token_refiner.refiner_blocks.0.attn.to_qkv.weight"} <= names
+    assert not any(n.endswith(("attn.to_q.weight", "attn.to_k.weight", "attn.to_v.weight")) for n in names)
+    q = reference.transformer_blocks[1].attn.to_q.weight
+    assert torch.equal(fused.transformer_blocks[1].attn.to_qkv.weight[: q.shape[0]], q)
+    with torch.no_grad():
+        expected = ours(video, audio, ours.embed_text(text), timestep, row_index, layout.packed)
+        got = fused(video, audio, fused.embed_text(text), timestep, row_index, layout.packed)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
 @pytest.mark.parametrize("layout", ["interleaved", "stacked"])
 def test_native_keys_round_trip(ours, layout):
     sd = ours.state_dict()
