@@ -47,6 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
     p.add_argument("--rounds", type=int, default=3,
                    help="throughput mode: alternating timed rounds per replica count; the median counts (default 3)")
+    p.add_argument("--dit-forward", action="store_true",
+                   help="DiT-forward mode: one forward, h3serve eager / compiled against diffusers, in one process")
+    p.add_argument("--dit-layers", type=int, metavar="N",
+                   help="DiT-forward mode: random weights, the released width, N blocks (instead of a checkpoint)")
+    p.add_argument("--text-rows", type=int, default=128, help="DiT-forward mode: text rows in the packed sequence")
+    p.add_argument("--attention-backend", action="append", dest="attention_backends", metavar="NAME",
+                   help="DiT-forward mode: attention backend of the h3serve variants (repeatable; default TORCH_SDPA)")
+    p.add_argument("--dit-modes", default="eager,compiled", metavar="eager,compiled",
+                   help="DiT-forward mode: the h3serve variants (default eager,compiled)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -60,13 +69,14 @@ def _default_out() -> Path:
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
 _NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds")
+_DIT_FLAGS = ("text_rows", "dit_modes")  # always set (defaults): recorded in DiT-forward mode only
 
 
 def command_line(args: argparse.Namespace) -> str:
     """The `h3serve bench ...` command equivalent to the parsed arguments (recorded with the results)."""
     words = ["h3serve", "bench"]
     for key, value in vars(args).items():
-        if key in _NOT_FLAGS or value is None or value is False:
+        if key in _NOT_FLAGS or value is None or value is False or (key in _DIT_FLAGS and not args.dit_forward):
             continue
         flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
         for item in value if isinstance(value, list) else [value]:
@@ -103,9 +113,69 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dit_forward(args: argparse.Namespace) -> int:
+    """`--dit-forward`: one DiT forward, variants against the reference (see `h3serve.tools.bench.dit_forward`)."""
+    import json
+    from dataclasses import asdict
+
+    from h3serve.accel.attention import AttentionBackendError
+    from h3serve.checkpoint import CheckpointError
+    from h3serve.config import ConfigError
+    from h3serve.model.transformer import H3TransformerConfig
+    from h3serve.tools.bench.dit_forward import MODES, DitBenchSpec, run_dit_bench, summary
+    from h3serve.tools.bench.matrix import MatrixError, load_matrix
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    modes = tuple(filter(None, args.dit_modes.split(",")))
+    try:
+        if args.dit_layers is not None and (args.model or args.preset):
+            raise MatrixError("--dit-layers (random weights at the released width) excludes --model and --preset")
+        if args.dit_layers is not None and args.dit_layers < 1 or args.text_rows < 1:
+            raise MatrixError("--dit-layers and --text-rows must be >= 1")
+        if not modes or set(modes) - set(MODES):
+            raise MatrixError(f"--dit-modes: choose from {', '.join(MODES)}, got {args.dit_modes!r}")
+        matrix = load_matrix(args.matrix, {k: getattr(args, k) for k in (
+            "model", "preset", "shapes", "engines", "seed", "warmup", "runs", "profile", "gemm_seconds")})
+        if not matrix.shapes or len(matrix.engines) != 1:
+            raise MatrixError("--dit-forward needs one --shape WxHxFRAMES and at most one --engine (device, dtype, "
+                              "threads)")
+        engine = matrix.engines[0].config(Path("."))
+        if engine.threads:
+            import torch
+
+            torch.set_num_threads(engine.threads)
+        model = None
+        if args.dit_layers is None:
+            model = Path(matrix.model) if matrix.model else ensure_tiny_checkpoint(matrix.preset)
+        shape = matrix.shapes[0]
+        spec = DitBenchSpec(
+            width=shape.width, height=shape.height, num_frames=shape.num_frames, text_rows=args.text_rows,
+            device=engine.resolved_device(), dtype=engine.resolved_dtype(), model=model,
+            random_config=None if model else H3TransformerConfig(num_layers=args.dit_layers),
+            modes=modes, backends=tuple(args.attention_backends or ("TORCH_SDPA",)), warmup=matrix.warmup,
+            runs=matrix.runs, profile=matrix.profile, seed=matrix.seed, gemm_seconds=matrix.gemm_seconds,
+        )
+        result = run_dit_bench(spec, lambda line: print(line, file=sys.stderr))
+    except (MatrixError, ConfigError, CheckpointError, AttentionBackendError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    text = summary(result)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "dit_forward.md").write_text(f"Command: `{command_line(args)}`\n\n{text}", encoding="utf-8")
+        record = {"command": command_line(args), "flops": result.flops, "gemm_peak_flops": result.gemm_peak_flops,
+                  "shape": asdict(result.shape), "variants": [asdict(v) for v in result.variants]}
+        (out / "dit_forward.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+    print(text)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.replicas:
         return cmd_throughput(args)
+    if args.dit_forward:
+        return cmd_dit_forward(args)
     from h3serve.checkpoint import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.media.intake import MediaError
