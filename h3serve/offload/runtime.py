@@ -22,6 +22,7 @@ from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.config import OffloadConfig
+from h3serve.offload.host_heap import release_free_heap
 from h3serve.offload.plan import BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
 from h3serve.offload.units import GatheredUnit, HostUnit
 
@@ -206,9 +207,10 @@ class OffloadRuntime:
             for streams in self.streams.values():  # a prefetch for a next step that will not come
                 for stream in streams:
                     stream.release_all()
-            if name == "denoise":  # resident blocks make room for the VAE decode
+            if name == "denoise":  # resident blocks, and the host heap's freed activations, make room for the decode
                 for unit in self.prefix:
                     unit.release()
+                release_free_heap()
             self.log.enter(None)
 
 
