@@ -27,7 +27,7 @@ from h3serve.api.media_inputs import store_media
 from h3serve.api.request_fields import MASK_FIELDS, MediaSource, ParsedFields, parse_fields
 from h3serve.api.submission import queue_error, queue_request
 from h3serve.engine.artifacts import VARIANTS
-from h3serve.engine.jobs import QueueFull, ShuttingDown
+from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import GenerationPlan

@@ -19,7 +19,7 @@ from h3serve.api.media_inputs import store_media
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import ParsedFields, parse_fields
 from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
-from h3serve.engine.jobs import QueueFull, ShuttingDown
+from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.engine.planning import plan_request
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError

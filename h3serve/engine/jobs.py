@@ -26,11 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from h3serve import limits
 from h3serve.engine.artifacts import write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
+from h3serve.engine.job_types import ExecutorLike, JobListener, QueueFull, ReplicaStatus, ShuttingDown, StartListener
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import plan_request
 from h3serve.jobstore.files import JobFiles
@@ -54,32 +55,6 @@ def server_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
 
-class ExecutorLike(Protocol):
-    """What the manager needs from `h3serve.engine.executor.Executor`."""
-
-    defaults: ModelDefaults
-    tasks: tuple[str, ...]  # what the loaded DiTs serve
-
-    def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
-                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
-                 ) -> GenerationOutput: ...
-    def cancel(self, seq: int) -> None: ...
-    def alive(self) -> bool: ...
-
-
-class QueueFull(RuntimeError):
-    """The queue holds `max_queue` jobs already; try again after `retry_after_s`."""
-
-    def __init__(self, depth: int, retry_after_s: int):
-        super().__init__(f"the queue is full ({depth} jobs waiting); retry in about {retry_after_s} s")
-        self.depth = depth
-        self.retry_after_s = retry_after_s
-
-
-class ShuttingDown(RuntimeError):
-    """The manager is closing and takes no new jobs."""
-
-
 @dataclass
 class _Active:
     """A job a replica holds. `seq` is the executor's handle, known once the executor has taken the job."""
@@ -95,21 +70,6 @@ class _Active:
     @property
     def dropped(self) -> bool:
         return self.deleted or self.lost
-
-
-@dataclass(frozen=True)
-class ReplicaStatus:
-    """One engine replica as /health and /metrics show it."""
-
-    index: int
-    busy: bool
-    job_id: str | None
-    jobs_served: int
-    problem: str | None  # why it cannot serve; None: it can
-
-
-JobListener = Callable[[Job], None]
-StartListener = Callable[[int, float], None]  # (replica, seconds the job waited in the queue)
 
 
 class JobManager:

@@ -1,0 +1,55 @@
+"""The job manager's leaf types: the errors it raises at submission, the executor it drives, what it reports.
+
+Kept apart from `h3serve.engine.jobs` so that the HTTP layer can name the errors without the manager's machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from h3serve.engine.output import GenerationOutput
+from h3serve.jobstore.records import Job
+from h3serve.validate import GenerationPlan, ModelDefaults
+
+
+class ExecutorLike(Protocol):
+    """What the manager needs from `h3serve.engine.executor.Executor`."""
+
+    defaults: ModelDefaults
+    tasks: tuple[str, ...]  # what the loaded DiTs serve
+
+    def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
+                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
+                 ) -> GenerationOutput: ...
+    def cancel(self, seq: int) -> None: ...
+    def alive(self) -> bool: ...
+
+
+class QueueFull(RuntimeError):
+    """The queue holds `max_queue` jobs already; try again after `retry_after_s`."""
+
+    def __init__(self, depth: int, retry_after_s: int):
+        super().__init__(f"the queue is full ({depth} jobs waiting); retry in about {retry_after_s} s")
+        self.depth = depth
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(RuntimeError):
+    """The manager is closing and takes no new jobs."""
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """One engine replica as /health and /metrics show it."""
+
+    index: int
+    busy: bool
+    job_id: str | None
+    jobs_served: int
+    problem: str | None  # why it cannot serve; None: it can
+
+
+JobListener = Callable[[Job], None]
+StartListener = Callable[[int, float], None]  # (replica, seconds the job waited in the queue)
