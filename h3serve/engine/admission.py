@@ -12,6 +12,7 @@ video the model card offers passes by default too; `--max-request-cost` sets one
 from __future__ import annotations
 
 from h3serve import geometry, limits
+from h3serve.long_video import max_duration_s
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 COST_UNIT = 1e6
@@ -28,10 +29,7 @@ def request_cost(plan: GenerationPlan) -> float:
 
 def default_max_cost(defaults: ModelDefaults, long_video_mode: str | None = None) -> float:
     """The default limit for a request of `long_video_mode` (None: an ordinary request)."""
-    longest = {None: limits.MAX_DURATION_S, "full": limits.MAX_FULL_DURATION_S}.get(
-        long_video_mode, limits.MAX_CONTINUATION_DURATION_S
-    )
-    frames = geometry.frames_for_duration(longest)
+    frames = geometry.frames_for_duration(max_duration_s(long_video_mode))
     return defaults.canvas_max_pixels * frames * limits.DEFAULT_STEPS * DEFAULT_STEPS_FACTOR / COST_UNIT
 
 
