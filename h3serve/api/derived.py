@@ -25,9 +25,8 @@ from h3serve.api.context import ServerContext
 from h3serve.api.errors import APIError, bad_request, not_found
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_fields import MASK_FIELDS, MediaSource, ParsedFields, parse_fields
-from h3serve.api.submission import queue_error, queue_request
+from h3serve.api.submission import ensure_capacity, queue_request
 from h3serve.engine.artifacts import VARIANTS
-from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import GenerationPlan
@@ -104,10 +103,7 @@ async def _submit(
 ) -> Job:
     """Parse the body, resolve the source video (uploaded, or a completed job's), build the request, queue it."""
     try:
-        try:
-            await run_in_threadpool(ctx.manager.check_capacity)
-        except (QueueFull, ShuttingDown) as e:
-            raise queue_error(e) from None
+        await ensure_capacity(ctx)
         body = await read_body(request, ctx.config.max_body_bytes)
         rest, given = _split_video(body) if takes_video else (body, None)
         parsed = await run_in_threadpool(parse_fields, rest)

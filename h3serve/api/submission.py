@@ -27,7 +27,7 @@ from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
 
 
-def queue_error(err: QueueFull | ShuttingDown) -> APIError:
+def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
     if isinstance(err, ShuttingDown):
         return APIError(503, "The server is shutting down; retry later.", "shutting_down")
     return APIError(
@@ -47,13 +47,18 @@ def _seconds_label(parsed: ParsedFields, plan: GenerationPlan) -> str:
     return f"{limits.DEFAULT_DURATION_S:g}"
 
 
+async def ensure_capacity(ctx: ServerContext) -> None:
+    """A full queue (429) or a closing server (503) answers before any time is spent on the body."""
+    try:
+        await run_in_threadpool(ctx.manager.check_capacity)
+    except (QueueFull, ShuttingDown) as e:
+        raise _queue_error(e) from None
+
+
 async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
     """Parse, store, validate and queue one request. Raises `APIError` with the right status."""
     try:
-        try:
-            await run_in_threadpool(ctx.manager.check_capacity)  # before spending time on uploads
-        except (QueueFull, ShuttingDown) as e:
-            raise queue_error(e) from None
+        await ensure_capacity(ctx)  # before spending time on uploads
         body = await read_body(request, ctx.config.max_body_bytes)
         parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
@@ -109,4 +114,4 @@ async def queue_request(
     try:
         return await run_in_threadpool(ctx.manager.submit, job, plan)
     except (QueueFull, ShuttingDown) as e:
-        raise queue_error(e) from None
+        raise _queue_error(e) from None
