@@ -11,7 +11,7 @@ import torch
 
 from h3serve import limits
 from h3serve.long_video import Window, window_seed
-from h3serve.model.conditioning import Presentation, encode_audio_condition, encode_visual_condition
+from h3serve.model.conditioning import Presentation
 from h3serve.model.latent_edit import MaskedTarget, audio_target
 from h3serve.model.layout import ReferenceBlock
 from h3serve.model.pipeline_types import (
@@ -28,7 +28,8 @@ from h3serve.validate import GenerationPlan
 
 class ContinuationMixin:
     """`H3Pipeline`'s continuation methods. They use the pipeline's own encoding, sampling and decoding
-    (`encode_reference_media`, `_presentation`, `_reference_encoded`, `_sample`, `_decode`, `_schedules`)."""
+    (`encode_reference_media`, `encode_source_frames`, `padded_audio_latents`, `_presentation`,
+    `_reference_encoded`, `_sample`, `_decode`, `_schedules`)."""
 
     def _generate_continuation(
         self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
@@ -95,15 +96,13 @@ class ContinuationMixin:
         if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
             raise ValueError("an extension needs its source frames (window 0) decoded")
         with clock("vae_encode"):
-            pixels = torch.from_numpy(cond.extend_video).permute(3, 0, 1, 2)[None].to(self.device)
-            video = encode_visual_condition(self.components.vae, pixels)
-            channels = self.components.audio_vae.config.latent_channels
-            audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
-            if cond.extend_audio is not None:
-                rows = encode_audio_condition(self.components.audio_vae, cond.extend_audio)
-                source = rows.reshape(limits.AUDIO_CHANNELS, -1, channels)[:, : window.audio_latents]
-                audio[:, :, : source.shape[1]] = source.permute(0, 2, 1)
-        return video, audio
+            video = self.encode_source_frames(cond.extend_video)
+            if cond.extend_audio is None:
+                channels = self.components.audio_vae.config.latent_channels
+                audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
+            else:
+                audio = self.padded_audio_latents(cond.extend_audio, window.audio_latents)[0].permute(0, 2, 1)
+        return video, audio.contiguous()
 
     def run_window(
         self,

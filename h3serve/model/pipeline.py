@@ -97,7 +97,7 @@ class H3Pipeline(ContinuationMixin):
         clock = StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
         dit = self.components.transformer_ref if cond.references else self.components.transformer
-        target = Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+        target = Target.of(plan)
         edits = self.encode_edit(plan, cond, clock) if plan.edit else (None, None)
         profile = profile_for(plan.quality, self.cache)
         cached = profile is not None and dit is not None
@@ -118,8 +118,7 @@ class H3Pipeline(ContinuationMixin):
             if plan.video_mask is not None:
                 if cond.edit_video is None:
                     raise ValueError("a video mask needs the decoded source video")
-                pixels = torch.from_numpy(cond.edit_video).permute(3, 0, 1, 2)[None].to(self.device)
-                clean = encode_visual_condition(self.components.vae, pixels)
+                clean = self.encode_source_frames(cond.edit_video)
                 expected = (plan.latent_frames, plan.latent_height, plan.latent_width)
                 if tuple(clean.shape[2:]) != expected:
                     raise ValueError(f"the source video encodes to {tuple(clean.shape[2:])} latents, not {expected}")
@@ -137,9 +136,19 @@ class H3Pipeline(ContinuationMixin):
         how many of them the source covers."""
         if cond.edit_audio is None:
             raise ValueError("an audio mask needs the decoded source audio")
-        rows = encode_audio_condition(self.components.audio_vae, cond.edit_audio)
-        source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, : plan.audio_latents]
-        clean = torch.zeros(limits.AUDIO_CHANNELS, plan.audio_latents, rows.shape[-1])
+        return self.padded_audio_latents(cond.edit_audio, plan.audio_latents)
+
+    def encode_source_frames(self, frames: np.ndarray) -> torch.Tensor:
+        """Decoded source frames [T, H, W, 3] uint8 -> normalised latents [1, 24, F, lh, lw] (the condition recipe)."""
+        pixels = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].to(self.device)
+        return encode_visual_condition(self.components.vae, pixels)
+
+    def padded_audio_latents(self, waveform: torch.Tensor, length: int) -> tuple[torch.Tensor, int]:
+        """A source waveform [2, N] -> normalised latents [2, length, 32], cropped or zero-padded, and how many of
+        them the source covers."""
+        rows = encode_audio_condition(self.components.audio_vae, waveform)
+        source = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])[:, :length]
+        clean = torch.zeros(limits.AUDIO_CHANNELS, length, rows.shape[-1])
         clean[:, : source.shape[1]] = source
         return clean, source.shape[1]
 
@@ -226,7 +235,7 @@ class H3Pipeline(ContinuationMixin):
         clock = clock or StageClock(self.device, self.hooks)
         if cond.references:
             media = self.encode_reference_media(cond.references, clock)
-            target = Target(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
+            target = Target.of(plan)
             return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
         return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
 

@@ -23,6 +23,7 @@ from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer
 from h3serve.model.vision_inputs import VisionProcessorConfig
 from h3serve.request import tasks_served
+from h3serve.validate import GenerationPlan
 
 StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
 
@@ -112,6 +113,11 @@ class Target:
     latent_height: int
     latent_width: int
     audio_latents: int
+
+    @classmethod
+    def of(cls, plan: GenerationPlan) -> Target:
+        """The whole request's target (a continuation window has its own frames and audio latents)."""
+        return cls(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
 
 
 @dataclass
