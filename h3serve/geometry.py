@@ -33,6 +33,11 @@ def latent_frames(num_frames: int) -> int:
     return (num_frames - rest) // block * rest + 2
 
 
+def latent_edge(pixels: int) -> int:
+    """A canvas edge in video latent cells (the VAE's spatial compression, 16); patches are 2 cells."""
+    return pixels // limits.VAE_SPATIAL_COMPRESSION
+
+
 def audio_latents(num_frames: int) -> int:
     """Audio latents per channel for a video of `num_frames` frames (40 per second, Python rounding)."""
     return int(round(num_frames / limits.FPS * limits.AUDIO_LATENTS_PER_SECOND))

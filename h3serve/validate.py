@@ -94,11 +94,11 @@ class GenerationPlan:
 
     @property
     def latent_height(self) -> int:
-        return self.height // limits.VAE_SPATIAL_COMPRESSION
+        return geometry.latent_edge(self.height)
 
     @property
     def latent_width(self) -> int:
-        return self.width // limits.VAE_SPATIAL_COMPRESSION
+        return geometry.latent_edge(self.width)
 
     @property
     def audio_latents(self) -> int:
@@ -240,7 +240,7 @@ def _resolve_edit(
             "audio_noise_mask", "audio_mode=lock_source cannot be combined with audio latent-mask editing"
         )
     lt = geometry.latent_frames(num_frames)
-    lh, lw = height // limits.VAE_SPATIAL_COMPRESSION, width // limits.VAE_SPATIAL_COMPRESSION
+    lh, lw = geometry.latent_edge(height), geometry.latent_edge(width)
     at = geometry.audio_latents(num_frames)
     try:
         field = "video_noise_mask"

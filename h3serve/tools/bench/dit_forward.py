@@ -166,7 +166,7 @@ class ForwardInputs:
 def forward_inputs(cfg: H3TransformerConfig, spec: DitBenchSpec) -> ForwardInputs:
     """The T2VA rows of one request of the spec's shape, at the middle of denoising."""
     frames = geometry.latent_frames(spec.num_frames)
-    lh, lw = spec.height // limits.VAE_SPATIAL_COMPRESSION, spec.width // limits.VAE_SPATIAL_COMPRESSION
+    lh, lw = geometry.latent_edge(spec.height), geometry.latent_edge(spec.width)
     audio_latents = geometry.audio_latents(spec.num_frames)
     layout = build_keyframe_layout(torch.full((spec.text_rows,), TEXT_TAG), frames, lh, lw, audio_latents)
     gen = torch.Generator().manual_seed(spec.seed + 1)
