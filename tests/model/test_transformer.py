@@ -45,6 +45,16 @@ def test_full_size_keys_and_shapes_equal_diffusers():
     assert sum(v.numel() for v in mine.parameters()) == 33_122_992_896
 
 
+def test_full_size_fused_projections_keep_every_weight():
+    """The released width on the meta device: fusing Q/K/V changes no parameter count, only the layout."""
+    with torch.device("meta"):
+        model = H3Transformer(H3TransformerConfig())
+    model.fuse_projections()
+    assert sum(v.numel() for v in model.parameters()) == 33_122_992_896
+    assert tuple(model.transformer_blocks[0].attn.to_qkv.weight.shape) == (3 * 56 * 128, 5376)
+    assert all(b.attn.to_qkv is not None for b in [*model.transformer_blocks, *model.token_refiner.refiner_blocks])
+
+
 def test_state_dict_round_trip_both_ways(reference, ours):
     back = MiniMaxH3Transformer3DModel(**SMALL_DIT)
     back.load_state_dict(ours.state_dict(), strict=True)
