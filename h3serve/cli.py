@@ -171,7 +171,7 @@ def _check_writable(flag: str, path: str | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from h3serve.checkpoint import CheckpointError, read_layout
+    from h3serve.checkpoint_layout import CheckpointError, read_layout
     from h3serve.config import ConfigError
     from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
@@ -217,7 +217,7 @@ def _run_engine(config, plan):
     from tqdm import tqdm
 
     from h3serve.engine.executor import Executor
-    from h3serve.engine.local import LocalEngine
+    from h3serve.rank.local import LocalEngine
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
     engine = Executor(config) if multi_rank else LocalEngine(config)

@@ -20,8 +20,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
-    from h3serve.checkpoint import load_components, read_layout
+    from h3serve.checkpoint_layout import read_layout
     from h3serve.model.pipeline import H3Pipeline
+    from h3serve.rank.checkpoint import load_components
 
     layout = read_layout(tiny_checkpoint)
     return H3Pipeline(load_components(layout)), layout.defaults()

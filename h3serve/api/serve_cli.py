@@ -102,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.config import ServerConfig, default_data_dir
-    from h3serve.checkpoint import CheckpointError
+    from h3serve.checkpoint_layout import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.engine.args import engine_config_from_args
     from h3serve.media.mp4 import EncoderOptions

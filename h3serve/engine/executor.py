@@ -106,7 +106,7 @@ class Executor:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        from h3serve.engine.worker import worker_main
+        from h3serve.rank.worker import worker_main
 
         self._requests = self._ctx.Queue()
         self._events = self._ctx.Queue()

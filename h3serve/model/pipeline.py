@@ -1,7 +1,7 @@
 """The H3 generation pipeline: encode text -> lay out rows -> denoise -> decode video and audio.
 
 One `GenerationPlan` in, one `GenerationResult` out. The components are plain torch modules; loading
-them is `h3serve.checkpoint`'s job. Noise is drawn from one CPU generator in the reference's order
+them is `h3serve.rank.checkpoint`'s job. Noise is drawn from one CPU generator in the reference's order
 (condition noise, video noise, audio noise), so a seed reproduces the reference pipeline's output.
 """
 

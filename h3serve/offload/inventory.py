@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from h3serve import limits
-from h3serve.checkpoint import CheckpointError, read_layout
+from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.plan import DIT_GROUPS, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims

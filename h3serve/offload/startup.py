@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from h3serve import geometry, limits
-from h3serve.checkpoint import read_layout
+from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import AUTO, OffloadConfig

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from h3serve.parallel.vae_tiles import TileParallelDecode
 
 if TYPE_CHECKING:
     from h3serve.model.pipeline_types import H3Components
+    from h3serve.model.text_encoder import TextConditioner
 
 
 def _new_groups(degrees: ParallelDegrees, rank: int, axes: tuple[str, ...]) -> ProcessGroup | None:
@@ -98,19 +100,20 @@ class RankParallel:
         tokenizer_folder: Path,
         dtype: torch.dtype,
         device: torch.device,
+        load_whole: Callable[..., TextConditioner],
         load_device: torch.device | None = None,
     ):
-        """`checkpoint.load_text_conditioner` on a multi-rank engine: weights load onto `load_device` (host memory
-        under offload, default `device`); the hidden states every rank receives live on `device`."""
+        """The text conditioner on a multi-rank engine: weights load onto `load_device` (host memory under offload,
+        default `device`); the hidden states every rank receives live on `device`. `load_whole` is the unsharded
+        loader (h3serve.rank.checkpoint), used where this rank runs the encoder whole."""
         load_device = load_device or device
         from transformers import AutoConfig, AutoTokenizer
 
         from h3serve import limits
-        from h3serve.checkpoint import load_text_conditioner
         from h3serve.parallel.text_encoder import ParallelTextConditioner, load_text_encoder_shard
 
         if self.runs_encoder_whole:
-            whole = load_text_conditioner(folder, tokenizer_folder, dtype, load_device)
+            whole = load_whole(folder, tokenizer_folder, dtype, load_device)
             model, tokenizer = whole.model, whole.tokenizer
         else:  # a TP shard, or a weightless skeleton on the ranks that do not run the encoder
             config = AutoConfig.from_pretrained(folder)

@@ -94,7 +94,7 @@ def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
 
 def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
-    from h3serve.checkpoint import read_layout
+    from h3serve.checkpoint_layout import read_layout
     from h3serve.config import EngineConfig
     from h3serve.engine.args import TASK_TYPES, device_memory, layout_fields, offload_config
     from h3serve.offload.config import parse_bytes
@@ -128,7 +128,7 @@ def build_plan(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from h3serve.checkpoint import CheckpointError
+    from h3serve.checkpoint_layout import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.offload.report import format_plan, plan_json
     from h3serve.validate import RequestError

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from h3serve.engine.args import add_engine_args, engine_config_from_args
-from h3serve.engine.local import LocalEngine
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 
 

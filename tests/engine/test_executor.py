@@ -11,7 +11,7 @@ import torch
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Cancelled, EngineError, Executor
-from h3serve.engine.local import LocalEngine
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
 

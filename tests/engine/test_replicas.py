@@ -13,13 +13,13 @@ from waiting import wait_until
 
 from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.engine.local import LocalEngine
 from h3serve.engine.replicas import replica_config, start_replicas
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 from h3serve.validate import validate
 

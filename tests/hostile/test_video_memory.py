@@ -10,9 +10,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from h3serve.engine.conditioning import load_conditioning
 from h3serve.media import intake
 from h3serve.model.conditioning import normalize_video_reference
+from h3serve.rank.conditioning import load_conditioning
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import ModelDefaults, validate
 

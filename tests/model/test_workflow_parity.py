@@ -8,10 +8,10 @@ import torch
 from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference, MiniMaxH3ImageReference
 from PIL import Image
 
-from h3serve.engine.conditioning import reference_audio_tensor
 from h3serve.media.intake import AudioMedia
 from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline_types import Conditioning
+from h3serve.rank.conditioning import reference_audio_tensor
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.tools.bench.peer import load_reference_pipeline
 from h3serve.validate import validate

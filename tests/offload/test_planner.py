@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from h3serve.checkpoint import load_components, load_transformer, read_layout
+from h3serve.checkpoint_layout import read_layout
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig, OffloadError, parse_bytes
@@ -18,6 +18,7 @@ from h3serve.offload.planner import plan_placement
 from h3serve.offload.startup import default_shape, plan_largest
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
+from h3serve.rank.checkpoint import load_components, load_transformer
 
 DITS = ("transformer", "transformer_ref")
 MODULE = OffloadConfig(staged=frozenset({"dit", "text_encoder", "vae", "audio_vae"}))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from h3serve.config import ConfigError, EngineConfig
-from h3serve.engine.local import LocalEngine
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.plan import GiB
 from h3serve.offload.startup import placement_for_engine, plan_for_engine
+from h3serve.rank.local import LocalEngine
 
 CPU = torch.device("cpu")
 AUTO_DLO = OffloadConfig(

@@ -8,9 +8,9 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
-from h3serve.engine.local import LocalEngine
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, ModelDefaults, validate
 

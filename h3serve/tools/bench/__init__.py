@@ -119,7 +119,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from h3serve.accel.attention import AttentionBackendError
-    from h3serve.checkpoint import CheckpointError
+    from h3serve.checkpoint_layout import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.model.transformer import H3TransformerConfig
     from h3serve.tools.bench.dit_forward import MODES, DitBenchSpec, run_dit_bench, summary
@@ -176,7 +176,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_throughput(args)
     if args.dit_forward:
         return cmd_dit_forward(args)
-    from h3serve.checkpoint import CheckpointError
+    from h3serve.checkpoint_layout import CheckpointError
     from h3serve.config import ConfigError
     from h3serve.media.intake import MediaError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix

@@ -39,12 +39,13 @@ from torch import nn
 from h3serve import geometry, limits
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.checkpoint import load_transformer, materialize
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
+from h3serve.rank.checkpoint import load_transformer
 from h3serve.tools.bench.flops import ForwardShape, forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync
 from h3serve.tools.bench.profiling import op_table
+from h3serve.weights import materialize
 
 REFERENCE = "diffusers"
 MODES = ("eager", "compiled")

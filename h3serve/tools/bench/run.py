@@ -105,7 +105,7 @@ class _Bench:
 
     def check_up_front(self) -> None:
         """Every engine config and request is checked before any process starts."""
-        from h3serve.checkpoint import read_layout
+        from h3serve.checkpoint_layout import read_layout
         from h3serve.engine.planning import plan_request
 
         defaults = read_layout(self.model).defaults()

@@ -14,15 +14,15 @@ import torch
 from PIL import Image
 from torch import nn
 
-from h3serve.checkpoint import read_layout
+from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.local import LocalEngine
 from h3serve.engine.planning import plan_request
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.report import plan_json
 from h3serve.offload.startup import device_memory_of, plan_for_engine
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 from h3serve.tools.bench.flops import ForwardShape
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs, timed_stages

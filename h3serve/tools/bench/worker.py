@@ -47,8 +47,8 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     import numpy as np
     import torch
 
-    from h3serve.engine.memory import RssSampler
     from h3serve.media.mp4 import write_mp4
+    from h3serve.rank.memory import RssSampler
     from h3serve.tools.bench.measure import cpu_seconds
     from h3serve.tools.bench.profiling import profiled
 

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from h3serve.engine.memory import PeakMemory
+from h3serve.rank.memory import PeakMemory
 
 
 def test_cpu_peak_is_per_request():

@@ -10,8 +10,9 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 from safetensors.torch import save_file
 
-from h3serve.checkpoint import CheckpointError, load_transformer, read_layout
+from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.model import keys
+from h3serve.rank.checkpoint import load_transformer
 
 
 def test_layout_and_defaults_come_from_the_checkpoint(tiny_checkpoint, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from h3serve.config import EngineConfig
-from h3serve.engine.local import LocalEngine
+from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import RequestError
 

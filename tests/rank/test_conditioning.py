@@ -10,9 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from h3serve.engine.conditioning import load_conditioning
 from h3serve.engine.planning import plan_request
 from h3serve.model.layout import Role
+from h3serve.rank.conditioning import load_conditioning
 from h3serve.request import GenerationRequest, MediaRef
 
 

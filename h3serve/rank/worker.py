@@ -105,8 +105,8 @@ def worker_main(
     local_rank: int | None = None,
 ) -> None:
     """Entry point of a rank process (spawned by `Executor`). `local_rank` picks the GPU on this node."""
-    from h3serve.engine.local import LocalEngine
     from h3serve.media.raw import write_raw
+    from h3serve.rank.local import LocalEngine
 
     _exit_with_parent()
     try:

@@ -12,10 +12,8 @@ import torch
 
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.checkpoint import load_components, read_layout
+from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
-from h3serve.engine.conditioning import load_conditioning
-from h3serve.engine.memory import PeakMemory
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline
@@ -23,6 +21,9 @@ from h3serve.model.pipeline_types import StepCallback
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel
+from h3serve.rank.checkpoint import load_components
+from h3serve.rank.conditioning import load_conditioning
+from h3serve.rank.memory import PeakMemory
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
 

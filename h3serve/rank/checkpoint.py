@@ -1,170 +1,26 @@
-"""Reading an H3 checkpoint directory: component folders, configs, defaults, and lazy weight loading.
+"""Loading an H3 checkpoint inside a rank process: the DiTs, VAEs, text conditioner and processor settings.
 
-Weights are never read whole: a model is built on the meta device, then each tensor is read from its
-safetensors file (memory-mapped), cast per the dtype policy and assigned, one at a time. A sharded folder
-(`*.safetensors.index.json`) and a single file load the same way; diffusers and native key names both work.
+Weights are never read whole (h3serve.weights); a sharded folder (`*.safetensors.index.json`) and a single file
+load the same way; diffusers and native key names both work.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
-from torch import nn
 
+from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
-from h3serve.validate import ModelDefaults
+from h3serve.weights import iter_tensors, materialize
 
 if TYPE_CHECKING:
     from h3serve.parallel.setup import RankParallel
     from h3serve.parallel.tensor_parallel import TensorParallel
-
-INDEX_FILE = "modular_model_index.json"
-
-
-class CheckpointError(RuntimeError):
-    """The checkpoint folder is missing something or is inconsistent; the message names what."""
-
-
-@dataclass(frozen=True)
-class CheckpointLayout:
-    """Where each component of one checkpoint lives, plus the pipeline config values from the index."""
-
-    root: Path
-    components: dict[str, Path]
-    pipeline_config: dict
-
-    def component(self, name: str) -> Path:
-        if name not in self.components:
-            raise CheckpointError(f"{self.root}: the checkpoint has no '{name}' component")
-        return self.components[name]
-
-    def has(self, name: str) -> bool:
-        return name in self.components
-
-    def defaults(self) -> ModelDefaults:
-        """Request defaults from the checkpoint (canvas sizes from the index, shifts from the schedulers)."""
-        base = ModelDefaults()
-        cfg = self.pipeline_config
-
-        def shift(name: str, fallback: float) -> float:
-            path = self.components.get(name)
-            if path is None or not (path / "scheduler_config.json").exists():
-                return fallback
-            return float(_read_json(path / "scheduler_config.json").get("shift", fallback))
-
-        return ModelDefaults(
-            canvas_short_edge=int(cfg.get("canvas_short_edge", base.canvas_short_edge)),
-            canvas_max_pixels=int(cfg.get("canvas_max_pixels", base.canvas_max_pixels)),
-            reference_image_short_edge=int(cfg.get("reference_image_short_edge", base.reference_image_short_edge)),
-            flow_shift=shift("scheduler", base.flow_shift),
-            audio_flow_shift=shift("audio_scheduler", base.audio_flow_shift),
-        )
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise CheckpointError(f"missing file: {path}") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: invalid JSON ({e})") from None
-
-
-def read_layout(root: str | Path) -> CheckpointLayout:
-    """Parse `modular_model_index.json`: entries are `[library, class, {pretrained_model_name_or_path, subfolder}]`.
-
-    A component whose path is empty or relative lives under `root`, so a moved folder still loads.
-    """
-    root = Path(root).expanduser().resolve()
-    if not root.is_dir():
-        raise CheckpointError(f"model directory not found: {root}")
-    index = _read_json(root / INDEX_FILE)
-    components: dict[str, Path] = {}
-    config: dict = {}
-    for name, value in index.items():
-        if name.startswith("_"):
-            continue
-        if isinstance(value, list) and len(value) == 3 and isinstance(value[2], dict):
-            spec = value[2]
-            base = spec.get("pretrained_model_name_or_path")
-            base_path = root if not base else Path(base) if Path(base).is_absolute() else root / base
-            sub = spec.get("subfolder") or ""
-            path = base_path / sub if sub else base_path
-            if not path.is_dir():
-                path = root / name  # a moved or re-rooted checkpoint: fall back to the conventional folder
-            components[name] = path
-        else:
-            config[name] = value
-    return CheckpointLayout(root=root, components=components, pipeline_config=config)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Lazy safetensors loading
-# ------------------------------------------------------------------------------------------------------------
-
-
-def safetensors_files(folder: Path) -> list[Path]:
-    """The weight files of a component folder: those named by an index json, else every *.safetensors."""
-    indexes = sorted(folder.glob("*.safetensors.index.json"))
-    if indexes:
-        weight_map = _read_json(indexes[0]).get("weight_map", {})
-        return [folder / f for f in sorted(set(weight_map.values()))]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{folder}: no *.safetensors weights found")
-    return files
-
-
-def iter_tensors(files: list[Path], wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (key, tensor) one at a time from memory-mapped files, optionally only the keys `wanted` accepts."""
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                if wanted is None or wanted(key):
-                    yield key, f.get_tensor(key)
-
-
-def _keeps_fp32(name: str, fp32_modules: tuple[str, ...]) -> bool:
-    return any(part in fp32_modules for part in name.split("."))
-
-
-def materialize(
-    model: nn.Module,
-    tensors: Iterator[tuple[str, torch.Tensor]],
-    dtype: torch.dtype,
-    device: torch.device,
-    fp32_modules: tuple[str, ...] = (),
-) -> None:
-    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present."""
-    expected = dict(model.state_dict(keep_vars=True))
-    seen: set[str] = set()
-    for name, tensor in tensors:
-        if name not in expected:
-            raise CheckpointError(f"unexpected weight '{name}' for {type(model).__name__}")
-        target = expected[name]
-        if tuple(target.shape) != tuple(tensor.shape):
-            raise CheckpointError(f"weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-        want = torch.float32 if _keeps_fp32(name, fp32_modules) or not tensor.is_floating_point() else dtype
-        value = tensor.to(device=device, dtype=want if tensor.is_floating_point() else tensor.dtype)
-        module_name, _, attr = name.rpartition(".")
-        module = model.get_submodule(module_name)
-        if isinstance(getattr(module, attr), nn.Parameter):
-            setattr(module, attr, nn.Parameter(value, requires_grad=False))
-        else:
-            module.register_buffer(attr, value)
-        seen.add(name)
-    missing = sorted(set(expected) - seen)
-    if missing:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise CheckpointError(f"{len(missing)} weights missing for {type(model).__name__}: {shown}")
 
 
 def load_transformer(
@@ -179,7 +35,7 @@ def load_transformer(
     With `tp`, the model is this rank's tensor-parallel shard and only its slices are read.
     """
     folder = Path(folder)
-    cfg = H3TransformerConfig.from_dict(_read_json(folder / "config.json"))
+    cfg = H3TransformerConfig.from_dict(read_json(folder / "config.json"))
     device = torch.device(device)
     with torch.device("meta"):
         model = H3Transformer(cfg)
@@ -263,7 +119,7 @@ def read_vision_config(folder: str | Path):
         folder = folder / "processor"
 
     def read(name: str) -> dict | None:
-        return _read_json(folder / name) if (folder / name).is_file() else None
+        return read_json(folder / name) if (folder / name).is_file() else None
 
     nested = read("processor_config.json") or {}
     flat_image = read("preprocessor_config.json")
@@ -307,7 +163,9 @@ def load_components(
     audio_vae.eval()
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
-        text = parallel.load_text_conditioner(*text_folders, dtype, device, load_device=where("text_encoder"))
+        text = parallel.load_text_conditioner(
+            *text_folders, dtype, device, load_whole=load_text_conditioner, load_device=where("text_encoder")
+        )
     else:
         text = load_text_conditioner(*text_folders, dtype, where("text_encoder"))
     return H3Components(

@@ -1,0 +1,61 @@
+"""Lazy safetensors reading into meta-initialised modules: one tensor at a time, never a whole file.
+
+A model is built on the meta device, then each tensor is read from its memory-mapped safetensors file, cast per
+the dtype policy and assigned. Shared by the rank-side loaders (h3serve.rank.checkpoint) and the sharded
+loaders (h3serve.parallel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from h3serve.checkpoint_layout import CheckpointError
+
+
+def iter_tensors(files: list[Path], wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (key, tensor) one at a time from memory-mapped files, optionally only the keys `wanted` accepts."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if wanted is None or wanted(key):
+                    yield key, f.get_tensor(key)
+
+
+def _keeps_fp32(name: str, fp32_modules: tuple[str, ...]) -> bool:
+    return any(part in fp32_modules for part in name.split("."))
+
+
+def materialize(
+    model: nn.Module,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    device: torch.device,
+    fp32_modules: tuple[str, ...] = (),
+) -> None:
+    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present."""
+    expected = dict(model.state_dict(keep_vars=True))
+    seen: set[str] = set()
+    for name, tensor in tensors:
+        if name not in expected:
+            raise CheckpointError(f"unexpected weight '{name}' for {type(model).__name__}")
+        target = expected[name]
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise CheckpointError(f"weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+        want = torch.float32 if _keeps_fp32(name, fp32_modules) or not tensor.is_floating_point() else dtype
+        value = tensor.to(device=device, dtype=want if tensor.is_floating_point() else tensor.dtype)
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(getattr(module, attr), nn.Parameter):
+            setattr(module, attr, nn.Parameter(value, requires_grad=False))
+        else:
+            module.register_buffer(attr, value)
+        seen.add(name)
+    missing = sorted(set(expected) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise CheckpointError(f"{len(missing)} weights missing for {type(model).__name__}: {shown}")
