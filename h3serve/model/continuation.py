@@ -91,8 +91,8 @@ class ContinuationMixin:
     def encode_extension_source(
         self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: StageClock
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """An extension's window 0: the source video's latents [1, 24, F, lh, lw] and its soundtrack's [2, 32, A]
-        (cropped or zero-padded to the window; zeros without a soundtrack)."""
+        """An extension's window 0 on the compute device: the source video's latents [1, 24, F, lh, lw] and its
+        soundtrack's [2, 32, A] (cropped or zero-padded to the window; zeros without a soundtrack)."""
         if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
             raise ValueError("an extension needs its source frames (window 0) decoded")
         with clock("vae_encode"):
@@ -102,7 +102,8 @@ class ContinuationMixin:
                 audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
             else:
                 audio = self.padded_audio_latents(cond.extend_audio, window.audio_latents)[0].permute(0, 2, 1)
-        return video, audio.contiguous()
+        # On the compute device, as every generated window's latents: they are stitched and carried together.
+        return video.to(self.device), audio.contiguous().to(self.device)
 
     def run_window(
         self,

@@ -165,9 +165,17 @@ class H3Pipeline(ContinuationMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
+        # Conditions may arrive on the host (VAE encodes) or on the device (a continuation window's guide is the
+        # previous window's output): each is mixed with its noise on the device, never across devices.
         generator = torch.Generator("cpu").manual_seed(seed)
         condition_rows = [
-            patchify(scale_noise(z, limits.KEYFRAME_NOISE_AUG_T, torch.randn(z.shape, generator=generator)))
+            patchify(
+                scale_noise(
+                    z.to(self.device),
+                    limits.KEYFRAME_NOISE_AUG_T,
+                    torch.randn(z.shape, generator=generator).to(self.device),
+                )
+            )
             for z in enc.visual
         ]
         channels = self.components.vae.config.latent_channels
@@ -178,8 +186,8 @@ class H3Pipeline(ContinuationMixin):
             (limits.AUDIO_CHANNELS * target.audio_latents, self.components.audio_vae.config.latent_channels),
             generator=generator,
         )
-        video_rows = torch.cat([*condition_rows, patchify(video_noise)]).to(self.device)
-        audio_rows = torch.cat([*enc.audio_rows, audio_noise]).to(self.device)
+        video_rows = torch.cat([*condition_rows, patchify(video_noise).to(self.device)])
+        audio_rows = torch.cat([r.to(self.device) for r in (*enc.audio_rows, audio_noise)])
         for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
             if edit is not None:
                 edit.set_anchor(noise)

@@ -1,0 +1,89 @@
+"""Device bookkeeping of the sampler and of continuation windows (issue 24, defect 1).
+
+On a GPU, `_sample` returns a window's latents on the device; they become the next window's guide and are mixed
+with noise drawn on the CPU, and an extension's window 0 (VAE-encoded) must join the generated windows. The CPU
+cannot show a cross-device mix with CPU tensors alone, so the pipeline runs with the `meta` device as its compute
+device: every op that mixes a host tensor into device ones raises, exactly as a CUDA device would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.model.pipeline_types import Conditioning, GenerationResult
+from h3serve.request import GenerationRequest, MediaRef
+from h3serve.validate import validate
+
+META = torch.device("meta")
+
+
+class DeviceRecorder:
+    """Stands in for the denoise loop and the decode on the `meta` pipeline, recording what they are handed."""
+
+    def __init__(self, pipeline: H3Pipeline, monkeypatch, result=None):
+        self.denoised: list[tuple[torch.device, torch.device]] = []
+        self.decoded: list[torch.device] = []
+        self.guides: list[torch.device] = []
+        run_window = pipeline.run_window
+
+        def denoise(schedules, dit, layout, text_states, video_rows, audio_rows, on_step=None, edits=(None, None)):
+            self.denoised.append((video_rows.device, audio_rows.device))
+            return video_rows, audio_rows
+
+        def window(plan, window, media, text, origin, guide, clock, on_step, locked=None):
+            if guide is not None:
+                self.guides += [guide.video.device, guide.audio.device]
+            return run_window(plan, window, media, text, origin, guide, clock, on_step, locked)
+
+        def decode(video, audio, clock, cache):
+            self.decoded += [video.device, audio.device]
+            return (video, audio) if result is None else result
+
+        monkeypatch.setattr(pipeline, "denoise", denoise)
+        monkeypatch.setattr(pipeline, "run_window", window)
+        monkeypatch.setattr(pipeline, "_decode", decode)
+
+
+def test_continuation_windows_hand_on_device_tensors(tiny_pipeline, monkeypatch):
+    loaded, defaults = tiny_pipeline
+    pipeline = H3Pipeline(loaded.components, device=META)
+    recorder = DeviceRecorder(pipeline, monkeypatch)
+    plan = validate(GenerationRequest(
+        prompt="a beach", width=32, height=32, steps=2, seed=3, duration_s=20, long_video=True,
+        long_video_mode="continuation", continuation_window_frames=345), defaults)
+    assert len(plan.windows) >= 2  # at least one guide is carried from a generated window
+    video, audio = pipeline.generate(plan)
+    assert recorder.denoised == [(META, META)] * len(plan.windows)
+    assert recorder.guides == [META, META] * (len(plan.windows) - 1)
+    assert recorder.decoded == [META, META] and (video.device, audio.device) == (META, META)
+
+
+def test_an_extensions_source_window_joins_the_generated_ones_on_the_device(tiny_pipeline, monkeypatch):
+    loaded, defaults = tiny_pipeline
+    pipeline = H3Pipeline(loaded.components, device=META)
+    # The decode hands the frames back to the host (a real result); the source's frames are written over its start.
+    host = GenerationResult(torch.zeros(243, 32, 32, 3), torch.zeros(2, 32_000 * 11), torch.zeros(0), torch.zeros(0))
+    recorder = DeviceRecorder(pipeline, monkeypatch, host)
+    # The source's VAE encode runs where the VAE is (the CPU here) and returns host latents, as on a GPU box.
+    encode = loaded.encode_source_frames
+    monkeypatch.setattr(pipeline, "encode_source_frames", encode)
+    plan = validate(GenerationRequest(
+        prompt="on", width=32, height=32, steps=2, duration_s=4, long_video=True, long_video_mode="continuation",
+        extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
+    frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
+    window = pipeline.encode_extension_source(plan, Conditioning(extend_video=frames), plan.windows[0],
+                                              _clock(pipeline))
+    assert [t.device for t in window] == [META, META]
+    result = pipeline._generate_continuation(plan, Conditioning(extend_video=frames), None)
+    assert recorder.guides == [META, META] and recorder.decoded == [META, META]
+    assert torch.equal(result.video[:141], torch.from_numpy(frames) / 255)
+
+
+def _clock(pipeline: H3Pipeline):
+    from h3serve.model.pipeline_types import StageClock
+
+    return StageClock(pipeline.device)
