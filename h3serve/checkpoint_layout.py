@@ -10,13 +10,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3serve.errors import ServerError
 from h3serve.validate import ModelDefaults
 
 INDEX_FILE = "modular_model_index.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(ServerError, RuntimeError):
     """The checkpoint folder is missing something or is inconsistent; the message names what."""
+
+    code = "invalid_checkpoint"
 
 
 @dataclass(frozen=True)

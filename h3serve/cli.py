@@ -156,7 +156,7 @@ def _mask(text: str | None, flag: str):
 
 def _check_writable(flag: str, path: str | None) -> None:
     """Refuse an output path that cannot be written before any work is done (not after a long generation)."""
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
 
     if path is None:
         return
@@ -171,15 +171,13 @@ def _check_writable(flag: str, path: str | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from h3serve.checkpoint_layout import CheckpointError, read_layout
-    from h3serve.config import ConfigError
+    from h3serve.checkpoint_layout import read_layout
     from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
-    from h3serve.media.intake import MediaError
+    from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.offload.startup import device_memory_of, long_request_refusal
     from h3serve.request import tasks_served
-    from h3serve.validate import RequestError
 
     # Everything that can be refused is refused here, before a weight is read.
     try:
@@ -195,7 +193,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
         if refusal is not None:  # the planner's verdict, before a weight is read
             return fail(f"duration: {refusal}")
-    except (RequestError, MediaError, ConfigError, CheckpointError, ValueError) as e:
+    except (H3ServeError, ValueError) as e:
         return fail(str(e))
     windows = f", {len(plan.windows)} continuation windows" if plan.windows else ""
     print(

@@ -9,17 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3serve.errors import ConfigError
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
+from h3serve.parallel.degrees import check_degrees, read_model_dims
+from h3serve.parallel.rendezvous import nodes_from_env
 
 if TYPE_CHECKING:
     import torch
 
 TASK_TYPES = ("auto", "fl2va", "ref2va")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-    """An illegal flag or combination; the message says which and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -200,9 +199,6 @@ class EngineConfig:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():
             raise ConfigError(f"--model: {self.model} is not an H3 checkpoint (no modular_model_index.json)")
-        from h3serve.parallel.degrees import check_degrees, read_model_dims
-        from h3serve.parallel.rendezvous import nodes_from_env
-
         dims = read_model_dims(self.model, self.dits)
         check_degrees(self.parallel_degrees(), dims, self.cfg_parallel_size, self.vae_parallel_mode)
         if isinstance(self.offload.resident_layers, int) and self.offload.resident_layers:

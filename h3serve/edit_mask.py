@@ -17,10 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from h3serve import limits
+from h3serve.errors import ClientError
 
 
-class MaskError(ValueError):
+class MaskError(ClientError, ValueError):
     """A mask breaks a rule; the message says which, without the field (the caller names it)."""
+
+    code = "invalid_request"
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from h3serve.errors import ServerError
 from h3serve.model.transformer import AttentionFn, sdpa_attention
 
 ROLES = ("self", "minimax_h3.token_refiner")
 DEFAULT = "TORCH_SDPA"
 
 
-class AttentionBackendError(ValueError):
+class AttentionBackendError(ServerError, ValueError):
     """An unknown or unusable backend; the message lists the usable ones."""
+
+    code = "invalid_config"
 
 
 def _cudnn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,13 @@ from dataclasses import asdict, dataclass, fields
 
 from torch import nn
 
+from h3serve.errors import ServerError
 
-class CacheConfigError(ValueError):
+
+class CacheConfigError(ServerError, ValueError):
     """An unknown key or an illegal value in --cache-config."""
+
+    code = "invalid_config"
 
 
 @dataclass(frozen=True)

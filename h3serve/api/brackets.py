@@ -11,13 +11,16 @@ import re
 from typing import Any
 
 from h3serve.api.coerce import MAX_NESTING
+from h3serve.errors import ClientError
 
 _KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
 
 
-class BracketError(ValueError):
+class BracketError(ClientError, ValueError):
     """Two keys give one name two different shapes (`a=1` and `a[b]=2`), or a key nests too deep."""
+
+    code = "invalid_body"
 
     def __init__(self, key: str, reason: str = "conflicts with another field of the same name"):
         super().__init__(f"form field {key[:100]!r} {reason}")

@@ -10,11 +10,15 @@ import fcntl
 import os
 from pathlib import Path
 
+from h3serve.errors import ServerError
+
 LOCK_NAME = ".lock"
 
 
-class DataDirBusy(RuntimeError):
+class DataDirBusy(ServerError, RuntimeError):
     """Another process holds the data dir's lock."""
+
+    code = "data_dir_busy"
 
 
 def _holder(fd: int) -> str:

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
+from h3serve.errors import H3ServeError
 from h3serve.jobstore.errors import StoreUnavailable
 from h3serve.validate import RequestError
 
@@ -31,8 +32,11 @@ _TYPES = {
 }
 
 
-class APIError(Exception):
-    """An HTTP error with the OpenAI envelope. `headers` go on the response (e.g. Retry-After)."""
+class APIError(H3ServeError):
+    """An HTTP error with the OpenAI envelope. `headers` go on the response (e.g. Retry-After). A 4xx is the
+    client's error, a 5xx the server's; the message is written for the client."""
+
+    client_safe = True
 
     def __init__(
         self,
@@ -46,6 +50,7 @@ class APIError(Exception):
         self.status = status
         self.message = message
         self.code = code
+        self.kind = "client" if status < 500 else "server"
         self.param = param
         self.headers = headers or {}
 

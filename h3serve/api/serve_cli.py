@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h3serve.cli_util import EXIT_ERROR, fail, model_dir
+from h3serve.errors import ConfigError
 
 if TYPE_CHECKING:
     from h3serve.api.config import ServerConfig
@@ -103,7 +104,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.config import ServerConfig, default_data_dir
     from h3serve.checkpoint_layout import CheckpointError
-    from h3serve.config import ConfigError
     from h3serve.engine.args import engine_config_from_args
     from h3serve.media.mp4 import EncoderOptions
 
@@ -187,7 +187,6 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
 
     from h3serve.api.app import create_app
     from h3serve.api.http_server import build_server
-    from h3serve.config import ConfigError
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
     from h3serve.engine.replicas import start_replicas

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from h3serve.api.percent import percent_decode
+from h3serve.errors import ClientError
 from h3serve.media.raw import atomic_output
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -45,8 +46,10 @@ def _discard(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
-class MediaFetchError(ValueError):
+class MediaFetchError(ClientError, ValueError):
     """The URL cannot be used: the message is client-safe. `too_large` maps to 413, the rest to 400."""
+
+    code = "invalid_media"
 
     def __init__(self, message: str, too_large: bool = False):
         super().__init__(message)

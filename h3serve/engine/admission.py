@@ -12,6 +12,7 @@ video the model card offers passes by default too; `--max-request-cost` sets one
 from __future__ import annotations
 
 from h3serve import geometry, limits
+from h3serve.errors import ClientError
 from h3serve.long_video import max_duration_s
 from h3serve.validate import GenerationPlan, ModelDefaults
 
@@ -19,8 +20,10 @@ COST_UNIT = 1e6
 DEFAULT_STEPS_FACTOR = 2  # the default limit allows twice the default number of steps at the largest canvas
 
 
-class TooCostly(ValueError):
+class TooCostly(ClientError, ValueError):
     """The request's cost is over the limit; the message names both and the formula."""
+
+    code = "request_too_costly"
 
 
 def request_cost(plan: GenerationPlan) -> float:

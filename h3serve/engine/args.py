@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3serve.errors import ConfigError
 from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 
 if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
@@ -120,7 +121,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _json_arg(flag: str, text: str | None) -> dict:
-    from h3serve.config import ConfigError
 
     if text is None:
         return {}
@@ -135,7 +135,6 @@ def _json_arg(flag: str, text: str | None) -> dict:
 
 def _check_dac_shape(dac: dict) -> None:
     """-dac is {"default": {"backend": NAME}, "per_role": {ROLE: {"backend": NAME}}}: refuse any other shape."""
-    from h3serve.config import ConfigError
 
     def backend_entry(where: str, value: object) -> None:
         if not isinstance(value, dict) or not isinstance(value.get("backend", ""), str):
@@ -157,7 +156,6 @@ def _check_dac_shape(dac: dict) -> None:
 
 def _attention_backend(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, str], ...]]:
     """(default backend, per-role overrides) from the flags; whether they can run is checked by EngineConfig."""
-    from h3serve.config import ConfigError
 
     dac = _json_arg("--diffusion-attention-config", args.diffusion_attention_config)
     _check_dac_shape(dac)
@@ -182,7 +180,6 @@ def _attention_backend(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, 
 
 def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
     """Refuse what cannot work; give a one-line notice for what is applied differently or has no effect."""
-    from h3serve.config import ConfigError
 
     if args.api_server_count != 1:
         raise ConfigError(f"--api-server-count {args.api_server_count}: job state lives in one API process; use 1")
@@ -244,7 +241,6 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
 
 def offload_config(args: argparse.Namespace) -> OffloadConfig:
     """The OffloadConfig of the offload flags; `ConfigError` with the fix for an illegal combination."""
-    from h3serve.config import ConfigError
 
     flags = OffloadFlags(
         enable_cpu_offload=args.enable_cpu_offload,
@@ -272,7 +268,6 @@ def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> Offl
 
 def device_memory(text: str | None) -> int | None:
     """--device-memory in bytes (None when absent); `ConfigError` for a malformed size."""
-    from h3serve.config import ConfigError
 
     try:
         return parse_bytes(text) if text else None
@@ -286,7 +281,6 @@ def data_parallel_layout(args: argparse.Namespace) -> tuple[int, int]:
 
     Only when no flag asks for ranks beyond the DiT group: with --text-encoder-tp-size or
     --vae-patch-parallel-size above it, the extra ranks of one replica serve those (checked in `check_degrees`)."""
-    from h3serve.config import ConfigError
 
     dp = args.data_parallel_size
     if dp < 1:
@@ -323,7 +317,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
 
     Raises `ConfigError` with the fix in its message.
     """
-    from h3serve.config import ConfigError, EngineConfig
+    from h3serve.config import EngineConfig
 
     if args.task_type not in TASK_TYPES:
         raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPES)}")

@@ -24,6 +24,7 @@ from pathlib import Path
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.engine.output import GenerationOutput
+from h3serve.errors import ServerError
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.validate import GenerationPlan, ModelDefaults
 
@@ -33,20 +34,26 @@ SPOOL_PREFIX = "h3serve-spool-"
 WAKE_S = 0.2
 
 
-class EngineError(RuntimeError):
+class EngineError(ServerError, RuntimeError):
     """The request could not run: a rank died, failed to start, or raised. The message is client-safe.
 
     `client_error` is True when the request itself was at fault (its media or fields failed a check at run
-    time): a 4xx for HTTP clients, not a server error.
+    time): a 4xx for HTTP clients, not a server error; `code` is then the rank's own error code.
     """
 
-    def __init__(self, message: str, client_error: bool = False):
+    client_safe = True
+
+    def __init__(self, message: str, client_error: bool = False, code: str = "invalid_request"):
         super().__init__(message)
         self.client_error = client_error
+        self.kind = "client" if client_error else "server"
+        self.code = code if client_error else "generation_failed"
 
 
-class Cancelled(RuntimeError):
+class Cancelled(ServerError, RuntimeError):
     """The request was cancelled before it finished."""
+
+    code = "cancelled"
 
 
 def remove_stale_spools(root: Path | None = None) -> list[Path]:
@@ -238,7 +245,7 @@ class Executor:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                         raise Cancelled(f"job {job.seq} was cancelled")
                     elif isinstance(event, Failed):
-                        raise EngineError(self._root_cause(event), client_error=event.client_error)
+                        raise EngineError(self._root_cause(event), client_error=event.client_error, code=event.code)
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
                 if not self.alive() or self.config.world_size > 1:

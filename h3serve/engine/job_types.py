@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from h3serve.engine.output import GenerationOutput
+from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
 from h3serve.validate import GenerationPlan, ModelDefaults
 
@@ -27,8 +28,10 @@ class ExecutorLike(Protocol):
     def alive(self) -> bool: ...
 
 
-class QueueFull(RuntimeError):
+class QueueFull(ServerError, RuntimeError):
     """The queue holds `max_queue` jobs already; try again after `retry_after_s`."""
+
+    code = "queue_full"
 
     def __init__(self, depth: int, retry_after_s: int):
         super().__init__(f"the queue is full ({depth} jobs waiting); retry in about {retry_after_s} s")
@@ -36,8 +39,10 @@ class QueueFull(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
-class ShuttingDown(RuntimeError):
+class ShuttingDown(ServerError, RuntimeError):
     """The manager is closing and takes no new jobs."""
+
+    code = "shutting_down"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.job_types import ExecutorLike, JobListener, QueueFull, ReplicaStatus, ShuttingDown, StartListener
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import plan_request
+from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, Job, JobError
@@ -47,7 +48,6 @@ DEFAULT_RETRY_AFTER_S = 30
 DEFAULT_LEASE_S = 30.0  # a dead server's job is claimed again this long after its last renewal
 DEFAULT_POLL_S = 0.5  # idle runners look for work this often (a local submit wakes them at once)
 ORPHAN_AGE_S = 3600.0  # shared data dir: a job folder without a record is removed once this old
-INTERNAL_ERROR_MESSAGE = "the server hit an internal error while running the job"
 
 
 def server_name() -> str:
@@ -407,8 +407,7 @@ class JobManager:
         try:
             return plan_request(job.request, self.defaults, self.tasks)
         except (RequestError, MediaError) as e:  # the model or the input files changed under the job
-            code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
-            self._finish(active, status="failed", error=JobError(code, str(e)))
+            self._finish(active, status="failed", error=_job_error(e))
             return None
 
     def _run(self, active: _Active, plan: GenerationPlan) -> GenerationOutput | None:
@@ -510,14 +509,12 @@ class JobManager:
         # Closing cancels the running job, and `executor.close` kills ranks that are still busy (EngineError).
         if self._stopping and (isinstance(exc, Cancelled) or isinstance(exc, EngineError) and not client_error):
             return None
-        if isinstance(exc, EngineError):
-            return JobError("invalid_request" if client_error else "generation_failed", str(exc))
         if isinstance(exc, TimeoutError) and self.job_timeout_s is not None:
             return JobError("timeout", f"the job ran past the server's job timeout ({self.job_timeout_s:g} s) and was "
                                        "stopped; use a smaller size, a shorter duration or fewer steps")
-        # Anything else (TimeoutError, RuntimeError, a bug) is the server's; its text may name paths.
-        log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
-        return JobError("internal_error", INTERNAL_ERROR_MESSAGE)
+        if not isinstance(exc, H3ServeError):  # a bug, an OSError: the server's, and its text may name paths
+            log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
+        return _job_error(exc)
 
     def _finish(self, active: _Active, **changes: Any) -> None:
         """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""
@@ -598,9 +595,7 @@ class JobManager:
                 try:
                     self._plans[job.id] = plan_request(job.request, self.defaults, self.tasks)
                 except (RequestError, MediaError) as e:  # the model or the input files changed under the job
-                    code = "invalid_media" if isinstance(e, MediaError) else "invalid_request"
-                    self.store.update(job.id, status="failed", completed_at=int(self.clock()),
-                                      error=JobError(code, str(e)))
+                    self.store.update(job.id, status="failed", completed_at=int(self.clock()), error=_job_error(e))
                     continue
                 self._done[job.id] = threading.Event()
                 recovered += 1
@@ -629,3 +624,8 @@ class JobManager:
                 self.sweep_expired()
             except Exception:
                 log.exception("TTL sweep failed")
+
+
+def _job_error(exc: BaseException) -> JobError:
+    failure = job_error_for(exc)
+    return JobError(failure.code, failure.message)

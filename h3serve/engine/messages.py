@@ -62,12 +62,13 @@ class JobCancelled:
 @dataclass(frozen=True)
 class Failed:
     """A rank raised. `rank` is set when the rank exits after reporting (several ranks); `client_error` when the
-    request itself was at fault."""
+    request itself was at fault, and `code` its job error code (h3serve.errors.job_error_for)."""
 
     seq: int
     message: str
     rank: int | None
     client_error: bool
+    code: str = "invalid_request"
 
 
 Event = Ready | Fatal | Progress | Done | JobCancelled | Failed

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from h3serve.config import ConfigError, EngineConfig
+from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
+from h3serve.errors import ConfigError
 from h3serve.parallel.rendezvous import Rendezvous
 
 

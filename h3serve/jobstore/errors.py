@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from h3serve.errors import ServerError
 
-class StoreUnavailable(RuntimeError):
+
+class StoreUnavailable(ServerError, RuntimeError):
     """The job database cannot be reached right now (down, restarting, unreachable). Nothing was changed by the
     call that raised; the next call tries to reconnect."""
+
+    code = "store_unavailable"

@@ -12,12 +12,16 @@ import shutil
 import time
 from pathlib import Path
 
+from h3serve.errors import ClientError
+
 JOB_ID_PATTERN = re.compile(r"^video_[0-9a-f]{32}$")
 INPUTS_DIR = "inputs"
 
 
-class UnsafePathError(ValueError):
+class UnsafePathError(ClientError, ValueError):
     """A name would escape its folder (`..`, a separator, an absolute path) or is not a job id."""
+
+    code = "invalid_request"
 
 
 def safe_child(parent: Path, name: str) -> Path:

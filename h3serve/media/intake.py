@@ -28,6 +28,7 @@ from av.audio.resampler import AudioResampler
 from PIL import Image, ImageOps
 
 from h3serve import limits
+from h3serve.errors import ClientError
 from h3serve.media.sniff import Format, Kind, identify, read_head, sniff
 from h3serve.request import MediaRef
 
@@ -78,8 +79,10 @@ def _one_line(text: str, max_chars: int = 160) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 3] + "..."
 
 
-class MediaError(ValueError):
+class MediaError(ClientError, ValueError):
     """An input file breaks a rule. `str(err)` is one line: "field ('file'): what is wrong; limit: the rule"."""
+
+    code = "invalid_media"
 
     def __init__(self, file: str, field: str, message: str, limit: str):
         self.file = _one_line(file)

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from h3serve.errors import ServerError
+
 # Components a user names ("dit" covers both DiTs), and the checkpoint components each one stands for.
 USER_COMPONENTS: dict[str, tuple[str, ...]] = {
     "dit": ("transformer", "transformer_ref"),
@@ -26,8 +28,10 @@ Transfer = Literal["rank-local", "allgather"]
 AUTO = "auto"
 
 
-class OffloadError(ValueError):
+class OffloadError(ServerError, ValueError):
     """An illegal offload flag or combination; the message names the fix (a `ConfigError` at start-up)."""
+
+    code = "invalid_config"
 
 
 @dataclass(frozen=True)

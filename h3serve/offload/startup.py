@@ -79,7 +79,7 @@ def device_memory_of(config: EngineConfig, device) -> int | None:
 def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[EngineConfig, PlacementPlan]:
     """At engine start-up, before a weight is read: the plan (logged through `log`), a `ConfigError` when it cannot
     fit the device, and the config with `--dlo-resident-layers auto` resolved to the planner's K."""
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
     from h3serve.offload.config import OffloadError
     from h3serve.offload.report import format_plan
 

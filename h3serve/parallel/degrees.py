@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from h3serve.config import ConfigError
+from h3serve.errors import ConfigError
 
 VAE_PARALLEL_MODES = ("tile",)
 

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from h3serve.config import ConfigError
+from h3serve.errors import ConfigError
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
+from h3serve.errors import job_error_for
 
 
 class _CancelledHere(Exception):
@@ -40,19 +41,12 @@ def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: tor
     return bool(flag.item())
 
 
-def _is_client_error(e: Exception) -> bool:
-    from h3serve.media.intake import MediaError
-    from h3serve.validate import RequestError
-
-    return isinstance(e, RequestError | MediaError)
-
-
-def _client_message(e: Exception) -> str:
+def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "") -> Failed:
     """What a client may read about a failure: request/media errors say what is wrong with the input; anything
     else is summarised by its type only (the traceback, with its internal paths, goes to the server log)."""
-    if _is_client_error(e):
-        return str(e)
-    return f"internal error during generation ({type(e).__name__}); see the server log"
+    failure = job_error_for(e)
+    message = str(e) if failure.client else f"internal error during generation ({type(e).__name__}); see the server log"
+    return Failed(seq, prefix + message, rank, failure.client, failure.code)
 
 
 _KEEPALIVE = "keepalive"
@@ -149,12 +143,12 @@ def worker_main(
                 # Another rank may be waiting in a collective this rank will never join: continuing would
                 # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
                 traceback.print_exc()
-                events.put(Failed(job.seq, f"rank {rank}: {_client_message(e)}", rank, _is_client_error(e)))
+                events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
                 events.close()
                 events.join_thread()  # flush the report before the hard exit
                 os._exit(1)
             traceback.print_exc()
-            events.put(Failed(job.seq, _client_message(e), None, _is_client_error(e)))
+            events.put(_failed(job.seq, e, None))
             continue
         if rank == 0:
             write_raw(job.spool, output.video, output.audio)

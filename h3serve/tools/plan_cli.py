@@ -51,7 +51,8 @@ def _device(args: argparse.Namespace):
     """Plans are for the target device, not this machine: auto means CUDA."""
     import torch
 
-    from h3serve.config import DTYPES, ConfigError
+    from h3serve.config import DTYPES
+    from h3serve.errors import ConfigError
 
     if args.device == "cpu":
         kind = "cpu"
@@ -129,7 +130,7 @@ def build_plan(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from h3serve.checkpoint_layout import CheckpointError
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
     from h3serve.offload.report import format_plan, plan_json
     from h3serve.validate import RequestError
 

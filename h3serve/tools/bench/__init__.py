@@ -86,8 +86,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     """`--replicas`: jobs per minute by replica count (see `h3serve.tools.bench.throughput`)."""
-    from h3serve.config import ConfigError
     from h3serve.engine.executor import EngineError
+    from h3serve.errors import ConfigError
     from h3serve.tools.bench.throughput import Layout, measure, summary
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
@@ -120,7 +120,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
 
     from h3serve.accel.attention import AttentionBackendError
     from h3serve.checkpoint_layout import CheckpointError
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
     from h3serve.model.transformer import H3TransformerConfig
     from h3serve.tools.bench.dit_forward import MODES, DitBenchSpec, run_dit_bench, summary
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
@@ -177,7 +177,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.dit_forward:
         return cmd_dit_forward(args)
     from h3serve.checkpoint_layout import CheckpointError
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
     from h3serve.media.intake import MediaError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.bench.run import run_bench

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any
 
 from h3serve.config import EngineConfig
+from h3serve.errors import ServerError
 from h3serve.request import TASKS
 
 PEERS = ("diffusers",)
@@ -24,8 +25,10 @@ DEFAULT_PROMPT = "A red fox trots through fresh snow at dawn, its paws crunching
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
-class MatrixError(ValueError):
+class MatrixError(ServerError, ValueError):
     """A malformed matrix; the message names the key and the fix."""
+
+    code = "invalid_config"
 
 
 def engine_option_defaults() -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h3serve.config import EngineConfig
+from h3serve.errors import ServerError
 from h3serve.request import GenerationRequest
 
 if TYPE_CHECKING:  # the parent never imports torch through this module
@@ -28,8 +29,10 @@ if TYPE_CHECKING:  # the parent never imports torch through this module
     Runner = H3Runner | DiffusersRunner
 
 
-class BenchError(RuntimeError):
+class BenchError(ServerError, RuntimeError):
     """A bench side failed to start or to run; the message carries its traceback."""
+
+    code = "bench_failed"
 
 
 @dataclass(frozen=True)

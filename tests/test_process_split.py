@@ -1,0 +1,46 @@
+"""The process boundary: the parent side (API process, job manager, CLI parsing) never imports torch."""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+
+import h3serve.api
+import h3serve.engine
+import h3serve.jobstore
+
+LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint_layout", "h3serve.request", "h3serve.validate",
+          "h3serve.limits", "h3serve.geometry", "h3serve.long_video", "h3serve.edit_mask", "h3serve.cli",
+          "h3serve.tools.plan_cli"]
+
+
+def _parent_modules() -> list[str]:
+    names = list(LEAVES)
+    for package in (h3serve.api, h3serve.engine, h3serve.jobstore):
+        names.append(package.__name__)
+        names += [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+    return names
+
+
+def _torch_after(code: str) -> str:
+    """Run `code` in a fresh interpreter; what it prints last is whether torch got imported."""
+    probe = f"{code}\nimport sys\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_parent_side_modules_do_not_import_torch():
+    imports = "\n".join(f"import {name}" for name in _parent_modules())
+    assert _torch_after(imports) == "False"
+
+
+def test_cli_argument_parsing_does_not_import_torch():
+    parse = "\n".join(
+        f"try:\n    main([{', '.join(repr(a) for a in argv)}])\nexcept SystemExit:\n    pass"
+        for argv in (["--help"], ["serve", "--help"], ["generate", "--help"], ["plan", "--help"], ["bench", "--help"])
+    )
+    code = "import contextlib, io\nfrom h3serve.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+    code += "\n".join("    " + line for line in parse.splitlines())
+    assert _torch_after(code) == "False"
