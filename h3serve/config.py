@@ -166,6 +166,13 @@ class EngineConfig:
 
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value."""
+        pinned = self.device.startswith("cuda:")
+        if pinned and self.world_size * self.data_parallel_size > 1:  # each rank takes its own GPU by local rank
+            raise ConfigError(
+                f"--device {self.device} names one GPU, but this engine runs "
+                f"{self.world_size * self.data_parallel_size} ranks (one GPU each, by local rank); use --device cuda "
+                "and choose the GPUs with CUDA_VISIBLE_DEVICES"
+            )
         self.resolved_dtype()
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"--task-type: unknown {self.task_type!r}; choose from: {', '.join(TASK_TYPES)}")

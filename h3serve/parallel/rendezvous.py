@@ -6,7 +6,8 @@ Multi-node: start one `h3serve` process per node, e.g.
 or set MASTER_ADDR, MASTER_PORT, NNODES and NODE_RANK by hand. Each node's executor spawns its share of
 the ranks (`world / nnodes`, global ranks `node · local .. node · local + local - 1`); node 0 holds global
 rank 0, which takes the requests; the other nodes only keep their ranks alive. Under torchrun the agent
-already listens on MASTER_PORT, so the ranks meet on MASTER_PORT + 1 (H3SERVE_DIST_PORT overrides).
+already listens on MASTER_PORT, so the ranks meet on MASTER_PORT + 1 (H3SERVE_DIST_PORT overrides), where global
+rank 0 hosts the store: the ranks must not inherit torchrun's TORCHELASTIC_USE_AGENT_STORE (see `rank_environment`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,19 @@ def nodes_from_env(env: Mapping[str, str] | None = None) -> int:
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:  # torchrun: one launcher process per node
         return max(1, _env_int(env, "WORLD_SIZE", minimum=1) // _env_int(env, "LOCAL_WORLD_SIZE", "1", minimum=1))
     return 1
+
+
+AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def rank_environment(env: dict[str, str] | os._Environ) -> None:
+    """Prepare a rank process' environment (in place) for `init_process_group` on h3serve's own rendezvous.
+
+    torchrun sets TORCHELASTIC_USE_AGENT_STORE=True for the processes it starts: torch.distributed then makes
+    every rank, rank 0 included, a client of the agent's store at the init address. h3serve's ranks meet on their
+    own port (MASTER_PORT + 1, or a free local one), where nobody would serve that store, and the start hangs;
+    without the variable global rank 0 hosts the store there, as planned."""
+    env.pop(AGENT_STORE_VARIABLE, None)
 
 
 @dataclass(frozen=True)

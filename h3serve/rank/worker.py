@@ -19,10 +19,20 @@ import torch.distributed as dist
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.errors import job_error_for
+from h3serve.parallel.rendezvous import rank_environment
 
 
 class _CancelledHere(Exception):
     pass
+
+
+def process_group_options(cuda: bool) -> dict:
+    """The backend, and on CUDA the rank's device (`torch.cuda.set_device` already ran): with `device_id`, NCCL
+    builds its communicators eagerly at `init_process_group` and `new_group`, not lazily inside the first
+    request's denoise."""
+    if not cuda:
+        return {"backend": "gloo"}
+    return {"backend": "nccl", "device_id": torch.device("cuda", torch.cuda.current_device())}
 
 
 def _broadcast_object(obj, rank: int, world: int):
@@ -34,10 +44,14 @@ def _broadcast_object(obj, rank: int, world: int):
 
 
 def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: torch.device) -> bool:
-    """Rank 0 reads the shared flag; the decision is broadcast so that every rank stops at the same step."""
-    flag = torch.tensor([1 if rank == 0 and cancel_value.value == seq else 0], device=device)
-    if world > 1:
-        dist.broadcast(flag, src=0)
+    """Rank 0 reads the shared flag; the decision is broadcast so that every rank stops at the same step.
+
+    One rank decides alone: no device tensor, no host<->device round trip and synchronisation per step."""
+    requested = rank == 0 and cancel_value.value == seq
+    if world == 1:
+        return requested
+    flag = torch.tensor([int(requested)], device=device)
+    dist.broadcast(flag, src=0)
     return bool(flag.item())
 
 
@@ -108,10 +122,10 @@ def worker_main(
         if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
             torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
         if world > 1:
+            rank_environment(os.environ)
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
-            dist.init_process_group(
-                "nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timeout
-            )
+            dist.init_process_group(init_method=init_method, rank=rank, world_size=world, timeout=timeout,
+                                    **process_group_options(cuda))
         engine = LocalEngine(config, rank=rank, world_size=world)
     except Exception as e:  # report, then exit: the parent turns this into a start-up error
         if rank == 0:

@@ -137,3 +137,13 @@ def test_illegal_data_parallel_layouts_name_the_flag():
         data_parallel_layout(_parse("--data-parallel-size 0"))
     with pytest.raises(ConfigError, match="--num-gpus 3 must be a multiple of --data-parallel-size 2"):
         data_parallel_layout(_parse("--num-gpus 3 --data-parallel-size 2"))
+
+
+@pytest.mark.parametrize("layout", [{"ulysses_degree": 2}, {"data_parallel_size": 2}])
+def test_one_named_gpu_with_several_ranks_is_refused(parallel_checkpoint, layout):
+    """Each rank takes the GPU of its local rank: a named GPU would put every rank (and NCCL's view) apart."""
+    from h3serve.config import EngineConfig
+
+    with pytest.raises(ConfigError, match=r"--device cuda:1 names one GPU, but this engine runs 2 ranks .* "
+                                          "use --device cuda and choose the GPUs with CUDA_VISIBLE_DEVICES"):
+        EngineConfig(model=parallel_checkpoint, device="cuda:1", **layout).validate()

@@ -42,3 +42,50 @@ def test_bad_launcher_environment_is_a_config_error(env, message):
 
     with pytest.raises(ConfigError, match=message):
         Rendezvous.from_env(env)
+
+
+_RANK_ZERO = """
+import os, sys
+from datetime import timedelta
+import torch.distributed as dist
+from h3serve.parallel.rendezvous import rank_environment
+from h3serve.rank.worker import process_group_options
+rank_environment(os.environ)
+dist.init_process_group(init_method=sys.argv[1], rank=0, world_size=1, timeout=timedelta(seconds=20),
+                        **process_group_options(cuda=False))
+dist.barrier()
+dist.destroy_process_group()
+print("MET")
+"""
+
+
+def test_a_rank_started_under_torchrun_hosts_its_own_store(monkeypatch):
+    """torchrun's TORCHELASTIC_USE_AGENT_STORE would make global rank 0 a client of a store nobody serves on
+    h3serve's port (MASTER_PORT + 1): the rank environment drops it, and rank 0 meets its group there."""
+    import os
+
+    from torch.distributed.rendezvous import _torchelastic_use_agent_store
+
+    from h3serve.parallel.rendezvous import rank_environment
+
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "PATH": "/bin"}
+    rank_environment(env)
+    assert env == {"PATH": "/bin"}
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert _torchelastic_use_agent_store()  # what torch.distributed reads: every rank would be a store client
+    rank_environment(os.environ)
+    assert not _torchelastic_use_agent_store()
+
+
+@pytest.mark.slow
+def test_rank_zero_meets_its_group_on_its_own_port_under_torchrun():
+    import os
+    import subprocess
+    import sys
+
+    from h3serve.parallel.rendezvous import free_port
+
+    child = {**os.environ, "TORCHELASTIC_USE_AGENT_STORE": "True", "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-c", _RANK_ZERO, f"tcp://127.0.0.1:{free_port()}"], env=child,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "MET" in done.stdout, done.stderr[-2000:]
