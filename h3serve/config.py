@@ -135,7 +135,8 @@ class EngineConfig:
 
         ring = self.ring_degree > 1
         try:
-            roles = resolve_roles(self.attention_backend, self.attention_per_role, self.resolved_device(), ring)
+            device, dtype = self.resolved_device(), self.resolved_dtype()
+            roles = resolve_roles(self.attention_backend, self.attention_per_role, device, ring, dtype)
         except AttentionBackendError as e:
             raise ConfigError(str(e)) from None
         return roles

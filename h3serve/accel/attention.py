@@ -83,7 +83,23 @@ def _sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[t
     return _math_attention_with_lse(q, k, v)
 
 
+def cudnn_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k, v made contiguous and checked as SDPA checks them before it picks cuDNN.
+
+    The direct cuDNN op skips those checks, and ring attention hands it strided key/value slices of any length
+    (a prefix of the block it received): an unsuitable input is refused here with the reason, never run."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, False, False)
+    if not torch.backends.cuda.can_use_cudnn_attention(params, debug=True):  # debug: warns with the reason
+        raise RuntimeError(
+            f"CUDNN_ATTN cannot run q {tuple(q.shape)} {q.dtype} on {q.device} against {k.shape[-2]} keys (the "
+            "warning above says why); choose --diffusion-attention-backend TORCH_SDPA"
+        )
+    return q, k, v
+
+
 def _cudnn_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = cudnn_inputs(q, k, v)
     out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
     return out, lse.reshape(q.shape[:-1]).float()
 
@@ -109,6 +125,7 @@ class Backend:
     fn: AttentionFn
     unusable: Callable[[torch.device], str | None]  # why it cannot run on this device and build; None: usable
     with_lse: PartialFn | None = None  # the partial form ring attention merges; None: no ring attention
+    half_only: bool = False  # its kernels take float16 / bfloat16 only (refused at start-up with --dtype float32)
 
 
 def _cuda_only(extra: Callable[[], str | None] = lambda: None) -> Callable[[torch.device], str | None]:
@@ -126,14 +143,18 @@ BACKENDS: dict[str, Backend] = {
         _flash_attention,
         _cuda_only(lambda: None if _has("flash_attn") else "flash-attn is not installed"),
         _flash_with_lse,
+        half_only=True,
     ),
     "CUDNN_ATTN": Backend(
         _cudnn_attention,
         _cuda_only(lambda: None if torch.backends.cudnn.is_available() else "this torch build has no cuDNN"),
         _cudnn_with_lse,
+        half_only=True,
     ),
     "FLASHINFER_ATTN": Backend(
-        _flashinfer_attention, _cuda_only(lambda: None if _has("flashinfer") else "flashinfer is not installed")
+        _flashinfer_attention,
+        _cuda_only(lambda: None if _has("flashinfer") else "flashinfer is not installed"),
+        half_only=True,
     ),
 }
 # vLLM-Omni names h3serve knows but has no kernel for: refused with this reason.
@@ -144,15 +165,31 @@ NOT_PROVIDED = {
 }
 
 
-def usable_backends(device: torch.device) -> list[str]:
-    return [name for name, backend in BACKENDS.items() if backend.unusable(device) is None]
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def usable_backends(device: torch.device, dtype: torch.dtype | None = None) -> list[str]:
+    """The backends that can run on `device` (and, given the compute dtype, in it)."""
+    wrong_dtype = dtype is not None and dtype not in HALF_DTYPES
+    return [n for n, b in BACKENDS.items() if b.unusable(device) is None and not (b.half_only and wrong_dtype)]
 
 
 def check_backend(
-    name: str, device: torch.device, where: str = "--diffusion-attention-backend", ring: bool = False
+    name: str,
+    device: torch.device,
+    where: str = "--diffusion-attention-backend",
+    ring: bool = False,
+    dtype: torch.dtype | None = None,  # the compute dtype; None: not checked
 ) -> None:
-    """Raise `AttentionBackendError` unless `name` can run on `device` (and, with `ring`, run ring attention)."""
-    usable = ", ".join(usable_backends(device))
+    """Raise `AttentionBackendError` unless `name` can run on `device` in `dtype` (and, with `ring`, run ring
+    attention)."""
+    usable = ", ".join(usable_backends(device, dtype))
+    backend = BACKENDS.get(name)
+    if backend is not None and backend.half_only and device.type == "cuda" and dtype not in (None, *HALF_DTYPES):
+        raise AttentionBackendError(
+            f"{where} {name}: its kernels take float16 or bfloat16, the compute dtype is {str(dtype).split('.')[-1]}; "
+            f"use --dtype bfloat16, or choose from: {usable}"
+        )
     if ring and name in BACKENDS and BACKENDS[name].with_lse is None:
         ring_ready = ", ".join(n for n, b in BACKENDS.items() if b.with_lse is not None)
         raise AttentionBackendError(
@@ -168,7 +205,11 @@ def check_backend(
 
 
 def resolve_roles(
-    default: str, per_role: tuple[tuple[str, str], ...], device: torch.device, ring: bool = False
+    default: str,
+    per_role: tuple[tuple[str, str], ...],
+    device: torch.device,
+    ring: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, str]:
     """The backend of every role (`auto` is TORCH_SDPA), each checked against `device`; with `ring`, the `self`
     role's backend must also have the partial form ring attention merges."""
@@ -180,10 +221,12 @@ def resolve_roles(
         )
     base = DEFAULT if default == "auto" else default
     overridden = dict(per_role)
-    check_backend(base, device, ring=ring and "self" not in overridden)
+    check_backend(base, device, ring=ring and "self" not in overridden, dtype=dtype)
     chosen = dict.fromkeys(ROLES, base)
     for role, name in per_role:
-        check_backend(name, device, f"--diffusion-attention-config per_role.{role}", ring=ring and role == "self")
+        check_backend(
+            name, device, f"--diffusion-attention-config per_role.{role}", ring=ring and role == "self", dtype=dtype
+        )
         chosen[role] = name
     return chosen
 

@@ -76,3 +76,40 @@ def test_partial_kernels_return_the_attention_and_its_log_sum_exp():
         assert (out - expected_out).abs().max() < 1e-5 and (lse - expected_lse).abs().max() < 1e-5
         whole = attention.BACKENDS[name].fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         assert (whole.transpose(1, 2) - out).abs().max() < 1e-5  # the two forms of one backend agree
+
+
+@pytest.mark.parametrize("name", ["FLASH_ATTN", "CUDNN_ATTN", "FLASHINFER_ATTN"])
+def test_half_precision_kernels_are_refused_with_a_float32_compute_dtype(monkeypatch, name):
+    monkeypatch.setattr(attention, "_has", lambda module: True)  # a CUDA build with every library
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    cuda = torch.device("cuda")
+    with pytest.raises(AttentionBackendError, match=f"{name}: its kernels take float16 or bfloat16, the compute "
+                                                    "dtype is float32; use --dtype bfloat16, or choose from: "
+                                                    "TORCH_SDPA$"):
+        resolve_roles(name, (), cuda, dtype=torch.float32)
+    with pytest.raises(AttentionBackendError, match=f"per_role.minimax_h3.token_refiner {name}: its kernels take"):
+        resolve_roles("auto", (("minimax_h3.token_refiner", name),), cuda, dtype=torch.float32)
+    assert resolve_roles(name, (), cuda, dtype=torch.bfloat16)["self"] == name
+    assert usable_backends(cuda, torch.float32) == ["TORCH_SDPA"] and name in usable_backends(cuda, torch.float16)
+
+
+def test_cudnn_gets_contiguous_inputs_it_was_checked_for(monkeypatch):
+    """Ring attention hands the cuDNN op strided key/value prefixes: they are made contiguous and put through
+    SDPA's own suitability check, which refuses what cuDNN cannot run instead of running it."""
+    kv = torch.randn(2, 1, 2, 16, 8)
+    q, k, v = torch.randn(1, 2, 16, 8), kv[0, :, :, :11], kv[1, :, :, :11]
+    assert not k.is_contiguous()
+    checked = []
+
+    def can_use(params, debug=False):
+        checked.append((params.query.is_contiguous(), params.key.is_contiguous(), params.value.is_contiguous()))
+        return True
+
+    monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", can_use)
+    out = attention.cudnn_inputs(q, k, v)
+    assert checked == [(True, True, True)] and all(t.is_contiguous() for t in out)
+    assert torch.equal(out[1], k) and torch.equal(out[2], v)
+    monkeypatch.setattr(torch.backends.cuda, "can_use_cudnn_attention", lambda params, debug=False: False)
+    with pytest.raises(RuntimeError, match=r"CUDNN_ATTN cannot run q \(1, 2, 16, 8\) .* against 11 keys .* "
+                                           "TORCH_SDPA"):
+        attention.cudnn_inputs(q, k, v)
