@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.parallel.degrees import check_degrees, read_model_dims
@@ -52,6 +53,7 @@ class EngineConfig:
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
     offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
     device_memory: int | None = None  # --device-memory: bytes per device for the plan's verdict; None: ask the GPU
+    quantization: QuantizationConfig | None = None  # --quantization fp8 (h3serve.accel.quant_config); None: full
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -216,6 +218,10 @@ class EngineConfig:
                 raise ConfigError(str(e)) from None
         if self.device_memory is not None and self.device_memory <= 0:
             raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
+        if self.quantization is not None:
+            from h3serve.accel.quant_checks import check_quantization
+
+            check_quantization(self.quantization, self.model, self.dits, self.resolved_device())
         if self.resolved_device().type == "cuda":
             import torch
 

@@ -36,8 +36,11 @@ def materialize(
     dtype: torch.dtype,
     device: torch.device,
     fp32_modules: tuple[str, ...] = (),
+    stored: frozenset[str] = frozenset(),
 ) -> None:
-    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present."""
+    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present.
+
+    Names in `stored` keep the dtype they arrive in (FP8 weights and their scales, h3serve.accel.quantize)."""
     expected = dict(model.state_dict(keep_vars=True))
     seen: set[str] = set()
     for name, tensor in tensors:
@@ -47,7 +50,9 @@ def materialize(
         if tuple(target.shape) != tuple(tensor.shape):
             raise CheckpointError(f"weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
         want = torch.float32 if _keeps_fp32(name, fp32_modules) or not tensor.is_floating_point() else dtype
-        value = tensor.to(device=device, dtype=want if tensor.is_floating_point() else tensor.dtype)
+        if name in stored or not tensor.is_floating_point():
+            want = tensor.dtype
+        value = tensor.to(device=device, dtype=want)
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
         if isinstance(getattr(module, attr), nn.Parameter):

@@ -108,6 +108,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help='JSON: {"mode": "module"|"layer", "components": ["dit", ...], "weight_transfer", "resident_layers"}',
     )
     r.add_argument("--device-memory", help="memory per device for the placement plan, e.g. 32GiB (default: the GPU's)")
+    r.add_argument("--quantization", help="fp8: FP8 weights for the DiTs and the text encoder (float8_e4m3fn)")
+    r.add_argument(
+        "--diffusion-quantization-config",
+        help='JSON: {"granularity": "per_channel"|"per_tensor", "kernel": "auto"|"weight_only"|"fp8_gemm", '
+        '"dit": {"exclude": ["transformer_blocks.0.*"], "adaln": false}, "dit_ref": true, "text_encoder": false}',
+    )
     r.add_argument("--lora-path")
     r.add_argument("--lora-backend", help="peft | distill")
     r.add_argument("--deploy-config")
@@ -266,6 +272,17 @@ def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> Offl
     return config
 
 
+def quantization(args: argparse.Namespace):
+    """The QuantizationConfig of --quantization / --diffusion-quantization-config (None: full precision)."""
+    from h3serve.accel.quant_config import QuantizationError, parse_quantization
+    from h3serve.config import ConfigError
+
+    try:
+        return parse_quantization(args.quantization, args.diffusion_quantization_config)
+    except QuantizationError as e:
+        raise ConfigError(str(e)) from None
+
+
 def device_memory(text: str | None) -> int | None:
     """--device-memory in bytes (None when absent); `ConfigError` for a malformed size."""
 
@@ -347,6 +364,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         else "",
         offload=offload,
         device_memory=device_memory(args.device_memory),
+        quantization=quantization(args),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

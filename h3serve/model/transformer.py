@@ -121,6 +121,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return out
 
 
+def compute_dtype(linear: nn.Module) -> torch.dtype:
+    """The dtype a linear layer computes in: its weight's, or the declared `compute_dtype` of a quantised linear
+    (h3serve.accel.fp8), whose weight is stored in one byte."""
+    return getattr(linear, "compute_dtype", linear.weight.dtype)
+
+
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Full bidirectional attention. q, k, v: [B, S, H, Dh] -> [B, S, H, Dh]."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -161,6 +167,11 @@ class Attention(nn.Module):
         one kernel launch). Runs on loaded weights, after tensor-parallel sharding (it fuses this rank's shards).
         """
         parts = (self.to_q, self.to_k, self.to_v)
+        if not isinstance(parts[0], nn.Linear):  # a quantised linear (h3serve.accel.fp8) stacks its own kind
+            fused_layer = type(parts[0]).concat(list(parts))
+            del self.to_q, self.to_k, self.to_v
+            self.to_qkv = fused_layer
+            return
         weight = torch.cat([m.weight for m in parts])  # [3·inner, D]
         fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
         fused.weight = nn.Parameter(weight, requires_grad=False)
@@ -250,7 +261,7 @@ class AdaLNModulation(nn.Module):
         rows measured ~10x slower on CPU (index_select copies long rows serially).
         """
         # SiLU at temb's precision (fp32); only its result is cast to the projection's dtype.
-        m = self.linear(F.silu(temb).to(self.linear.weight.dtype)).view(-1, 6, self.hidden_size)
+        m = self.linear(F.silu(temb).to(compute_dtype(self.linear))).view(-1, 6, self.hidden_size)
         one_plus = m.new_zeros((1, 6, 1))
         one_plus[:, 1] = 1.0
         one_plus[:, 4] = 1.0
@@ -266,7 +277,7 @@ class AdaLNOut(nn.Module):
         self.linear = nn.Linear(time_embed_dim, 2 * hidden_size, bias=True)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
-        shift, scale = self.linear(F.silu(temb).to(self.linear.weight.dtype)).chunk(2, dim=-1)
+        shift, scale = self.linear(F.silu(temb).to(compute_dtype(self.linear))).chunk(2, dim=-1)
         return self.norm(x) * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
 
 
@@ -405,7 +416,7 @@ class H3Transformer(nn.Module):
 
         Depends only on the prompt, so the pipeline computes it once per request, not once per step.
         """
-        return self.token_refiner(self.context_embedder(text.to(self.context_embedder.weight.dtype)))
+        return self.token_refiner(self.context_embedder(text.to(compute_dtype(self.context_embedder))))
 
     def forward(
         self,

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from h3serve import limits
+from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.plan import DIT_GROUPS, TEXT_GROUPS
@@ -190,17 +191,39 @@ def _split(name: str, tensors: dict[str, tuple[int, int]], groups: tuple[str, ..
     return ComponentBytes(name=name, params=params, base_bytes=base, groups=found)
 
 
-def dit_bytes(name: str, cfg: H3TransformerConfig, dtype: torch.dtype, tp_size: int = 1) -> ComponentBytes:
-    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes)."""
+def _fp8_swap(model: nn.Module, component: str, quant: ComponentQuant | None, dtype: torch.dtype) -> None:
+    """The FP8 twins the loader makes (h3serve.accel.quantize): 1-byte weights plus float32 scales."""
+    if quant is None:
+        return
+    from h3serve.accel.quantize import selected_linears, swap_to_fp8
+
+    names = {n: quant.per_channel for n in selected_linears(model, component, quant)}
+    swap_to_fp8(model, names, dtype, "weight_only")
+
+
+def _stored_dtype(key: str, t: torch.Tensor) -> torch.dtype | None:
+    """An FP8 weight's dtype and its scale's (float32), which no load policy changes; None for other tensors."""
+    if t.dtype.itemsize == 1 and t.is_floating_point():
+        return t.dtype
+    return torch.float32 if key.endswith(".weight_scale") else None
+
+
+def dit_bytes(
+    name: str, cfg: H3TransformerConfig, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None
+) -> ComponentBytes:
+    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`."""
     with torch.device("meta"):
         model = H3Transformer(cfg)
     if tp_size > 1:  # works on the meta device, with no process group
         TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
+    _fp8_swap(model, name, quant, dtype)
     fp32 = H3Transformer.keep_in_fp32_modules
 
     def dtype_of(key: str, t: torch.Tensor, _persistent: bool) -> torch.dtype:
         if not t.is_floating_point():
             return t.dtype
+        if _stored_dtype(key, t) is not None:
+            return _stored_dtype(key, t)
         return torch.float32 if _in_any(key, fp32) else dtype
 
     return _split(name, _tensor_bytes(model, dtype_of), DIT_GROUPS)
@@ -245,14 +268,18 @@ def audio_vae_bytes(config: dict) -> ComponentBytes:
     return _diffusers_bytes("audio_vae", model, torch.float32)
 
 
-def text_encoder_bytes(config, dtype: torch.dtype, tp_size: int = 1) -> ComponentBytes:
-    """The truncated `Qwen3VLModel` (no LM head) the conditioner loads; a TP shard when tp_size > 1."""
+def text_encoder_bytes(
+    config, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None
+) -> ComponentBytes:
+    """The truncated `Qwen3VLModel` (no LM head) the conditioner loads; a TP shard when tp_size > 1; FP8 per
+    `quant`."""
     from transformers import Qwen3VLModel
 
     with torch.device("meta"):
         model = Qwen3VLModel._from_config(config, dtype=dtype)
     if tp_size > 1:
         TensorParallel(0, tp_size, None, TEXT_ENCODER_TP_PLAN).shard_module(model)
+    _fp8_swap(model, "text_encoder", quant, dtype)
     return _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
 
 
@@ -342,26 +369,33 @@ def build_inventory(
     dits: tuple[str, ...] = ("transformer", "transformer_ref"),
     device_type: str = "cuda",
     dtype: torch.dtype | None = None,
+    quantization: QuantizationConfig | None = None,
 ) -> Inventory:
     """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
 
-    `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs are read.
+    `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs are read. With `quantization`,
+    the FP8 components count 1 byte a quantised weight plus its float32 scales.
     """
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
     configs = _released_configs(dits) if source == RELEASED else _checkpoint_configs(Path(source), dits)
     # One DiT build per distinct config: the two released DiTs share one architecture.
     built: dict[str, ComponentBytes] = {}
+    def quant(name: str) -> ComponentQuant | None:
+        return quantization.component(name) if quantization is not None else None
+
     for name, cfg in configs.dits.items():
-        twin = next((other for other, c in configs.dits.items() if other in built and c == cfg), None)
+        twin = next(
+            (o for o, c in configs.dits.items() if o in built and c == cfg and quant(o) == quant(name)), None
+        )
         built[name] = (
             ComponentBytes(name, built[twin].params, built[twin].base_bytes, built[twin].groups)
             if twin
-            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel)
+            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name))
         )
     vae, vae_shape = vae_bytes(configs.vae, dtype)
     shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}
-    text = text_encoder_bytes(configs.text, dtype, degrees.text_encoder_tp)
+    text = text_encoder_bytes(configs.text, dtype, degrees.text_encoder_tp, quant("text_encoder"))
     holders = text_holders(degrees)
     ranks = tuple({**shared, "text_encoder": text} if r in holders else dict(shared) for r in range(degrees.world_size))
     t = configs.text.text_config

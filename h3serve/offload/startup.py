@@ -60,7 +60,9 @@ def plan_for_engine(
     layout = read_layout(config.model)
     dits = tuple(d for d in config.dits if layout.has(d))
     device = config.resolved_device()
-    inv = build_inventory(config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype())
+    inv = build_inventory(
+        config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype(), config.quantization
+    )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     return plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0)
 

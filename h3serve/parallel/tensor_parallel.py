@@ -13,6 +13,7 @@ Styles (Megatron's column/row scheme):
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,8 @@ class TensorParallel:
         if style is None:
             return None
         r, n = self.rank, self.size
+        if kind == "weight_scale" and (style == "rowwise" or math.prod(full_shape) == 1):
+            return None  # an FP8 scale follows its output rows: whole for an input split or a per-tensor scale
         if style == "rowwise":
             if kind == "bias":
                 return None  # added once, after the all-reduce

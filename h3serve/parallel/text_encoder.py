@@ -68,9 +68,15 @@ def _rebuild_meta_buffers(model: nn.Module, init: Callable[[nn.Module], None], d
 
 
 def load_text_encoder_shard(
-    folder: Path, config, dtype: torch.dtype, device: torch.device, tp: TensorParallel | None
+    folder: Path,
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp: TensorParallel | None,
+    quantize: Callable[[nn.Module, torch.device, TensorParallel | None], object] | None = None,
 ) -> nn.Module:
-    """`Qwen3VLModel` for `config` (already truncated): this rank's TP shard, or a meta skeleton when `tp` is None."""
+    """`Qwen3VLModel` for `config` (already truncated): this rank's TP shard, or a meta skeleton when `tp` is None.
+    `quantize` (FP8) runs on the shard loaded in host memory, which then moves to `device`."""
     from transformers import Qwen3VLModel
 
     with torch.device("meta"):
@@ -80,8 +86,12 @@ def load_text_encoder_shard(
     tp.shard_module(model)
     num_layers = config.text_config.num_hidden_layers
     tensors = iter_sharded(safetensors_files(folder), tp, lambda key: checkpoint_key_to_name(key, num_layers))
-    materialize(model, tensors, dtype, device)
-    _rebuild_meta_buffers(model, model._init_weights, device)
+    host = torch.device("cpu") if quantize is not None else device
+    materialize(model, tensors, dtype, host)
+    _rebuild_meta_buffers(model, model._init_weights, host)
+    if quantize is not None:
+        quantize(model, device, tp)
+        model.to(device)
     return model.eval()
 
 

@@ -7,15 +7,19 @@ load the same way; diffusers and native key names both work.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
+from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
+from h3serve.accel.quantize import prepare_fp8, quantizing
 from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
+from h3serve.rank.quantization import TextQuantizer, text_quantizer
 from h3serve.weights import iter_tensors, materialize
 
 if TYPE_CHECKING:
@@ -29,10 +33,15 @@ def load_transformer(
     device: str | torch.device = "cpu",
     qkv_layout: native_keys.QkvLayout = "interleaved",
     tp: TensorParallel | None = None,
+    quant: ComponentQuant | None = None,
+    kernel: str = "weight_only",
+    component: str = "transformer",
 ) -> H3Transformer:
     """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
 
-    With `tp`, the model is this rank's tensor-parallel shard and only its slices are read.
+    With `tp`, the model is this rank's tensor-parallel shard and only its slices are read. With `quant` (or
+    FP8 weights in the checkpoint) the selected linears load as FP8 (h3serve.accel.quantize), each weight
+    quantised on `device` as it is read.
     """
     folder = Path(folder)
     cfg = H3TransformerConfig.from_dict(read_json(folder / "config.json"))
@@ -50,7 +59,12 @@ def load_transformer(
         tensors = iter_tensors(files)
         if native:
             tensors = _converted(tensors, cfg, qkv_layout)
-    materialize(model, tensors, dtype, device, H3Transformer.keep_in_fp32_modules)
+    # After sharding (FP8 twins of the shard-shaped linears), before offload placement; native keys hold no FP8.
+    fp8 = prepare_fp8(model, component, quant, [] if native else files, dtype, kernel)
+    if fp8 is not None:
+        tensors = quantizing(tensors, fp8, device, tp)
+    stored = fp8.stored if fp8 is not None else frozenset()
+    materialize(model, tensors, dtype, device, H3Transformer.keep_in_fp32_modules, stored)
     # The RoPE table is a non-persistent buffer: rebuilt off the meta device, never loaded.
     model.rope = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     return model.eval()
@@ -76,8 +90,15 @@ def _converted(
 # ------------------------------------------------------------------------------------------------------------
 
 
-def load_text_conditioner(folder: Path, tokenizer_folder: Path, dtype: torch.dtype, device: torch.device):
-    """Qwen3-VL truncated to the layers the conditioning reads (layer 50 + 1), plus its tokenizer.
+def load_text_conditioner(
+    folder: Path,
+    tokenizer_folder: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantize: TextQuantizer | None = None,
+):
+    """Qwen3-VL truncated to the layers the conditioning reads (layer 50 + 1), plus its tokenizer; `quantize`
+    (FP8) runs on the loaded encoder before it moves to `device`.
 
     hidden_states[50] is the 50th layer's output before the final norm. Keeping layer 51 keeps that
     entry un-normed (transformers replaces the *last* entry with the normed state); later layers are
@@ -102,8 +123,11 @@ def load_text_conditioner(folder: Path, tokenizer_folder: Path, dtype: torch.dty
         encoder = Qwen3VLForConditionalGeneration.from_pretrained(folder, config=config, dtype=dtype)
     finally:
         hf_logging.set_verbosity(verbosity)
-    model = encoder.model.to(device).eval()
+    model = encoder.model
     del encoder  # the LM head is never used
+    if quantize is not None:
+        quantize(model, device, None)
+    model = model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     return TextConditioner(model, tokenizer, limits.TEXT_ENCODER_LAYER)
 
@@ -137,11 +161,14 @@ def load_components(
     dits: tuple[str, ...] = ("transformer", "transformer_ref"),
     parallel: RankParallel | None = None,
     on_host: frozenset[str] = frozenset(),
+    quantization: QuantizationConfig | None = None,
+    kernel: str = "weight_only",
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
     Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
+    `quantization` names the components whose linears load as FP8, on the `kernel` path.
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
@@ -156,18 +183,27 @@ def load_components(
         return torch.device("cpu") if name in on_host else device
 
     tp = parallel.dit_tp if parallel is not None else None
-    loaded = {name: load_transformer(layout.component(name), dtype, where(name), tp=tp) for name in present}
+    def quant(name: str) -> ComponentQuant | None:
+        return quantization.component(name) if quantization is not None else None
+
+    loaded = {
+        name: load_transformer(layout.component(name), dtype, where(name), tp=tp, quant=quant(name), kernel=kernel,
+                               component=name)
+        for name in present
+    }
     vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(where("vae")).eval()
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
     audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
     audio_vae.eval()
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
+    quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
         text = parallel.load_text_conditioner(
-            *text_folders, dtype, device, load_whole=load_text_conditioner, load_device=where("text_encoder")
+            *text_folders, dtype, device, load_whole=partial(load_text_conditioner, quantize=quantize_text),
+            load_device=where("text_encoder"), quantize=quantize_text,
         )
     else:
-        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"))
+        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"), quantize_text)
     return H3Components(
         transformer=loaded.get("transformer"),
         transformer_ref=loaded.get("transformer_ref"),

@@ -24,6 +24,7 @@ from h3serve.parallel.setup import RankParallel
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
+from h3serve.rank.quantization import resolve_kernel
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
 
@@ -50,8 +51,11 @@ class LocalEngine:
         self.parallel = RankParallel.build(config.parallel_degrees(), rank) if world_size > 1 else None
         offload = config.offload
         on_host = offload.staged_components() | offload.streamed_components()
+        dtype = config.resolved_dtype()
+        kernel = resolve_kernel(config.quantization, self.device, dtype, log)  # FP8: which path runs, logged once
         components = load_components(
-            self.layout, config.resolved_dtype(), self.device, config.dits, parallel=self.parallel, on_host=on_host
+            self.layout, dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
+            quantization=config.quantization, kernel=kernel,
         )
         roles = config.attention_roles()
         for dit in (components.transformer, components.transformer_ref):

@@ -97,7 +97,7 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint_layout import read_layout
     from h3serve.config import EngineConfig
-    from h3serve.engine.args import TASK_TYPES, device_memory, layout_fields, offload_config
+    from h3serve.engine.args import TASK_TYPES, device_memory, layout_fields, offload_config, quantization
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
     from h3serve.offload.startup import plan_largest, served_tasks
@@ -118,13 +118,16 @@ def build_plan(args: argparse.Namespace):
     headroom = parse_bytes(args.headroom, "--headroom") if memory else 0
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
     device, dtype = _device(args)
-    inv = build_inventory(source, degrees, dits, device, dtype)
+    quant = quantization(args)
+    inv = build_inventory(source, degrees, dits, device, dtype, quant)
     defaults = ModelDefaults() if source == RELEASED else read_layout(source).defaults()
     plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
     name = "released H3 architecture (no files)" if source == RELEASED else str(source)
     title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}"
+    if quant is not None:
+        title += f"; quantization {quant.describe()}"
     return plan, title
 
 
