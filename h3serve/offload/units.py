@@ -174,8 +174,9 @@ class GatheredUnit(HostUnit):
             full: dict[torch.dtype, torch.Tensor] = {}
             for dtype, mine in self._flats.items():
                 buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
-                pieces = list(buffer.chunk(self.size))
-                dist.all_gather(pieces, mine.to(self.device, non_blocking=True), group=self.group)
+                wire = torch.uint8 if dtype.itemsize == 1 else dtype  # FP8 weights travel as their bytes
+                pieces = list(buffer.view(wire).chunk(self.size))
+                dist.all_gather(pieces, mine.to(self.device, non_blocking=True).view(wire), group=self.group)
                 full[dtype] = buffer
             for (slot, _), start in zip(self._slots, self._offsets, strict=True):
                 slot.assign(full[slot.dtype][start : start + slot.shape.numel()].view(slot.shape))

@@ -89,3 +89,22 @@ def vae_tile_decodes(rank: int, world: int, checkpoint: Path) -> list[dict] | No
             reference = type(vae)._decode(vae, z) if rank == 0 else None
         out.append({"parallel": mine, "reference": reference})
     return out if rank == 0 else None
+
+
+def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]], quantization) -> dict:
+    """Rank 0 first runs the one-rank FP8 reference, then every rank runs each layout: latents and how many
+    FP8 layers this rank's DiT holds."""
+    from h3serve.accel.fp8 import Fp8Linear
+
+    def summary(engine: LocalEngine) -> dict:
+        result = engine.pipeline.generate(plan_for(engine.defaults))
+        layers = sum(isinstance(m, Fp8Linear) for m in engine.pipeline.components.transformer.modules())
+        return {"video_latents": result.video_latents, "audio_latents": result.audio_latents, "fp8_layers": layers}
+
+    out = {}
+    if rank == 0:
+        out["reference"] = summary(LocalEngine(_config(checkpoint, quantization=quantization), 0, 1))
+    for name, overrides in cases:
+        out[name] = summary(LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world))
+    return out
+
