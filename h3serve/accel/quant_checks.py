@@ -39,7 +39,7 @@ def text_linear_names(folder: Path) -> list[str]:
 def check_quantization(config: QuantizationConfig, model: Path, dits: tuple[str, ...], device: torch.device) -> None:
     """`ConfigError` naming the reason for a kernel path this device lacks or an exclude pattern matching nothing."""
     from h3serve.accel.quant_config import QuantizationError
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
 
     if config.kernel == "fp8_gemm":
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None

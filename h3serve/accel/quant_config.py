@@ -21,6 +21,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from h3serve.errors import ServerError
+
 METHODS = ("fp8",)
 GRANULARITIES = ("per_channel", "per_tensor")
 KERNELS = ("auto", "weight_only", "fp8_gemm")
@@ -49,7 +51,7 @@ TEXT_QUANTIZED = (
 )
 
 
-class QuantizationError(ValueError):
+class QuantizationError(ServerError, ValueError):
     """A bad quantization flag or JSON; the message names the key and the choices."""
 
 

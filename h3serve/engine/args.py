@@ -275,7 +275,6 @@ def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> Offl
 def quantization(args: argparse.Namespace):
     """The QuantizationConfig of --quantization / --diffusion-quantization-config (None: full precision)."""
     from h3serve.accel.quant_config import QuantizationError, parse_quantization
-    from h3serve.config import ConfigError
 
     try:
         return parse_quantization(args.quantization, args.diffusion_quantization_config)
