@@ -38,7 +38,8 @@ class GenerationRequest:
     prompt: str
     width: int | None = None
     height: int | None = None
-    aspect_ratio: str | None = None  # "W:H", e.g. "16:9"; only when width/height are not given
+    aspect_ratio: str | None = None  # "W:H", a number or auto/adaptive; beside width/height it must agree
+    short_edge: int | None = None  # canvas mode 768 or 1440 (h3serve/canvas.py)
     duration_s: float | None = None
     num_frames: int | None = None  # alternative to duration_s; snapped up to 17n + 5
     steps: int | None = None  # num_inference_steps with the reference's meaning: N grid points

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
+from h3serve.canvas import CanvasError, resolve_canvas
 from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.errors import ClientError
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
@@ -123,7 +124,7 @@ def validate(
     request = driving_audio_split(request)
     task = resolve_task(request)
     mode = resolve_long_video_mode(request, task)
-    height, width = _resolve_size(request, defaults, keyframe_size if task == "fl2va" else None)
+    height, width = _resolve_size(request, defaults, task, keyframe_size)
     num_frames = _resolve_frames(request, mode)
     quality = _check_quality(request.quality)
     source_frames = _resolve_extension(request, mode, extend_frames)
@@ -448,56 +449,12 @@ def _resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:
     return snapped
 
 
-def parse_aspect_ratio(text: str) -> tuple[float, float]:
-    """Parse "W:H" (or "WxH") into two positive numbers. Raises `RequestError` on malformed input."""
-    for sep in (":", "x", "/"):
-        if sep in text:
-            left, _, right = text.partition(sep)
-            try:
-                w, h = float(left), float(right)
-            except ValueError:
-                break
-            if w > 0 and h > 0 and math.isfinite(w) and math.isfinite(h):
-                return w, h
-            break
-    raise RequestError("aspect_ratio", f"must look like 16:9 (two positive numbers), got {text!r}")
-
-
-def _check_ratio(field: str, w: float, h: float) -> None:
-    ratio = w / h
-    if not limits.MIN_ASPECT_RATIO <= ratio <= limits.MAX_ASPECT_RATIO:
-        raise RequestError(
-            field, f"aspect ratio {w:g}:{h:g} ({ratio:.3g}) is outside the supported range 1:4 to 4:1"
-        )
-
-
 def _resolve_size(
-    request: GenerationRequest, defaults: ModelDefaults, keyframe_size: tuple[int, int] | None
+    request: GenerationRequest, defaults: ModelDefaults, task: str, keyframe_size: tuple[int, int] | None
 ) -> tuple[int, int]:
-    """(height, width): explicit size if given, else the checkpoint's canvas for the aspect ratio
-    (the request's, else the first keyframe's, else 16:9)."""
-    w, h = request.width, request.height
-    if w is None and h is None:
-        if request.aspect_ratio is None and keyframe_size is not None:
-            aw, ah = keyframe_size
-        elif request.aspect_ratio is None:
-            aw, ah = limits.DEFAULT_ASPECT_RATIO
-        else:
-            aw, ah = parse_aspect_ratio(request.aspect_ratio)
-        _check_ratio("aspect_ratio", aw, ah)
-        return geometry.resolve_canvas_size(aw, ah, defaults.canvas_short_edge, defaults.canvas_max_pixels)
-
-    if w is None or h is None:
-        raise RequestError("width" if w is None else "height", "width and height must be given together")
-    if request.aspect_ratio is not None:
-        raise RequestError("aspect_ratio", "give either aspect_ratio or width/height, not both")
-    m = limits.SPATIAL_MULTIPLE
-    for field, v in (("width", w), ("height", h)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise RequestError(field, f"must be an integer, got {v!r}")
-        if v < m or v > defaults.max_edge:
-            raise RequestError(field, f"must be between {m} and {defaults.max_edge} pixels, got {v}")
-        if v % m:
-            raise RequestError(field, f"must be a multiple of {m}, got {v}")
-    _check_ratio("width", w, h)
-    return h, w
+    """(height, width) by the canvas rule (h3serve/canvas.py)."""
+    try:
+        return resolve_canvas(defaults, task, request.width, request.height, request.aspect_ratio,
+                              request.short_edge, keyframe_size)
+    except CanvasError as e:
+        raise RequestError(e.field, e.message) from None

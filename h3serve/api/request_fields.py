@@ -1,13 +1,13 @@
 """The create request's fields, with vLLM-Omni's names and meanings, read into typed values.
 
-Top-level fields: prompt, model, seconds, size, width, height, num_frames, fps, aspect_ratio,
+Top-level fields: prompt, model, seconds, size, width, height, num_frames, fps, aspect_ratio, short_edge,
 num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, extra_params, the long video options
 (long_video, long_video_mode, continuation_window_frames, continuation_overlap_frames, continuation_prompts;
 also accepted in extra_params, which wins), and the media fields
 input_reference, input_references, image_reference, video_reference, audio_reference.
 `extra_params` keys win over top-level fields (as in vLLM-Omni): task, duration, duration_seconds,
-aspect_ratio, flow_shift, audio_flow_shift, frame_indices, frame_index, and `target` {duration_seconds,
-aspect_ratio, frame_indices}. Anything else is refused with a 400 that names it.
+aspect_ratio, short_edge, flow_shift, audio_flow_shift, frame_indices, frame_index, and `target`
+{duration_seconds, aspect_ratio, short_edge, frame_indices}. The canvas rule is h3serve/canvas.py. Anything else is refused with a 400 that names it.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ UNSUPPORTED: dict[str, str] = {
     "true_cfg_scale": "MiniMax-H3 is guidance-distilled",
     "boundary_ratio": "a Wan2.2 option",
     "lora": "per-request LoRA is not supported",
-    "short_edge": "the canvas follows the checkpoint; use size or aspect_ratio",
     "generate_sound": "MiniMax-H3 always generates audio",
     "sound_duration": "the audio always matches the video",
 }
@@ -180,9 +179,19 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         ("extra_params.aspect_ratio", extra.get("aspect_ratio")),
         ("aspect_ratio", f.get("aspect_ratio")),
     )
-    if ratio is not None:
-        values["aspect_ratio"] = as_text(ratio[1], ratio[0])
+    if ratio is not None:  # a JSON number is a ratio as well (1.7778)
+        raw = ratio[1]
+        is_number = isinstance(raw, int | float) and not isinstance(raw, bool)
+        values["aspect_ratio"] = repr(float(raw)) if is_number else as_text(raw, ratio[0])
         aliases["aspect_ratio"] = ratio[0]
+    edge = _first(
+        ("extra_params.target.short_edge", target.get("short_edge")),
+        ("extra_params.short_edge", extra.get("short_edge")),
+        ("short_edge", f.get("short_edge")),
+    )
+    if edge is not None:
+        values["short_edge"] = as_int(edge[1], edge[0])
+        aliases["short_edge"] = edge[0]
 
     if "num_frames" in f:
         values["num_frames"] = as_int(f["num_frames"], "num_frames")

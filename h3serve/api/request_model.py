@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from h3serve import limits
 from h3serve.api.coerce import as_json, preview
 from h3serve.api.errors import APIError
+from h3serve.canvas import SHORT_EDGE_MODES
 from h3serve.request import QUALITIES
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
@@ -29,14 +30,31 @@ Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_
 StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
 GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
-Ratio = Annotated[str, Field(pattern=r"^\s*[1-9]\d{0,2}(\.\d{1,3})?\s*[:xX/]\s*[1-9]\d{0,2}(\.\d{1,3})?\s*$")]
+_RATIO_NUMBER = r"\d{1,3}(\.\d{1,6})?"
+# W:H (or WxH, W/H), one number (W/H), or auto/adaptive; a JSON number is a ratio too. The canvas rule is
+# h3serve/canvas.py (and CANVAS_RULE below, which the OpenAPI description states).
+Ratio = (
+    Annotated[str, Field(pattern=rf"^\s*(?:(?i:auto|adaptive)|{_RATIO_NUMBER}(?:\s*[:xX/]\s*{_RATIO_NUMBER})?)\s*$")]
+    | Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
+)
+ShortEdge = Annotated[int, Field(ge=1, le=_MAX_EDGE, json_schema_extra={"enum": list(SHORT_EDGE_MODES)})]
+CANVAS_RULE = (
+    "Canvas: `size` / `width`+`height` are floored to multiples of 32 and generated as given. `aspect_ratio` is "
+    "W:H (16:9, 21:9, 4:3, 1:1, 3:4, 9:16 or any W:H from 1:4 to 4:1), a number (1.7778) or auto/adaptive (FL2VA: "
+    "its first keyframe's aspect; Ref2VA: 16:9; T2VA: the checkpoint's default canvas, 16:9). Beside a size, "
+    "aspect_ratio must describe the same canvas after the flooring (W/(H+32) <= ratio <= (W+32)/H), else 400 "
+    "naming both. `short_edge` 768 or 1440 picks the model card's canvas mode (768: the checkpoint's canvas, "
+    "1344x768 at 16:9; 1440: both edges scaled by 1440/768, 2528x1440 at 16:9); beside a size it must give that "
+    "size. Without a size: the canvas for the ratio (the request's, else the keyframe's for FL2VA, else 16:9)."
+)
 Edge = Annotated[int, Field(ge=_MIN_EDGE, le=_MAX_EDGE)]
 FrameIndex = Literal[0, -1]
 
 # 400s a schema-valid request can still get: rules between fields, or about this server and its checkpoint.
 CROSS_FIELD_RULES: dict[str, str] = {
     "ratio": "the canvas (size, width/height or aspect_ratio) must be between 1:4 and 4:1",
-    "together": "width and height are given together, and not with aspect_ratio",
+    "together": "width and height are given together; aspect_ratio / short_edge beside them must describe the same "
+    "canvas after flooring to multiples of 32 (CANVAS_RULE)",
     "frames": "num_frames and a duration must agree (17n+5 frames after snapping)",
     "edges": "size edges are 32 to the checkpoint's max_edge after flooring to multiples of 32",
     "cost": "width x height x frames x steps must be within --max-request-cost (code request_too_costly)",
@@ -65,6 +83,7 @@ class _Strict(BaseModel):
 class Target(_Strict):
     duration_seconds: Seconds | None = None
     aspect_ratio: Ratio | None = None
+    short_edge: ShortEdge | None = None
     frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
 
 
@@ -105,6 +124,7 @@ class ExtraParams(LongVideoFields, EditOptions):
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
     aspect_ratio: Ratio | None = None
+    short_edge: ShortEdge | None = None
     flow_shift: Shift | None = None
     audio_flow_shift: Shift | None = None
     frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
@@ -127,7 +147,8 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     height: Edge | None = None
     num_frames: Annotated[int, Field(ge=_LO_FRAMES, le=_HI_FRAMES)] | None = None
     fps: Annotated[float, Field(ge=limits.FPS, le=limits.FPS)] | None = None
-    aspect_ratio: Ratio | None = None
+    aspect_ratio: Ratio | None = Field(None, description=CANVAS_RULE)
+    short_edge: ShortEdge | None = Field(None, description="768 or 1440: the model card's canvas mode")
     num_inference_steps: Annotated[int, Field(ge=limits.MIN_STEPS, le=limits.MAX_STEPS)] | None = None
     flow_shift: Shift | None = None
     # The schema states the largest float64 below 2**63: JSON tools that read numbers as doubles would round
@@ -148,7 +169,7 @@ class VideoCreateFields(LongVideoFields, EditOptions):
 
 
 SCALAR_FIELDS = tuple(VideoCreateFields.model_fields)
-_EXAMPLES = {"size": "1344x768 (WIDTHxHEIGHT)", "aspect_ratio": "16:9 (W:H)"}
+_EXAMPLES = {"size": "1344x768 (WIDTHxHEIGHT)", "aspect_ratio": "16:9 (W:H), a number such as 1.7778, or auto"}
 
 
 def _bounds(loc: tuple[Any, ...]) -> str | None:

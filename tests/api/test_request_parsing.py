@@ -105,6 +105,19 @@ def test_extra_params_win_over_top_level_fields_as_in_vllm_omni():
     assert request_of(prompt="p", aspect_ratio="1:1", extra_params={"aspect_ratio": "9:16"}).aspect_ratio == "9:16"
 
 
+def test_canvas_fields_as_vllm_omni_clients_send_them():
+    """short_edge (top level, extra_params, target), numeric ratios as JSON numbers or text, auto (the values'
+    rule is h3serve/canvas.py); short_edge used to be refused as unsupported."""
+    both = request_of(prompt="p", width="1344", height="768", extra_params={"aspect_ratio": "16:9", "short_edge": 768})
+    assert (both.width, both.height, both.aspect_ratio, both.short_edge) == (1344, 768, "16:9", 768)
+    assert request_of(prompt="p", extra_params={"target": {"short_edge": 1440}}).short_edge == 1440
+    assert request_of(prompt="p", short_edge="768").short_edge == 768
+    assert request_of(prompt="p", extra_params={"aspect_ratio": 1.7778}).aspect_ratio == "1.7778"
+    assert request_of(prompt="p", aspect_ratio="1.7778").aspect_ratio == "1.7778"
+    assert request_of(prompt="p", extra_params={"aspect_ratio": "auto"}).aspect_ratio == "auto"
+    assert rejected(prompt="p", aspect_ratio="wide").param == "aspect_ratio"
+
+
 def test_size_sets_width_and_height_and_names_itself_in_errors():
     parsed = parse(prompt="p", size="1344x768")
     assert (parsed.values["width"], parsed.values["height"]) == (1344, 768)
@@ -144,7 +157,7 @@ def test_unknown_fields_are_named():
     assert err.code == "unknown_field" and "colour, zoom" in err.message
     err = rejected(prompt="p", extra_params={"task": "t2va", "sliding_window": True})
     assert err.param == "extra_params.sliding_window"
-    assert rejected(prompt="p", extra_params={"target": {"short_edge": 768}}).param == "extra_params.target.short_edge"
+    assert rejected(prompt="p", extra_params={"target": {"zoom": 2}}).param == "extra_params.target.zoom"
 
 
 def test_vllm_fields_without_meaning_here_are_refused_with_the_reason():

@@ -19,7 +19,7 @@ from h3serve.api.url_fetch import MediaFetcher
 # What each documented rule's 400 says (code, message pattern): the only 400s positive mode may see.
 RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "ratio": ("invalid_value", r"aspect ratio .* outside the supported range|aspect_ratio: must look like"),
-    "together": ("invalid_value", r"must be given together|give either aspect_ratio or width/height"),
+    "together": ("invalid_value", r"must be given together|conflicts with width/height"),
     "frames": ("invalid_value", r"contradicts duration"),
     "edges": ("invalid_value", r"must be between 32 and \d+ pixels"),
     "cost": ("request_too_costly", r"--max-request-cost"),
