@@ -11,9 +11,10 @@ from h3serve.validate import ModelDefaults, RequestError, validate
 
 KEYFRAME = MediaRef(Path("k.png"), "k.png", "image")
 REFERENCE = MediaRef(Path("r.png"), "r.png", "image")
+RELEASED = ModelDefaults()
 
 
-def canvas(keyframe_size: tuple[int, int] | None = None, defaults: ModelDefaults = ModelDefaults(), **kw) -> str:
+def canvas(keyframe_size: tuple[int, int] | None = None, defaults: ModelDefaults = RELEASED, **kw) -> str:
     plan = validate(GenerationRequest(prompt="p", **kw), defaults, keyframe_size)
     return f"{plan.width}x{plan.height}"
 

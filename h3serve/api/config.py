@@ -41,6 +41,7 @@ class ServerConfig:
     media_fetch_timeout_s: float = 30.0  # every media URL of one request together
     max_body_bytes: int = MAX_BODY_BYTES
     header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this
+    body_timeout_s: float = 30.0  # a request body may pause this long; its whole deadline scales with its length
     keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
     max_connections: int = 1000  # open connections; past it a new one gets 503 and is closed
     shutdown_grace_s: float = 10.0  # SIGTERM: the running job may finish within this, else it is requeued
@@ -68,6 +69,7 @@ class ServerConfig:
             (self.poll_after_ms >= 1, f"--poll-after-ms must be >= 1, got {self.poll_after_ms}"),
             (self.media_fetch_timeout_s > 0, f"--media-fetch-timeout must be > 0, got {self.media_fetch_timeout_s:g}"),
             (self.header_timeout_s > 0, f"--header-timeout must be > 0, got {self.header_timeout_s:g}"),
+            (self.body_timeout_s > 0, f"--body-timeout must be > 0, got {self.body_timeout_s:g}"),
             (self.keep_alive_timeout_s > 0, f"--keep-alive-timeout must be > 0, got {self.keep_alive_timeout_s:g}"),
             (self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}"),
             (self.shutdown_grace_s >= 0, f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s:g}"),

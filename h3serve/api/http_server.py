@@ -1,7 +1,8 @@
 """The uvicorn server h3serve runs the app on: hardened against slow and abusive clients, draining on SIGTERM.
 
-- A connection must finish its request headers within `header_timeout_s` (else 408 and closed); an idle
-  keep-alive connection is closed after `keep_alive_timeout_s`.
+- A connection must finish its request headers within `header_timeout_s` (else 408 and closed); a body that
+  stalls gets 408 and is closed too (`body_timeout.py`: `body_timeout_s` idle, a deadline scaled to its length);
+  both are counted in /metrics. An idle keep-alive connection is closed after `keep_alive_timeout_s`.
 - Past `max_connections` open connections a new one gets a JSON 503 `too_many_connections` and is closed at
   once, so file descriptors stay free for the jobs (spool files, the store, the ranks' pipes).
 - Malformed requests (e.g. `Content-Length: -1`) get the JSON error envelope, not uvicorn's plain text.
@@ -25,8 +26,10 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from h3serve.api.body_timeout import BodyTimeouts
 from h3serve.api.config import ServerConfig
 from h3serve.api.log_limit import RateLimitFilter
+from h3serve.api.metrics import Metrics
 from h3serve.engine.jobs import JobManager
 
 log = logging.getLogger("h3serve.http")
@@ -60,8 +63,8 @@ def _canned(status: int, reason: str, message: str, code: str, extra: str = "") 
     return head.encode() + body
 
 
-class HardenedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a header deadline, a connection cap and JSON protocol errors.
+class HardenedH11Protocol(BodyTimeouts, H11Protocol):
+    """uvicorn's h11 protocol with header and body deadlines, a connection cap and JSON protocol errors.
 
     At the cap a new connection first evicts the oldest connection that holds no request (headers still
     incomplete, or idle between keep-alive requests): slow clients cannot lock out a prober or a real client.
@@ -69,6 +72,7 @@ class HardenedH11Protocol(H11Protocol):
 
     limits: ClassVar[ServerConfig]
     idle: ClassVar[dict[HardenedH11Protocol, None]]  # connections holding no request, oldest first
+    metrics: ClassVar[Metrics | None] = None  # counts the 408s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -114,6 +118,7 @@ class HardenedH11Protocol(H11Protocol):
             self._arm_header_timer()
         else:
             self._disarm_header_timer()
+            self.watch_body()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -122,6 +127,7 @@ class HardenedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()
+        self.stop_body_watch()
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:
@@ -141,16 +147,13 @@ class HardenedH11Protocol(H11Protocol):
         self.idle.pop(self, None)
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
-        if self.conn.our_state is h11.IDLE:  # no response under way: a 408 tells an honest slow client why
-            seconds = self.limits.header_timeout_s
-            self.transport.write(
-                _canned(
-                    408,
-                    "Request Timeout",
-                    f"The request headers did not arrive within {seconds:g} s.",
-                    "request_timeout",
-                )
-            )
+        self.time_out("headers", f"The request headers did not arrive within {self.limits.header_timeout_s:g} s.")
+
+    def time_out(self, phase: str, message: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count_request_timeout(phase)
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # no response started: a 408 tells an honest
+            self.transport.write(_canned(408, "Request Timeout", message, "request_timeout"))  # slow client why
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
@@ -213,7 +216,8 @@ def build_server(app: FastAPI, config: ServerConfig, **overrides: Any) -> H3Serv
     """The server for `app` (made by create_app) under `config`; `overrides` are uvicorn.Config settings."""
     limit_log_floods()
     config = dataclasses.replace(config, max_connections=reserve_descriptors(config.max_connections))
-    protocol = type("H3Protocol", (HardenedH11Protocol,), {"limits": config, "idle": {}})
+    protocol = type("H3Protocol", (HardenedH11Protocol,),
+                    {"limits": config, "idle": {}, "metrics": app.state.context.metrics})
     settings: dict[str, Any] = dict(
         host=config.host,
         port=config.port,

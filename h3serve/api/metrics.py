@@ -66,6 +66,12 @@ class Metrics:
             "h3serve_queue_wait_seconds", "Time from submission until an engine replica took the job.", "replica"
         )
 
+        self.request_timeouts = {"headers": 0, "body": 0}  # 408s of the HTTP server's slow-client guards
+
+    def count_request_timeout(self, phase: str) -> None:
+        """Called on the event loop (one thread): a plain increment."""
+        self.request_timeouts[phase] += 1
+
     def on_job_started(self, replica: int, queue_wait_s: float) -> None:
         self.queue_wait_seconds.observe(str(replica), queue_wait_s)
 
@@ -96,6 +102,10 @@ class Metrics:
             "# HELP h3serve_replica_jobs_served_total Jobs an engine replica has run (any outcome).",
             "# TYPE h3serve_replica_jobs_served_total counter",
             *(f'h3serve_replica_jobs_served_total{{replica="{r.index}"}} {r.jobs_served}' for r in replicas),
+            "# HELP h3serve_request_timeouts_total Connections answered 408 and closed: request headers or body "
+            "stalled (--header-timeout, --body-timeout).",
+            "# TYPE h3serve_request_timeouts_total counter",
+            *(f'h3serve_request_timeouts_total{{phase="{p}"}} {n}' for p, n in self.request_timeouts.items()),
             *self.queue_wait_seconds.render(),
             *self.stage_seconds.render(),
             *self.job_seconds.render(),

@@ -7,7 +7,8 @@ also accepted in extra_params, which wins), and the media fields
 input_reference, input_references, image_reference, video_reference, audio_reference.
 `extra_params` keys win over top-level fields (as in vLLM-Omni): task, duration, duration_seconds,
 aspect_ratio, short_edge, flow_shift, audio_flow_shift, frame_indices, frame_index, and `target`
-{duration_seconds, aspect_ratio, short_edge, frame_indices}. The canvas rule is h3serve/canvas.py. Anything else is refused with a 400 that names it.
+{duration_seconds, aspect_ratio, short_edge, frame_indices}. The canvas rule is h3serve/canvas.py. Anything
+else is refused with a 400 that names it.
 """
 
 from __future__ import annotations

@@ -78,6 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds for all media URLs of one request together (default %(default)g)")
     p.add_argument("--header-timeout", type=float, default=server("header_timeout_s"),
                    help="seconds a connection has to send its request headers (default %(default)g)")
+    p.add_argument("--body-timeout", type=float, default=server("body_timeout_s"),
+                   help="seconds a request body may send nothing; the whole body must arrive within this plus "
+                        "1 s per 64 KiB declared (default %(default)g)")
     p.add_argument("--keep-alive-timeout", type=float, default=server("keep_alive_timeout_s"),
                    help="seconds an idle keep-alive connection stays open (default %(default)g)")
     p.add_argument("--max-connections", type=int, default=server("max_connections"),
@@ -128,6 +131,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             allow_private_media_urls=args.allow_private_media_urls,
             media_fetch_timeout_s=args.media_fetch_timeout,
             header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
             keep_alive_timeout_s=args.keep_alive_timeout,
             max_connections=args.max_connections,
             shutdown_grace_s=args.shutdown_grace,
