@@ -54,6 +54,14 @@ class EngineConfig:
     offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
     device_memory: int | None = None  # --device-memory: bytes per device for the plan's verdict; None: ask the GPU
     quantization: QuantizationConfig | None = None  # --quantization fp8 (h3serve.accel.quant_config); None: full
+    # Per-request LoRA (h3serve.adapters, h3serve.rank.lora): preloaded (name, path), their default scale, the
+    # allow-listed root for request paths, the host / device adapter caches and the device slot rank.
+    lora_paths: tuple[tuple[str, str], ...] = ()
+    lora_scale: float = 1.0
+    lora_dir: str | None = None
+    max_cpu_loras: int = 4
+    max_loras: int = 2
+    max_lora_rank: int | None = None
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -167,6 +175,26 @@ class EngineConfig:
             raise ConfigError(f"--dtype: unknown dtype {self.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
         return getattr(torch, self.dtype)
 
+    def _validate_lora(self) -> None:
+        from h3serve.adapters.header import AdapterError
+        from h3serve.adapters.serving import catalog_for, lora_enabled, lora_refusal
+
+        if not lora_enabled(self):
+            return
+        refusal = lora_refusal(self)
+        if refusal:
+            raise ConfigError(f"--lora-path/--lora-dir: LoRA is not available with {refusal}")
+        if self.max_cpu_loras < 1 or self.max_loras < 1:
+            raise ConfigError("--max-cpu-loras and --max-loras must be >= 1")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ConfigError(f"--max-lora-rank must be >= 1, got {self.max_lora_rank}")
+        if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
+            raise ConfigError(f"--lora-dir {self.lora_dir}: not a directory")
+        try:
+            catalog_for(self, log=lambda text: None)
+        except AdapterError as e:
+            raise ConfigError(str(e)) from None
+
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value."""
         pinned = self.device.startswith("cuda:")
@@ -222,6 +250,7 @@ class EngineConfig:
             from h3serve.accel.quant_checks import check_quantization
 
             check_quantization(self.quantization, self.model, self.dits, self.resolved_device())
+        self._validate_lora()
         if self.resolved_device().type == "cuda":
             import torch
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from h3serve.adapters.catalog import AdapterChoice
 
 MediaKind = Literal["image", "video", "audio"]
 TASKS = ("t2va", "fl2va", "ref2va")
@@ -71,3 +74,5 @@ class GenerationRequest:
     start_time_seconds: float | tuple[float, ...] | None = None
     extend_video: MediaRef | None = None
     remixed_from_video_id: str | None = None
+    # A per-request LoRA adapter, resolved by the entry point against the server's catalog (h3serve.adapters).
+    lora: AdapterChoice | None = None

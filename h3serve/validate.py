@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from h3serve import geometry, limits
 from h3serve.canvas import CanvasError, resolve_canvas
@@ -16,6 +17,9 @@ from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.errors import ClientError
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
+
+if TYPE_CHECKING:
+    from h3serve.adapters.catalog import AdapterChoice
 
 
 class RequestError(ClientError, ValueError):
@@ -69,6 +73,7 @@ class GenerationPlan:
     audio_mode: str = "native"
     extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
     start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
+    lora: AdapterChoice | None = None  # the request's LoRA adapter (h3serve.adapters), applied unmerged
 
     @property
     def continuation(self) -> bool:
@@ -123,6 +128,7 @@ def validate(
     """
     request = driving_audio_split(request)
     task = resolve_task(request)
+    request = _adapter_defaults(request, task)
     mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, task, keyframe_size)
     num_frames = _resolve_frames(request, mode)
@@ -161,7 +167,21 @@ def validate(
         audio_mode=request.audio_mode or "native",
         extend_video=request.extend_video,
         start_times=resolve_start_times(request, task),
+        lora=request.lora,
     )
+
+
+def _adapter_defaults(request: GenerationRequest, task: str) -> GenerationRequest:
+    """A Turbo adapter's contract sets the steps and shifts (stating others is an error)."""
+    if request.lora is None or request.lora.turbo is None:
+        return request
+    from h3serve.adapters.turbo import turbo_settings
+
+    lora = request.lora
+    steps, flow, audio = turbo_settings(
+        lora.turbo, lora.name, task, request.steps, request.flow_shift, request.audio_flow_shift
+    )
+    return dataclasses.replace(request, steps=steps, flow_shift=flow, audio_flow_shift=audio)
 
 
 def resolve_start_times(request: GenerationRequest, task: str) -> tuple[float, ...]:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 import h3serve
+from h3serve.adapters.catalog import LoraCatalog
 from h3serve.api.auth import bearer_auth
 from h3serve.api.body_limit import BodySizeLimit
 from h3serve.api.config import ServerConfig
@@ -27,6 +28,7 @@ def create_app(
     manager: JobManager,
     store: JobStore,
     fetcher: MediaFetcher | None = None,
+    lora: LoraCatalog | None = None,
 ) -> FastAPI:
     """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
     metrics = Metrics()
@@ -39,6 +41,7 @@ def create_app(
         fetcher=fetcher or MediaFetcher(config.media_fetch_timeout_s, config.allow_private_media_urls),
         metrics=metrics,
         started_at=int(time.time()),
+        lora=lora,
     )
 
     @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from h3serve.adapters.catalog import LoraCatalog
 from h3serve.api.config import ServerConfig
 from h3serve.api.metrics import Metrics
 from h3serve.api.url_fetch import MediaFetcher
@@ -21,6 +22,7 @@ class ServerContext:
     fetcher: MediaFetcher
     metrics: Metrics
     started_at: int
+    lora: LoraCatalog | None = None  # the adapters this server offers (--lora-path / --lora-dir)
 
 
 def get_context(request: Request) -> ServerContext:

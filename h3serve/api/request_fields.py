@@ -21,6 +21,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 
 from h3serve import limits
+from h3serve.adapters.catalog import LoraField, parse_lora_field
 from h3serve.api.body import RequestBody
 from h3serve.api.coerce import (
     as_int,
@@ -43,6 +44,7 @@ from h3serve.api.request_model import (
 )
 from h3serve.edit_mask import MaskError, parse_mask_json
 from h3serve.request import MediaKind
+from h3serve.validate import RequestError
 
 _SIZE = re.compile(r"^\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*$")
 URL_PREFIXES = ("http://", "https://", "data:")
@@ -70,7 +72,6 @@ UNSUPPORTED: dict[str, str] = {
     "guidance_scale_2": "MiniMax-H3 is guidance-distilled",
     "true_cfg_scale": "MiniMax-H3 is guidance-distilled",
     "boundary_ratio": "a Wan2.2 option",
-    "lora": "per-request LoRA is not supported",
     "generate_sound": "MiniMax-H3 always generates audio",
     "sound_duration": "the audio always matches the video",
 }
@@ -96,6 +97,7 @@ class ParsedFields:
     model: str | None = None
     seconds: str | None = None  # the requested duration as sent, for the job's `seconds`
     aliases: dict[str, str] = field(default_factory=dict)  # GenerationRequest field -> field the client sent
+    lora: LoraField | None = None  # the `lora` object, resolved against the server's catalog when queued
 
 
 def _on_grid(pixels: int) -> int:
@@ -245,7 +247,16 @@ def parse_fields(body: RequestBody) -> ParsedFields:
         model=as_text(f["model"], "model") if "model" in f else None,
         seconds=seconds_label,
         aliases=aliases,
+        lora=_lora(f["lora"]) if "lora" in f else None,
     )
+
+
+def _lora(value: Any) -> LoraField | None:
+    """The `lora` object (a JSON value, or JSON text in a form field)."""
+    try:
+        return None if value is None else parse_lora_field(as_object(value, "lora"))
+    except RequestError as e:
+        raise bad_request(str(e), e.field) from None
 
 
 def _mask(body: RequestBody, name: str) -> Any:

@@ -132,6 +132,22 @@ class ExtraParams(LongVideoFields, EditOptions):
     target: Target | None = None
 
 
+class LoraObject(BaseModel):
+    """vLLM-Omni's `lora` object (h3serve.adapters.catalog.parse_lora_field checks it; aliases in brackets)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, description="a preloaded adapter (GET /v1/models) [lora_name, adapter]")
+    lora_name: str | None = None
+    adapter: str | None = None
+    path: str | None = Field(None, description="a file or folder under --lora-dir [lora_path, local_path]")
+    lora_path: str | None = None
+    local_path: str | None = None
+    scale: Annotated[float, Field(ge=-10, le=10)] | None = Field(None, description="times alpha / rank [lora_scale]")
+    lora_scale: Annotated[float, Field(ge=-10, le=10)] | None = None
+    int_id: Annotated[int, Field(ge=0)] | None = Field(None, description="[lora_int_id]")
+    lora_int_id: Annotated[int, Field(ge=0)] | None = None
+
+
 class VideoCreateFields(LongVideoFields, EditOptions):
     """The scalar fields of POST /v1/videos (and /sync)."""
 
@@ -161,11 +177,12 @@ class VideoCreateFields(LongVideoFields, EditOptions):
         None, description="DiT cache policy: lossless (no cache) or high (the built-in cache profile)"
     )
     extra_params: ExtraParams | None = None
+    lora: LoraObject | None = Field(None, description="a LoRA adapter for this request (applied unmerged)")
 
-    @field_validator("extra_params", mode="before")
+    @field_validator("extra_params", "lora", mode="before")
     @classmethod
-    def _json_text(cls, value: Any) -> Any:
-        return as_json(value, "extra_params")  # a form field carries the object as JSON text
+    def _json_text(cls, value: Any, info: Any) -> Any:
+        return as_json(value, info.field_name)  # a form field carries the object as JSON text
 
 
 SCALAR_FIELDS = tuple(VideoCreateFields.model_fields)

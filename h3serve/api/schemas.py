@@ -97,6 +97,12 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "h3serve"
+    # A LoRA adapter's card, as vLLM lists LoRA modules: its file, the base model, and its factors.
+    root: str | None = None
+    parent: str | None = None
+    permission: list[dict] | None = None
+    lora: dict | None = None
+    turbo: dict | None = None
 
 
 class ModelList(BaseModel):

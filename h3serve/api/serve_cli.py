@@ -189,6 +189,7 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
 
     import psycopg
 
+    from h3serve.adapters.serving import catalog_for
     from h3serve.api.app import create_app
     from h3serve.api.http_server import build_server
     from h3serve.engine.executor import EngineError, Executor
@@ -223,7 +224,7 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             lease_s=server_config.job_lease_s,
             overlap_output=server_config.overlap_output,
         )
-        app = create_app(server_config, manager, store)
+        app = create_app(server_config, manager, store, lora=catalog_for(engine_config))
         log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,
                  server_config.port, server_config.data_dir)
         build_server(app, server_config, log_level=logging.root.level).run()

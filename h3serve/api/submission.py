@@ -6,12 +6,14 @@ already stored. Blocking work (file copies, SQLite, media checks) runs in the th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from h3serve import limits
+from h3serve.adapters.catalog import LoraField
 from h3serve.api.body import read_body
 from h3serve.api.context import ServerContext
 from h3serve.api.errors import APIError, bad_request, from_request_error
@@ -81,10 +83,23 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     if parsed.media:
         folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
         media = await store_media(parsed.media, folder, ctx.fetcher)
-    generation_request = build_request(parsed, media)
+    generation_request = with_lora(build_request(parsed, media), parsed.lora, ctx)
     aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
     return await queue_request(job_id, generation_request, aliases, lambda plan: _seconds_label(parsed, plan), ctx,
                                sync)
+
+
+def with_lora(generation_request: GenerationRequest, field: LoraField | None, ctx: ServerContext) -> GenerationRequest:
+    """The request with its `lora` object resolved against the server's catalog (400 naming the sub-field)."""
+    if field is None:
+        return generation_request
+    if ctx.lora is None:
+        raise bad_request("lora: this server serves no LoRA adapters (start it with --lora-path or --lora-dir)", "lora")
+    try:
+        choice = ctx.lora.choose(field)
+    except RequestError as e:
+        raise from_request_error(e, {}) from None
+    return dataclasses.replace(generation_request, lora=choice)
 
 
 async def queue_request(

@@ -114,8 +114,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help='JSON: {"granularity": "per_channel"|"per_tensor", "kernel": "auto"|"weight_only"|"fp8_gemm", '
         '"dit": {"exclude": ["transformer_blocks.0.*"], "adaln": false}, "dit_ref": true, "text_encoder": false}',
     )
-    r.add_argument("--lora-path")
-    r.add_argument("--lora-backend", help="peft | distill")
+    r.add_argument("--lora-path", action="append", metavar="NAME=PATH",
+                   help="preload a LoRA adapter (file or directory) under NAME; repeatable")
+    r.add_argument("--lora-scale", type=float, default=1.0, help="default scale of an adapter a request names")
+    r.add_argument("--lora-dir", help="allow-listed root for a request's own lora.path (none: preloaded names only)")
+    r.add_argument("--max-cpu-loras", type=int, default=4, help="adapters kept in host memory (LRU)")
+    r.add_argument("--max-loras", type=int, default=2, help="adapters kept on the device (LRU)")
+    r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
+    r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
     r.add_argument("--deploy-config")
     r.add_argument("--stage-overrides")
     r.add_argument("--step-execution", action="store_true")
@@ -207,8 +213,8 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.cache_config and args.cache_backend == "none":
         notices.append("notice: --cache-config has no effect with --cache-backend none")
-    if args.lora_path or args.lora_backend:
-        raise ConfigError("--lora-path/--lora-backend: LoRA is not available in h3serve yet; drop these flags")
+    if args.lora_backend not in (None, "peft"):
+        raise ConfigError(f"--lora-backend {args.lora_backend}: h3serve applies LoRA unmerged; use peft or omit it")
     if args.deploy_config or args.stage_overrides:
         raise ConfigError(
             "--deploy-config/--stage-overrides: h3serve runs H3 as one stage; pass the parallel "
@@ -328,6 +334,23 @@ def layout_fields(args: argparse.Namespace) -> dict:
     }
 
 
+def lora_fields(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields of the LoRA flags (`generate --lora PATH` preloads PATH under its own name)."""
+    from h3serve.adapters.catalog import parse_lora_paths
+
+    values = list(getattr(args, "lora_path", None) or [])
+    if getattr(args, "lora", None):
+        values.append(args.lora)
+    return {
+        "lora_paths": parse_lora_paths(values),
+        "lora_scale": args.lora_scale,
+        "lora_dir": args.lora_dir,
+        "max_cpu_loras": args.max_cpu_loras,
+        "max_loras": args.max_loras,
+        "max_lora_rank": args.max_lora_rank,
+    }
+
+
 def engine_config_from_args(args: argparse.Namespace, model: Path | None = None) -> EngineConfig:
     """The validated `EngineConfig` for `add_engine_args` flags (`model`, else `args.model`); prints notices.
 
@@ -364,6 +387,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         offload=offload,
         device_memory=device_memory(args.device_memory),
         quantization=quantization(args),
+        **lora_fields(args),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

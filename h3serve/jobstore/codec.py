@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -9,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from h3serve.adapters.catalog import AdapterChoice
 from h3serve.jobstore.records import Job, JobError
 from h3serve.request import GenerationRequest, MediaRef
 
@@ -20,6 +22,8 @@ def encode_request(request: GenerationRequest) -> str:
     def encode(value: Any) -> Any:
         if isinstance(value, MediaRef):
             return {"$media": {"path": str(value.path), "name": value.name, "kind": value.kind}}
+        if isinstance(value, AdapterChoice):
+            return {"$lora": dataclasses.asdict(value)}
         if isinstance(value, tuple | list):
             return [encode(v) for v in value]
         return value
@@ -32,6 +36,8 @@ def decode_request(text: str) -> GenerationRequest:
         if isinstance(value, dict) and "$media" in value:
             media = value["$media"]
             return MediaRef(path=Path(media["path"]), name=media["name"], kind=media["kind"])
+        if isinstance(value, dict) and "$lora" in value:
+            return AdapterChoice.from_dict(value["$lora"])
         if isinstance(value, list):
             return tuple(decode(v) for v in value)
         return value

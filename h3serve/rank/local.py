@@ -23,6 +23,7 @@ from h3serve.offload.startup import device_memory_of, long_request_refusal, plac
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.conditioning import load_conditioning
+from h3serve.rank.lora import lora_runtime
 from h3serve.rank.memory import PeakMemory
 from h3serve.rank.quantization import resolve_kernel
 from h3serve.request import GenerationRequest
@@ -62,6 +63,8 @@ class LocalEngine:
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
                 attention.install(dit, roles)
+        # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora).
+        self.lora = lora_runtime(config, components, self.parallel.dit_tp if self.parallel else None)
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
@@ -97,6 +100,10 @@ class LocalEngine:
         refusal = long_request_refusal(self.config, plan, device_memory_of(self.config, self.device))
         if refusal is not None:
             raise RequestError("long_video_mode", f"this server cannot run the request: {refusal}")
+        if self.lora is not None:
+            self.lora.activate_for(plan)
+        elif plan.lora is not None:
+            raise RequestError("lora", "this server serves no LoRA adapters")
         with PeakMemory(self.device) as memory:
             start = time.perf_counter()
             conditioning = load_conditioning(plan, self.defaults)

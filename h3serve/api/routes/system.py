@@ -41,4 +41,6 @@ def metrics(ctx: Context) -> PlainTextResponse:
 
 @v1_router.get("/models", response_model=ModelList, summary="The served model", responses=error_responses(401))
 def list_models(ctx: Context) -> ModelList:
-    return ModelList(data=[Model(id=ctx.config.served_model_name, created=ctx.started_at)])
+    name = ctx.config.served_model_name
+    adapters = [] if ctx.lora is None else ctx.lora.models(name, ctx.started_at)
+    return ModelList(data=[Model(id=name, created=ctx.started_at), *(Model(**card) for card in adapters)])

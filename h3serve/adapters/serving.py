@@ -1,0 +1,56 @@
+"""What a server's LoRA flags mean: its adapter catalog, and the configurations that cannot serve LoRA."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from h3serve.adapters.catalog import LoraCatalog
+from h3serve.adapters.header import AdapterError
+from h3serve.adapters.peft import target_shapes
+
+if TYPE_CHECKING:
+    from h3serve.config import EngineConfig
+
+DITS = ("transformer", "transformer_ref")
+
+
+def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
+    """The first present DiT's config.json (FL2VA and Ref2VA DiTs share one architecture)."""
+    for name in dits:
+        path = model / name / "config.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise AdapterError(f"{model}: none of the DiTs {', '.join(dits)} has a config.json")
+
+
+def lora_enabled(config: EngineConfig) -> bool:
+    return bool(config.lora_paths) or config.lora_dir is not None
+
+
+def lora_refusal(config: EngineConfig) -> str | None:
+    """Why this engine configuration cannot serve per-request LoRA (None when it can)."""
+    on_host = (config.offload.staged_components() | config.offload.streamed_components()) & set(DITS)
+    if on_host:
+        return (
+            "DiT offload (--enable-cpu-offload / --enable-layerwise-offload / DLO): the adapter factors would have "
+            "to move with the DiT's weights, which h3serve does not do yet; serve LoRA with the DiT resident"
+        )
+    if getattr(config, "quantization", None) is not None and config.tensor_parallel_size > 1:
+        return (
+            "--quantization under tensor parallelism: an FP8 row-parallel layer all-reduces inside itself, where "
+            "the adapter's partial products must join its sum; use one of them"
+        )
+    return None
+
+
+def catalog_for(config: EngineConfig, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
+    """The engine's adapter catalog (None without --lora-path/--lora-dir); `AdapterError` on a bad adapter."""
+    if not lora_enabled(config):
+        return None
+    shapes = target_shapes(dit_config(config.model, config.dits))
+    root = None if config.lora_dir is None else Path(config.lora_dir)
+    kwargs = {} if log is None else {"log": log}
+    return LoraCatalog(shapes, dict(config.lora_paths), config.lora_scale, root, config.max_lora_rank, **kwargs)

@@ -1,0 +1,101 @@
+"""LightX2V Turbo LoRAs: the file name is the contract (task family, forward count, flow shifts).
+
+`minimax_h3_(fl2v|ref2v)_turbo_<N>step_v<major.minor>[_768p][_bf16].safetensors`: `fl2v` serves t2va and fl2va,
+`ref2v` serves ref2va; N is the number of denoiser forwards; the video flow shift is 6 for `_768p` files and 12
+otherwise, the audio shift 3. Alpha comes from the metadata, else LightX2V's default 8 (with a warning).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from h3serve.adapters.header import AdapterError
+
+TURBO_NAME = re.compile(r"^minimax_h3_(fl2v|ref2v)_turbo_(\d+)step_v(\d+\.\d+)(_768p)?(_bf16)?\.safetensors$")
+TURBO_DEFAULT_ALPHA = 8.0
+KEY_FORMATS = (None, "minimax-h3-diffusers")
+_TASKS = {"fl2v": ("t2va", "fl2va"), "ref2v": ("ref2va",)}
+
+
+@dataclass(frozen=True)
+class TurboContract:
+    """What a Turbo file's name promises: the tasks it serves, its forward count and its shifts."""
+
+    file_name: str
+    family: str  # fl2v | ref2v
+    forwards: int
+    version: str
+    flow_shift: float
+    audio_flow_shift: float = 3.0
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return _TASKS[self.family]
+
+
+def parse_turbo_name(name: str) -> TurboContract | None:
+    """The contract of a Turbo file name, or None when the name is not one."""
+    m = TURBO_NAME.match(name)
+    if m is None:
+        return None
+    forwards = int(m[2])
+    if forwards < 1:
+        raise AdapterError(f"{name}: a Turbo adapter runs at least 1 forward, the name says {forwards}")
+    return TurboContract(name, m[1], forwards, m[3], 6.0 if m[4] else 12.0)
+
+
+def turbo_file_in(folder: Path) -> Path | None:
+    """The one Turbo file of a directory; None when it holds none, `AdapterError` when it holds several."""
+    found = sorted(p for p in folder.iterdir() if TURBO_NAME.match(p.name) and p.is_file())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found)
+        raise AdapterError(f"{folder.name}: a Turbo adapter directory holds exactly one matching file, found {names}")
+    return found[0] if found else None
+
+
+def check_key_format(contract: TurboContract, metadata: dict[str, str]) -> None:
+    fmt = metadata.get("key_format")
+    if fmt not in KEY_FORMATS:
+        raise AdapterError(f"{contract.file_name}: metadata key_format {fmt!r}; expected minimax-h3-diffusers")
+
+
+def forwards_to_steps(forwards: int) -> int:
+    """The plan's `steps` for a forward count. h3serve's `steps` still counts sigma points (N - 1 forwards) until
+    issue 18's step-count change lands; then this is the identity."""
+    return forwards + 1
+
+
+def turbo_settings(
+    contract: TurboContract,
+    adapter: str,
+    task: str,
+    steps: int | None,
+    flow_shift: float | None,
+    audio_flow_shift: float | None,
+) -> tuple[int, float, float]:
+    """(steps, flow_shift, audio_flow_shift) of a request naming a Turbo adapter: the contract's, by default.
+
+    Raises `RequestError` on a task the artifact does not serve or a stated value the contract contradicts."""
+    from h3serve.validate import RequestError
+
+    if task not in contract.tasks:
+        raise RequestError(
+            "lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}"
+        )
+    want = forwards_to_steps(contract.forwards)
+    if steps is not None and steps != want:
+        raise RequestError(
+            "num_inference_steps",
+            f"{adapter} is a {contract.forwards}-step Turbo adapter ({contract.file_name}): give {want} or omit it",
+        )
+    for field, value, expected in (
+        ("flow_shift", flow_shift, contract.flow_shift),
+        ("audio_flow_shift", audio_flow_shift, contract.audio_flow_shift),
+    ):
+        if value is not None and value != expected:
+            raise RequestError(
+                field, f"{adapter} ({contract.file_name}) runs at {field} {expected:g}: give {expected:g} or omit it"
+            )
+    return want, contract.flow_shift, contract.audio_flow_shift

@@ -1,0 +1,68 @@
+"""Deterministic synthetic DiT adapters in each served layout, for the tiny presets and tests.
+
+`peft`: diffusers/PEFT keys (`<module>.lora_A.weight`), alpha in the metadata. `turbo`: LightX2V's keys
+(`<module>.lora_A.default.weight`) under a contract file name. `fasth3`: FastVideo's fused-at-load export (B@A
+pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). Same arguments give the same bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from h3serve.adapters.peft import target_shapes
+
+FORMATS = ("peft", "turbo", "fasth3")
+TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
+PEFT_FILE = "adapter_model.safetensors"
+
+
+def _normal(shape: tuple[int, ...], generator: torch.Generator, std: float) -> torch.Tensor:
+    return (torch.randn(shape, generator=generator) * std).contiguous()
+
+
+def lora_tensors(
+    dit_config: dict, rank: int, seed: int, std: float = 0.05, suffix: str = "", targets: list[str] | None = None
+) -> dict[str, torch.Tensor]:
+    """`<module>.lora_A<suffix>.weight` [r, in] and `.lora_B<suffix>.weight` [out, r] for every target, in order."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for module, (out_f, in_f) in target_shapes(dit_config).items():
+        if targets is not None and module not in targets:
+            continue
+        out[f"{module}.lora_A{suffix}.weight"] = _normal((rank, in_f), g, std)
+        out[f"{module}.lora_B{suffix}.weight"] = _normal((out_f, rank), g, std)
+    return out
+
+
+def write_peft_adapter(
+    folder: str | Path, dit_config: dict, rank: int = 4, alpha: float = 8.0, seed: int = 0, std: float = 0.05
+) -> Path:
+    """A PEFT-layout adapter directory (adapter_model.safetensors, alpha in its metadata); returns the file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PEFT_FILE
+    save_file(lora_tensors(dit_config, rank, seed, std), str(path), metadata={"alpha": f"{alpha:g}"})
+    return path
+
+
+def write_turbo_adapter(
+    folder: str | Path,
+    dit_config: dict,
+    rank: int = 8,
+    seed: int = 0,
+    std: float = 0.05,
+    file_name: str = TURBO_FILE,
+    alpha: float | None = None,
+) -> Path:
+    """A LightX2V Turbo-layout file named by its contract (no alpha metadata unless given: LightX2V's 8)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / file_name
+    metadata = {"key_format": "minimax-h3-diffusers"}
+    if alpha is not None:
+        metadata["alpha"] = f"{alpha:g}"
+    save_file(lora_tensors(dit_config, rank, seed, std, suffix=".default"), str(path), metadata=metadata)
+    return path

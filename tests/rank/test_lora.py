@@ -1,0 +1,145 @@
+"""Per-request LoRA, unmerged: equal to a model the test merges with plain torch, exact at scale 0, switchable
+without recompiling."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from small_dit import SMALL_DIT
+
+from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.adapters.catalog import AdapterChoice
+from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
+from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
+from h3serve.tools.tiny_adapter import write_peft_adapter
+
+
+def _model() -> H3Transformer:
+    torch.manual_seed(0)
+    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+def _inputs(frames: int = 5, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    text_len, lh, lw, audio = 7, 2, 4, 3 * frames
+    layout = build_keyframe_layout(torch.full((text_len,), TEXT_TAG), frames, lh, lw, audio, anchors=("first",))
+    video = patchify(torch.randn(1, 24, frames + 1, lh, lw, generator=g))[None]
+    audio_rows = torch.randn(1, 2 * audio, 32, generator=g)
+    text = torch.randn(1, text_len, SMALL_DIT["text_dim"], generator=g)
+    timestep, row_index = layout.row_timesteps(0.3, 0.6)
+    return video, audio_rows, text, timestep, row_index, layout.packed
+
+
+def _run(model: H3Transformer, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    video, audio, text, timestep, row_index, packed = inputs
+    with torch.inference_mode():
+        return model(video, audio, model.embed_text(text), timestep, row_index, packed)
+
+
+def _choice(path, name: str, scale: float, rank: int, alpha: float) -> AdapterChoice:
+    return AdapterChoice(name, str(path), scale, 1, rank, alpha)
+
+
+def _merged(model: H3Transformer, path, scale: float, alpha: float, rank: int) -> H3Transformer:
+    """The test's own merge, in plain torch: W + s·alpha/r·B@A on diffusers-named weights."""
+    merged = copy.deepcopy(model)
+    tensors = load_file(str(path))
+    with torch.no_grad():
+        for key, a in tensors.items():
+            if ".lora_A." not in key:
+                continue
+            module = key.split(".lora_A.")[0]
+            b = tensors[key.replace(".lora_A.", ".lora_B.")]
+            merged.get_submodule(module).weight += scale * alpha / rank * (b @ a)
+    merged.fuse_projections()
+    return merged
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("loras")
+    cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
+    return {
+        "a": write_peft_adapter(root / "a", cfg, rank=4, alpha=8.0, seed=1),
+        "b": write_peft_adapter(root / "b", cfg, rank=4, alpha=2.0, seed=2, std=0.1),
+    }
+
+
+def test_unmerged_equals_the_test_merged_model_and_scale_zero_is_exact(adapters):
+    base = _model()
+    served = copy.deepcopy(base)
+    served.fuse_projections()
+    plain = copy.deepcopy(served)
+    runtime = LoraRuntime({"transformer": served}, slot_rank=8)
+    wrappers = [m for m in served.modules() if isinstance(m, LoraLinear)]
+    # every block's q/k/v (fused), out, ff in and ff out: 4 layers x (2 blocks + 1 refiner block)
+    assert len(wrappers) == 4 * 3 and served.get_submodule("token_refiner.refiner_blocks.0.attn.to_qkv").groups == 3
+    inputs = _inputs()
+    reference = _run(plain, inputs)
+    for name, alpha, scale in (("a", 8.0, 1.0), ("b", 2.0, 0.7), ("a", 8.0, -0.5)):
+        runtime.activate("transformer", _choice(adapters[name], name, scale, 4, alpha))
+        ours = _run(served, inputs)
+        theirs = _run(_merged(base, adapters[name], scale, alpha, 4), inputs)
+        for x, y, r in zip(ours, theirs, reference, strict=True):
+            assert (x - y).abs().max() <= 1e-4
+            assert (x - r).abs().max() > 1e-3  # the adapter does change the output
+    runtime.activate("transformer", _choice(adapters["a"], "a", 0.0, 4, 8.0))
+    assert all(torch.equal(x, y) for x, y in zip(_run(served, inputs), reference, strict=True))
+    runtime.activate("transformer", None)
+    assert all(torch.equal(x, y) for x, y in zip(_run(served, inputs), reference, strict=True))
+    assert runtime.host_bytes() > 0 and len(runtime.device.items) == 2
+
+
+def test_unfused_projections_get_one_wrapper_each_and_the_same_result(adapters):
+    base = _model()
+    served = copy.deepcopy(base)
+    runtime = LoraRuntime({"transformer": served}, slot_rank=4)
+    assert ("transformer_blocks.0.attn.to_k", ("transformer_blocks.0.attn.to_k",)) in wrapped_targets(served)
+    runtime.activate("transformer", _choice(adapters["b"], "b", 1.0, 4, 2.0))
+    inputs = _inputs()
+    merged = _merged(base, adapters["b"], 1.0, 2.0, 4)
+    for x, y in zip(_run(served, inputs), _run(merged, inputs), strict=True):
+        assert (x - y).abs().max() <= 1e-4
+
+
+def test_lru_caches_are_bounded(adapters):
+    served = _model()
+    runtime = LoraRuntime({"transformer": served}, slot_rank=4, max_cpu_loras=1, max_loras=1)
+    for name in ("a", "b", "a"):
+        runtime.activate("transformer", _choice(adapters[name], name, 1.0, 4, 1.0))
+    assert list(runtime.host.items) == [str(adapters["a"])]
+    assert list(runtime.device.items) == [("transformer", str(adapters["a"]))]
+
+
+@pytest.mark.slow
+def test_switching_adapter_or_scale_never_recompiles(adapters):
+    torch._dynamo.reset()
+    compiles = []
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    served = _model()
+    served.fuse_projections()
+    runtime = LoraRuntime({"transformer": served}, slot_rank=4)
+    compile_transformer(served, "regional", True, CompileState(log=print), backend=backend)
+    inputs = _inputs()
+    runtime.activate("transformer", None)
+    _run(served, inputs)
+    first = len(compiles)
+    outputs = []
+    for name, scale in (("a", 1.0), ("b", 0.5), (None, 0.0), ("a", 2.0)):
+        runtime.activate("transformer", None if name is None else _choice(adapters[name], name, scale, 4, 8.0))
+        outputs.append(_run(served, inputs)[0])
+    assert first == 2 and len(compiles) == first  # main block + refiner block graphs, nothing more
+    assert not torch.equal(outputs[0], outputs[3]) and not torch.equal(outputs[0], outputs[1])
