@@ -33,7 +33,6 @@ from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
     ReferenceBlock,
-    Role,
     build_keyframe_layout,
     build_reference_layout,
     patchify,
@@ -53,6 +52,7 @@ from h3serve.model.pipeline_types import (
     Target,
 )
 from h3serve.model.scheduler import FlowSchedule, scale_noise
+from h3serve.model.step_times import step_times
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.transformer import H3Transformer, PackedLayout
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
@@ -398,26 +398,25 @@ class H3Pipeline(ContinuationMixin):
         on_step: StepCallback | None = None,
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampling loop. Only target rows are stepped; condition rows stay as given."""
-        video_sched, audio_sched = schedules
+        """The sampling loop. Only target rows are stepped; condition rows stay as given.
+
+        Everything a step reads that is not a latent (timesteps, row indices, sigmas) moves to the device once,
+        before the loop: a step issues no host -> device copy and no synchronisation."""
+        times = step_times(schedules, layout, edits, self.device)
+        video_sched, audio_sched = (s.to(self.device) for s in schedules)
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
         video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
-        total = len(video_sched)
+        total = len(times)
         for i in range(total):
-            t_video, t_audio = float(video_sched.timesteps[i]), float(audio_sched.timesteps[i])
-            row_t = layout.row_times(t_video, t_audio, limits.KEYFRAME_NOISE_AUG_T)
             video_in, audio_in = video_rows, audio_rows
-            if video_edit is not None:  # latent-mask editing: the model reads the anchored blend, at per-row t
+            if video_edit is not None:  # latent-mask editing: the model reads the anchored blend
                 video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
-                row_t[layout.roles == Role.VIDEO] = video_edit.row_times(t_video)
             if audio_edit is not None:
                 audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
-                row_t[layout.roles == Role.AUDIO] = audio_edit.row_times(t_audio)
-            timestep, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
             v_vel, a_vel = transformer(
-                video_in[None], audio_in[None], text, timestep.to(self.device), row_index.to(self.device), packed
+                video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed
             )
             for sched, rows, model_in, vel, n, edit in (
                 (video_sched, video_rows, video_in, v_vel, nv, video_edit),

@@ -26,6 +26,10 @@ class FlowSchedule:
         sigmas = torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
         return cls(sigmas=sigmas, timesteps=1.0 - sigmas[:-1])
 
+    def to(self, device: torch.device) -> FlowSchedule:
+        """The same schedule on `device` (once per request: a step then reads it without a host copy)."""
+        return FlowSchedule(sigmas=self.sigmas.to(device), timesteps=self.timesteps.to(device))
+
     def __len__(self) -> int:
         return self.timesteps.numel()
 

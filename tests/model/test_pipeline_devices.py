@@ -87,3 +87,59 @@ def _clock(pipeline: H3Pipeline):
     from h3serve.model.pipeline_types import StageClock
 
     return StageClock(pipeline.device)
+
+
+class _MetaDiT(torch.nn.Module):
+    """A weightless stand-in DiT: velocities shaped like its inputs, wherever they are."""
+
+    def embed_text(self, text: torch.Tensor) -> torch.Tensor:
+        return text
+
+    def forward(self, video, audio, text, timestep, row_index, packed):
+        assert timestep.device == row_index.device == video.device == META
+        return video * 0, audio * 0
+
+
+def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits) -> int:
+    """How many host -> device copies, and device reads, one denoise loop of `steps` forwards issues."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from h3serve.model.scheduler import FlowSchedule
+
+    class Count(TorchDispatchMode):
+        copies = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if func is torch.ops.aten._local_scalar_dense.default and source.device.type != "cpu":
+                raise AssertionError("a step read a device value back (.item())")
+            if func is torch.ops.aten._to_copy.default and source is not None and source.device.type == "cpu":
+                Count.copies += torch.device(kwargs.get("device", source.device)) == META
+            return func(*args, **kwargs)
+
+    video = torch.zeros(enc.layout.packed.video_indices.numel(), 96, device=META)
+    audio = torch.zeros(enc.layout.packed.audio_indices.numel(), 32, device=META)
+    schedules = (FlowSchedule.shifted(steps + 1, 12.0), FlowSchedule.shifted(steps + 1, 3.0))
+    with Count():
+        pipeline.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits)
+    return Count.copies
+
+
+def test_a_denoise_step_makes_no_host_to_device_copy(tiny_pipeline):
+    """Timesteps, row indices and sigmas move to the device once per request (issue 24, defect 10): the copies a
+    loop makes do not grow with its steps, with or without a latent-mask edit's per-row timesteps."""
+    from h3serve.model.latent_edit import audio_target
+
+    loaded, defaults = tiny_pipeline
+    plan = validate(GenerationRequest(prompt="a beach", width=32, height=32, steps=2, duration_s=4), defaults)
+    enc = loaded.encode(plan, Conditioning())
+    pipeline = H3Pipeline(loaded.components, device=META)
+    rows = enc.layout.packed.audio_indices.numel()
+    grid = torch.zeros(2, rows // 2)
+    grid[:, rows // 4 :] = 1.0
+    edit = audio_target(torch.randn(rows, 32), grid)
+    edit.set_anchor(torch.randn(rows, 32))
+    for edits in ((None, None), (None, edit)):
+        few, many = (_host_to_device_copies(pipeline, enc, steps, edits) for steps in (2, 6))
+        assert few == many > 0, edits
