@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from h3serve.api import serve_cli
-from h3serve.cli_util import EXIT_ERROR, fail, model_dir
+from h3serve.names import AUDIO_MODES, LONG_VIDEO_MODES, TASKS
 from h3serve.tools import bench, compare, plan_cli, probe_cli
+from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
 
 def format_stages(durations: dict[str, float]) -> str:
@@ -59,9 +60,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
             metavar="FILE",
             help=f"Ref2VA {kind} reference (repeatable; references keep their command-line order)",
         )
-    p.add_argument("--task", help="t2va | fl2va | ref2va (default: from the inputs)")
+    p.add_argument("--task", choices=TASKS, help="default: from the inputs")
     p.add_argument("--long-video", action="store_const", const=True, help="allow up to 30 s (full) or 300 s")
-    p.add_argument("--long-video-mode", choices=("full", "continuation"), help="default: continuation for ref2va")
+    p.add_argument("--long-video-mode", choices=LONG_VIDEO_MODES, help="default: continuation for ref2va")
     p.add_argument("--window-frames", type=int, help="continuation window, 17n+5 in 107-345 (default 277)")
     p.add_argument("--overlap-frames", type=int, help="continuation overlap, 17n+5 below the window (default 22)")
     p.add_argument(
@@ -72,7 +73,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source-audio", metavar="FILE", help="latent-mask editing / lock_source: the audio (WAV/MP3)")
     p.add_argument("--video-noise-mask", metavar="JSON", help="JSON text or a .json file: 1 = generate, 0 = keep")
     p.add_argument("--audio-noise-mask", metavar="JSON", help="JSON text or a .json file on the audio latent grid")
-    p.add_argument("--audio-mode", choices=("native", "lock_source"), help="lock_source: the driving audio is kept")
+    p.add_argument("--audio-mode", choices=AUDIO_MODES, help="lock_source: the driving audio is kept")
     p.add_argument(
         "--start-time", type=float, action="append", metavar="SECONDS",
         help="ref2va: trim reference videos before this time (once for all, or once per --ref-video, in order)",

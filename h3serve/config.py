@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.errors import ConfigError
+from h3serve.names import TASK_TYPES
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.parallel.degrees import check_degrees, read_model_dims
 from h3serve.parallel.rendezvous import nodes_from_env
@@ -18,7 +19,6 @@ from h3serve.parallel.rendezvous import nodes_from_env
 if TYPE_CHECKING:
     import torch
 
-TASK_TYPES = ("auto", "fl2va", "ref2va")
 DTYPES = ("float32", "bfloat16", "float16")
 
 

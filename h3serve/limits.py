@@ -16,6 +16,7 @@ PATCH_SIZE = (1, 2, 2)
 SPATIAL_MULTIPLE = VAE_SPATIAL_COMPRESSION * PATCH_SIZE[2]  # 32: both canvas edges are multiples of it
 
 # Request rules.
+MAX_EDGE = 4096  # either canvas edge, in pixels (the released checkpoint; ModelDefaults may lower it)
 MIN_DURATION_S = 4.0
 MAX_DURATION_S = 15.0  # without long_video
 DEFAULT_DURATION_S = 5.0

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from h3serve.adapters.catalog import AdapterChoice
 
+from h3serve.names import TASKS
+
 MediaKind = Literal["image", "video", "audio"]
-TASKS = ("t2va", "fl2va", "ref2va")
-QUALITIES = ("lossless", "high")  # the request field `quality`: DiT cache policy (h3serve.accel.cache)
 DIT_TASKS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}  # checkpoint DiT -> what it serves
 
 

@@ -16,7 +16,8 @@ from h3serve.canvas import CanvasError, resolve_canvas
 from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.errors import ClientError
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
-from h3serve.request import QUALITIES, TASKS, GenerationRequest, MediaRef
+from h3serve.names import AUDIO_MODES, QUALITIES, TASKS
+from h3serve.request import GenerationRequest, MediaRef
 
 if TYPE_CHECKING:
     from h3serve.adapters.catalog import AdapterChoice
@@ -42,7 +43,7 @@ class ModelDefaults:
     reference_image_short_edge: int = 2048
     flow_shift: float = 12.0
     audio_flow_shift: float = 3.0
-    max_edge: int = 4096
+    max_edge: int = limits.MAX_EDGE
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,6 @@ def _resolve_extension(request: GenerationRequest, mode: str | None, extend_fram
     return frames
 
 
-AUDIO_MODES = ("native", "lock_source")
 
 
 def driving_audio_split(request: GenerationRequest) -> GenerationRequest:

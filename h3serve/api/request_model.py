@@ -16,12 +16,12 @@ from h3serve import limits
 from h3serve.api.coerce import as_json, preview
 from h3serve.api.errors import APIError
 from h3serve.canvas import SHORT_EDGE_MODES
-from h3serve.request import QUALITIES
+from h3serve.names import AudioMode, LongVideoMode, Quality, Task
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 _MIN_EDGE = limits.SPATIAL_MULTIPLE
-_MAX_EDGE = 4096  # ModelDefaults.max_edge of the released checkpoint; a smaller one is a documented rule
+_MAX_EDGE = limits.MAX_EDGE  # ModelDefaults.max_edge may be smaller: a documented rule
 # The schema's bounds are the longest mode's (continuation); the per-mode caps are a cross-field rule.
 _MAX_S = limits.MAX_CONTINUATION_DURATION_S
 _LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * limits.FPS)
@@ -91,7 +91,7 @@ class LongVideoFields(_Strict):
     """Long video options (h3serve/long_video.py), accepted at the top level and in extra_params."""
 
     long_video: bool | None = Field(None, description="allow up to 30 s (full) or 300 s (continuation)")
-    long_video_mode: Literal["full", "continuation"] | None = Field(
+    long_video_mode: LongVideoMode | None = Field(
         None, description="full: one pass; continuation: overlapping windows (default for ref2va)"
     )
     continuation_window_frames: GridFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
@@ -111,7 +111,7 @@ class LongVideoFields(_Strict):
 class EditOptions(_Strict):
     """Latent-mask editing options besides the uploads (source_video, source_audio, *_noise_mask: media fields)."""
 
-    audio_mode: Literal["native", "lock_source"] | None = Field(
+    audio_mode: AudioMode | None = Field(
         None, description="lock_source: the one driving audio (source_audio or an audio reference) is the soundtrack"
     )
     start_time_seconds: StartTime | Annotated[list[StartTime], Field(min_length=1, max_length=3)] | None = Field(
@@ -120,7 +120,7 @@ class EditOptions(_Strict):
 
 
 class ExtraParams(LongVideoFields, EditOptions):
-    task: Literal["t2va", "fl2va", "ref2va"] | None = None
+    task: Task | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
     aspect_ratio: Ratio | None = None
@@ -173,7 +173,7 @@ class VideoCreateFields(LongVideoFields, EditOptions):
                                json_schema_extra={"maximum": 2**63 - 1024})] | None = None
     user: str | None = None
     num_outputs_per_prompt: Annotated[int, Field(ge=1, le=1)] | None = None
-    quality: Literal[QUALITIES] | None = Field(  # type: ignore[valid-type]
+    quality: Quality | None = Field(
         None, description="DiT cache policy: lossless (no cache) or high (the built-in cache profile)"
     )
     extra_params: ExtraParams | None = None

@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from h3serve.cli_util import EXIT_ERROR, fail, model_dir
 from h3serve.errors import ConfigError
+from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
 if TYPE_CHECKING:
     from h3serve.api.config import ServerConfig

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h3serve.errors import ConfigError
+from h3serve.names import TASK_TYPE_ALIASES
 from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 
 if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
     from h3serve.config import EngineConfig
 
-TASK_TYPES = {"auto": "auto", "combined": "auto", "t2va": "fl2va", "fl2va": "fl2va", "ref2va": "ref2va"}
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
 # chosen one can run here); the approximate or sparse ones would change the math.
 DENSE_ATTENTION = (
@@ -323,7 +323,7 @@ def layout_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields that say which DiTs load and how the ranks split the work."""
     num_ranks, replicas = data_parallel_layout(args)
     return {
-        "task_type": TASK_TYPES[args.task_type],
+        "task_type": TASK_TYPE_ALIASES[args.task_type],
         "num_ranks": num_ranks,
         "data_parallel_size": replicas,
         "tensor_parallel_size": args.tensor_parallel_size,
@@ -358,8 +358,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     """
     from h3serve.config import EngineConfig
 
-    if args.task_type not in TASK_TYPES:
-        raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+    if args.task_type not in TASK_TYPE_ALIASES:
+        raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
     notices: list[str] = []
     draft = EngineConfig(model=Path(model if model is not None else args.model), device=args.device)
     on_cpu = draft.resolved_device().type == "cpu"

@@ -9,6 +9,7 @@ restarts every rank (collectives of the survivors would otherwise hang), so the 
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
@@ -48,6 +50,16 @@ class EngineError(ServerError, RuntimeError):
         self.client_error = client_error
         self.kind = "client" if client_error else "server"
         self.code = code if client_error else "generation_failed"
+
+
+# The rank processes' entry point, named rather than imported: the parent process never loads torch.
+RANK_ENTRY = ("h3serve.rank.worker", "worker_main")
+
+
+def _rank_process(*args: Any, **kwargs: Any) -> None:
+    """Runs in the spawned rank process: import the rank side there, then run the worker loop."""
+    module, name = RANK_ENTRY
+    getattr(importlib.import_module(module), name)(*args, **kwargs)
 
 
 class Cancelled(ServerError, RuntimeError):
@@ -113,8 +125,6 @@ class Executor:
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        from h3serve.rank.worker import worker_main
-
         self._requests = self._ctx.Queue()
         self._events = self._ctx.Queue()
         self._cancel = self._ctx.Value("q", 0)  # seq of the job to cancel
@@ -123,7 +133,7 @@ class Executor:
         self._ranks = list(rendezvous.local_ranks(world))
         self._procs = [
             self._ctx.Process(
-                target=worker_main,
+                target=_rank_process,
                 args=(rank, world, rendezvous.init_method, self.config, self._requests, self._events, self._cancel),
                 kwargs={"local_rank": self.replica * len(self._ranks) + local_rank},
                 name=f"h3serve-rank{rank}" if not self.replica else f"h3serve-replica{self.replica}-rank{rank}",

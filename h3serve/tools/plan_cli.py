@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from h3serve.cli_util import EXIT_USAGE, fail, model_dir
+from h3serve.tools.cli_util import EXIT_USAGE, fail, model_dir
 
 EXIT_DOES_NOT_FIT = 1
 PRESETS = ("released",)
@@ -97,15 +97,16 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint_layout import read_layout
     from h3serve.config import EngineConfig
-    from h3serve.engine.args import TASK_TYPES, device_memory, layout_fields, offload_config, quantization
+    from h3serve.engine.args import device_memory, layout_fields, offload_config, quantization
+    from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
     from h3serve.offload.startup import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.validate import ModelDefaults
 
-    if args.task_type not in TASK_TYPES:
-        raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+    if args.task_type not in TASK_TYPE_ALIASES:
+        raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
     if args.prompt_tokens < 1:
         raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     source = _source(args)

@@ -17,7 +17,8 @@ from h3serve.api.media_inputs import StoredMedia
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import MediaSource, parse_fields
 from h3serve.engine.planning import plan_request
-from h3serve.request import TASKS, GenerationRequest, MediaRef
+from h3serve.names import TASKS
+from h3serve.request import GenerationRequest, MediaRef
 
 
 def parse(**fields):

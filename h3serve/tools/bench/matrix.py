@@ -15,7 +15,7 @@ from typing import Any
 
 from h3serve.config import EngineConfig
 from h3serve.errors import ServerError
-from h3serve.request import TASKS
+from h3serve.names import TASKS
 
 PEERS = ("diffusers",)
 SIDE = "h3serve"

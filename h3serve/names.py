@@ -1,0 +1,28 @@
+"""The names a request and a flag may take, defined once: tasks, task types, audio and long-video modes, quality.
+
+Leaf module. Each is a `Literal` (the pydantic request model and the type hints use it) and the tuple of its
+values (validation, CLI choices, OpenAPI enums and the web page's config derive from it).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+Task = Literal["t2va", "fl2va", "ref2va"]
+TASKS: tuple[str, ...] = get_args(Task)
+
+# --task-type: which DiTs an engine loads. `auto` loads every DiT the checkpoint has; FL2VA's DiT also serves T2VA.
+TaskType = Literal["auto", "fl2va", "ref2va"]
+TASK_TYPES: tuple[str, ...] = get_args(TaskType)
+# The spellings --task-type accepts (vLLM-Omni's among them), each mapped to the task type it means.
+TASK_TYPE_ALIASES: dict[str, str] = {"auto": "auto", "combined": "auto", "t2va": "fl2va", "fl2va": "fl2va",
+                                     "ref2va": "ref2va"}
+
+AudioMode = Literal["native", "lock_source"]
+AUDIO_MODES: tuple[str, ...] = get_args(AudioMode)
+
+LongVideoMode = Literal["full", "continuation"]
+LONG_VIDEO_MODES: tuple[str, ...] = get_args(LongVideoMode)
+
+Quality = Literal["lossless", "high"]  # the request field `quality`: DiT cache policy (h3serve.accel.cache)
+QUALITIES: tuple[str, ...] = get_args(Quality)
