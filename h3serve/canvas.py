@@ -19,6 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from h3serve import geometry, limits
+from h3serve.errors import ClientError
 
 if TYPE_CHECKING:
     from h3serve.validate import ModelDefaults
@@ -28,8 +29,10 @@ SHORT_EDGE_MODES = (768, 1440)  # the model card's canvas modes; the first is th
 _TOLERANCE = 1e-6
 
 
-class CanvasError(ValueError):
+class CanvasError(ClientError, ValueError):
     """A canvas field breaks the rule; `validate` turns it into its `RequestError` (same field, same text)."""
+
+    code = "invalid_request"
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
