@@ -46,6 +46,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
     )
     p.add_argument("--steps", type=int, help="num_inference_steps (grid points; N runs N-1 forwards; default 50)")
+    p.add_argument("--lora", metavar="PATH", help="a LoRA adapter file or directory, applied unmerged (--lora-scale S)")
     p.add_argument("--seed", type=int, help="default 42")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
     p.add_argument("--audio-flow-shift", type=float, help="audio sigma shift (default: the checkpoint's, 3)")
@@ -138,6 +139,20 @@ def _request_from_args(args: argparse.Namespace):
     )
 
 
+def _with_lora(request, args: argparse.Namespace, config):
+    """`--lora PATH`: the engine preloads PATH (engine_config_from_args); the request names it."""
+    if not args.lora:
+        return request
+    import dataclasses
+
+    from h3serve.adapters.catalog import LoraField, parse_lora_paths
+    from h3serve.adapters.serving import catalog_for
+
+    [(name, _)] = parse_lora_paths([args.lora])
+    choice = catalog_for(config).choose(LoraField(name=name, scale=args.lora_scale))
+    return dataclasses.replace(request, lora=choice)
+
+
 def _mask(text: str | None, flag: str):
     """A mask from JSON text, or from a file holding it (a value that does not start like JSON is a path)."""
     from h3serve.edit_mask import MaskError, parse_mask_json
@@ -190,7 +205,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         layout = read_layout(model)
         config = engine_config_from_args(args, model)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
-        plan = plan_request(_request_from_args(args), layout.defaults(), tasks)
+        plan = plan_request(_with_lora(_request_from_args(args), args, config), layout.defaults(), tasks)
         refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
         if refusal is not None:  # the planner's verdict, before a weight is read
             return fail(f"duration: {refusal}")

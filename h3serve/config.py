@@ -62,6 +62,7 @@ class EngineConfig:
     max_cpu_loras: int = 4
     max_loras: int = 2
     max_lora_rank: int | None = None
+    dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (h3serve.rank.fasth3)
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -176,9 +177,17 @@ class EngineConfig:
         return getattr(torch, self.dtype)
 
     def _validate_lora(self) -> None:
+        from h3serve.adapters.fasth3 import read_fasth3
         from h3serve.adapters.header import AdapterError
         from h3serve.adapters.serving import catalog_for, lora_enabled, lora_refusal
 
+        if self.dit_adapter is not None:
+            if "transformer" not in self.dits:
+                raise ConfigError("--dit-adapter: a FastH3 adapter serves T2VA; load that DiT (--task-type fl2va)")
+            try:
+                read_fasth3(self.dit_adapter)
+            except AdapterError as e:
+                raise ConfigError(f"--dit-adapter {self.dit_adapter}: {e}") from None
         if not lora_enabled(self):
             return
         refusal = lora_refusal(self)

@@ -122,6 +122,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--max-loras", type=int, default=2, help="adapters kept on the device (LRU)")
     r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
     r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
+    r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
     r.add_argument("--deploy-config")
     r.add_argument("--stage-overrides")
     r.add_argument("--step-execution", action="store_true")
@@ -337,12 +338,20 @@ def layout_fields(args: argparse.Namespace) -> dict:
 def lora_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields of the LoRA flags (`generate --lora PATH` preloads PATH under its own name)."""
     from h3serve.adapters.catalog import parse_lora_paths
+    from h3serve.adapters.fasth3 import is_fasth3_path
+    from h3serve.errors import ConfigError
 
     values = list(getattr(args, "lora_path", None) or [])
     if getattr(args, "lora", None):
         values.append(args.lora)
+    paths = parse_lora_paths(values)
+    fused = [path for _, path in paths if is_fasth3_path(path)]  # recognised by its identity, as vLLM-Omni does
+    dit_adapter = getattr(args, "dit_adapter", None)
+    if len(fused) + (dit_adapter is not None) > 1:
+        raise ConfigError("--dit-adapter/--lora-path: one FastH3 adapter at most (it is fused into the weights)")
     return {
-        "lora_paths": parse_lora_paths(values),
+        "lora_paths": tuple((name, path) for name, path in paths if path not in fused),
+        "dit_adapter": dit_adapter or (fused[0] if fused else None),
         "lora_scale": args.lora_scale,
         "lora_dir": args.lora_dir,
         "max_cpu_loras": args.max_cpu_loras,

@@ -19,6 +19,7 @@ from h3serve.accel.quantize import prepare_fp8, quantizing
 from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
+from h3serve.rank import fasth3 as fuse_adapter
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
 from h3serve.weights import iter_tensors, materialize
 
@@ -36,12 +37,14 @@ def load_transformer(
     quant: ComponentQuant | None = None,
     kernel: str = "weight_only",
     component: str = "transformer",
+    adapter: str | None = None,
 ) -> H3Transformer:
     """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
 
     With `tp`, the model is this rank's tensor-parallel shard and only its slices are read. With `quant` (or
     FP8 weights in the checkpoint) the selected linears load as FP8 (h3serve.accel.quantize), each weight
-    quantised on `device` as it is read.
+    quantised on `device` as it is read. `adapter`: a FastH3 file fused into the weights as they are read, in fp32,
+    before the FP8 step (h3serve.rank.fasth3).
     """
     folder = Path(folder)
     cfg = H3TransformerConfig.from_dict(read_json(folder / "config.json"))
@@ -50,6 +53,7 @@ def load_transformer(
         model = H3Transformer(cfg)
     files = safetensors_files(folder)
     native = _is_native(files)
+    fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
     if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
         from h3serve.parallel.dit_loading import iter_dit_shards
 
@@ -59,6 +63,8 @@ def load_transformer(
         tensors = iter_tensors(files)
         if native:
             tensors = _converted(tensors, cfg, qkv_layout)
+    if fasth3 is not None:
+        tensors = fuse_adapter.fused(tensors, fasth3, tp)
     # After sharding (FP8 twins of the shard-shaped linears), before offload placement; native keys hold no FP8.
     fp8 = prepare_fp8(model, component, quant, [] if native else files, dtype, kernel)
     if fp8 is not None:
@@ -163,12 +169,14 @@ def load_components(
     on_host: frozenset[str] = frozenset(),
     quantization: QuantizationConfig | None = None,
     kernel: str = "weight_only",
+    dit_adapter: str | None = None,
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
     Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
-    `quantization` names the components whose linears load as FP8, on the `kernel` path.
+    `quantization` names the components whose linears load as FP8, on the `kernel` path. `dit_adapter`: a FastH3
+    file fused into the T2VA DiT (`transformer`) at load.
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
@@ -188,7 +196,7 @@ def load_components(
 
     loaded = {
         name: load_transformer(layout.component(name), dtype, where(name), tp=tp, quant=quant(name), kernel=kernel,
-                               component=name)
+                               component=name, adapter=dit_adapter if name == "transformer" else None)
         for name in present
     }
     vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(where("vae")).eval()

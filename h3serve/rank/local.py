@@ -56,7 +56,7 @@ class LocalEngine:
         kernel = resolve_kernel(config.quantization, self.device, dtype, log)  # FP8: which path runs, logged once
         components = load_components(
             self.layout, dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
-            quantization=config.quantization, kernel=kernel,
+            quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
         )
         roles = config.attention_roles()
         for dit in (components.transformer, components.transformer_ref):

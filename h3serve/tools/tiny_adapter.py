@@ -66,3 +66,47 @@ def write_turbo_adapter(
         metadata["alpha"] = f"{alpha:g}"
     save_file(lora_tensors(dit_config, rank, seed, std, suffix=".default"), str(path), metadata=metadata)
     return path
+
+
+FASTH3_FILE = "fasth3_dmd2_4step.safetensors"
+
+
+def fasth3_tensors(dit_config: dict, rank: int, seed: int, std: float = 0.05) -> dict[str, torch.Tensor]:
+    """FastVideo's export: lora_A/lora_B on every LoRA target, a `.diff` on each block's norms and the output
+    head, a `.diff_b` on the output head's and time embedder's biases."""
+    from h3serve.adapters.peft import block_prefixes
+
+    g = torch.Generator().manual_seed(seed)
+    out = lora_tensors(dit_config, rank, seed, std)
+    d = int(dit_config["hidden_size"])
+    for block in block_prefixes(dit_config):
+        out[f"{block}.norm1.diff"] = _normal((d,), g, std)
+        out[f"{block}.norm2.diff"] = _normal((d,), g, std)
+    patch = int(dit_config.get("in_channels", 24)) * 4
+    out["proj_out.diff"] = _normal((patch, d), g, std)
+    out["proj_out.diff_b"] = _normal((patch,), g, std)
+    out["time_embedder.linear_1.diff_b"] = _normal((int(dit_config.get("time_embed_hidden_dim", d)),), g, std)
+    return out
+
+
+def fasth3_metadata(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The identity and counts FastVideo's export writes."""
+    keys = list(tensors)
+    return {
+        "format": "fastvideo-lora-v2",
+        "finetuned_model": "fastvideo/FastH3-tiny-synthetic",
+        "base_model": "MiniMaxAI/MiniMax-H3",
+        "low_rank_tensors": str(sum(".lora_A." in k or ".lora_B." in k for k in keys)),
+        "diff_tensors": str(sum(k.endswith(".diff") or k.endswith(".diff_b") for k in keys)),
+        "set_weight_tensors": str(sum(k.endswith(".set_weight") for k in keys)),
+    }
+
+
+def write_fasth3_adapter(folder: str | Path, dit_config: dict, rank: int = 4, seed: int = 0, std: float = 0.05) -> Path:
+    """A FastH3-layout file (fused at load: `--dit-adapter`)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / FASTH3_FILE
+    tensors = fasth3_tensors(dit_config, rank, seed, std)
+    save_file(tensors, str(path), metadata=fasth3_metadata(tensors))
+    return path
