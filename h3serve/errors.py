@@ -43,6 +43,17 @@ class ServerError(H3ServeError):
     code: ClassVar[str] = "server_error"
 
 
+class RequestError(ClientError, ValueError):
+    """A request field breaks a rule. `str(err)` is one line: "field: what is wrong (the limit)"."""
+
+    code: ClassVar[str] = "invalid_request"
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 class ConfigError(ServerError, ValueError):
     """An illegal flag or combination; the message says which and how to fix it."""
 

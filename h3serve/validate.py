@@ -14,24 +14,13 @@ from typing import TYPE_CHECKING
 from h3serve import geometry, limits
 from h3serve.canvas import CanvasError, resolve_canvas
 from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
-from h3serve.errors import ClientError
+from h3serve.errors import RequestError
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.names import AUDIO_MODES, QUALITIES, TASKS
 from h3serve.request import GenerationRequest, MediaRef
 
 if TYPE_CHECKING:
     from h3serve.adapters.catalog import AdapterChoice
-
-
-class RequestError(ClientError, ValueError):
-    """A request field breaks a rule. `str(err)` is one line: "field: what is wrong (the limit)"."""
-
-    code = "invalid_request"
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import LoraFile, inspect_lora
 from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, TurboContract, check_key_format, parse_turbo_name, turbo_file_in
-from h3serve.validate import RequestError
+from h3serve.errors import ConfigError, RequestError
 
 DEFAULT_SLOT_RANK = 128  # the released Turbo files' rank: what an allow-listed directory may bring
 SCALE_LIMIT = 10.0
@@ -240,8 +240,6 @@ def parse_lora_field(value: object) -> LoraField | None:
 
 def parse_lora_paths(values: list[str]) -> tuple[tuple[str, str], ...]:
     """`--lora-path NAME=PATH` (or just PATH: named by its file or folder stem) values, names unique."""
-    from h3serve.config import ConfigError
-
     out: dict[str, str] = {}
     for value in values:
         name, sep, path = value.partition("=")

@@ -11,11 +11,16 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3serve.errors import ClientError
+
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 
 
-class AdapterError(ValueError):
-    """An adapter file or directory breaks its contract; the message names the file and what is wrong."""
+class AdapterError(ClientError, ValueError):
+    """An adapter file or directory breaks its contract; the message names the file and what is wrong (a request
+    that names such an adapter is refused; at start-up it becomes a ConfigError)."""
+
+    code = "invalid_request"
 
 
 @dataclass(frozen=True)

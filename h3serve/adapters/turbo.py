@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError
+from h3serve.errors import RequestError
 
 TURBO_NAME = re.compile(r"^minimax_h3_(fl2v|ref2v)_turbo_(\d+)step_v(\d+\.\d+)(_768p)?(_bf16)?\.safetensors$")
 TURBO_DEFAULT_ALPHA = 8.0
@@ -78,8 +79,6 @@ def turbo_settings(
     """(steps, flow_shift, audio_flow_shift) of a request naming a Turbo adapter: the contract's, by default.
 
     Raises `RequestError` on a task the artifact does not serve or a stated value the contract contradicts."""
-    from h3serve.validate import RequestError
-
     if task not in contract.tasks:
         raise RequestError(
             "lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}"

@@ -1,0 +1,55 @@
+"""/metrics keeps its names and labels (dashboards keep working) now that prometheus_client writes it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from h3serve.api.metrics import LATENCY_BUCKETS, Metrics
+from h3serve.jobstore.records import JOB_STATUSES
+
+# Every series the hand-written exposition had: (sample name, label names).
+HISTOGRAMS = {"h3serve_queue_wait_seconds": "replica", "h3serve_stage_duration_seconds": "stage",
+              "h3serve_job_duration_seconds": "status"}
+EXPECTED = {
+    ("h3serve_queue_depth", ()), ("h3serve_jobs", ("state",)), ("h3serve_engine_up", ()),
+    ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
+    ("h3serve_replica_jobs_served_total", ("replica",)), ("h3serve_request_timeouts_total", ("phase",)),
+    *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
+    *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
+}
+
+
+def _scrape() -> str:
+    metrics = Metrics()
+    metrics.on_job_started(0, 0.3)
+    metrics.on_job_finished(SimpleNamespace(stage_durations={"denoise": 1.5}, inference_time_s=2.0, status="completed"))
+    metrics.count_request_timeout("body")
+    replica = SimpleNamespace(index=0, problem=None, busy=True, jobs_served=3)
+    manager = SimpleNamespace(replicas=lambda: [replica], queue_depth=2, healthy=lambda: True)
+    return metrics.render(manager, {"queued": 2, "completed": 1})
+
+
+def test_metric_names_and_labels_are_unchanged():
+    samples = [s for family in text_string_to_metric_families(_scrape()) for s in family.samples]
+    assert {(s.name, tuple(sorted(s.labels))) for s in samples} == {(n, tuple(sorted(ls))) for n, ls in EXPECTED}
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
+    assert values[("h3serve_queue_depth", ())] == 2
+    assert [values[("h3serve_jobs", (("state", state),))] for state in JOB_STATUSES] == [
+        {"queued": 2, "completed": 1}.get(state, 0) for state in JOB_STATUSES]
+    assert values[("h3serve_request_timeouts_total", (("phase", "body"),))] == 1
+    assert values[("h3serve_request_timeouts_total", (("phase", "headers"),))] == 0
+    assert values[("h3serve_replica_jobs_served_total", (("replica", "0"),))] == 3
+    buckets = sorted(float(s.labels["le"]) for s in samples if s.name == "h3serve_stage_duration_seconds_bucket")
+    assert buckets == [*map(float, LATENCY_BUCKETS), float("inf")]
+    assert values[("h3serve_stage_duration_seconds_bucket", (("le", "2.5"), ("stage", "denoise")))] == 1
+    assert values[("h3serve_stage_duration_seconds_bucket", (("le", "1.0"), ("stage", "denoise")))] == 0
+    assert values[("h3serve_job_duration_seconds_sum", (("status", "completed"),))] == 2.0
+
+
+def test_two_servers_in_one_process_count_apart():
+    first, second = Metrics(), Metrics()
+    first.count_request_timeout("headers")
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    assert 'h3serve_request_timeouts_total{phase="headers"} 0.0' in second.render(manager, {})
