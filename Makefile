@@ -46,7 +46,7 @@ postgresql:
 
 demo: venv ffmpeg
 	$(BIN)/h3serve make-tiny-checkpoint --default
-	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 8 --seed 0
+	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 7 --seed 0
 	@echo "wrote $$(pwd)/demo.mp4"
 	@ffprobe -v error -show_entries stream=codec_name,width,height,r_frame_rate,nb_frames,sample_rate,channels \
 	  -show_entries format=duration -of compact demo.mp4

@@ -45,7 +45,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
     )
-    p.add_argument("--steps", type=int, help="num_inference_steps (grid points; N runs N-1 forwards; default 50)")
+    p.add_argument("--steps", type=int, help="denoiser forwards N, 1-200 (diffusers' N+1 points; default 50)")
     p.add_argument("--lora", metavar="PATH", help="a LoRA adapter file or directory, applied unmerged (--lora-scale S)")
     p.add_argument("--seed", type=int, help="default 42")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
@@ -213,8 +213,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return fail(str(e))
     windows = f", {len(plan.windows)} continuation windows" if plan.windows else ""
     print(
-        f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), {plan.steps} steps, "
-        f"seed {plan.seed}{windows}, model {model}",
+        f"{plan.width}x{plan.height}, {plan.num_frames} frames ({plan.duration_s:.3f} s), "
+        f"{plan.steps} steps (forwards), seed {plan.seed}{windows}, model {model}",
         file=sys.stderr,
     )
     try:

@@ -45,7 +45,7 @@ class GenerationRequest:
     short_edge: int | None = None  # canvas mode 768 or 1440 (h3serve/canvas.py)
     duration_s: float | None = None
     num_frames: int | None = None  # alternative to duration_s; snapped up to 17n + 5
-    steps: int | None = None  # num_inference_steps with the reference's meaning: N grid points
+    steps: int | None = None  # num_inference_steps: N denoiser forwards (N + 1 sigma points; diffusers' N + 1)
     seed: int | None = None
     flow_shift: float | None = None  # video sigma shift (checkpoint default 12)
     audio_flow_shift: float | None = None  # audio sigma shift (checkpoint default 3)

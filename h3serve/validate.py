@@ -18,6 +18,7 @@ from h3serve.errors import RequestError
 from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.names import AUDIO_MODES, QUALITIES, TASKS
 from h3serve.request import GenerationRequest, MediaRef
+from h3serve.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
 
 if TYPE_CHECKING:
     from h3serve.adapters.catalog import AdapterChoice
@@ -33,6 +34,7 @@ class ModelDefaults:
     flow_shift: float = 12.0
     audio_flow_shift: float = 3.0
     max_edge: int = limits.MAX_EDGE
+    pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (h3serve/schedule.py)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class GenerationPlan:
     width: int
     height: int
     num_frames: int  # 17n + 5
-    steps: int
+    steps: int  # denoiser forwards (N + 1 sigma points)
     seed: int
     flow_shift: float
     audio_flow_shift: float
@@ -64,6 +66,7 @@ class GenerationPlan:
     extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
     start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
     lora: AdapterChoice | None = None  # the request's LoRA adapter (h3serve.adapters), applied unmerged
+    pinned_positions: tuple[float, ...] | None = None  # sigma positions before the shift (len steps + 1); None: uniform
 
     @property
     def continuation(self) -> bool:
@@ -133,6 +136,8 @@ def validate(
             )
     windows, prompts = _resolve_continuation(request, mode, num_frames, quality, source_frames)
     masks = _resolve_edit(request, mode, num_frames, height, width)
+    pin = defaults.pinned_schedule
+    steps, flow_shift, audio_flow_shift = _resolve_schedule(request, defaults)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -142,10 +147,10 @@ def validate(
         width=width,
         height=height,
         num_frames=num_frames,
-        steps=_check_int("steps", request.steps, limits.MIN_STEPS, limits.MAX_STEPS, limits.DEFAULT_STEPS),
+        steps=steps,
         seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
-        flow_shift=_check_shift("flow_shift", request.flow_shift, defaults.flow_shift),
-        audio_flow_shift=_check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift),
+        flow_shift=flow_shift,
+        audio_flow_shift=audio_flow_shift,
         quality=quality,
         long_video_mode=mode,
         windows=windows,
@@ -158,6 +163,7 @@ def validate(
         extend_video=request.extend_video,
         start_times=resolve_start_times(request, task),
         lora=request.lora,
+        pinned_positions=None if pin is None else pin.positions,
     )
 
 
@@ -172,6 +178,18 @@ def _adapter_defaults(request: GenerationRequest, task: str) -> GenerationReques
         lora.turbo, lora.name, task, request.steps, request.flow_shift, request.audio_flow_shift
     )
     return dataclasses.replace(request, steps=steps, flow_shift=flow, audio_flow_shift=audio)
+
+
+def _resolve_schedule(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, float, float]:
+    """(steps, flow_shift, audio_flow_shift): the forward count and both shifts, under any pinned schedule."""
+    pin = defaults.pinned_schedule
+    steps = resolve_steps(request.steps, pin)
+    pinned = [resolve_pinned_shift(name, getattr(request, name), pin) for name in ("flow_shift", "audio_flow_shift")]
+    flow_shift = pinned[0] if pinned[0] is not None else _check_shift("flow_shift", request.flow_shift,
+                                                                         defaults.flow_shift)
+    audio = pinned[1] if pinned[1] is not None else _check_shift("audio_flow_shift", request.audio_flow_shift,
+                                                                    defaults.audio_flow_shift)
+    return steps, flow_shift, audio
 
 
 def resolve_start_times(request: GenerationRequest, task: str) -> tuple[float, ...]:

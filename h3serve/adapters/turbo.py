@@ -63,9 +63,8 @@ def check_key_format(contract: TurboContract, metadata: dict[str, str]) -> None:
 
 
 def forwards_to_steps(forwards: int) -> int:
-    """The plan's `steps` for a forward count. h3serve's `steps` still counts sigma points (N - 1 forwards) until
-    issue 18's step-count change lands; then this is the identity."""
-    return forwards + 1
+    """The plan's `steps` for a forward count: the identity, since `steps` counts denoiser forwards."""
+    return forwards
 
 
 def turbo_settings(

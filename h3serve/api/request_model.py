@@ -165,7 +165,9 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     fps: Annotated[float, Field(ge=limits.FPS, le=limits.FPS)] | None = None
     aspect_ratio: Ratio | None = Field(None, description=CANVAS_RULE)
     short_edge: ShortEdge | None = Field(None, description="768 or 1440: the model card's canvas mode")
-    num_inference_steps: Annotated[int, Field(ge=limits.MIN_STEPS, le=limits.MAX_STEPS)] | None = None
+    num_inference_steps: Annotated[int, Field(ge=limits.MIN_STEPS, le=limits.MAX_STEPS)] | None = Field(
+        None, description=f"denoiser forwards N (N + 1 sigma points; diffusers' num_inference_steps = N + 1); "
+                          f"default {limits.DEFAULT_STEPS}; an adapter with a pinned schedule takes its own count")
     flow_shift: Shift | None = None
     # The schema states the largest float64 below 2**63: JSON tools that read numbers as doubles would round
     # SEED_MAX (2**63 - 1) up to 2**63 and send it as "valid"; the server itself accepts up to SEED_MAX.

@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default %(default)g)")
     p.add_argument("--max-request-cost", type=float, default=server("max_request_cost"),
                    help="refuse requests costing more: width x height x frames x steps / 1e6 (default: the "
-                        "checkpoint's largest canvas at 15 s and 100 steps)")
+                        "checkpoint's largest canvas at 15 s and 100 steps, i.e. forwards)")
     p.add_argument("--job-timeout", type=float, default=server("job_timeout_s"),
                    help="seconds a job may run before it fails with code 'timeout' (default: no limit)")
     p.add_argument("--stall-timeout", type=float, default=server("stall_timeout_s"),

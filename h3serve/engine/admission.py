@@ -1,6 +1,7 @@
 """Admission by cost: a stated model of what a request costs the engine, checked before it is queued.
 
-cost = width × height × frames × steps / 10^6 ("Mpx·frame·steps"). Denoising dominates a job and each step is at
+cost = width × height × frames × steps / 10^6 ("Mpx·frame·steps"), steps counting denoiser forwards (N, not the
+N + 1 sigma points). Denoising dominates a job and each step is at
 least linear in the latent tokens (pixels × frames), so this orders requests by run time and memory; it is
 conservative for attention, which grows faster. The default limit is what the checkpoint's own largest canvas
 costs at the longest duration with twice the default steps: any request the model card calls ordinary passes,

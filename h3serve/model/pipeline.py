@@ -379,8 +379,8 @@ class H3Pipeline(ContinuationMixin):
     # -- sampling and decoding -------------------------------------------------------------------------------
 
     def _schedules(self, plan: GenerationPlan) -> tuple[FlowSchedule, FlowSchedule]:
-        video = FlowSchedule.shifted(plan.steps, plan.flow_shift)
-        audio = FlowSchedule.shifted(plan.steps, plan.audio_flow_shift)
+        video = FlowSchedule.shifted(plan.steps, plan.flow_shift, plan.pinned_positions)
+        audio = FlowSchedule.shifted(plan.steps, plan.audio_flow_shift, plan.pinned_positions)
         if len(video) != len(audio):
             raise ValueError(
                 f"video and audio schedules differ in length ({len(video)} vs {len(audio)}) for steps={plan.steps}"

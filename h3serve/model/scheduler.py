@@ -1,8 +1,8 @@
 """Rectified-flow Euler schedule of MiniMax-H3 (spec §4).
 
 Conventions: t = 1 - sigma and t = 1 is clean; the model predicts a data-ward velocity (x0 = x_t + sigma·v).
-`num_steps` counts sigma grid points including the terminal 0, as the reference does, so N steps run N - 1
-transformer forwards. N = 1 is accepted and runs the same single forward as N = 2.
+`steps` = N counts denoiser forwards (vLLM-Omni's meaning): N + 1 sigma points including the terminal 0, which
+is diffusers' MiniMaxH3Scheduler at `num_inference_steps = N + 1`, bit for bit. See h3serve/schedule.py.
 """
 
 from __future__ import annotations
@@ -14,16 +14,27 @@ import torch
 
 @dataclass(frozen=True)
 class FlowSchedule:
-    sigmas: torch.Tensor  # [N] fp32, strictly decreasing, ending at 0
-    timesteps: torch.Tensor  # [N - 1] fp32, t = 1 - sigma
+    sigmas: torch.Tensor  # [N + 1] fp32, strictly decreasing, ending at 0
+    timesteps: torch.Tensor  # [N] fp32, t = 1 - sigma: one per forward
 
     @classmethod
-    def shifted(cls, num_steps: int, shift: float) -> FlowSchedule:
-        """sigma = s·b / (1 + (s - 1)·b) over b = linspace(1, 0, N), consecutive duplicates collapsed."""
+    def shifted(cls, steps: int, shift: float, positions: tuple[float, ...] | None = None) -> FlowSchedule:
+        """sigma = s·b / (1 + (s - 1)·b) over b = linspace(1, 0, N + 1) in fp32 on the CPU (consecutive
+        duplicates collapsed, as the reference does), or over pinned `positions` (len N + 1; never collapsed)."""
         if shift <= 0:
             raise ValueError(f"shift must be positive, got {shift}")
-        base = torch.linspace(1.0, 0.0, max(2, int(num_steps)), dtype=torch.float32)
-        sigmas = torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
+        if steps < 1:
+            raise ValueError(f"steps counts denoiser forwards and must be >= 1, got {steps}")
+        if positions is None:
+            base = torch.linspace(1.0, 0.0, int(steps) + 1, dtype=torch.float32)
+            sigmas = torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
+        else:
+            if len(positions) != steps + 1:
+                raise ValueError(f"{len(positions)} pinned positions do not make {steps} forwards")
+            base = torch.tensor(positions, dtype=torch.float32)
+            sigmas = shift * base / (1 + (shift - 1) * base)
+            if not bool((sigmas[1:] < sigmas[:-1]).all()):
+                raise ValueError(f"pinned positions {positions} collapse under shift {shift} in fp32")
         return cls(sigmas=sigmas, timesteps=1.0 - sigmas[:-1])
 
     def to(self, device: torch.device) -> FlowSchedule:

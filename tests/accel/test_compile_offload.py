@@ -21,7 +21,7 @@ def _engine(checkpoint, flags: str) -> LocalEngine:
 
 @pytest.mark.slow
 def test_compiled_blocks_with_layerwise_offload_match_eager(tiny_checkpoint):
-    request = GenerationRequest(prompt="waves", steps=3, seed=2, duration_s=4)
+    request = GenerationRequest(prompt="waves", steps=2, seed=2, duration_s=4)
     eager = _engine(tiny_checkpoint, "")
     compiled = _engine(tiny_checkpoint, "--enable-layerwise-offload --diffusion-compile-granularity regional")
     ref = eager.pipeline.generate(eager.plan(request))

@@ -132,7 +132,7 @@ def test_turbo_names_are_the_contract(root, tmp_path):
     choice = catalog.choose(LoraField(name="turbo"))
     assert choice.turbo == c and choice.alpha == 8.0 and choice.rank == 8
     assert lines == [f"warning: {c.file_name}: no alpha in its metadata; using LightX2V's default alpha 8"]
-    assert turbo_settings(c, "turbo", "fl2va", None, None, None) == (5, 12.0, 3.0)
+    assert turbo_settings(c, "turbo", "fl2va", None, None, None) == (4, 12.0, 3.0)  # 4 forwards
     for args, field, message in (
         (("ref2va", None, None, None), "lora", r"serves t2va, fl2va, not ref2va"),
         (("t2va", 50, None, None), "num_inference_steps", "a 4-step Turbo adapter"),

@@ -26,7 +26,7 @@ JOB_FIELDS = {
     "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations",
     "peak_memory_mb", "inference_time_s",
 }
-REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 3, "seed": 5}
+REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 2, "seed": 5}
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_multipart_urlencoded_and_json_bodies_make_the_same_job(client, fake_ser
         assert (job["size"], job["seconds"], job["num_frames"], job["fps"]) == ("128x64", "4", 107, 24)
         jobs.append(job)
     stored = [fake_server.store.get(j["id"]).request for j in jobs]
-    assert all(r == stored[0] for r in stored) and stored[0].audio_flow_shift == 2.0 and stored[0].steps == 3
+    assert all(r == stored[0] for r in stored) and stored[0].audio_flow_shift == 2.0 and stored[0].steps == 2
     videos = []
     for job in jobs:
         assert wait_finished(client, job["id"])["status"] == "completed"
@@ -129,7 +129,7 @@ def test_job_lifecycle_and_downloads(client):
 def test_keyframe_upload_is_stored_with_the_job(client, fake_server):
     image = png()
     response = client.post("/v1/videos", files=multipart(
-        {"prompt": "a fox", "seconds": "4", "num_inference_steps": "2"},
+        {"prompt": "a fox", "seconds": "4", "num_inference_steps": "1"},
         [("input_reference", ("fox.png", image, "image/png"))],
     ))
     assert response.status_code == 200, response.text
@@ -281,9 +281,9 @@ def test_deleting_a_running_job_stops_it_at_the_next_step(client, fake_server, s
     wait_status(client, running["id"], "in_progress")
     assert_error(client.get(f"/v1/videos/{running['id']}/content"), 409, "video_not_ready")
     assert client.delete(f"/v1/videos/{running['id']}").status_code == 200
-    # Jobs deleted by an earlier test may still be stopping: this one is the 199-step job.
-    wait_until(lambda: any(t == 199 for _, t in slow_engine.cancelled_at[stops:]), 5, "the running job to stop")
-    step, total = next((s, t) for s, t in slow_engine.cancelled_at[stops:] if t == 199)
+    # Jobs deleted by an earlier test may still be stopping: this one is the 200-step job.
+    wait_until(lambda: any(t == 200 for _, t in slow_engine.cancelled_at[stops:]), 5, "the running job to stop")
+    step, total = next((s, t) for s, t in slow_engine.cancelled_at[stops:] if t == 200)
     assert step < total
     assert_error(client.get(f"/v1/videos/{running['id']}"), 404, "video_not_found", "video_id")
     assert wait_finished(client, client.post("/v1/videos", json=REQUEST).json()["id"])["status"] == "completed"
@@ -301,7 +301,7 @@ def test_a_failed_job_reports_its_error(client):
 
 def test_sync_returns_the_mp4_with_measurement_headers(client):
     response = client.post("/v1/videos/sync", files=multipart({
-        "prompt": "waves on a beach", "width": "128", "height": "64", "fps": "24", "num_inference_steps": "3",
+        "prompt": "waves on a beach", "width": "128", "height": "64", "fps": "24", "num_inference_steps": "2",
         "flow_shift": "12", "seed": "42", "extra_params": '{"task": "t2va", "duration": 4}',
     }))
     assert response.status_code == 200, response.text
@@ -359,6 +359,10 @@ def test_openapi_and_web_page(fake_server):
     assert set(create["requestBody"]["content"]) == {"multipart/form-data", "application/x-www-form-urlencoded",
                                                      "application/json"}
     assert {"/v1/videos/sync", "/v1/videos/{video_id}/content", "/health", "/metrics"} <= set(spec["paths"])
+    for content in create["requestBody"]["content"].values():  # steps are denoiser forwards, in every body
+        steps = content["schema"]["properties"]["num_inference_steps"]
+        assert "denoiser forwards" in steps["description"] and "N + 1" in steps["description"]
+        assert (steps["minimum"], steps["maximum"]) == (1, 200)
     page = httpx.get(fake_server.url + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/videos" in page.text
 

@@ -17,7 +17,7 @@ from api_servers import start_live_server
 from h3serve.media.probe import check_output_contract, probe
 
 KEY = "live-key"
-SHORT = {"num_inference_steps": 2}  # one transformer forward
+SHORT = {"num_inference_steps": 1}  # one denoiser forward
 # Mean |difference| (0-255) between a source's frames and an extension's first frames: a second H.264 encode of the
 # tiny checkpoint's noise-like frames (5.4 measured); another video of the same size differs by far more.
 EXTEND_TOLERANCE = 8.0
@@ -111,7 +111,7 @@ def test_sync_multipart_example_request(live, tmp_path):
         "width": "128",
         "height": "64",
         "fps": "24",
-        "num_inference_steps": "2",
+        "num_inference_steps": "1",
         "flow_shift": "12.0",
         "seed": "42",
         "extra_params": '{"task": "t2va", "duration": 4, "audio_flow_shift": 3.0}',
@@ -143,7 +143,7 @@ def _when_progress_reaches(sdk, video_id: str, percent: int) -> float:
 
 
 def test_cancelling_a_running_job_frees_the_engine(sdk, live):
-    # 15 s at 200 steps: 199 forwards; progress = done * 100 // 199 reaches 1 after 2 forwards, 2 after 4.
+    # 15 s at 200 steps = 200 forwards; progress = done * 100 // 200 reaches 1 after 2 forwards, 2 after 4.
     long_job = sdk.videos.create(prompt="a long one", seconds="15", size="128x64",
                                  extra_body={"num_inference_steps": 200})
     reached_1 = _when_progress_reaches(sdk, long_job.id, 1)
@@ -153,7 +153,7 @@ def test_cancelling_a_running_job_frees_the_engine(sdk, live):
     short = sdk.videos.create_and_poll(prompt="next", seconds="4", size="128x64", extra_body=SHORT)
     elapsed = time.monotonic() - start
     assert short.status == "completed"
-    remaining_s = (199 - 4) * forward_s  # what the long job still had to do, had it not stopped
+    remaining_s = (200 - 4) * forward_s  # what the long job still had to do, had it not stopped
     assert elapsed < remaining_s / 2, (elapsed, remaining_s)
     with pytest.raises(openai.NotFoundError):
         sdk.videos.retrieve(long_job.id)

@@ -80,7 +80,7 @@ def test_models_list_the_adapters_and_requests_carry_them_to_the_engine(app):
         assert [(p.lora.name, p.lora.scale) if p.lora else None for p in plans] == [
             ("style", 0.5), ("other", 1.0), ("turbo", 1.0), None
         ]
-        assert plans[2].steps == 5 and plans[2].flow_shift == 12.0  # the Turbo contract's 4 forwards
+        assert plans[2].steps == 4 and plans[2].flow_shift == 12.0  # the Turbo contract's 4 forwards
         bad = client.post("/v1/videos", json={"prompt": "x", "lora": {"name": "turbo"}, "num_inference_steps": 50})
         assert bad.status_code == 400 and "4-step Turbo adapter" in bad.json()["error"]["message"]
 

@@ -8,7 +8,7 @@ from waiting import wait_until
 
 from h3serve.media.probe import check_output_contract, probe
 
-REQUEST = {"prompt": "rain on a tin roof", "seconds": "4", "size": "128x64", "num_inference_steps": 2}
+REQUEST = {"prompt": "rain on a tin roof", "seconds": "4", "size": "128x64", "num_inference_steps": 1}
 
 
 def job(client: httpx.Client, video_id: str) -> dict:

@@ -17,7 +17,7 @@ from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 LEASE_S = 3.0
-JOB = {"prompt": "waves on a beach", "seconds": "4", "size": "128x64", "num_inference_steps": 2}
+JOB = {"prompt": "waves on a beach", "seconds": "4", "size": "128x64", "num_inference_steps": 1}
 
 
 def completions(url: str) -> dict[str, tuple[str, int, str | None]]:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from test_http_api import assert_error, multipart, png, wait_finished
 
-STEPS = {"num_inference_steps": "2"}
+STEPS = {"num_inference_steps": "1"}
 
 
 @pytest.fixture

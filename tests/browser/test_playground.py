@@ -1,6 +1,6 @@
 """The web playground in a real browser (headless Debian Chromium) against `h3serve serve` on the tiny checkpoint.
 
-Every job is short (4 s, 2 steps, 128x64): the point is the page, not the model.
+Every job is short (4 s, 1 step, 128x64): the point is the page, not the model.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from waiting import wait_until
 pytestmark = pytest.mark.slow
 
 JOB_TIMEOUT_MS = 180_000
-FAST = {"#seconds": "4", "#steps": "2", "#seed": "7"}
+FAST = {"#seconds": "4", "#steps": "1", "#seed": "7"}
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
 FRAMES_4S = 107  # 4 s at 24 fps snapped up to 17n + 5
 
@@ -197,7 +197,7 @@ def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screen
     page.screenshot(path=screenshots / "invalid-steps.png", full_page=True)
 
     # An explicit size: the page computes the canvas by the server's rules, and shows the server's refusal.
-    page.fill("#steps", "2")
+    page.fill("#steps", "1")
     page.get_by_label("Canvas").select_option("size")
     expect(page.locator("#canvas-info")).to_have_text("128×64 px (explicit size)")  # starts at the default canvas
     page.get_by_label("Width in pixels").fill("100")  # floored to the grid, as the server does
@@ -211,7 +211,7 @@ def test_invalid_inputs_show_the_servers_message_by_the_field(page, live, screen
     page.get_by_label("Canvas").select_option("aspect")
 
     # A file the browser cannot decode goes to the server, whose message lands on that reference.
-    page.fill("#steps", "2")
+    page.fill("#steps", "1")
     page.get_by_label("References", exact=True).check()
     broken = png(256, 256)[:40] + b"\0" * 200
     page.get_by_label("Reference files").set_input_files(
@@ -249,7 +249,7 @@ def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):
     fill(page, "a long one", {"#seconds": "15", "#steps": "200", "#seed": "1"})
     page.get_by_role("button", name="Generate").click()
     stage = page.locator("#job-stage")
-    expect(stage).to_have_text(re.compile(r"Denoising: step \d+ of 199"), timeout=JOB_TIMEOUT_MS)
+    expect(stage).to_have_text(re.compile(r"Denoising: step \d+ of 200"), timeout=JOB_TIMEOUT_MS)
     expect(page.locator("#job-times")).to_contain_text("left")
     page.screenshot(path=screenshots / "running.png", full_page=True)
     video_id = page.locator("#jobs li").first.get_attribute("data-id")
@@ -261,7 +261,7 @@ def test_cancel_a_running_job_shows_steps_and_frees_it(page, live, screenshots):
 
 def test_history_pages_filters_and_deletes(page, live):
     done = httpx.post(f"{live.url}/v1/videos", headers=HEADERS,
-                      data={"prompt": "finished", "seconds": "4", "num_inference_steps": "2"}).json()["id"]
+                      data={"prompt": "finished", "seconds": "4", "num_inference_steps": "1"}).json()["id"]
     wait_until(lambda: httpx.get(f"{live.url}/v1/videos/{done}", headers=HEADERS).json()["status"] == "completed",
                timeout_s=JOB_TIMEOUT_MS / 1000, what="a completed job", interval_s=0.2)
     # Long jobs: the first runs for the whole test and the others stay queued, so a row's Cancel button cannot
@@ -423,7 +423,7 @@ def _job_with_prompt(live, prompt: str) -> dict | None:
 def test_long_video_continuation_from_the_page(page, live):
     """Long video options: the duration cap follows the mode, window prompts go in extra_params; the 40 s job
     is accepted (974 frames) and then deleted (cancelled) rather than waited for."""
-    fill(page, "a sailboat on a calm sea", {"#seconds": "40", "#steps": "2"})
+    fill(page, "a sailboat on a calm sea", {"#seconds": "40", "#steps": "1"})
     expect(page.locator("#seconds-info")).to_have_text("between 4 and 15 s")
     expect(page.locator("#window-prompts-field")).to_be_hidden()
     page.select_option("#long-mode", "continuation")

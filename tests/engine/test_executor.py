@@ -23,7 +23,7 @@ def executor(tiny_checkpoint):
     ex.close()
 
 
-def _plan(ex, steps=3, seed=1):
+def _plan(ex, steps=2, seed=1):
     return validate(GenerationRequest(prompt="waves on a beach", steps=steps, seed=seed, duration_s=4), ex.defaults)
 
 
@@ -51,8 +51,8 @@ def test_cancel_at_next_step(executor):
         executor.cancel(handle["seq"])
 
     with pytest.raises(Cancelled):
-        executor.generate(_plan(executor, steps=6), on_progress=on_progress, on_start=lambda s: handle.update(seq=s))
-    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107  # still serving
+        executor.generate(_plan(executor, steps=5), on_progress=on_progress, on_start=lambda s: handle.update(seq=s))
+    assert executor.generate(_plan(executor, steps=1)).video.shape[0] == 107  # still serving
 
 
 def test_timeout_aborts_the_job(executor):
@@ -69,9 +69,9 @@ def test_killed_rank_fails_request_then_recovers(executor):
             os.kill(pid, signal.SIGKILL)
 
     with pytest.raises(EngineError, match="rank 0 exited"):
-        executor.generate(_plan(executor, steps=8), on_progress=kill_on_first_step)
+        executor.generate(_plan(executor, steps=7), on_progress=kill_on_first_step)
     assert executor.restarts == 1 and executor.alive() and executor.pids()[0] != pid
-    assert executor.generate(_plan(executor, steps=2)).audio.shape[0] == 2
+    assert executor.generate(_plan(executor, steps=1)).audio.shape[0] == 2
 
 
 _PARENT = r"""
@@ -113,12 +113,12 @@ def test_ranks_exit_when_the_parent_is_killed(tiny_checkpoint):
 def test_internal_errors_reach_the_client_without_internals(executor, tiny_checkpoint):
     import dataclasses
 
-    broken = dataclasses.replace(_plan(executor, steps=2), width=80)  # bypasses validation: not a multiple of 32
+    broken = dataclasses.replace(_plan(executor, steps=1), width=80)  # bypasses validation: not a multiple of 32
     with pytest.raises(EngineError) as e:
         executor.generate(broken)
     assert str(e.value) == "internal error during generation (RuntimeError); see the server log"
     assert str(tiny_checkpoint) not in str(e.value) and "Traceback" not in str(e.value)
-    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107  # the engine keeps serving
+    assert executor.generate(_plan(executor, steps=1)).video.shape[0] == 107  # the engine keeps serving
 
 
 def test_closed_executor_refuses_work_and_does_not_restart(tiny_checkpoint):
@@ -126,7 +126,7 @@ def test_closed_executor_refuses_work_and_does_not_restart(tiny_checkpoint):
     ex.close()
     assert not ex.alive()
     with pytest.raises(EngineError, match="shut down"):
-        ex.generate(_plan(ex, steps=2))
+        ex.generate(_plan(ex, steps=1))
     assert ex.restarts == 0 and not ex.alive()
 
 
@@ -140,7 +140,7 @@ def test_a_cancel_not_honoured_within_the_grace_restarts_the_ranks(executor):
     finally:
         executor.cancel_grace_s = grace
     assert executor.restarts == restarts + 1 and executor.alive()
-    assert executor.generate(_plan(executor, steps=2)).video.shape[0] == 107
+    assert executor.generate(_plan(executor, steps=1)).video.shape[0] == 107
 
 
 def test_stale_spool_folders_of_dead_servers_are_removed(tmp_path):

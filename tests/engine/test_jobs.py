@@ -52,7 +52,7 @@ def env(tmp_path):
     store.close()
 
 
-def submit(manager: JobManager, seed: int = 1, steps: int = 3, prompt: str = "waves", **kw) -> Job:
+def submit(manager: JobManager, seed: int = 1, steps: int = 2, prompt: str = "waves", **kw) -> Job:
     request = GenerationRequest(prompt=prompt, width=128, height=64, duration_s=4, steps=steps, seed=seed)
     plan = validate(request, manager.defaults)
     job = Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=int(manager.clock()), **kw)
@@ -111,7 +111,7 @@ def test_progress_is_stored_at_every_step_and_status_follows_the_executor(env):
 
     store.claim, store.update_owned, store.finish = recording_claim, recording_update, recording_finish
     manager.start()
-    job = submit(manager, steps=5)  # 4 forwards
+    job = submit(manager, steps=4)  # 4 forwards
     wait_until(lambda: finished(store, job.id))
     progress = [u["progress"] for u in updates if "progress" in u]
     assert updates[0] == {"status": "in_progress"}
@@ -153,7 +153,7 @@ def test_delete_cancels_queued_and_running_jobs(env):
     assert store.get(running.id) is None
     assert event.wait(5), "the running job did not stop"
     step, total = executor.cancelled_at[0]
-    assert total == 199 and step < 20  # stopped at the next step, not at the end
+    assert total == 200 and step < 20  # stopped at the next step, not at the end
     assert not files.job_dir(running.id).exists()
     assert [p.seed for p in executor.plans] == [1]  # the deleted queued job never started
     later = submit(manager, seed=3)

@@ -62,7 +62,7 @@ def make(tmp_path):
 
 
 def submit(manager: JobManager, seed: int) -> Job:
-    request = GenerationRequest(prompt="waves", width=128, height=64, duration_s=4, steps=3, seed=seed)
+    request = GenerationRequest(prompt="waves", width=128, height=64, duration_s=4, steps=2, seed=seed)
     plan = validate(request, manager.defaults)
     return manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=0), plan)
 

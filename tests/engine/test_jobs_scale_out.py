@@ -20,7 +20,7 @@ from h3serve.validate import validate
 FAST_ENCODE = EncoderOptions(preset="ultrafast")
 
 
-def submit(manager: JobManager, seed: int = 1, steps: int = 3, prompt: str = "waves") -> Job:
+def submit(manager: JobManager, seed: int = 1, steps: int = 2, prompt: str = "waves") -> Job:
     request = GenerationRequest(prompt=prompt, width=128, height=64, duration_s=4, steps=steps, seed=seed)
     plan = validate(request, manager.defaults)
     return manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=int(manager.clock())), plan)
@@ -58,7 +58,7 @@ def test_replicas_run_jobs_side_by_side_and_a_failure_stays_in_its_replica(tmp_p
     manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), encoder_options=FAST_ENCODE, poll_s=0.05)
     manager.start()
     try:
-        jobs = [submit(manager, seed=s, steps=8, prompt=FAIL_PROMPT if s == 2 else "waves") for s in range(1, 5)]
+        jobs = [submit(manager, seed=s, steps=7, prompt=FAIL_PROMPT if s == 2 else "waves") for s in range(1, 5)]
         wait_until(lambda: all(r.busy for r in manager.replicas()), what="both replicas busy at once")
         done = [wait_until(lambda j=j: finished(store, j.id), what="completion") for j in jobs]
         assert [j.status for j in done] == ["completed", "failed", "completed", "completed"]

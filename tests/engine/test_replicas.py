@@ -26,7 +26,7 @@ from h3serve.validate import validate
 pytestmark = pytest.mark.slow
 
 
-def _request(seed: int, steps: int = 2) -> GenerationRequest:
+def _request(seed: int, steps: int = 1) -> GenerationRequest:
     return GenerationRequest(prompt="waves on a beach", width=128, height=64, duration_s=4, steps=steps, seed=seed)
 
 

@@ -48,7 +48,7 @@ def test_max_request_cost_is_configurable(tmp_path):
 
 def test_a_job_past_job_timeout_fails_clearly_and_frees_the_engine(tmp_path):
     with serve(tmp_path, job_timeout_s=0.5) as server, server.client() as client:
-        server.executor.step_s = 0.05  # 199 steps: 10 s
+        server.executor.step_s = 0.05  # 200 steps: 10 s
         slow = client.post("/v1/videos", json={"prompt": "x", "size": "128x64", "num_inference_steps": 200}).json()
         quick = client.post("/v1/videos", json={"prompt": "x", "size": "128x64", "num_inference_steps": 3}).json()
 

@@ -49,7 +49,7 @@ def clip(tmp_path_factory):
 
 
 def _plan(clip):
-    return validate(GenerationRequest(prompt="x", references=(clip,), duration_s=4, steps=2), DEFAULTS)
+    return validate(GenerationRequest(prompt="x", references=(clip,), duration_s=4, steps=1), DEFAULTS)
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ def test_continuation_windows_hand_on_device_tensors(tiny_pipeline, monkeypatch)
     pipeline = H3Pipeline(loaded.components, device=META)
     recorder = DeviceRecorder(pipeline, monkeypatch)
     plan = validate(GenerationRequest(
-        prompt="a beach", width=32, height=32, steps=2, seed=3, duration_s=20, long_video=True,
+        prompt="a beach", width=32, height=32, steps=1, seed=3, duration_s=20, long_video=True,
         long_video_mode="continuation", continuation_window_frames=345), defaults)
     assert len(plan.windows) >= 2  # at least one guide is carried from a generated window
     video, audio = pipeline.generate(plan)
@@ -72,7 +72,7 @@ def test_an_extensions_source_window_joins_the_generated_ones_on_the_device(tiny
     encode = loaded.encode_source_frames
     monkeypatch.setattr(pipeline, "encode_source_frames", encode)
     plan = validate(GenerationRequest(
-        prompt="on", width=32, height=32, steps=2, duration_s=4, long_video=True, long_video_mode="continuation",
+        prompt="on", width=32, height=32, steps=1, duration_s=4, long_video=True, long_video_mode="continuation",
         extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
     frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
     window = pipeline.encode_extension_source(plan, Conditioning(extend_video=frames), plan.windows[0],
@@ -120,7 +120,7 @@ def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits) -> int:
 
     video = torch.zeros(enc.layout.packed.video_indices.numel(), 96, device=META)
     audio = torch.zeros(enc.layout.packed.audio_indices.numel(), 32, device=META)
-    schedules = (FlowSchedule.shifted(steps + 1, 12.0), FlowSchedule.shifted(steps + 1, 3.0))
+    schedules = (FlowSchedule.shifted(steps, 12.0), FlowSchedule.shifted(steps, 3.0))
     with Count():
         pipeline.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits)
     return Count.copies
@@ -132,7 +132,7 @@ def test_a_denoise_step_makes_no_host_to_device_copy(tiny_pipeline):
     from h3serve.model.latent_edit import audio_target
 
     loaded, defaults = tiny_pipeline
-    plan = validate(GenerationRequest(prompt="a beach", width=32, height=32, steps=2, duration_s=4), defaults)
+    plan = validate(GenerationRequest(prompt="a beach", width=32, height=32, steps=1, duration_s=4), defaults)
     enc = loaded.encode(plan, Conditioning())
     pipeline = H3Pipeline(loaded.components, device=META)
     rows = enc.layout.packed.audio_indices.numel()

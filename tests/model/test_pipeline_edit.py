@@ -14,7 +14,7 @@ from h3serve.request import GenerationRequest, MediaRef
 from h3serve.validate import validate
 
 SRC_V, SRC_A = MediaRef(Path("/src.mp4"), "src.mp4", "video"), MediaRef(Path("/src.wav"), "src.wav", "audio")
-BASE = {"prompt": "a red ball", "width": 32, "height": 32, "duration_s": 4, "steps": 3, "seed": 3}
+BASE = {"prompt": "a red ball", "width": 32, "height": 32, "duration_s": 4, "steps": 2, "seed": 3}
 
 
 @pytest.fixture(scope="module")

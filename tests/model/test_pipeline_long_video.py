@@ -21,7 +21,7 @@ PROMPTS = ("dawn over the sea", "a boat appears", "night falls")
 
 def continuation_plan(defaults, seed=7, duration_s=40, window=345):
     request = GenerationRequest(
-        prompt="a beach", width=32, height=32, steps=2, seed=seed, duration_s=duration_s, long_video=True,
+        prompt="a beach", width=32, height=32, steps=1, seed=seed, duration_s=duration_s, long_video=True,
         long_video_mode="continuation", continuation_window_frames=window, continuation_prompts=PROMPTS,
     )
     return validate(request, defaults)
@@ -142,7 +142,7 @@ def test_cancellation_within_and_between_windows(tiny_pipeline, monkeypatch, rai
 
 def test_full_mode_30_s_is_one_pass_of_the_snapped_frame_count(tiny_pipeline, tmp_path):
     pipeline, defaults = tiny_pipeline
-    plan = validate(GenerationRequest(prompt="x", width=32, height=32, steps=2, duration_s=30, long_video=True),
+    plan = validate(GenerationRequest(prompt="x", width=32, height=32, steps=1, duration_s=30, long_video=True),
                     defaults)
     steps = []
     result = pipeline.generate(plan, on_step=lambda done, total: steps.append((done, total)))
@@ -162,7 +162,7 @@ def test_lock_source_holds_the_driving_audio_across_windows(tiny_pipeline, monke
 
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(
-        prompt="a drum", width=32, height=32, steps=2, duration_s=11.5, long_video=True,
+        prompt="a drum", width=32, height=32, steps=1, duration_s=11.5, long_video=True,
         long_video_mode="continuation", continuation_window_frames=107, audio_mode="lock_source",
         source_audio=MediaRef(Path("/d.wav"), "d.wav", "audio")), defaults)
     wave = torch.from_numpy(np.random.default_rng(1).uniform(-0.5, 0.5, (2, 32_000 * 3)).astype(np.float32))
@@ -182,7 +182,7 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
 
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(
-        prompt="on", width=32, height=32, steps=2, duration_s=4, long_video=True, long_video_mode="continuation",
+        prompt="on", width=32, height=32, steps=1, duration_s=4, long_video=True, long_video_mode="continuation",
         extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
     frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
     spy = Spy(pipeline, monkeypatch)

@@ -1,4 +1,6 @@
-"""FL2VA and Ref2VA parity with the diffusers 0.42.1 reference on the tiny checkpoint (fp32, latents <= 1e-5)."""
+"""FL2VA and Ref2VA parity with the diffusers 0.42.1 reference on the tiny checkpoint (fp32, latents <= 1e-5).
+
+h3serve runs STEPS denoiser forwards; diffusers counts sigma points, so it is called with STEPS + 1."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from h3serve.tools.bench.peer import load_reference_pipeline
 from h3serve.validate import validate
 
 PROMPT = "The scene comes alive."
-STEPS, SEED = 3, 5
+STEPS, SEED = 2, 5  # 2 forwards: diffusers' num_inference_steps=3
 
 
 def picture(w: int, h: int, seed: int) -> Image.Image:
@@ -62,13 +64,15 @@ def test_fl2va_matches_diffusers(tiny_pipeline, reference_pipe, first, last):
     )
     plan = validate(request, defaults, keyframe_size=keyframes[0].size)
     cond = Conditioning(keyframes=prepare_keyframes(keyframes, plan.width, plan.height), anchors=plan.anchors)
-    ours = pipeline.generate(plan, cond)
+    progress: list[tuple[int, int]] = []
+    ours = pipeline.generate(plan, cond, on_step=lambda done, total: progress.append((done, total)))
+    assert progress[-1] == (STEPS, STEPS)
     state = reference_pipe["fl2va"](
         prompt=PROMPT,
         image=image,
         last_image=last_image,
         num_frames=plan.num_frames,
-        num_inference_steps=STEPS,
+        num_inference_steps=STEPS + 1,
         generator=torch.Generator().manual_seed(SEED),
         output_type="np",
     )
@@ -88,12 +92,14 @@ def test_ref2va_matches_diffusers(tiny_pipeline, reference_pipe, with_audio):
     if with_audio:
         refs.append(AudioReference(reference_audio_tensor(AudioMedia("a.wav", wave, 32000), plan.duration_s)))
         ref_objs.append(MiniMaxH3AudioReference(audio=torch.from_numpy(wave), sample_rate=32000))
-    ours = pipeline.generate(plan, Conditioning(references=refs))
+    progress: list[tuple[int, int]] = []
+    ours = pipeline.generate(plan, Conditioning(references=refs), on_step=lambda d, t: progress.append((d, t)))
+    assert progress[-1] == (STEPS, STEPS)
     state = reference_pipe["ref2va"](
         prompt=PROMPT,
         references=ref_objs,
         num_frames=plan.num_frames,
-        num_inference_steps=STEPS,
+        num_inference_steps=STEPS + 1,
         generator=torch.Generator().manual_seed(SEED),
         output_type="np",
     )

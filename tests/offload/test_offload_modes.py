@@ -50,7 +50,7 @@ def requests(tmp_path_factory):
         check=True,
     )  # fmt: skip
     image, tone = MediaRef(d / "frame.png", "frame.png"), MediaRef(d / "tone.wav", "tone.wav")
-    common = {"prompt": "a lighthouse at dusk", "steps": 3, "seed": 7, "duration_s": 4}
+    common = {"prompt": "a lighthouse at dusk", "steps": 2, "seed": 7, "duration_s": 4}
     return {
         "t2va": GenerationRequest(**common),
         "fl2va": GenerationRequest(**common, image=image),

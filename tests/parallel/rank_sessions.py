@@ -20,7 +20,7 @@ PROMPT = "waves on a beach!"
 
 
 def plan_for(defaults: ModelDefaults) -> GenerationPlan:
-    return validate(GenerationRequest(prompt=PROMPT, steps=3, seed=1, duration_s=4), defaults)
+    return validate(GenerationRequest(prompt=PROMPT, steps=2, seed=1, duration_s=4), defaults)
 
 
 def packed_length(plan: GenerationPlan) -> int:

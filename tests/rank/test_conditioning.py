@@ -35,7 +35,7 @@ def media(tmp_path_factory):
 @pytest.fixture(scope="module")
 def encoded(tiny_pipeline, media):
     pipeline, defaults = tiny_pipeline
-    plan = plan_request(GenerationRequest(prompt="make it dance", references=tuple(media), steps=2), defaults)
+    plan = plan_request(GenerationRequest(prompt="make it dance", references=tuple(media), steps=1), defaults)
     cond = load_conditioning(plan, defaults)
     return plan, cond, pipeline.encode(plan, cond), pipeline
 

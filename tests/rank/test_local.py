@@ -32,7 +32,7 @@ def test_ref2va_only_engine_refuses_t2va_and_fl2va(tiny_checkpoint, keyframe):
 def test_default_engine_loads_both_dits_and_runs_fl2va(tiny_checkpoint, keyframe):
     engine = LocalEngine(EngineConfig(model=tiny_checkpoint))
     assert engine.tasks == ("t2va", "fl2va", "ref2va")
-    plan = engine.plan(GenerationRequest(prompt="x", image=keyframe, steps=2, duration_s=4))
+    plan = engine.plan(GenerationRequest(prompt="x", image=keyframe, steps=1, duration_s=4))
     assert (plan.task, plan.width, plan.height) == ("fl2va", 96, 64)  # the keyframe's 3:2 aspect at short edge 64
     out = engine.generate(plan)
     assert out.video.shape == (107, 64, 96, 3)

@@ -37,7 +37,7 @@ def _merge_into(dit, adapter, scale: float, alpha: float, rank: int) -> None:
 
 
 def _request(lora=None) -> GenerationRequest:
-    return GenerationRequest(prompt="a fox", steps=2, duration_s=4, seed=5, lora=lora)
+    return GenerationRequest(prompt="a fox", steps=1, duration_s=4, seed=5, lora=lora)
 
 
 @pytest.fixture(scope="module")

@@ -90,7 +90,7 @@ def _engine(checkpoint, flags: str) -> LocalEngine:
 
 
 def test_fp8_under_rank_local_dlo_is_byte_identical_to_resident_fp8(tiny_checkpoint):
-    request = GenerationRequest(prompt="a lighthouse at dusk", steps=3, seed=7, duration_s=4)
+    request = GenerationRequest(prompt="a lighthouse at dusk", steps=2, seed=7, duration_s=4)
     resident = _engine(tiny_checkpoint, "--task-type t2va")
     dlo = _engine(tiny_checkpoint, "--task-type t2va --enable-distributed-layerwise-offload --dlo-no-use-allgather "
                                    "--dlo-resident-layers 1")

@@ -26,7 +26,7 @@ def test_flags_override_yaml_and_build_the_product(tmp_path):
         "runs": 2, "tasks": ["t2va", "fl2va"], "shapes": ["64x32x22", "96x64x39"],
         "engines": ["name=a,threads=1", "threads=2,dtype=float32"], "steps": None,
     })
-    assert m.runs == 2 and m.steps == 4  # None flags leave the default
+    assert m.runs == 2 and m.steps == 3  # None flags leave the default (3 forwards)
     assert m.reference == "first"  # auto without a peer
     assert len(m.cases()) == 2 * 2 * 2
     assert m.engines[0] == EngineSpec.parse({"name": "a", "threads": 1}, 0)

@@ -17,7 +17,7 @@ STAGES = {"text_encode", "denoise", "denoise_per_step", "video_decode", "audio_d
 @pytest.fixture(scope="module")
 def bench(tiny_checkpoint, tmp_path_factory):
     matrix = load_matrix(None, {
-        "model": str(tiny_checkpoint), "shapes": ["64x32x124"], "steps": 3, "warmup": 0, "runs": 1,
+        "model": str(tiny_checkpoint), "shapes": ["64x32x124"], "steps": 2, "warmup": 0, "runs": 1,
         "engines": ["name=cpu,threads=2"], "peer": "diffusers", "gemm_seconds": 0.2,
     })
     out = tmp_path_factory.mktemp("bench")
@@ -34,7 +34,7 @@ def test_one_run_matrix_writes_valid_records(bench):
     assert ours["config"]["task_type"] == "fl2va"  # only the DiT a t2va matrix needs, as the peer loads
     assert ours["environment"]["packages"]["diffusers"] == "0.42.1"
     assert ours["request"] | {"prompt": None} == {
-        "task": "t2va", "width": 64, "height": 32, "num_frames": 124, "steps": 3, "seed": 0, "prompt": None,
+        "task": "t2va", "width": 64, "height": 32, "num_frames": 124, "steps": 2, "seed": 0, "prompt": None,
     }
     for r in (ours, peer):
         assert STAGES <= set(r["stages"]) and all(v >= 0 for v in r["stages"].values())

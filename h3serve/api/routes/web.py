@@ -55,7 +55,7 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "max_edge": d.max_edge,
             "flow_shift": d.flow_shift,
             "audio_flow_shift": d.audio_flow_shift,
-            "steps": limits.DEFAULT_STEPS,
+            "steps": limits.DEFAULT_STEPS if d.pinned_schedule is None else d.pinned_schedule.forwards,
             "seed": limits.DEFAULT_SEED,
             "duration_s": limits.DEFAULT_DURATION_S,
             "aspect_ratio": "{}:{}".format(*limits.DEFAULT_ASPECT_RATIO),

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--engine", action="append", dest="engines", metavar="K=V,...",
         help="an engine config of EngineConfig options, e.g. name=fp32,threads=2,dtype=float32 (repeatable)",
     )
-    p.add_argument("--steps", type=int, help="num_inference_steps (default 4)")
+    p.add_argument("--steps", type=int,
+                   help="num_inference_steps: denoiser forwards (default 3; the diffusers peer runs N+1 sigma points)")
     p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--prompt")
     p.add_argument("--warmup", type=int, help="warm-up runs per side and case (default 1)")
@@ -101,7 +102,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
               "--threads and --rounds must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     layouts = [Layout(n, overlap) for n in counts for overlap in overlaps]
-    steps = args.steps or 4
+    steps = args.steps or 3
     model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
     try:
         results = measure(model, layouts, args.jobs, steps, args.threads, args.rounds,

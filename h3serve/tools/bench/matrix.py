@@ -114,7 +114,7 @@ class BenchMatrix:
     preset: str = "tiny"
     prompt: str = DEFAULT_PROMPT
     seed: int = 0
-    steps: int = 4
+    steps: int = 3  # denoiser forwards (the diffusers peer is called with steps + 1 sigma points)
     warmup: int = 1
     runs: int = 3
     tasks: tuple[str, ...] = ("t2va",)

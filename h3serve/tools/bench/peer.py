@@ -53,13 +53,16 @@ def reference_inputs(plan: GenerationPlan, images: dict[str, Image.Image] | None
     """The reference pipeline's keyword arguments for a plan (keyframes / reference images as PIL).
 
     The sigma shifts are the checkpoint's scheduler configs: a plan with other shifts cannot be reproduced.
+    h3serve's `steps` counts denoiser forwards and diffusers' counts sigma points: N forwards = N + 1 points.
     """
+    if plan.pinned_positions is not None:
+        raise ValueError("the diffusers peer runs the uniform grid only: a pinned schedule cannot be reproduced")
     kwargs: dict[str, Any] = dict(
         prompt=plan.prompt,
         height=plan.height,
         width=plan.width,
         num_frames=plan.num_frames,
-        num_inference_steps=plan.steps,
+        num_inference_steps=diffusers_steps(plan.steps),
         generator=torch.Generator().manual_seed(plan.seed),
         output_type="np",
     )
@@ -73,13 +76,19 @@ def reference_inputs(plan: GenerationPlan, images: dict[str, Image.Image] | None
     return kwargs
 
 
+def diffusers_steps(forwards: int) -> int:
+    """diffusers' `num_inference_steps` (sigma points) for h3serve's `steps` (denoiser forwards): N + 1."""
+    return forwards + 1
+
+
 def run_reference(checkpoint: str | Path, prompt: str, num_frames: int, steps: int, seed: int) -> Any:
-    """One fp32 T2VA call on the CPU; returns the pipeline state (`videos`, `audio`, `latents`, ...)."""
+    """One fp32 T2VA call on the CPU with `steps` denoiser forwards (diffusers at steps + 1); returns the
+    pipeline state (`videos`, `audio`, `latents`, ...)."""
     pipe = load_reference_pipeline(checkpoint)
     return pipe(
         prompt=prompt,
         num_frames=num_frames,
-        num_inference_steps=steps,
+        num_inference_steps=diffusers_steps(steps),
         generator=torch.Generator().manual_seed(seed),
         output_type="np",
     )

@@ -129,7 +129,8 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
     lines = [
         f"### {case['case']}",
         "",
-        f"{req['task']}, {req['width']}x{req['height']}, {req['num_frames']} frames, {req['steps']} steps, "
+        f"{req['task']}, {req['width']}x{req['height']}, {req['num_frames']} frames, "
+        f"{req['steps']} steps (denoiser forwards), "
         f"seed {req['seed']}",
         "",
         "| " + " | ".join(header) + " |",

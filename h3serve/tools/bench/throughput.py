@@ -127,7 +127,7 @@ def summary(results: list[Throughput], steps: int) -> str:
     base = results[0].jobs_per_minute
     lines = [
         f"| replicas x threads | output overlap | jobs | seconds (median round) | jobs/min | speed-up |  (128x64, "
-        f"4 s, {steps} steps, CPU; same MP4 bytes per seed in every layout)",
+        f"4 s, {steps} steps (forwards), CPU; same MP4 bytes per seed in every layout)",
         "|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -9,12 +9,12 @@ function seconds(s) {
 }
 
 // The stage a job is in, from its status and progress. Progress is done * 100 // total over the
-// (steps - 1) transformer forwards, capped at 99 until the MP4 is written.
+// num_inference_steps denoiser forwards, capped at 99 until the MP4 is written.
 export function stageOf(job, steps) {
   if (job.status === "queued") return { name: "Queued", step: null };
   if (job.status === "completed") return { name: "Done", step: null };
   if (job.status === "failed") return { name: "Failed", step: null };
-  const total = steps ? Math.max(1, steps - 1) : null;
+  const total = steps ? Math.max(1, steps) : null;
   const done = total ? Math.min(total, Math.ceil((job.progress * total) / 100)) : null;
   if (job.progress === 0) return { name: "Encoding the prompt and inputs", step: null };
   if (total && done >= total && job.progress >= 99) {
