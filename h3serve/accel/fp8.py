@@ -54,8 +54,9 @@ def quantize_fp8(
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """q · scale in float32, then cast to `dtype`."""
-    return (q.float() * scale).to(dtype)
+    """q · scale in `dtype`: e4m3 values are exact in bf16/fp16/fp32, so the one temporary is the result (2 bytes
+    a weight in bf16, not a float32 copy); the scale is rounded to `dtype` first (exact in float32)."""
+    return q.to(dtype).mul_(scale.to(dtype))
 
 
 def scaled_mm_fits(in_features: int, out_features: int) -> bool:
@@ -66,11 +67,15 @@ def scaled_mm_fits(in_features: int, out_features: int) -> bool:
 def fp8_gemm(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """x [..., K] (compute dtype) · (q · w_scale)ᵀ with activations quantised per call: per row against a
     per-channel weight, one scale for the call against a per-tensor weight."""
-    rows = x.reshape(-1, x.shape[-1]).float()
+    rows = x.reshape(-1, x.shape[-1])
     rowwise = w_scale.shape[0] > 1
     amax = rows.abs().amax(dim=1, keepdim=True) if rowwise else rows.abs().amax().reshape(1, 1)
-    x_scale = scales_of(amax)
-    xq = (rows / x_scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    # The multiplier in the activations' dtype (one temporary of their size, no float32 copy); the scale handed
+    # to _scaled_mm is its exact reciprocal, so q·scale undoes precisely what was applied. An all-zero row gets
+    # the dtype's largest finite multiplier (0·inf would be NaN).
+    inv = (FP8_MAX / amax.float()).clamp_(max=torch.finfo(rows.dtype).max).to(rows.dtype)
+    x_scale = inv.float().reciprocal()
+    xq = (rows * inv).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     if rowwise:
         y = torch._scaled_mm(xq, q.t(), scale_a=x_scale, scale_b=w_scale.reshape(1, -1), out_dtype=out_dtype)
     else:

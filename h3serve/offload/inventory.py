@@ -18,7 +18,7 @@ import copy
 import json
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -84,6 +84,7 @@ class ComponentBytes:
     params: int  # parameter count of this rank's copy (a TP shard counts its shard)
     base_bytes: int  # parameters and buffers outside the block groups
     groups: tuple[BlockGroup, ...] = ()
+    fp8_scratch: int = 0  # the largest FP8 layer's weight dequantised in the compute dtype (weight-only FP8)
 
     @property
     def total_bytes(self) -> int:
@@ -191,14 +192,16 @@ def _split(name: str, tensors: dict[str, tuple[int, int]], groups: tuple[str, ..
     return ComponentBytes(name=name, params=params, base_bytes=base, groups=found)
 
 
-def _fp8_swap(model: nn.Module, component: str, quant: ComponentQuant | None, dtype: torch.dtype) -> None:
-    """The FP8 twins the loader makes (h3serve.accel.quantize): 1-byte weights plus float32 scales."""
+def _fp8_swap(model: nn.Module, component: str, quant: ComponentQuant | None, dtype: torch.dtype) -> int:
+    """The FP8 twins the loader makes (h3serve.accel.quantize): 1-byte weights plus float32 scales. Returns the
+    bytes of the largest one's weight dequantised into `dtype` (0 without quantisation)."""
     if quant is None:
-        return
+        return 0
     from h3serve.accel.quantize import selected_linears, swap_to_fp8
 
     names = {n: quant.per_channel for n in selected_linears(model, component, quant)}
-    swap_to_fp8(model, names, dtype, "weight_only")
+    layers = swap_to_fp8(model, names, dtype, "weight_only")
+    return max((m.weight.numel() for m in layers.values()), default=0) * _size(dtype)
 
 
 def _stored_dtype(key: str, t: torch.Tensor) -> torch.dtype | None:
@@ -216,7 +219,7 @@ def dit_bytes(
         model = H3Transformer(cfg)
     if tp_size > 1:  # works on the meta device, with no process group
         TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
-    _fp8_swap(model, name, quant, dtype)
+    scratch = _fp8_swap(model, name, quant, dtype)
     fp32 = H3Transformer.keep_in_fp32_modules
 
     def dtype_of(key: str, t: torch.Tensor, _persistent: bool) -> torch.dtype:
@@ -226,7 +229,7 @@ def dit_bytes(
             return _stored_dtype(key, t)
         return torch.float32 if _in_any(key, fp32) else dtype
 
-    return _split(name, _tensor_bytes(model, dtype_of), DIT_GROUPS)
+    return replace(_split(name, _tensor_bytes(model, dtype_of), DIT_GROUPS), fp8_scratch=scratch)
 
 
 def _diffusers_bytes(name: str, model: nn.Module, dtype: torch.dtype) -> ComponentBytes:
@@ -279,8 +282,9 @@ def text_encoder_bytes(
         model = Qwen3VLModel._from_config(config, dtype=dtype)
     if tp_size > 1:
         TensorParallel(0, tp_size, None, TEXT_ENCODER_TP_PLAN).shard_module(model)
-    _fp8_swap(model, "text_encoder", quant, dtype)
-    return _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
+    scratch = _fp8_swap(model, "text_encoder", quant, dtype)
+    text = _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
+    return replace(text, fp8_scratch=scratch)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -389,7 +393,7 @@ def build_inventory(
             (o for o, c in configs.dits.items() if o in built and c == cfg and quant(o) == quant(name)), None
         )
         built[name] = (
-            ComponentBytes(name, built[twin].params, built[twin].base_bytes, built[twin].groups)
+            replace(built[twin], name=name)
             if twin
             else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name))
         )

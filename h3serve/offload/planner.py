@@ -88,6 +88,13 @@ def _check(inv: Inventory, config: OffloadConfig, task: str) -> str:
     return dit
 
 
+def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
+    """Weight-only FP8 dequantises one layer at a time: the largest quantised layer of the component the stage
+    runs, in the compute dtype, beside the stage's activations."""
+    runs = {"denoise": dit, "text_encode": "text_encoder"}.get(stage)
+    return held[runs].fp8_scratch if runs in held else 0
+
+
 def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int) -> RankPlan:
     dit = TASK_DIT[shape.task]
     held = inv.ranks[rank]
@@ -105,7 +112,8 @@ def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestS
                 stage=stage,
                 weights=weights,
                 stream_buffers=buffers,
-                activations=activations.stage_activations(inv, rank, stage, shape, dit),
+                activations=activations.stage_activations(inv, rank, stage, shape, dit)
+                + _fp8_scratch(held, stage, dit),
                 workspace=activations.workspace(inv.device_type, inv.degrees.world_size),
             )
         )

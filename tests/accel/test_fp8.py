@@ -59,7 +59,7 @@ def test_weight_only_forward_is_dequantise_then_gemm_bit_for_bit(dtype, per_chan
     layer = Fp8Linear(96, 64, True, per_channel, dtype)
     layer.weight.data, layer.weight_scale, layer.bias.data = q, scale, b.to(dtype)
     x = torch.randn(3, 7, 96).to(dtype)
-    expected = F.linear(x, (q.to(torch.float32) * scale).to(dtype), b.to(dtype))  # written out here, not shared
+    expected = F.linear(x, q.to(dtype) * scale.to(dtype), b.to(dtype))  # written out here, not shared
     assert torch.equal(layer(x), expected)
 
 
@@ -71,9 +71,10 @@ def test_fp8_gemm_quantises_activations_per_call():
     for per_channel in (True, False):
         q, scale = quantize_fp8(w, per_channel)
         amax = x.abs().amax(dim=1, keepdim=True) if per_channel else x.abs().amax().reshape(1, 1)
-        x_scale = amax / FP8_MAX
-        xq = (x / x_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-        expected = (xq.float() * x_scale) @ (q.float() * scale).t()
+        multiplier = FP8_MAX / amax
+        xq = (x * multiplier).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+        assert xq.float().abs().amax() == FP8_MAX  # each row's (or the call's) largest value lands on 448
+        expected = (xq.float() / multiplier) @ (q.float() * scale).t()
         got = fp8_gemm(x, q, scale, torch.float32)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         # and it is an approximation of the full-precision product within FP8's error
@@ -102,3 +103,15 @@ def test_kernel_choice_and_refusal_on_cpu():
     # A layer _scaled_mm cannot take keeps the weight-only path.
     assert Fp8Linear(24, 48, False, kernel="fp8_gemm").kernel == "weight_only"
     assert Fp8Linear(32, 48, False, kernel="fp8_gemm").kernel == "fp8_gemm"
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_fp8_gemm_in_bf16_handles_zero_rows(per_channel):
+    w = _weights("random")
+    q, scale = quantize_fp8(w, per_channel)
+    x = torch.randn(6, 96).to(torch.bfloat16)
+    x[2] = 0
+    got = fp8_gemm(x, q, scale, torch.bfloat16).float()
+    exact = x.float() @ w.t()
+    assert torch.isfinite(got).all() and bool((got[2] == 0).all())
+    assert (got - exact).abs().max() < 0.1 * exact.abs().max()

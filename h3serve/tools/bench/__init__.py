@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DiT-forward mode: attention backend of the h3serve variants (repeatable; default TORCH_SDPA)")
     p.add_argument("--dit-modes", default="eager,compiled", metavar="eager,compiled",
                    help="DiT-forward mode: the h3serve variants (default eager,compiled)")
+    p.add_argument("--fp8-block", action="store_true",
+                   help="FP8 block mode: the error one random-weight DiT block of --preset adds in FP8 vs float32")
+    p.add_argument("--block-rows", type=int, default=2048, help="FP8 block mode: packed rows (default 2048)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -69,7 +72,7 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds")
+_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds", "block_rows")
 _DIT_FLAGS = ("text_rows", "dit_modes")  # always set (defaults): recorded in DiT-forward mode only
 
 
@@ -172,9 +175,26 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fp8_block(args: argparse.Namespace) -> int:
+    """`--fp8-block`: one block's FP8 error (see `h3serve.tools.bench.fp8_block`)."""
+    from h3serve.model.transformer import H3TransformerConfig
+    from h3serve.tools.bench.fp8_block import block_errors, summary
+    from h3serve.tools.tiny_checkpoint import PRESETS
+
+    preset = args.preset or "cpu-bench"
+    if preset not in PRESETS or args.block_rows < 1:
+        print(f"error: --preset: choose from {', '.join(PRESETS)}; --block-rows must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    cfg = H3TransformerConfig.from_dict(dict(PRESETS[preset].transformer))
+    print(summary(cfg, args.block_rows, block_errors(cfg, args.block_rows, args.seed or 0)))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.replicas:
         return cmd_throughput(args)
+    if args.fp8_block:
+        return cmd_fp8_block(args)
     if args.dit_forward:
         return cmd_dit_forward(args)
     from h3serve.checkpoint_layout import CheckpointError

@@ -7,6 +7,7 @@ compile, ...) becomes a matrix option by adding the field there, with no change 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
@@ -90,11 +91,17 @@ class EngineSpec:
         name = str(value.pop("name", "") or f"engine{index}")
         defaults = engine_option_defaults()
         _check_keys("engine option", value, set(defaults))
-        options = {k: _coerce(k, v, defaults[k]) for k, v in value.items()}
+        options = {k: _coerce(k, v, defaults[k]) for k, v in value.items() if k != "quantization"}
+        if "quantization" in value:  # kept as written (it goes into the JSON records), checked here
+            _quantization(value["quantization"])
+            options["quantization"] = value["quantization"]
         return cls(name=name, options=MappingProxyType(dict(sorted(options.items()))))
 
     def config(self, model: Path) -> EngineConfig:
-        return EngineConfig(model=model, **self.options)
+        options = dict(self.options)
+        if "quantization" in options:
+            options["quantization"] = _quantization(options["quantization"])
+        return EngineConfig(model=model, **options)
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,24 @@ class BenchMatrix:
 
 
 _MATRIX_KEYS = {f.name for f in fields(BenchMatrix)}
+
+
+def _quantization(value: Any):
+    """`quantization=fp8 | per_channel | per_tensor` (FP8 with those scales), or in YAML a mapping in the
+    `--diffusion-quantization-config` JSON form."""
+    from h3serve.accel.quant_config import GRANULARITIES, QuantizationError, parse_quantization
+
+    if isinstance(value, str) and value in GRANULARITIES:
+        value = {"granularity": value}
+    try:
+        if isinstance(value, dict):
+            return parse_quantization("fp8", json.dumps(value))
+        if value == "fp8":
+            return parse_quantization("fp8", None)
+    except QuantizationError as e:
+        raise MatrixError(f"engine option quantization: {e}") from None
+    choices = ", ".join(("fp8", *GRANULARITIES))
+    raise MatrixError(f"engine option quantization: expected {choices} or a mapping, got {value!r}")
 
 
 def _check_keys(what: str, data: dict, allowed: set[str], required: bool = False) -> None:
