@@ -295,11 +295,33 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_make_adapter(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-tiny-adapter", help="write a deterministic synthetic DiT adapter for a tiny preset")
+    p.add_argument("dir", help="output folder (created)")
+    p.add_argument("--format", required=True, help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3")
+    p.add_argument("--preset", default="tiny", help="tiny | cpu-bench (the checkpoint preset it adapts)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4)")
+    p.set_defaults(func=cmd_make_adapter)
+
+
+def cmd_make_adapter(args: argparse.Namespace) -> int:
+    from h3serve.tools.tiny_adapter import make_tiny_adapter
+
+    try:
+        path = make_tiny_adapter(args.dir, args.format, args.preset, args.seed, args.rank)
+    except ValueError as e:
+        return fail(str(e))
+    print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="h3serve", description="Serve and run MiniMax-H3 (video + audio).")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_make_tiny(sub)
+    _add_make_adapter(sub)
     serve_cli.register(sub)
     compare.register(sub)
     probe_cli.register(sub)

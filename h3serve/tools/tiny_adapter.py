@@ -7,16 +7,35 @@ pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). Same
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from h3serve.adapters.peft import target_shapes
 
 FORMATS = ("peft", "turbo", "fasth3")
 TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
 PEFT_FILE = "adapter_model.safetensors"
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file with a byte-stable header (sorted keys; the library orders metadata at random)."""
+    header: dict = {"__metadata__": dict(sorted((metadata or {}).items()))} if metadata else {}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to(torch.float32).contiguous()
+        data = t.numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for blob in blobs:
+            f.write(blob)
 
 
 def _normal(shape: tuple[int, ...], generator: torch.Generator, std: float) -> torch.Tensor:
@@ -110,3 +129,27 @@ def write_fasth3_adapter(folder: str | Path, dit_config: dict, rank: int = 4, se
     tensors = fasth3_tensors(dit_config, rank, seed, std)
     save_file(tensors, str(path), metadata=fasth3_metadata(tensors))
     return path
+
+
+DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4}
+
+
+def make_tiny_adapter(
+    folder: str | Path, fmt: str, preset: str = "tiny", seed: int = 0, rank: int | None = None
+) -> Path:
+    """A synthetic adapter of `fmt` for the DiT of a tiny-checkpoint preset; returns the file written."""
+    from h3serve.tools.tiny_checkpoint import PRESETS
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt}: choose from: {', '.join(FORMATS)}")
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset}: choose from: {', '.join(PRESETS)}")
+    rank = DEFAULT_RANKS[fmt] if rank is None else rank
+    if rank < 1:
+        raise ValueError(f"--rank must be >= 1, got {rank}")
+    cfg = dict(PRESETS[preset].transformer)
+    if fmt == "peft":
+        return write_peft_adapter(folder, cfg, rank=rank, alpha=float(rank), seed=seed)
+    if fmt == "turbo":
+        return write_turbo_adapter(folder, cfg, rank=rank, seed=seed)
+    return write_fasth3_adapter(folder, cfg, rank=rank, seed=seed)
