@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.plan import COMPONENTS, GiB, PlacementPlan, RankPlan
 
 STAGE_LABELS = {
@@ -43,7 +44,7 @@ def _table(r: RankPlan) -> list[str]:
         text = f"  {label:<28}" + "".join(f"{gib(v):>{width}}" for v in values)
         return text + (f"{gib(host):>{width + 2}}" if host is not None else "")
 
-    for c in COMPONENTS:
+    for c in (*COMPONENTS, ADAPTERS):
         weights = [s.weights.get(c, 0) for s in stages]
         buffers = [s.stream_buffers.get(c, 0) for s in stages]
         host = r.host_bytes.get(c, 0)

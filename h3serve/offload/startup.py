@@ -9,6 +9,7 @@ from h3serve import geometry, limits
 from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
+from h3serve.offload.adapters import lora_bytes, with_adapter_bytes
 from h3serve.offload.config import AUTO, OffloadConfig
 from h3serve.offload.inventory import Inventory, build_inventory
 from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
@@ -64,7 +65,19 @@ def plan_for_engine(
         config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype(), config.quantization
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
-    return plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0)
+    plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0)
+    return with_adapter_bytes(plan, *adapter_bytes(config, inv))
+
+
+def adapter_bytes(config: EngineConfig, inv: Inventory) -> tuple[int, int]:
+    """(device, host) bytes per rank of the engine's LoRA slots and caches (0, 0 without LoRA)."""
+    from h3serve.adapters.serving import catalog_for
+
+    catalog = catalog_for(config, log=lambda text: None)
+    if catalog is None:
+        return 0, 0
+    return lora_bytes(inv.dits, catalog.slot_rank, inv.degrees.tensor_parallel, inv.element_size,
+                      config.max_loras, config.max_cpu_loras)
 
 
 def device_memory_of(config: EngineConfig, device) -> int | None:
