@@ -187,6 +187,7 @@ def _check_writable(flag: str, path: str | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from h3serve.adapters.serving import engine_defaults
     from h3serve.checkpoint_layout import read_layout
     from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
@@ -205,7 +206,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         layout = read_layout(model)
         config = engine_config_from_args(args, model)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
-        plan = plan_request(_with_lora(_request_from_args(args), args, config), layout.defaults(), tasks)
+        defaults = engine_defaults(config, layout.defaults())
+        plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
         refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
         if refusal is not None:  # the planner's verdict, before a weight is read
             return fail(f"duration: {refusal}")

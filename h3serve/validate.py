@@ -35,6 +35,7 @@ class ModelDefaults:
     audio_flow_shift: float = 3.0
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (h3serve/schedule.py)
+    fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def validate(
     """
     request = driving_audio_split(request)
     task = resolve_task(request)
-    request = _adapter_defaults(request, task)
+    defaults = _adapter_pin(request, task, defaults)
     mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, task, keyframe_size)
     num_frames = _resolve_frames(request, mode)
@@ -167,17 +168,23 @@ def validate(
     )
 
 
-def _adapter_defaults(request: GenerationRequest, task: str) -> GenerationRequest:
-    """A Turbo adapter's contract sets the steps and shifts (stating others is an error)."""
-    if request.lora is None or request.lora.turbo is None:
-        return request
-    from h3serve.adapters.turbo import turbo_settings
+def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:
+    """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
+    contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
+    if defaults.fused_adapter is not None:
+        from h3serve.adapters.fasth3 import TASKS
 
-    lora = request.lora
-    steps, flow, audio = turbo_settings(
-        lora.turbo, lora.name, task, request.steps, request.flow_shift, request.audio_flow_shift
-    )
-    return dataclasses.replace(request, steps=steps, flow_shift=flow, audio_flow_shift=audio)
+        if task not in TASKS:
+            raise RequestError("task", f"this server fuses the FastH3 adapter {defaults.fused_adapter}, which serves "
+                                       f"{', '.join(TASKS)} only, not {task}")
+        if request.lora is not None:
+            raise RequestError("lora", f"this server fuses the FastH3 adapter {defaults.fused_adapter}; a per-request "
+                                       "LoRA cannot run on top of it")
+    if request.lora is None or request.lora.turbo is None:
+        return defaults
+    from h3serve.adapters.turbo import turbo_pin
+
+    return dataclasses.replace(defaults, pinned_schedule=turbo_pin(request.lora.turbo, request.lora.name, task))
 
 
 def _resolve_schedule(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, float, float]:

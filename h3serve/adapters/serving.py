@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from h3serve.adapters.peft import target_shapes
 
 if TYPE_CHECKING:
     from h3serve.config import EngineConfig
+    from h3serve.validate import ModelDefaults
 
 DITS = ("transformer", "transformer_ref")
 
@@ -24,6 +26,18 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
         if path.is_file():
             return json.loads(path.read_text())
     raise AdapterError(f"{model}: none of the DiTs {', '.join(dits)} has a config.json")
+
+
+def engine_defaults(config: EngineConfig, defaults: ModelDefaults) -> ModelDefaults:
+    """The checkpoint's request defaults under a fused FastH3 adapter: its pinned schedule, T2VA only."""
+    if config.dit_adapter is None:
+        return defaults
+    from h3serve.adapters.fasth3 import POSITIONS, adapter_path
+    from h3serve.schedule import PinnedSchedule
+
+    name = adapter_path(config.dit_adapter).name
+    pin = PinnedSchedule(owner=f"the fused FastH3 adapter {name}", positions=POSITIONS)
+    return dataclasses.replace(defaults, pinned_schedule=pin, fused_adapter=name)
 
 
 def lora_enabled(config: EngineConfig) -> bool:

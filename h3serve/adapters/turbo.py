@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError
-from h3serve.errors import RequestError
+from h3serve.schedule import PinnedSchedule
 
 TURBO_NAME = re.compile(r"^minimax_h3_(fl2v|ref2v)_turbo_(\d+)step_v(\d+\.\d+)(_768p)?(_bf16)?\.safetensors$")
 TURBO_DEFAULT_ALPHA = 8.0
@@ -62,38 +62,16 @@ def check_key_format(contract: TurboContract, metadata: dict[str, str]) -> None:
         raise AdapterError(f"{contract.file_name}: metadata key_format {fmt!r}; expected minimax-h3-diffusers")
 
 
-def forwards_to_steps(forwards: int) -> int:
-    """The plan's `steps` for a forward count: the identity, since `steps` counts denoiser forwards."""
-    return forwards
+def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
+    """The schedule a request naming a Turbo adapter runs: the contract's forward count and shifts (a request may
+    omit or restate them; h3serve.schedule refuses others). `RequestError` on a task the artifact does not serve."""
+    from h3serve.validate import RequestError
 
-
-def turbo_settings(
-    contract: TurboContract,
-    adapter: str,
-    task: str,
-    steps: int | None,
-    flow_shift: float | None,
-    audio_flow_shift: float | None,
-) -> tuple[int, float, float]:
-    """(steps, flow_shift, audio_flow_shift) of a request naming a Turbo adapter: the contract's, by default.
-
-    Raises `RequestError` on a task the artifact does not serve or a stated value the contract contradicts."""
     if task not in contract.tasks:
-        raise RequestError(
-            "lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}"
-        )
-    want = forwards_to_steps(contract.forwards)
-    if steps is not None and steps != want:
-        raise RequestError(
-            "num_inference_steps",
-            f"{adapter} is a {contract.forwards}-step Turbo adapter ({contract.file_name}): give {want} or omit it",
-        )
-    for field, value, expected in (
-        ("flow_shift", flow_shift, contract.flow_shift),
-        ("audio_flow_shift", audio_flow_shift, contract.audio_flow_shift),
-    ):
-        if value is not None and value != expected:
-            raise RequestError(
-                field, f"{adapter} ({contract.file_name}) runs at {field} {expected:g}: give {expected:g} or omit it"
-            )
-    return want, contract.flow_shift, contract.audio_flow_shift
+        raise RequestError("lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}")
+    return PinnedSchedule(
+        owner=f"the {contract.forwards}-step Turbo adapter {adapter} ({contract.file_name})",
+        steps=contract.forwards,
+        flow_shift=contract.flow_shift,
+        audio_flow_shift=contract.audio_flow_shift,
+    )

@@ -12,6 +12,7 @@ import torch
 
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.adapters.serving import engine_defaults
 from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
@@ -37,7 +38,7 @@ class LocalEngine:
         self.config = config.validate()
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model)
-        self.defaults = self.layout.defaults()
+        self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
         self.device = config.resolved_device()
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)

@@ -13,10 +13,11 @@ from small_dit import SMALL_DIT
 from h3serve.adapters.catalog import LoraCatalog, LoraField, parse_lora_field
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import inspect_lora, target_shapes
-from h3serve.adapters.turbo import parse_turbo_name, turbo_settings
+from h3serve.adapters.turbo import parse_turbo_name, turbo_pin
 from h3serve.model.transformer import H3TransformerConfig
+from h3serve.request import GenerationRequest
 from h3serve.tools.tiny_adapter import lora_tensors, write_peft_adapter, write_turbo_adapter
-from h3serve.validate import RequestError
+from h3serve.validate import ModelDefaults, RequestError, validate
 
 CFG = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
 SHAPES = target_shapes(CFG)
@@ -132,19 +133,26 @@ def test_turbo_names_are_the_contract(root, tmp_path):
     choice = catalog.choose(LoraField(name="turbo"))
     assert choice.turbo == c and choice.alpha == 8.0 and choice.rank == 8
     assert lines == [f"warning: {c.file_name}: no alpha in its metadata; using LightX2V's default alpha 8"]
-    assert turbo_settings(c, "turbo", "fl2va", None, None, None) == (4, 12.0, 3.0)  # 4 forwards
-    for args, field, message in (
-        (("ref2va", None, None, None), "lora", r"serves t2va, fl2va, not ref2va"),
-        (("t2va", 50, None, None), "num_inference_steps", "a 4-step Turbo adapter"),
-        (("t2va", None, 6.0, None), "flow_shift", "runs at flow_shift 12: give 12 or omit it"),
-        (("t2va", None, None, 5.0), "audio_flow_shift", "runs at audio_flow_shift 3"),
+    plan = validate(GenerationRequest(prompt="x", lora=choice))
+    assert (plan.steps, plan.flow_shift, plan.audio_flow_shift, plan.pinned_positions) == (4, 12.0, 3.0, None)
+    assert validate(GenerationRequest(prompt="x", lora=choice, steps=4, flow_shift=12.0)).steps == 4
+    owner = r"the 4-step Turbo adapter turbo \(minimax_h3_fl2v_turbo_4step_v1.0.safetensors\)"
+    for fields, field, message in (
+        ({"steps": 50}, "steps", owner + " runs exactly 4 steps .* got 50"),
+        ({"flow_shift": 6.0}, "flow_shift", owner + r" runs at flow_shift 12 \(4 steps\); omit the field or send 12"),
+        ({"audio_flow_shift": 5.0}, "audio_flow_shift", "runs at audio_flow_shift 3"),
     ):
         with pytest.raises(RequestError, match=message) as err:
-            turbo_settings(c, "turbo", *args)
+            validate(GenerationRequest(prompt="x", lora=choice, **fields))
         assert err.value.field == field
-    assert turbo_settings(c768, "t", "ref2va", None, None, None)[1] == 6.0
+    with pytest.raises(RequestError, match=r"turbo \(minimax_h3_fl2v.*\) serves t2va, fl2va, not ref2va") as err:
+        turbo_pin(c, "turbo", "ref2va")
+    assert err.value.field == "lora"
+    pin = turbo_pin(c768, "t", "ref2va")
+    assert (pin.steps, pin.flow_shift, pin.audio_flow_shift) == (8, 6.0, 3.0)
     with pytest.raises(RequestError, match="flow_shift 6"):  # a 768p file with the default 12 stated
-        turbo_settings(c768, "t", "ref2va", None, 12.0, None)
+        validate(GenerationRequest(prompt="x", lora=dataclasses.replace(choice, turbo=parse_turbo_name(
+            "minimax_h3_fl2v_turbo_4step_v1.0_768p.safetensors")), flow_shift=12.0), ModelDefaults())
     two = tmp_path / "two"
     write_turbo_adapter(two, CFG, rank=2)
     write_turbo_adapter(two, CFG, rank=2, file_name="minimax_h3_fl2v_turbo_8step_v1.0.safetensors")
