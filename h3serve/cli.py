@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -205,6 +207,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model = model_dir(args.model)
         layout = read_layout(model)
         config = engine_config_from_args(args, model)
+        if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
+            config = dataclasses.replace(config, decode_mode="full")
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = engine_defaults(config, layout.defaults())
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
@@ -220,7 +224,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        output = _run_engine(config, plan)
+        output = _run_engine(config, plan, args.output, options)
     except ConfigError as e:  # the placement plan refused the configuration, before any weight was read
         return fail(str(e))
     except Exception as e:  # one line, never a traceback: the request was valid, the run failed
@@ -228,11 +232,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return _write_outputs(args, output, options)
 
 
-def _run_engine(config, plan):
-    """Load the weights (in-process, or one process per rank) and run one plan with a progress bar."""
+def _run_engine(config, plan, output_path, options):
+    """Load the weights (in-process, or one process per rank) and run one plan with a progress bar; streamed
+    (`--decode-mode stream`), the MP4 is written at `output_path` as the VAE clips are decoded."""
     from tqdm import tqdm
 
     from h3serve.engine.executor import Executor
+    from h3serve.engine.stream_output import Mp4Sink
     from h3serve.rank.local import LocalEngine
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
@@ -243,8 +249,18 @@ def _run_engine(config, plan):
         bar.total = total
         bar.update(done - bar.n)
 
+    stream = config.decode_mode == "stream"
     try:
-        return engine.generate(plan, on_progress=on_step)
+        if not stream:
+            return engine.generate(plan, on_progress=on_step)
+        if multi_rank:
+            output = engine.generate(plan, on_progress=on_step, encoder=options)
+            files = output.files
+            shutil.move(files.pop("video"), output_path)
+            for path in files.values():  # previews: the server's downloads, not the CLI's
+                Path(path).unlink(missing_ok=True)
+            return output
+        return engine.generate(plan, on_progress=on_step, sink=Mp4Sink(output_path, options))
     finally:
         bar.close()
         if multi_rank:
@@ -257,8 +273,9 @@ def _write_outputs(args: argparse.Namespace, output, options) -> int:
 
     start = time.perf_counter()
     try:
-        write_mp4(args.output, output.video, output.audio, options=options)
-        output.stage_durations["mux"] = time.perf_counter() - start
+        if output.video is not None:  # else streamed: the MP4 was written during the decode
+            write_mp4(args.output, output.video, output.audio, options=options)
+            output.stage_durations["mux"] = time.perf_counter() - start
         if args.save_raw:
             write_raw(args.save_raw, output.video, output.audio)
     except (ValueError, OSError) as e:

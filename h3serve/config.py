@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
+DECODE_MODES = ("stream", "full")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class EngineConfig:
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
     offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
+    decode_mode: str = "stream"  # stream: VAE clips into the MP4 as they are decoded | full: whole arrays first
     device_memory: int | None = None  # --device-memory: bytes per device for the plan's verdict; None: ask the GPU
     quantization: QuantizationConfig | None = None  # --quantization fp8 (h3serve.accel.quant_config); None: full
     # Per-request LoRA (h3serve.adapters, h3serve.rank.lora): preloaded (name, path), their default scale, the
@@ -242,6 +244,8 @@ class EngineConfig:
         refusal = self.cache_refusal()
         if self.cache_backend != "none" and refusal:
             raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
+        if self.decode_mode not in DECODE_MODES:
+            raise ConfigError(f"--decode-mode {self.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         if not (self.model / "modular_model_index.json").exists():

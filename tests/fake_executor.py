@@ -61,7 +61,7 @@ class FakeExecutor:
         self._seq = 0
         self._cancel = 0
 
-    def generate(self, plan, on_progress=None, on_start=None, timeout_s=None) -> GenerationOutput:
+    def generate(self, plan, on_progress=None, on_start=None, timeout_s=None, encoder=None) -> GenerationOutput:
         with self._lock:
             self._seq += 1
             seq = self._seq

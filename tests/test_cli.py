@@ -45,7 +45,8 @@ def _sha(path) -> str:
 
 @pytest.fixture(scope="module")
 def outputs(tiny_checkpoint, tmp_path_factory):
-    """Three runs: seed 3 twice (5 s), seed 4 once (4 s)."""
+    """Three runs with --save-raw (a full decode): seed 3 twice (5 s), seed 4 once (4 s); and seed 3 again
+    without it, streamed (the default --decode-mode)."""
     d = tmp_path_factory.mktemp("cli")
     runs = {}
     for name, seed, seconds in (("a", 3, 5), ("b", 3, 5), ("c", 4, 4)):
@@ -54,6 +55,10 @@ def outputs(tiny_checkpoint, tmp_path_factory):
         argv += ["--duration", str(seconds), "--steps", "2", "--seed", str(seed), "--save-raw", str(raw)]
         assert main(argv) == 0
         runs[name] = (mp4, raw)
+    streamed = d / "streamed.mp4"
+    argv = ["generate", "a lighthouse in a storm", "-o", str(streamed), "--model", str(tiny_checkpoint)]
+    assert main([*argv, "--duration", "5", "--steps", "3", "--seed", "3"]) == 0
+    runs["streamed"] = (streamed, None)
     return runs
 
 
@@ -77,6 +82,10 @@ def test_same_seed_is_byte_identical_and_other_seed_differs(outputs):
     with np.load(a_raw) as ra, np.load(c_raw) as rc:
         assert ra["video"].shape[0] == 124 and rc["video"].shape[0] == 107
         assert not np.array_equal(ra["video"][:107], rc["video"])
+
+
+def test_streamed_decode_writes_the_full_decodes_bytes(outputs):
+    assert _sha(outputs["streamed"][0]) == _sha(outputs["a"][0])
 
 
 def test_raw_arrays_are_what_went_into_the_mp4(outputs):

@@ -68,6 +68,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--vae-parallel-mode", default="tile", help="tile (the only mode of H3's VAE)")
     p.add_argument("--vae-use-tiling", action="store_true", help="tiled VAE decode (always on for H3)")
     p.add_argument("--cfg-parallel-size", type=int, default=1, help="must be 1: H3 is CFG-distilled")
+    p.add_argument(
+        "--decode-mode",
+        default="stream",
+        help="stream (default): VAE clips go into the MP4 as they are decoded, in bounded memory | full: the whole "
+        "video is decoded first (same bytes)",
+    )
 
     r = parser.add_argument_group("vLLM-Omni recipe compatibility")
     r.add_argument("--omni", action="store_true", help="accepted: h3serve always serves video + audio")
@@ -394,6 +400,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         if args.cache_config
         else "",
         offload=offload,
+        decode_mode=args.decode_mode,
         device_memory=device_memory(args.device_memory),
         quantization=quantization(args),
         **lora_fields(args),

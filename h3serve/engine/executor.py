@@ -27,6 +27,7 @@ from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ServerError
+from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.validate import GenerationPlan, ModelDefaults
 
@@ -223,15 +224,22 @@ class Executor:
         on_progress: ProgressCallback | None = None,
         on_start: Callable[[int], None] | None = None,
         timeout_s: float | None = None,
+        encoder: EncoderOptions | None = None,
     ) -> GenerationOutput:
-        """Run one plan on all ranks. `on_start(seq)` gives the handle `cancel` takes."""
+        """Run one plan on all ranks. `on_start(seq)` gives the handle `cancel` takes.
+
+        With `encoder` and `--decode-mode stream`, rank 0 writes the MP4 (and its previews) into the spool as the
+        VAE clips come, and the output names those files; otherwise it holds the decoded arrays."""
         with self._lock:
             if self._closed:
                 raise EngineError("the engine is shut down")
             if not self.alive():
                 self.restart()
             job = RankJob(
-                seq=next(self._seq), plan=plan, spool=str(self._spool / f"job-{os.getpid()}-{time.time_ns()}.npz")
+                seq=next(self._seq),
+                plan=plan,
+                spool=str(self._spool / f"job-{os.getpid()}-{time.time_ns()}.npz"),
+                encoder=encoder if self.config.decode_mode == "stream" else None,
             )
             if on_start is not None:
                 on_start(job.seq)
@@ -248,6 +256,9 @@ class Executor:
                         continue  # a late message about an earlier job
                     if isinstance(event, Progress) and on_progress is not None:
                         on_progress(event.done, event.total)
+                    elif isinstance(event, Done) and event.files is not None:
+                        return GenerationOutput(None, None, event.stage_durations, event.peak_memory_mb,
+                                                files=dict(event.files), streamed_frames=event.frames)
                     elif isinstance(event, Done):
                         return self._read_result(job.spool, event.stage_durations, event.peak_memory_mb)
                     elif isinstance(event, JobCancelled):

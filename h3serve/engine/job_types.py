@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
 from h3serve.validate import GenerationPlan, ModelDefaults
+
+if TYPE_CHECKING:
+    from h3serve.media.mp4 import EncoderOptions
 
 
 class ExecutorLike(Protocol):
@@ -22,8 +25,8 @@ class ExecutorLike(Protocol):
     tasks: tuple[str, ...]  # what the loaded DiTs serve
 
     def generate(self, plan: GenerationPlan, on_progress: Callable[[int, int], None] | None = None,
-                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None
-                 ) -> GenerationOutput: ...
+                 on_start: Callable[[int], None] | None = None, timeout_s: float | None = None,
+                 encoder: EncoderOptions | None = None) -> GenerationOutput: ...
     def cancel(self, seq: int) -> None: ...
     def alive(self) -> bool: ...
 

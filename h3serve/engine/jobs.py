@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from h3serve import limits
-from h3serve.engine.artifacts import write_artifacts
+from h3serve.engine.artifacts import discard_files, write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.job_types import ExecutorLike, JobListener, QueueFull, ReplicaStatus, ShuttingDown, StartListener
 from h3serve.engine.output import GenerationOutput
@@ -439,7 +439,8 @@ class JobManager:
                     if not held:
                         self._drop(active)
 
-        output = executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s)
+        output = executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s,
+                                   encoder=self.encoder_options)
         return None if active.dropped else output
 
     def _write_and_finish(self, active: _Active, output: GenerationOutput) -> None:
@@ -448,6 +449,7 @@ class JobManager:
         encode_start = time.monotonic()
         try:
             if active.dropped:
+                discard_files(output)
                 return
             write_artifacts(self.files.job_dir(job_id), output, self.encoder_options)
         except Exception:
@@ -457,7 +459,7 @@ class JobManager:
             return
         now = time.monotonic()
         self._run_seconds = [*self._run_seconds[-7:], now - active.started]
-        frames = int(output.video.shape[0])
+        frames = output.num_frames
         try:
             self._finish(
                 active,

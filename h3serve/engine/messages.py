@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from h3serve.media.mp4 import EncoderOptions
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 
@@ -17,7 +18,8 @@ class RankJob:
 
     seq: int
     plan: GenerationPlan
-    spool: str  # file rank 0 writes the result arrays into
+    spool: str  # file rank 0 writes the result arrays into (`--decode-mode full`, or no `encoder`)
+    encoder: EncoderOptions | None = None  # streamed (`--decode-mode stream`): rank 0 writes the MP4 itself
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,13 @@ class Progress:
 
 @dataclass(frozen=True)
 class Done:
-    """The result arrays are in the job's spool file."""
+    """The result arrays are in the job's spool file, or (streamed) the files named in `files` are written."""
 
     seq: int
     stage_durations: dict[str, float]
     peak_memory_mb: float
+    files: dict[str, str] | None = None  # streamed: download variant -> path (the MP4 and its previews)
+    frames: int = 0  # streamed: frames in the MP4
 
 
 @dataclass(frozen=True)

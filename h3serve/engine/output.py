@@ -9,7 +9,16 @@ import numpy as np
 
 @dataclass
 class GenerationOutput:
-    video: np.ndarray  # [T, H, W, 3] float32 in [0, 1]
-    audio: np.ndarray  # [2, N] float32 in [-1, 1] at 32 kHz
+    """The decoded arrays (`--decode-mode full`), or, streamed, the files the engine wrote (by download variant:
+    video, thumbnail, spritesheet), and the soundtrack either way."""
+
+    video: np.ndarray | None  # [T, H, W, 3] float32 in [0, 1]; None when streamed into files
+    audio: np.ndarray | None  # [2, N] float32 in [-1, 1] at 32 kHz; None when streamed by rank processes
     stage_durations: dict[str, float] = field(default_factory=dict)
     peak_memory_mb: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)  # streamed: variant -> path of the file written
+    streamed_frames: int = 0  # streamed: frames in the MP4
+
+    @property
+    def num_frames(self) -> int:
+        return self.streamed_frames if self.video is None else int(self.video.shape[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -72,12 +73,14 @@ def fit_audio(audio: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def _rgb_frame(frame: np.ndarray, index: int) -> av.VideoFrame:
-    """float32 [H,W,3] in [0,1] -> BT.709 limited-range yuv420p VideoFrame with pts ``index``."""
-    if not np.isfinite(frame).all():
-        raise ValueError(f"video frame {index} contains NaN or inf")
-    rgb = np.clip(np.rint(frame * 255.0), 0, 255).astype(np.uint8)
-    yuv = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(
+def rgb8(video: np.ndarray) -> np.ndarray:
+    """float32 frames in [0, 1] -> uint8 RGB, exactly as the MP4 stores them (round half to even, clipped)."""
+    return np.clip(np.rint(video * 255.0), 0, 255).astype(np.uint8)
+
+
+def _yuv_frame(rgb: np.ndarray, index: int) -> av.VideoFrame:
+    """uint8 [H,W,3] RGB -> BT.709 limited-range yuv420p VideoFrame with pts ``index``."""
+    yuv = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24").reformat(
         format="yuv420p",
         dst_colorspace=Colorspace.ITU709,
         dst_color_range=ColorRange.MPEG,
@@ -88,6 +91,108 @@ def _rgb_frame(frame: np.ndarray, index: int) -> av.VideoFrame:
     )
     yuv.pts = index
     return yuv
+
+
+class Mp4Writer:
+    """An MP4 written frame chunk by frame chunk: the soundtrack is given whole up front, the video frames
+    (uint8 RGB) as they come; audio is interleaved after each frame. Used as a context manager: the file
+    appears at ``path`` (atomically) only when every announced frame was written and the block exits cleanly.
+
+    `write_mp4` is this writer fed the whole video, so a streamed and a whole encode of the same uint8 frames
+    give the same bytes."""
+
+    def __init__(
+        self,
+        path: PathLike,
+        num_frames: int,
+        height: int,
+        width: int,
+        audio: np.ndarray,
+        fps: int = 24,
+        sample_rate: int = 32000,
+        options: EncoderOptions = EncoderOptions(),  # noqa: B008 (frozen, so a shared default is safe)
+    ):
+        probe = np.zeros((1, height, width, 3), dtype=np.float32)
+        validate_media(probe, audio, fps, sample_rate, even_dims=True)
+        _validate_options(options, sample_rate)
+        if num_frames < 1:
+            raise ValueError(f"an MP4 needs at least one frame, got {num_frames}")
+        if not np.isfinite(audio).all():
+            raise ValueError("audio contains NaN or inf")
+        self.path, self.options = path, options
+        self.num_frames, self.height, self.width = num_frames, height, width
+        self.fps, self.sample_rate = int(fps), int(sample_rate)
+        self.n_samples = audio_samples_for(num_frames, self.fps, self.sample_rate)
+        self.pcm = fit_audio(audio, self.n_samples)
+        self.written = 0
+        self._audio_done = 0
+        self._output = None
+        self._container = None
+
+    def __enter__(self) -> Mp4Writer:
+        self._output = atomic_output(self.path)
+        tmp = self._output.__enter__()
+        try:
+            self._open(tmp)
+        except BaseException:
+            self._output.__exit__(*sys.exc_info())
+            raise
+        return self
+
+    def _open(self, tmp) -> None:
+        options = self.options
+        self._container = container = av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"})
+        self._vstream = vstream = container.add_stream("libx264", rate=self.fps)
+        vstream.width, vstream.height, vstream.pix_fmt = self.width, self.height, "yuv420p"
+        vstream.time_base = Fraction(1, self.fps)
+        vcc = vstream.codec_context
+        vcc.options = {"preset": options.preset, "crf": str(options.crf), "x264-params": _X264_PARAMS}
+        vcc.thread_count, vcc.thread_type = options.threads, "FRAME"
+        vcc.colorspace, vcc.color_range = Colorspace.ITU709, ColorRange.MPEG
+        vcc.color_primaries, vcc.color_trc = ColorPrimaries.BT709, ColorTrc.BT709
+        self._astream = astream = container.add_stream("aac", rate=self.sample_rate, layout="stereo")
+        astream.bit_rate = options.audio_bitrate
+
+    def _encode_audio_until(self, end: int) -> None:
+        """Encode the 1024-sample frames starting before ``end``."""
+        done, container = self._audio_done, self._container
+        while done < min(end, self.n_samples):
+            chunk = np.ascontiguousarray(self.pcm[:, done : done + AAC_FRAME_SAMPLES])
+            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
+            frame.sample_rate, frame.pts, frame.time_base = self.sample_rate, done, Fraction(1, self.sample_rate)
+            container.mux(self._astream.encode(frame))
+            done += chunk.shape[1]
+        self._audio_done = done
+
+    def write(self, frames: np.ndarray) -> None:
+        """Encode uint8 frames [t, H, W, 3] (RGB) after those already written."""
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (self.height, self.width, 3):
+            raise ValueError(
+                f"frames must be uint8 [t, {self.height}, {self.width}, 3], got {frames.dtype} {list(frames.shape)}"
+            )
+        if self.written + frames.shape[0] > self.num_frames:
+            raise ValueError(f"more than the announced {self.num_frames} frames")
+        for rgb in frames:
+            i = self.written
+            self._container.mux(self._vstream.encode(_yuv_frame(rgb, i)))
+            # Interleave: after each video frame, encode the audio up to that frame's end time.
+            self._encode_audio_until((i + 1) * self.sample_rate // self.fps + 1)
+            self.written += 1
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            if kind is None:
+                if self.written != self.num_frames:
+                    raise ValueError(f"{self.written} of the announced {self.num_frames} frames were written")
+                self._container.mux(self._vstream.encode(None))
+                self._encode_audio_until(self.n_samples)
+                self._container.mux(self._astream.encode(None))
+        except BaseException:
+            self._container.close()
+            self._output.__exit__(*sys.exc_info())
+            raise
+        self._container.close()
+        self._output.__exit__(kind, value, tb)
 
 
 def write_mp4(
@@ -105,44 +210,9 @@ def write_mp4(
     The file is written next to ``path`` under a temporary name, fsynced and renamed into place.
     """
     validate_media(video, audio, fps, sample_rate, even_dims=True)
-    _validate_options(options, sample_rate)
-    if not np.isfinite(audio).all():
-        raise ValueError("audio contains NaN or inf")
-    fps, sample_rate = int(fps), int(sample_rate)
     n_frames, height, width, _ = video.shape
-    n_samples = audio_samples_for(n_frames, fps, sample_rate)
-    pcm = fit_audio(audio, n_samples)
-
-    with atomic_output(path) as tmp:
-        with av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as container:
-            vstream = container.add_stream("libx264", rate=fps)
-            vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
-            vstream.time_base = Fraction(1, fps)
-            vcc = vstream.codec_context
-            vcc.options = {"preset": options.preset, "crf": str(options.crf), "x264-params": _X264_PARAMS}
-            vcc.thread_count, vcc.thread_type = options.threads, "FRAME"
-            vcc.colorspace, vcc.color_range = Colorspace.ITU709, ColorRange.MPEG
-            vcc.color_primaries, vcc.color_trc = ColorPrimaries.BT709, ColorTrc.BT709
-
-            astream = container.add_stream("aac", rate=sample_rate, layout="stereo")
-            astream.bit_rate = options.audio_bitrate
-            audio_tb = Fraction(1, sample_rate)
-
-            def encode_audio_until(done: int, end: int) -> int:
-                """Encode the 1024-sample frames starting before ``end``; return the new start offset."""
-                while done < min(end, n_samples):
-                    chunk = np.ascontiguousarray(pcm[:, done : done + AAC_FRAME_SAMPLES])
-                    frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
-                    frame.sample_rate, frame.pts, frame.time_base = sample_rate, done, audio_tb
-                    container.mux(astream.encode(frame))
-                    done += chunk.shape[1]
-                return done
-
-            # Interleave: after each video frame, encode the audio up to that frame's end time.
-            audio_done = 0
-            for i in range(n_frames):
-                container.mux(vstream.encode(_rgb_frame(video[i], i)))
-                audio_done = encode_audio_until(audio_done, (i + 1) * sample_rate // fps + 1)
-            container.mux(vstream.encode(None))
-            encode_audio_until(audio_done, n_samples)
-            container.mux(astream.encode(None))
+    with Mp4Writer(path, n_frames, height, width, audio, fps, sample_rate, options) as writer:
+        for i in range(n_frames):
+            if not np.isfinite(video[i]).all():
+                raise ValueError(f"video frame {i} contains NaN or inf")
+            writer.write(rgb8(video[i : i + 1]))

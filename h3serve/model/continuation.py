@@ -16,6 +16,7 @@ from h3serve.model.latent_edit import MaskedTarget, audio_target
 from h3serve.model.layout import ReferenceBlock
 from h3serve.model.pipeline_types import (
     Conditioning,
+    FrameSink,
     GenerationResult,
     LatentGuide,
     ReferenceMedia,
@@ -23,6 +24,7 @@ from h3serve.model.pipeline_types import (
     StepCallback,
     Target,
 )
+from h3serve.model.streaming import SourceHead
 from h3serve.validate import GenerationPlan
 
 
@@ -32,7 +34,7 @@ class ContinuationMixin:
     `_reference_encoded`, `_sample`, `_decode`, `_schedules`)."""
 
     def _generate_continuation(
-        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None
+        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None, sink: FrameSink | None = None
     ) -> GenerationResult:
         """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
         latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
@@ -79,6 +81,9 @@ class ContinuationMixin:
         video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
         if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
             raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
+        if sink is not None:  # streamed: the source frames and soundtrack go in as the chunks pass
+            head = SourceHead(cond.extend_video, cond.extend_audio) if extending else None
+            return self._decode(video_latents, audio_latents, clock, None, sink, head)
         result = self._decode(video_latents, audio_latents, clock, None)
         if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
             source = torch.from_numpy(cond.extend_video).float() / 255.0

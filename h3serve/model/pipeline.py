@@ -41,6 +41,7 @@ from h3serve.model.layout import (
 from h3serve.model.pipeline_types import (
     Conditioning,
     Encoded,
+    FrameSink,
     GenerationResult,
     H3Components,
     LatentGuide,
@@ -53,6 +54,7 @@ from h3serve.model.pipeline_types import (
 )
 from h3serve.model.scheduler import FlowSchedule, scale_noise
 from h3serve.model.step_times import step_times
+from h3serve.model.streaming import SourceHead, stream_decode
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.transformer import H3Transformer, PackedLayout
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
@@ -86,14 +88,22 @@ class H3Pipeline(ContinuationMixin):
 
     @torch.no_grad()
     def generate(
-        self, plan: GenerationPlan, conditioning: Conditioning | None = None, on_step: StepCallback | None = None
+        self,
+        plan: GenerationPlan,
+        conditioning: Conditioning | None = None,
+        on_step: StepCallback | None = None,
+        sink: FrameSink | None = None,
     ) -> GenerationResult:
+        """Run one plan. With a `sink` the video is streamed into it clip by clip (the result holds no frames);
+        without one it is decoded whole into `result.video`."""
         with self.hooks.request(plan.task):
             if plan.continuation:
-                return self._generate_continuation(plan, conditioning or Conditioning(), on_step)
-            return self._generate(plan, conditioning or Conditioning(), on_step)
+                return self._generate_continuation(plan, conditioning or Conditioning(), on_step, sink)
+            return self._generate(plan, conditioning or Conditioning(), on_step, sink)
 
-    def _generate(self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None) -> GenerationResult:
+    def _generate(
+        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None, sink: FrameSink | None = None
+    ) -> GenerationResult:
         clock = StageClock(self.device, self.hooks)
         enc = self.encode(plan, cond, clock)
         dit = self.components.transformer_ref if cond.references else self.components.transformer
@@ -104,7 +114,7 @@ class H3Pipeline(ContinuationMixin):
         forwards = len(self._schedules(plan)[0])
         with block_cache(dit, profile, forwards) if cached else nullcontext() as cache:
             video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, edits)
-        return self._decode(video_latents, audio_latents, clock, cache)
+        return self._decode(video_latents, audio_latents, clock, cache, sink)
 
     def encode_edit(
         self, plan: GenerationPlan, cond: Conditioning, clock: StageClock
@@ -218,9 +228,17 @@ class H3Pipeline(ContinuationMixin):
         return video_latents, audio_latents
 
     def _decode(
-        self, video_latents: torch.Tensor, audio_latents: torch.Tensor, clock: StageClock, cache: CacheStats | None
+        self,
+        video_latents: torch.Tensor,
+        audio_latents: torch.Tensor,
+        clock: StageClock,
+        cache: CacheStats | None,
+        sink: FrameSink | None = None,
+        head: SourceHead | None = None,
     ) -> GenerationResult:
         clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, clock.steps)
+        if sink is not None:
+            return stream_decode(self, video_latents, audio_latents, clock, cache, sink, head)
         # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
         with clock("video_decode"):
             video = self.decode_video(video_latents).cpu()
@@ -233,6 +251,7 @@ class H3Pipeline(ContinuationMixin):
             audio_latents=audio_latents.cpu(),
             stage_durations=clock.durations,
             block_cache=cache,
+            num_frames=video.shape[0],
         )
 
     # -- conditioning ----------------------------------------------------------------------------------------
@@ -431,13 +450,16 @@ class H3Pipeline(ContinuationMixin):
                 on_step(i + 1, total)
         return video_rows, audio_rows
 
-    def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised latents [1, 24, F, lh, lw] -> frames [T, H, W, 3] fp32 in [0, 1] (tiled, chunked VAE)."""
+    def denormalised_video(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents -> the VAE decoder's input, on the device and in its dtype."""
         vae = self.components.vae
         mean = torch.tensor(vae.config.latents_mean, device=self.device).view(1, -1, 1, 1, 1)
         std = torch.tensor(vae.config.latents_std, device=self.device).view(1, -1, 1, 1, 1)
-        z = latents.to(self.device) * std + mean
-        x = vae.decode(z.to(vae.post_quant_conv.weight.dtype), return_dict=False)[0]  # [1, 3, T, H, W]
+        return (latents.to(self.device) * std + mean).to(vae.post_quant_conv.weight.dtype)
+
+    def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents [1, 24, F, lh, lw] -> frames [T, H, W, 3] fp32 in [0, 1] (tiled, chunked VAE)."""
+        x = self.components.vae.decode(self.denormalised_video(latents), return_dict=False)[0]  # [1, 3, T, H, W]
         pix_mean = torch.tensor(limits.PIXEL_MEAN, device=self.device).view(1, -1, 1, 1, 1)
         pix_std = torch.tensor(limits.PIXEL_STD, device=self.device).view(1, -1, 1, 1, 1)
         # In place on the decoder's own output (a copy only if the VAE ran in bf16): the same values as

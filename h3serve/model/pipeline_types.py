@@ -46,14 +46,27 @@ class H3Components:
         return tasks_served(name for name, dit in loaded.items() if dit is not None)
 
 
+class FrameWriter(Protocol):
+    def write(self, frames: np.ndarray) -> None: ...  # uint8 [t, H, W, 3] RGB, in order
+
+
+class FrameSink(Protocol):
+    """Where a streamed decode goes (`--decode-mode stream`): opened once the soundtrack is decoded, then fed
+    the video's uint8 frames chunk by chunk (h3serve.engine.stream_output writes them into an MP4)."""
+
+    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> AbstractContextManager[FrameWriter]:
+        ...
+
+
 @dataclass
 class GenerationResult:
-    video: torch.Tensor  # [T, H, W, 3] float32 in [0, 1]
+    video: torch.Tensor | None  # [T, H, W, 3] float32 in [0, 1]; None when streamed into a FrameSink
     audio: torch.Tensor  # [2, N] float32 in [-1, 1] at 32 kHz
     video_latents: torch.Tensor  # [1, 24, F, lh, lw] normalised latents, fp32
     audio_latents: torch.Tensor  # [2, 32, A] normalised latents, fp32
     stage_durations: dict[str, float] = field(default_factory=dict)
     block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
+    num_frames: int = 0  # frames decoded (streamed or not)
 
 
 class StageHooks(Protocol):

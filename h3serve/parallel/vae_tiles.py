@@ -50,7 +50,25 @@ class TileParallelDecode:
     def install(cls, vae: nn.Module, group: ProcessGroup | None) -> TileParallelDecode:
         decode = cls(vae, group)
         vae._decode = decode
+        # The streamed decode (h3serve.model.stream_decode) asks for one clip at a time.
+        vae._decode_clip = decode.decode_clip
         return decode
+
+    def decode_clip(self, z: torch.Tensor) -> torch.Tensor | None:
+        """One temporal clip, its tiles spread over the ranks: rank 0 gets the stitched clip (the VAE's own
+        `_decode_clip` result, bit for bit), the other ranks None once they have sent their tiles."""
+        vae = self.vae
+        z = z.contiguous()
+        if self.group is not None:  # every rank tiles rank 0's latents
+            dist.broadcast(z, src=dist.get_global_rank(self.group, 0), group=self.group)
+        windows, columns, y_overlaps, x_overlaps = _tile_grid(vae, z)
+        tiles = self._decode_tiles([z], windows)
+        if not tiles:
+            return None
+        if not vae.use_tiling:
+            return tiles[0]
+        rows = [tiles[r : r + columns] for r in range(0, len(windows), columns)]
+        return vae._stitch_tiles(rows, y_overlaps, x_overlaps)
 
     def _decode_tiles(self, clips: list[torch.Tensor], windows: list[tuple[slice, slice]]) -> list[torch.Tensor]:
         """Decode this rank's share of the units; rank 0 gets all of them in unit order, other ranks none."""

@@ -18,7 +18,7 @@ from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.pipeline import H3Pipeline
-from h3serve.model.pipeline_types import StepCallback
+from h3serve.model.pipeline_types import FrameSink, StepCallback
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel
@@ -92,8 +92,11 @@ class LocalEngine:
             raise RequestError("quality", why)
         return plan
 
-    def generate(self, plan: GenerationPlan, on_progress: StepCallback | None = None) -> GenerationOutput:
+    def generate(
+        self, plan: GenerationPlan, on_progress: StepCallback | None = None, sink: FrameSink | None = None
+    ) -> GenerationOutput:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too).
+        With a `sink` the video is streamed into it (h3serve.engine.stream_output) and the output holds no frames.
 
         A long video request is first put to the memory planner (its longest pass on this device): one that
         cannot fit is refused as the client's error before anything runs."""
@@ -109,7 +112,7 @@ class LocalEngine:
             start = time.perf_counter()
             conditioning = load_conditioning(plan, self.defaults)
             load_s = time.perf_counter() - start
-            result = self.pipeline.generate(plan, conditioning, on_progress)
+            result = self.pipeline.generate(plan, conditioning, on_progress, sink)
         if result.block_cache is not None and self.rank == 0:
             cache = result.block_cache
             print(
@@ -120,8 +123,9 @@ class LocalEngine:
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         return GenerationOutput(
-            video=result.video.numpy(),
+            video=None if result.video is None else result.video.numpy(),
             audio=result.audio.numpy(),
             stage_durations=result.stage_durations,
             peak_memory_mb=memory.mb,
+            streamed_frames=result.num_frames if result.video is None else 0,
         )

@@ -12,6 +12,7 @@ import queue
 import threading
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -113,6 +114,7 @@ def worker_main(
     local_rank: int | None = None,
 ) -> None:
     """Entry point of a rank process (spawned by `Executor`). `local_rank` picks the GPU on this node."""
+    from h3serve.engine.stream_output import DiscardSink, Mp4Sink
     from h3serve.media.raw import write_raw
     from h3serve.rank.local import LocalEngine
 
@@ -146,8 +148,12 @@ def worker_main(
             if _cancel_requested(cancel_value, seq, rank, world, comm_device):
                 raise _CancelledHere
 
+        sink = None
+        if job.encoder is not None:  # streamed: rank 0 writes the MP4; the others decode their tiles in step
+            mp4 = Path(job.spool).with_suffix(".mp4")
+            sink = Mp4Sink(mp4, job.encoder, previews=True) if rank == 0 else DiscardSink()
         try:
-            output = engine.generate(job.plan, on_step)
+            output = engine.generate(job.plan, on_step, sink)
         except _CancelledHere:
             if rank == 0:
                 events.put(JobCancelled(job.seq))
@@ -164,7 +170,9 @@ def worker_main(
             traceback.print_exc()
             events.put(_failed(job.seq, e, None))
             continue
-        if rank == 0:
+        if rank == 0 and isinstance(sink, Mp4Sink):
+            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, sink.files(), output.num_frames))
+        elif rank == 0:
             write_raw(job.spool, output.video, output.audio)
             events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb))
 

@@ -44,6 +44,21 @@ def test_result_equals_in_process_engine(executor, tiny_checkpoint):
     np.testing.assert_array_equal(out.audio, local.audio)
 
 
+def test_streamed_job_files_hold_the_full_decodes_bytes(executor, tmp_path):
+    from h3serve.engine.artifacts import VARIANTS, write_artifacts
+    from h3serve.media.mp4 import EncoderOptions
+
+    fast = EncoderOptions(preset="ultrafast", threads=1)
+    full = executor.generate(_plan(executor, steps=2))
+    streamed = executor.generate(_plan(executor, steps=2), encoder=fast)  # rank 0 writes the files itself
+    assert streamed.video is None and streamed.num_frames == 107 and set(streamed.files) == set(VARIANTS)
+    write_artifacts(tmp_path / "full", full, fast)
+    write_artifacts(tmp_path / "streamed", streamed, fast)
+    for variant in VARIANTS.values():
+        name = variant.file_name
+        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+
+
 def test_cancel_at_next_step(executor):
     handle = {}
 

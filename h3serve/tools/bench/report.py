@@ -49,7 +49,8 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
         # The memory planner's prediction for the same request (h3serve only; the peer has no plan).
         "planned_peak_device_mb": max((r["memory"].get("planned_peak_device_mb") or 0.0 for r in runs), default=0.0)
         or None,
-        "distinct_outputs": len({r["output"]["raw_sha256"] for r in runs}),
+        # A streamed run has no float arrays: its MP4's bytes stand for its output.
+        "distinct_outputs": len({r["output"]["raw_sha256"] or r["output"]["mp4_sha256"] for r in runs}),
         "fidelity": {
             "reference": fidelity[0]["reference"],
             **{k: _median([f[k] for f in fidelity]) for k in FIDELITY},

@@ -66,6 +66,8 @@ def build_request(matrix: BenchMatrix, case: Case, inputs_dir: Path) -> Generati
         prompt=matrix.prompt, width=s.width, height=s.height, num_frames=s.num_frames, steps=matrix.steps,
         seed=matrix.seed, task=case.task,
     )
+    if s.num_frames > limits.MAX_DURATION_S * limits.FPS:  # past 15 s: one long-video pass (up to 30 s)
+        request = replace(request, long_video=True, long_video_mode="full")
     if case.task == "fl2va":
         first = _synthetic_image(inputs_dir / f"first-{s.label}.png", s.width, s.height, 0.0)
         last = _synthetic_image(inputs_dir / f"last-{s.label}.png", s.width, s.height, 2.0)
@@ -73,6 +75,12 @@ def build_request(matrix: BenchMatrix, case: Case, inputs_dir: Path) -> Generati
     elif case.task == "ref2va":
         request = replace(request, references=(_synthetic_image(inputs_dir / "reference.png", 1, 1, 1.0),))
     return request
+
+
+def streams(engine: EngineSpec) -> bool:
+    """Whether the h3serve side decodes straight into the MP4: only when the engine names `decode_mode: stream`.
+    Otherwise it decodes in full, so that its measured runs keep the raw arrays the fidelity figures need."""
+    return engine.options.get("decode_mode") == "stream"
 
 
 def _fidelity(reference: Any, raw_path: str, label: str) -> dict[str, Any]:
@@ -158,10 +166,12 @@ class _Bench:
             for i in range(count):
                 for side in sides if i % 2 == 0 else sides[::-1]:
                     stem = f"{case.id}/{side}-{phase}{i}"
+                    stream = side == SIDE and streams(case.engine)
                     spec = RunSpec(
                         case_id=case.id, request=request, phase=phase, index=i,
                         mp4_path=str(self.out / "outputs" / f"{stem}.mp4"),
-                        raw_path=str(self.out / "raw" / f"{stem}.npz") if phase == "measured" else None,
+                        raw_path=str(self.out / "raw" / f"{stem}.npz") if phase == "measured" and not stream else None,
+                        stream=stream,
                         trace_path=str(self.out / "profiles" / f"{stem}.json") if phase == "profile" else None,
                     )
                     record = workers[side].run(spec)
@@ -208,7 +218,7 @@ class _Bench:
         measured = [r for r in records if r["phase"] == "measured"]
         if self.m.reference == "peer":
             peer = {r["index"]: r for r in measured if r["side"] == self.m.peer}
-            for r in (r for r in measured if r["side"] == SIDE):
+            for r in (r for r in measured if r["side"] == SIDE and r["raw_path"]):
                 ref = peer[r["index"]]
                 r["fidelity"] = _fidelity(load_clip(ref["raw_path"]), r["raw_path"], f"{self.m.peer} run {r['index']}")
         else:
@@ -219,12 +229,12 @@ class _Bench:
                 first = next(r for r in measured if r["side"] == SIDE)
                 path, label = self.first_raw.setdefault(key, (first["raw_path"], f"{first['case']} {SIDE} run 0"))
                 reference = load_clip(path)
-            for r in measured:
+            for r in (r for r in measured if r["raw_path"]):
                 r["fidelity"] = _fidelity(reference, r["raw_path"], label)
         if not self.keep_raw:
             keep = {p for p, _ in self.first_raw.values()}
             for r in measured:
-                if r["raw_path"] not in keep:
+                if r["raw_path"] and r["raw_path"] not in keep:
                     Path(r["raw_path"]).unlink(missing_ok=True)
                     r["raw_path"] = None
 

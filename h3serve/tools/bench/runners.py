@@ -6,8 +6,10 @@ Both load everything in their constructor (so no measured run pays for loading),
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +20,8 @@ from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.planning import plan_request
+from h3serve.engine.stream_output import Mp4Sink
+from h3serve.media.mp4 import EncoderOptions
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.report import plan_json
@@ -33,11 +37,16 @@ ShapeOf = Callable[[tuple, dict], ForwardShape]
 
 @dataclass
 class RunOutput:
-    video: np.ndarray  # [T, H, W, 3] float32 in [0, 1]
+    video: np.ndarray | None  # [T, H, W, 3] float32 in [0, 1]; None when streamed into the MP4
     audio: np.ndarray  # [2, N] float32
     stage_durations: dict[str, float]
     plan: GenerationPlan
     placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only
+    streamed_frames: int = 0
+
+    @property
+    def num_frames(self) -> int:
+        return self.streamed_frames if self.video is None else int(self.video.shape[0])
 
 
 class H3Runner:
@@ -54,14 +63,24 @@ class H3Runner:
         self.local = LocalEngine(config) if config.world_size == 1 else None
         self.engine: LocalEngine | Executor = self.local or Executor(config)
 
-    def run(self, request: GenerationRequest) -> RunOutput:
+    def run(self, request: GenerationRequest, mp4_path: str | None = None) -> RunOutput:
+        """One request; with `mp4_path` (and `decode_mode: stream`) its video is streamed into that MP4."""
         plan = self.local.plan(request) if self.local else plan_request(request, self.engine.defaults)
-        out = self.engine.generate(plan)
+        if mp4_path is None:
+            out = self.engine.generate(plan)
+        elif self.local is not None:
+            out = self.local.generate(plan, sink=Mp4Sink(mp4_path))
+        else:
+            out = self.engine.generate(plan, encoder=EncoderOptions())
+            shutil.move(out.files.pop("video"), mp4_path)
+            for path in out.files.values():
+                Path(path).unlink(missing_ok=True)
         # The plan beside the measured peak: what the planner predicts for exactly this request shape.
         shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task)
         config = self.local.config if self.local else self.config  # `auto` resident layers resolved
         placement = plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
-        return RunOutput(out.video, out.audio, dict(out.stage_durations), plan, placement)
+        audio = out.audio if out.audio is not None else np.zeros((2, 0), np.float32)  # streamed by the ranks
+        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames)
 
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""
@@ -112,7 +131,8 @@ class DiffusersRunner:
     def _count(self, *_: object) -> None:
         self._forwards += 1
 
-    def run(self, request: GenerationRequest) -> RunOutput:
+    def run(self, request: GenerationRequest, mp4_path: str | None = None) -> RunOutput:
+        """One request; the reference always decodes in full (`mp4_path` is unused: the worker writes it)."""
         plan = plan_request(request, self.defaults)
         refs = [("image", plan.image), ("last_image", plan.last_image)]
         refs += [(f"reference{i}", r) for i, r in enumerate(plan.references)]

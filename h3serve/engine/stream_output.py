@@ -1,0 +1,73 @@
+"""Where a streamed decode's frames go (`--decode-mode stream`): an MP4 written as the chunks come.
+
+`Mp4Sink` is the pipeline's `FrameSink` on rank 0 (or in-process): it opens an `Mp4Writer` with the already
+decoded soundtrack, encodes each uint8 chunk at once and keeps only the few frames the previews show.
+`DiscardSink` is what the other ranks pass: they decode their VAE tiles in step but receive no frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from h3serve import limits
+from h3serve.engine.artifacts import preview_indices, write_previews
+from h3serve.media.mp4 import EncoderOptions, Mp4Writer
+
+
+class _PreviewKeeper:
+    """Passes frames on to the writer and copies out the preview frames as they go by."""
+
+    def __init__(self, writer: Mp4Writer, wanted: set[int], kept: dict[int, np.ndarray]):
+        self.writer, self.wanted, self.kept = writer, wanted, kept
+
+    def write(self, frames: np.ndarray) -> None:
+        first = self.writer.written
+        self.writer.write(frames)
+        for i in self.wanted & set(range(first, first + frames.shape[0])):
+            self.kept[i] = frames[i - first].copy()
+
+
+class Mp4Sink:
+    """A `FrameSink` that writes the MP4 at `path` (atomically) and, with `previews`, the thumbnail and the
+    spritesheet next to it (`write_previews`)."""
+
+    def __init__(self, path: str | Path, options: EncoderOptions = EncoderOptions(), previews: bool = False):  # noqa: B008
+        self.path = Path(path)
+        self.options = options
+        self.previews = previews
+        self.kept: dict[int, np.ndarray] = {}
+        self.num_frames = 0
+
+    @contextmanager
+    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[_PreviewKeeper]:
+        self.num_frames = num_frames
+        wanted = set(preview_indices(num_frames)) if self.previews else set()
+        with Mp4Writer(self.path, num_frames, height, width, audio, limits.FPS, limits.AUDIO_SAMPLE_RATE,
+                       self.options) as writer:
+            yield _PreviewKeeper(writer, wanted, self.kept)
+
+    def files(self) -> dict[str, str]:
+        """The files written, by download variant (the previews written now, from the kept frames)."""
+        written = {"video": str(self.path)}
+        if self.previews:
+            previews = write_previews(self.path.parent, self.kept, self.num_frames, prefix=f"{self.path.stem}.")
+            written |= {name: str(p) for name, p in previews.items()}
+        return written
+
+
+class _Drop:
+    def write(self, frames: np.ndarray) -> None:
+        pass
+
+
+class DiscardSink:
+    """A `FrameSink` for the ranks whose frames are not wanted (only rank 0's output leaves the engine)."""
+
+    @contextmanager
+    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[_Drop]:
+        yield _Drop()
+
