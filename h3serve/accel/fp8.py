@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from h3serve.parallel.comm import all_gather_dim, all_reduce_
+from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -163,7 +163,7 @@ class Fp8RowParallelLinear(Fp8Linear):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce_(self.gemm(x, None), self.group)
+        y = all_reduce_wide(self.gemm(x, None), self.group)  # bf16 partials summed in fp32
         return y if self.bias is None else y + self.bias
 
 

@@ -24,6 +24,7 @@ from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.host_heap import release_free_heap
 from h3serve.offload.plan import BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
+from h3serve.offload.slots import SlotPair
 from h3serve.offload.units import GatheredUnit, HostUnit
 
 
@@ -101,7 +102,8 @@ class _BlockStream:
         unit.wait()
         nxt = i + 1 if i + 1 < len(self.units) else self.cycle_to
         if nxt is not None and nxt != i:
-            self.units[nxt].load(self.copy_stream)
+            prefetch = self.units[nxt]  # a collective load stays on the compute stream (see GatheredUnit.load)
+            prefetch.load(None if prefetch.collective else self.copy_stream)
 
     def _after(self, i: int) -> None:
         self.units[i].release()
@@ -131,6 +133,7 @@ class OffloadRuntime:
         self.streams: dict[str, list[_BlockStream]] = {}
         self.prefix: list[HostUnit] = []  # resident DiT blocks: on the device for the denoise stage only
         self.host_bytes: dict[str, int] = {}
+        self.slots: dict[str, SlotPair] = {}  # per streamed component on CUDA: its two device slots
         for name, module in modules.items():
             if name in staged:
                 self.staged[name] = HostUnit(module, name, "resident", device, self.log.account)
@@ -150,6 +153,7 @@ class OffloadRuntime:
         rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
         gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
         units_of_component: list[HostUnit] = []
+        streamed_units: list[HostUnit] = []
         self.streams[name] = []
         for group, blocks in groups.items():
             keep = resident if group == RESIDENT_GROUP else 0
@@ -161,10 +165,13 @@ class OffloadRuntime:
             else:
                 units = [HostUnit(b, name, "stream", self.device, self.log.account) for b in moving]
             units_of_component += prefix + units
+            streamed_units += units
             if units:  # DiT blocks run once per step: the last prefetches the first streamed one of the next step
                 cycle_to = 0 if group == RESIDENT_GROUP else None
                 self.streams[name].append(_BlockStream(moving, units, self.copy_stream, cycle_to))
         self.host_bytes[name] = sum(u.host_bytes for u in units_of_component)
+        if self.device.type == "cuda" and not gathered and streamed_units:  # CPU: blocks are used in place
+            self.slots[name] = share_slots(streamed_units, self.device)
 
     # -- the pipeline's stage hooks --------------------------------------------------------------------------
 
@@ -207,11 +214,21 @@ class OffloadRuntime:
             for streams in self.streams.values():  # a prefetch for a next step that will not come
                 for stream in streams:
                     stream.release_all()
+            for pair in self.slots.values():
+                pair.drop()
             if name == "denoise":  # resident blocks, and the host heap's freed activations, make room for the decode
                 for unit in self.prefix:
                     unit.release()
                 release_free_heap()
             self.log.enter(None)
+
+
+def share_slots(units: list[HostUnit], device: torch.device) -> SlotPair:
+    """One pair of device slots for all of a component's streamed units (its block groups run one after another)."""
+    pair = SlotPair([u.slot_bytes for u in units], device)
+    for unit in units:
+        unit.slots = pair
+    return pair
 
 
 def placement_mismatches(log: PlacementLog, plan: RankPlan, stages: tuple[str, ...]) -> list[str]:

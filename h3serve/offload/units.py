@@ -21,6 +21,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.offload.host_arena import HostArena
+from h3serve.offload.slots import SlotPair, slot_layout
+from h3serve.parallel.comm import gather_into
+
 _CPU_ALIGN, _CUDA_ALIGN = 64, 256  # bytes: the CPU allocator's alignment; CUDA kernels' widest vector loads
 Accountant = Callable[[str, str, int], None]  # (component, kind "resident" | "stream", signed bytes)
 
@@ -59,6 +63,8 @@ def _slots(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> list[tuple[_S
 class HostUnit:
     """One module's tensors, mastered in host memory and copied to the device on `load`."""
 
+    collective = False  # a rank-local copy: may run on the side copy stream
+
     def __init__(
         self,
         module: nn.Module,
@@ -67,17 +73,23 @@ class HostUnit:
         device: torch.device,
         account: Accountant,
         skip: tuple[nn.Module, ...] = (),
+        pin: bool | None = None,  # None: pinned on CUDA (one arena of exactly its bytes, h3serve/offload/host_arena)
     ):
         self.component, self.kind, self.device, self._account = component, kind, device, account
-        pin = device.type == "cuda"
-        self._slots: list[tuple[_Slot, torch.Tensor]] = []
-        for slot, value in _slots(module, skip):
-            host = value.to("cpu")
-            self._slots.append((slot, host.pin_memory() if pin else host))
+        pin = device.type == "cuda" if pin is None else pin
+        found = _slots(module, skip)
+        hosts = [value.to("cpu") for _, value in found]
+        self.arena: HostArena | None = HostArena(hosts, pin=True) if pin else None
+        if self.arena is not None:
+            hosts = self.arena.views
+        self._slots: list[tuple[_Slot, torch.Tensor]] = [(slot, h) for (slot, _), h in zip(found, hosts, strict=True)]
         self.nbytes = sum(t.numel() * t.element_size() for _, t in self._slots)  # on the device when loaded
         self.host_bytes = self.nbytes  # kept in host memory
         self.loaded = False
         self._ready: torch.cuda.Event | None = None
+        self.slots: SlotPair | None = None  # streamed: load into one of the component's two slots (runtime sets it)
+        self._slot: int | None = None
+        self._slot_offsets, self.slot_bytes = slot_layout([h for _, h in self._slots])
         self._release_tensors()
 
     def _release_tensors(self) -> None:
@@ -88,7 +100,9 @@ class HostUnit:
         """Copy to the device (asynchronously on `stream` when given; `wait` before use)."""
         if self.loaded:
             return
-        if self.device.type == "cpu":
+        if self.slots is not None:
+            self._load_into_slot(stream)
+        elif self.device.type == "cpu":
             for slot, host in self._slots:
                 slot.assign(host)
         else:
@@ -101,15 +115,30 @@ class HostUnit:
         self.loaded = True
         self._account(self.component, self.kind, self.nbytes)
 
+    def _load_into_slot(self, stream: torch.cuda.Stream | None) -> None:
+        assert self.slots is not None
+        self._slot = self.slots.acquire(self, stream)
+        hosts = [h for _, h in self._slots]
+        async_copy = stream is not None and self.device.type == "cuda"
+        with torch.cuda.stream(stream) if async_copy else nullcontext():
+            for (slot, host), view in zip(self._slots, self.slots.views(self._slot, hosts, self._slot_offsets),
+                                          strict=True):
+                view.copy_(host, non_blocking=async_copy)
+                slot.assign(view)
+            if async_copy:
+                self._ready = torch.cuda.Event()
+                self._ready.record(stream)
+
     def wait(self) -> None:
         """Make the compute stream wait for an asynchronous load; keep its memory alive for that stream."""
         if self._ready is None:
             return
         compute = torch.cuda.current_stream(self.device)
         compute.wait_event(self._ready)
-        for slot, _ in self._slots:
-            table = slot.module._parameters if slot.is_param else slot.module._buffers
-            table[slot.name].record_stream(compute)  # allocated on the copy stream, used on the compute stream
+        if self.slots is None:  # a slot is never freed: only a fresh allocation needs the stream recorded
+            for slot, _ in self._slots:
+                table = slot.module._parameters if slot.is_param else slot.module._buffers
+                table[slot.name].record_stream(compute)  # allocated on the copy stream, used on the compute stream
         self._ready = None
 
     def release(self) -> None:
@@ -117,6 +146,9 @@ class HostUnit:
             return
         self.wait()
         self._release_tensors()
+        if self.slots is not None and self._slot is not None:
+            self.slots.release(self._slot)
+            self._slot = None
         self.loaded = False
         self._account(self.component, self.kind, -self.nbytes)
 
@@ -139,7 +171,7 @@ class GatheredUnit(HostUnit):
         group: ProcessGroup,
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
-        super().__init__(module, component, kind, device, account)
+        super().__init__(module, component, kind, device, account, pin=False)  # only this rank's piece is pinned
         # Kernels pick their code path by the address alignment of a weight, and a different path can round
         # differently (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each
         # tensor sits in the flat buffer at the alignment its resident twin has: on CPU the loaded tensor itself
@@ -161,27 +193,32 @@ class GatheredUnit(HostUnit):
             for (_, h), start in zip(self._slots, self._offsets, strict=True):
                 if h.dtype == dtype:
                     flat[start : start + h.numel()] = h.reshape(-1)
-            mine = flat[self.rank * piece : (self.rank + 1) * piece].clone()
-            self._flats[dtype] = mine.pin_memory() if device.type == "cuda" else mine
+            self._flats[dtype] = flat[self.rank * piece : (self.rank + 1) * piece].clone()
+        if device.type == "cuda":  # this rank's pieces in one pinned arena of exactly their bytes
+            self.arena = HostArena(list(self._flats.values()), pin=True)
+            self._flats = dict(zip(self._flats, self.arena.views, strict=True))
         # Only this rank's piece stays in host memory: the whole block was needed just to cut it.
         self._slots = [(slot, torch.empty(0, dtype=h.dtype)) for slot, h in self._slots]
         self.host_bytes = sum(p.numel() * p.element_size() for p in self._flats.values())
 
+    collective = True  # its load is a collective: issued on the compute stream, never on a side stream
+
     def load(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Rebuild the block with one all-gather per dtype, into one tensor (a list of chunks would make NCCL
+        gather into a temporary flat buffer and copy out of it: twice the block, unplanned).
+
+        `stream` is ignored: the gather runs on the compute stream, in program order with the Ulysses all-to-all
+        and TP all-reduce of the blocks around it. On a side stream it would run concurrently with them on
+        another communicator, which NCCL documents can deadlock."""
         if self.loaded:
             return
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            full: dict[torch.dtype, torch.Tensor] = {}
-            for dtype, mine in self._flats.items():
-                buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
-                wire = torch.uint8 if dtype.itemsize == 1 else dtype  # FP8 weights travel as their bytes
-                pieces = list(buffer.view(wire).chunk(self.size))
-                dist.all_gather(pieces, mine.to(self.device, non_blocking=True).view(wire), group=self.group)
-                full[dtype] = buffer
-            for (slot, _), start in zip(self._slots, self._offsets, strict=True):
-                slot.assign(full[slot.dtype][start : start + slot.shape.numel()].view(slot.shape))
-            if stream is not None:
-                self._ready = torch.cuda.Event()
-                self._ready.record(stream)
+        full: dict[torch.dtype, torch.Tensor] = {}
+        for dtype, mine in self._flats.items():
+            buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
+            wire = torch.uint8 if dtype.itemsize == 1 else dtype  # FP8 weights travel as their bytes
+            gather_into(buffer.view(wire), mine.to(self.device, non_blocking=True).view(wire), self.group)
+            full[dtype] = buffer
+        for (slot, _), start in zip(self._slots, self._offsets, strict=True):
+            slot.assign(full[slot.dtype][start : start + slot.shape.numel()].view(slot.shape))
         self.loaded = True
         self._account(self.component, self.kind, self.nbytes)

@@ -31,6 +31,32 @@ def all_reduce_(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return x
 
 
+HALF = (torch.bfloat16, torch.float16)
+
+
+@torch.compiler.disable
+def all_reduce_wide(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """Sum over the group; half-precision partials are summed in fp32 and rounded once.
+
+    NCCL sums bf16 in bf16, rounding after every addition, so a tensor-parallel output would drift from the
+    one-rank output as the degree grows (the model card's encoder TP reduces in fp32 for the same reason). Other
+    dtypes are summed in place, as `all_reduce_`."""
+    if group is None:
+        return x
+    if x.dtype not in HALF:
+        dist.all_reduce(x, group=group)
+        return x
+    wide = x.float()
+    dist.all_reduce(wide, group=group)
+    return wide.to(x.dtype)
+
+
+@torch.compiler.disable
+def gather_into(out: torch.Tensor, x: torch.Tensor, group: ProcessGroup) -> None:
+    """Every member's `x` into one flat `out` ([n·numel], group-rank order): one collective, no temporary."""
+    _all_gather_single(out, x, group=group)
+
+
 @torch.compiler.disable
 def all_gather_dim(x: torch.Tensor, dim: int, group: ProcessGroup | None) -> torch.Tensor:
     """Concatenate every member's `x` along `dim`, in group-rank order."""

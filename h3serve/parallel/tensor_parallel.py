@@ -25,7 +25,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed import ProcessGroup
 
-from h3serve.parallel.comm import all_gather_dim, all_reduce_
+from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
 
 Style = Literal["colwise", "colwise_pair", "colwise_gather", "rowwise"]
 STYLES: tuple[str, ...] = ("colwise", "colwise_pair", "colwise_gather", "rowwise")
@@ -40,7 +40,7 @@ class RowParallelLinear(nn.Linear):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce_(F.linear(x, self.weight), self.group)
+        y = all_reduce_wide(F.linear(x, self.weight), self.group)  # bf16 partials summed in fp32
         return y if self.bias is None else y + self.bias
 
 

@@ -26,7 +26,7 @@ from torch import nn
 from h3serve.adapters.catalog import AdapterChoice, lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.model.transformer import H3Transformer
-from h3serve.parallel.comm import all_reduce_
+from h3serve.parallel.comm import all_reduce_wide
 from h3serve.parallel.tensor_parallel import RowParallelLinear, TensorParallel
 
 
@@ -60,7 +60,7 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
         if isinstance(base, RowParallelLinear):  # the partial low-rank products ride on the base's all-reduce
-            y = all_reduce_(F.linear(x, base.weight) + self.delta(x), base.group)
+            y = all_reduce_wide(F.linear(x, base.weight) + self.delta(x), base.group)  # bf16 partials summed in fp32
             return y if base.bias is None else y + base.bias
         return base(x) + self.delta(x)
 
