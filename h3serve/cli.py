@@ -12,7 +12,7 @@ from pathlib import Path
 
 from h3serve.api import serve_cli
 from h3serve.names import AUDIO_MODES, LONG_VIDEO_MODES, TASKS
-from h3serve.tools import bench, compare, plan_cli, probe_cli
+from h3serve.tools import bench, compare, plan_cli, probe_cli, selftest
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
 
@@ -346,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_cli.register(sub)
     bench.register(sub)
     plan_cli.register(sub)
+    selftest.register(sub)
     return parser
 
 

@@ -1,0 +1,74 @@
+"""`h3serve selftest`: does this install work on these devices, with these flags, and how fast — in minutes,
+with no checkpoint download (random weights at the released width, the tiny checkpoint for the real request).
+
+Sized for the default budget of 300 s on one GPU: numerics on 3 released-width blocks at 448x256, 22 frames
+(seconds); attention kernels on 4,096 rows with the released heads; compile: one regional compile of those
+blocks (the longest check, about a minute); memory paths: the same 3 blocks resident, staged and streamed;
+throughput: 3 blocks at 1344x768, 124 frames, 3 timed forwards; end to end: a 64x64, 4 s, 3-step request.
+On CPU every DiT check uses a reduced width (64 hidden, 2 heads) so the whole run takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from h3serve.tools.selftest.core import FAIL, Check, Context, Outcome, run_check, table
+
+
+def checks(ctx: Context) -> list[tuple[str, Check]]:
+    """Every check, in run order (cheap and telling first)."""
+    from h3serve.accel.attention import BACKENDS
+    from h3serve.tools.selftest import model_checks, system_checks
+
+    out: list[tuple[str, Check]] = [("environment", system_checks.environment),
+                                    ("numerics.block_dtype", model_checks.block_dtype)]
+    out += [(f"numerics.attention.{name}", model_checks.attention_backend(name)) for name in BACKENDS]
+    out += [("numerics.compiled", model_checks.compiled), ("memory.offload_paths", model_checks.memory_paths),
+            ("multi_gpu.collectives", system_checks.multi_gpu), ("throughput", model_checks.throughput),
+            ("end_to_end", system_checks.end_to_end)]
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from h3serve.engine.args import add_engine_args
+
+    p = sub.add_parser("selftest", help="check this install on its devices: numerics, memory paths, speed, one MP4")
+    p.add_argument("--model", help="checkpoint for the end-to-end request (default: the tiny checkpoint)")
+    p.add_argument("--budget-s", type=float, default=300.0, help="seconds for all checks (default 300)")
+    p.add_argument("--json", metavar="OUT", help="also write the outcomes as JSON to OUT")
+    p.add_argument("--only", action="append", default=[], metavar="PREFIX",
+                   help="run only the checks whose name starts with PREFIX (repeatable)")
+    add_engine_args(p)
+    p.set_defaults(func=cmd_selftest)
+
+
+def run(args: argparse.Namespace) -> list[Outcome]:
+    from h3serve.engine.args import engine_config_from_args
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    model = Path(args.model) if args.model else ensure_tiny_checkpoint("tiny")
+    config = engine_config_from_args(args, model)
+    ctx = Context(
+        device=config.resolved_device(), dtype=config.resolved_dtype(), attention=config.attention_roles(),
+        compile=not config.enforce_eager, model=model, engine_config=config,
+        budget_s=args.budget_s,
+    )
+    chosen = [(n, c) for n, c in checks(ctx) if not args.only or any(n.startswith(p) for p in args.only)]
+    return [run_check(name, check, ctx) for name, check in chosen]
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from h3serve.errors import ConfigError
+
+    try:
+        outcomes = run(args)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(table(outcomes))
+    if args.json:
+        Path(args.json).write_text(json.dumps([o.to_json() for o in outcomes], indent=2, default=str))
+    return 1 if any(o.status == FAIL for o in outcomes) else 0

@@ -1,0 +1,93 @@
+"""Checks of the installation around the model: environment, NCCL collectives, and one real request."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from h3serve.accel import attention
+from h3serve.tools.selftest.core import Context, Failed, Skip
+
+
+def environment(ctx: Context) -> tuple[str, dict]:
+    """Devices, free memory, driver / CUDA / cuDNN / NCCL / torch versions, usable attention backends and FP8."""
+    data: dict = {"torch": torch.__version__, "device": str(ctx.device), "dtype": str(ctx.dtype).split(".")[-1]}
+    data["attention_backends"] = attention.usable_backends(ctx.device, ctx.dtype)
+    if ctx.cuda:
+        free, total = torch.cuda.mem_get_info(ctx.device)
+        props = torch.cuda.get_device_properties(ctx.device)
+        data.update(
+            gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            free_gib=round(free / 2**30, 1), total_gib=round(total / 2**30, 1),
+            capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())),
+            driver=_driver(),
+            fp8_gemm=(props.major, props.minor) >= (8, 9),  # torch._scaled_mm on FP8 tensor cores: Ada / Hopper+
+        )
+        figure = (f"{len(data['gpus'])}x {data['gpus'][0]} ({data['free_gib']} of {data['total_gib']} GiB free), "
+                  f"CUDA {data['cuda']}, cuDNN {data['cudnn']}, NCCL {data['nccl']}, driver {data['driver']}, "
+                  f"torch {data['torch']}; FP8 GEMM {'yes' if data['fp8_gemm'] else 'no (weight-only FP8)'}")
+        if free < 2**30:
+            raise Failed(f"{figure}: under 1 GiB free on {ctx.device}; another process holds the GPU")
+    else:
+        figure = f"CPU only ({os.cpu_count()} CPUs), torch {data['torch']}; FP8: weight-only"
+    figure += f"; attention: {', '.join(data['attention_backends'])}"
+    return figure, data
+
+
+def _driver() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def multi_gpu(ctx: Context) -> tuple[str, dict]:
+    """NCCL all-reduce, all-to-all and all-gather across every visible GPU, with bus bandwidth."""
+    count = torch.cuda.device_count() if ctx.cuda else 0
+    if count < 2:
+        raise Skip(f"{count} GPU visible: collectives need two or more")
+    from h3serve.tools.selftest.collectives import run_collectives
+
+    results = run_collectives(count, timeout_s=min(120.0, max(10.0, ctx.left_s())))
+    figure = ", ".join(f"{op} {gbps:.0f} GB/s" for op, gbps in results.items())
+    return f"{count} GPUs, 256 MiB messages: {figure}", results
+
+
+def end_to_end(ctx: Context) -> tuple[str, dict]:
+    """One tiny T2VA request through the real engine (the engine flags, the tiny checkpoint), written as an MP4
+    and probed against the output contract."""
+    from h3serve.config import EngineConfig
+    from h3serve.media.mp4 import write_mp4
+    from h3serve.media.probe import check_output_contract, probe
+    from h3serve.rank.local import LocalEngine
+    from h3serve.request import GenerationRequest
+
+    config: EngineConfig = dataclasses.replace(ctx.engine_config, model=Path(ctx.model))
+    start = time.perf_counter()
+    engine = LocalEngine(config)
+    load_s = time.perf_counter() - start
+    plan = engine.plan(GenerationRequest(prompt="selftest: a lighthouse at dusk", width=64, height=64, steps=3,
+                                         duration_s=4, seed=1))
+    start = time.perf_counter()
+    out = engine.generate(plan)
+    run_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "selftest.mp4"
+        write_mp4(path, out.video, out.audio)
+        result = probe(path)
+        problems = check_output_contract(result)
+    if problems:
+        raise Failed(f"the MP4 breaks the output contract: {'; '.join(problems)}")
+    figure = f"{plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} steps: load {load_s:.1f} s, " \
+             f"request {run_s:.1f} s; MP4 meets the output contract"
+    return figure, {"load_s": load_s, "request_s": run_s}

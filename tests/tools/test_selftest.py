@@ -1,0 +1,72 @@
+"""`h3serve selftest` on CPU: each check's verdict, and broken paths caught by the matching check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from h3serve import cli
+from h3serve.accel import attention
+
+QUICK = ("environment", "numerics", "memory", "multi_gpu", "throughput")  # all but the real request (slow below)
+
+
+def _selftest(tmp_path, model, *only: str) -> tuple[int, dict[str, dict]]:
+    out = tmp_path / "selftest.json"
+    argv = ["selftest", "--device", "cpu", "--model", str(model), "--json", str(out)]
+    for prefix in only:
+        argv += ["--only", prefix]
+    code = cli.main(argv)
+    return code, {o["name"]: o for o in json.loads(out.read_text())}
+
+
+def test_every_check_that_applies_on_cpu_passes_and_the_rest_say_why(tiny_checkpoint, tmp_path, capsys):
+    code, got = _selftest(tmp_path, tiny_checkpoint, *QUICK)
+    printed = capsys.readouterr().out
+    assert code == 0 and printed.strip().splitlines()[-1].startswith("verdict: OK (4 passed, 6 skipped")
+    status = {name: o["status"] for name, o in got.items()}
+    assert status == {
+        "environment": "pass", "numerics.block_dtype": "skipped", "numerics.attention.TORCH_SDPA": "pass",
+        "numerics.attention.FLASH_ATTN": "skipped", "numerics.attention.CUDNN_ATTN": "skipped",
+        "numerics.attention.FLASHINFER_ATTN": "skipped", "numerics.compiled": "skipped",
+        "memory.offload_paths": "pass", "multi_gpu.collectives": "skipped", "throughput": "pass",
+    }
+    assert got["numerics.block_dtype"]["message"].startswith("the compute dtype is float32")
+    assert got["numerics.attention.FLASH_ATTN"]["message"] == "FLASH_ATTN needs a CUDA device"
+    assert got["multi_gpu.collectives"]["message"] == "0 GPU visible: collectives need two or more"
+    assert "bit-identical to resident" in got["memory.offload_paths"]["figure"]
+    assert got["throughput"]["data"]["request_s"] > got["throughput"]["data"]["full_step_s"] > 0
+
+
+def test_an_attention_backend_returning_wrong_values_fails_its_check(tiny_checkpoint, tmp_path, monkeypatch):
+    sdpa = attention.BACKENDS["TORCH_SDPA"]
+    wrong = attention.Backend(lambda q, k, v: sdpa.fn(q, k, v) * 1.01, sdpa.unusable, sdpa.with_lse)
+    monkeypatch.setitem(attention.BACKENDS, "TORCH_SDPA", wrong)
+    code, got = _selftest(tmp_path, tiny_checkpoint, "numerics.attention.TORCH_SDPA")
+    check = got["numerics.attention.TORCH_SDPA"]
+    assert code == 1 and check["status"] == "fail"
+    assert "TORCH_SDPA disagrees with softmax attention; use TORCH_SDPA" in check["message"]
+
+
+def test_an_offload_hook_that_skips_a_block_fails_the_memory_check(tiny_checkpoint, tmp_path, monkeypatch):
+    from h3serve.offload.runtime import _BlockStream
+
+    def skipping(self, i):  # never places the second streamed block (nor prefetches it)
+        if i != 1:
+            unit = self.units[i]
+            unit.load()
+            unit.wait()
+
+    monkeypatch.setattr(_BlockStream, "_before", skipping)
+    code, got = _selftest(tmp_path, tiny_checkpoint, "memory")
+    check = got["memory.offload_paths"]
+    assert code == 1 and check["status"] == "fail"
+    assert check["message"].startswith("layerwise: the forward failed under offload, a block was not on the device")
+
+
+@pytest.mark.slow
+def test_one_tiny_request_through_the_engine_meets_the_output_contract(tiny_checkpoint, tmp_path):
+    code, got = _selftest(tmp_path, tiny_checkpoint, "end_to_end")
+    assert code == 0 and got["end_to_end"]["status"] == "pass", got["end_to_end"]["message"]
+    assert "MP4 meets the output contract" in got["end_to_end"]["figure"]
