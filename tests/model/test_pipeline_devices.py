@@ -68,12 +68,13 @@ def test_an_extensions_source_window_joins_the_generated_ones_on_the_device(tiny
     # The decode hands the frames back to the host (a real result); the source's frames are written over its start.
     host = GenerationResult(torch.zeros(243, 32, 32, 3), torch.zeros(2, 32_000 * 11), torch.zeros(0), torch.zeros(0))
     recorder = DeviceRecorder(pipeline, monkeypatch, host)
-    # The source's VAE encode runs where the VAE is (the CPU here) and returns host latents, as on a GPU box.
-    encode = loaded.encode_source_frames
-    monkeypatch.setattr(pipeline, "encode_source_frames", encode)
     plan = validate(GenerationRequest(
         prompt="on", width=32, height=32, steps=1, duration_s=4, long_video=True, long_video_mode="continuation",
         extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
+    # The source's VAE encode returns host latents (conditioning.encode_visual_condition), as on a GPU box; their
+    # values do not matter here, so the (slow) encode itself is skipped.
+    source = torch.randn(1, 24, plan.windows[0].latent_frames, plan.latent_height, plan.latent_width)
+    monkeypatch.setattr(pipeline, "encode_source_frames", lambda frames: source.clone())
     frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
     window = pipeline.encode_extension_source(plan, Conditioning(extend_video=frames), plan.windows[0],
                                               _clock(pipeline))

@@ -6,15 +6,20 @@ import torch
 
 
 def released_verdict(device: torch.device) -> tuple[str, dict]:
-    """"fits" / "does not fit" for the released H3 at 1344x768, 5 s on one GPU of this size, with the peak."""
-    from h3serve.cli import build_parser
-    from h3serve.tools.plan_cli import build_plan
+    """The planner's "fits" / "does not fit" for the released H3 (default flags) at 1344x768, 5 s on one GPU of this
+    size, with its peak."""
+    import argparse
+
+    from h3serve.tools import plan_cli
 
     memory = torch.cuda.get_device_properties(device).total_memory
-    args = build_parser().parse_args(
+    parser = argparse.ArgumentParser(prog="h3serve")
+    plan_cli.register(parser.add_subparsers())
+    args = parser.parse_args(
         ["plan", "--preset", "released", "--width", "1344", "--height", "768", "--device-memory", str(memory)]
     )
-    plan, _ = build_plan(args)
+    plan, _ = plan_cli.build_plan(args)
     peak = plan.peak_device_bytes
     word = "fits" if plan.fits else f"does not fit ({plan.shortfall_bytes / 2**30:.1f} GiB short; see h3serve plan)"
-    return f"released H3 on one GPU {word}, peak {peak / 2**30:.1f} GiB", {"peak": peak, "fits": plan.fits}
+    figure = f"released H3, default flags, one GPU of this size: {word}, peak {peak / 2**30:.1f} GiB"
+    return figure, {"peak": peak, "fits": plan.fits}
