@@ -266,9 +266,9 @@ def _resolve_edit(
             raise RequestError("source_video", "edit sources require video_noise_mask or audio_noise_mask")
         if request.source_audio is not None and not lock:
             raise RequestError("source_audio", "requires an audio_noise_mask (or audio_mode=lock_source)")
-    if mode == "continuation" and (has_video_mask or has_audio_mask):
+    if request.extend_video is not None and (has_video_mask or has_audio_mask):
         field = "video_noise_mask" if has_video_mask else "audio_noise_mask"
-        raise RequestError(field, "continuation does not support latent-mask editing; use long_video_mode=full")
+        raise RequestError(field, "an extension cannot be combined with latent-mask editing")
     if has_video_mask and request.source_video is None:
         raise RequestError("video_noise_mask", "requires source_video")
     if has_audio_mask and request.source_video is None and request.source_audio is None:

@@ -268,9 +268,10 @@ def test_edit_rules():
     assert "requires an audio_noise_mask" in bad("source_audio", source_audio=SRC_A)
     assert "requires source_video" in bad("video_noise_mask", video_noise_mask=0.5)
     assert "requires source_audio or source_video" in bad("audio_noise_mask", audio_noise_mask=0.5)
-    msg = bad("video_noise_mask", source_video=SRC_V, video_noise_mask=0.5, long_video=True,
-              long_video_mode="continuation", task="ref2va")
-    assert "continuation does not support latent-mask editing; use long_video_mode=full" in msg
+    # Continuation edits (issue 20: a long video's remix): the masks are on the whole video's latent grid.
+    plan = ok(source_video=SRC_V, video_noise_mask=0.5, long_video=True, long_video_mode="continuation",
+              task="ref2va", duration_s=40)
+    assert plan.video_mask.shape[0] == plan.latent_frames == 287 and len(plan.windows) == 4
     assert ok(source_video=SRC_V, video_noise_mask=0.5, long_video=True, duration_s=30).video_mask.shape[0] == 217
 
 

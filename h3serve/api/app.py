@@ -18,6 +18,7 @@ from h3serve.api.context import ServerContext
 from h3serve.api.errors import install_error_handlers
 from h3serve.api.metrics import Metrics
 from h3serve.api.routes import system, videos, web
+from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.protocol import JobStore
@@ -42,6 +43,7 @@ def create_app(
         metrics=metrics,
         started_at=int(time.time()),
         lora=lora,
+        sync_line=SyncLine(config.max_queue),
     )
 
     @contextlib.asynccontextmanager

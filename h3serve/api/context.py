@@ -9,6 +9,7 @@ from fastapi import Request
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.api.config import ServerConfig
 from h3serve.api.metrics import Metrics
+from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.protocol import JobStore
@@ -22,6 +23,7 @@ class ServerContext:
     fetcher: MediaFetcher
     metrics: Metrics
     started_at: int
+    sync_line: SyncLine  # sync requests waiting for a queue slot (h3serve/api/sync_line.py)
     lora: LoraCatalog | None = None  # the adapters this server offers (--lora-path / --lora-dir)
 
 

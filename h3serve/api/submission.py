@@ -7,7 +7,8 @@ already stored. Blocking work (file copies, SQLite, media checks) runs in the th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -27,6 +28,8 @@ from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
+
+Wait = Callable[[Callable[[], Awaitable[Job]]], Awaitable[Job]]
 
 
 def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
@@ -49,18 +52,23 @@ def _seconds_label(parsed: ParsedFields, plan: GenerationPlan) -> str:
     return f"{limits.DEFAULT_DURATION_S:g}"
 
 
-async def ensure_capacity(ctx: ServerContext) -> None:
-    """A full queue (429) or a closing server (503) answers before any time is spent on the body."""
+async def ensure_capacity(ctx: ServerContext, sync: bool = False) -> None:
+    """A full queue (429) or a closing server (503) answers before any time is spent on the body; a sync request
+    with room in the line for a queue slot goes on (h3serve/api/sync_line.py)."""
     try:
         await run_in_threadpool(ctx.manager.check_capacity)
-    except (QueueFull, ShuttingDown) as e:
+    except QueueFull as e:
+        if not (sync and ctx.sync_line.has_room()):
+            raise _queue_error(e) from None
+    except ShuttingDown as e:
         raise _queue_error(e) from None
 
 
-async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
-    """Parse, store, validate and queue one request. Raises `APIError` with the right status."""
+async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: float | None = None) -> Job:
+    """Parse, store, validate and queue one request. Raises `APIError` with the right status. A sync request
+    (`deadline`: its time.monotonic() deadline) waits for a queue slot until then."""
     try:
-        await ensure_capacity(ctx)  # before spending time on uploads
+        await ensure_capacity(ctx, sync)  # before spending time on uploads
         body = await read_body(request, ctx.config.max_body_bytes)
         parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
         if parsed.model is not None and parsed.model != ctx.config.served_model_name:
@@ -69,8 +77,11 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
                 "model_not_found",
             )
         job_id = new_job_id()
+        wait = None
+        if sync and deadline is not None:
+            wait = functools.partial(ctx.sync_line.enter, deadline=deadline, disconnected=request.is_disconnected)
         try:
-            return await _create(job_id, parsed, ctx, sync)
+            return await _create(job_id, parsed, ctx, sync, wait)
         except BaseException:
             await run_in_threadpool(ctx.manager.files.remove, job_id)
             raise
@@ -78,7 +89,7 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool) -> Job:
         await request.close()  # closes the spooled upload files
 
 
-async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: bool) -> Job:
+async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: bool, wait: Wait | None) -> Job:
     media = []
     if parsed.media:
         folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
@@ -86,7 +97,7 @@ async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: b
     generation_request = with_lora(build_request(parsed, media), parsed.lora, ctx)
     aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
     return await queue_request(job_id, generation_request, aliases, lambda plan: _seconds_label(parsed, plan), ctx,
-                               sync)
+                               sync, wait)
 
 
 def with_lora(generation_request: GenerationRequest, field: LoraField | None, ctx: ServerContext) -> GenerationRequest:
@@ -109,8 +120,10 @@ async def queue_request(
     seconds_label: Callable[[GenerationPlan], str],
     ctx: ServerContext,
     sync: bool = False,
+    wait: Wait | None = None,
 ) -> Job:
-    """Plan (4xx naming the client's field), check the cost, and queue the job. Media must be stored already."""
+    """Plan (4xx naming the client's field), check the cost, and queue the job. Media must be stored already.
+    `wait`: how a sync request waits for a queue slot (SyncLine.enter); None: a full queue is 429 at once."""
     try:
         plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults, ctx.manager.tasks)
     except RequestError as e:
@@ -126,7 +139,10 @@ async def queue_request(
         job_id, ctx.config.served_model_name, generation_request, plan, seconds_label(plan),
         created_at=int(ctx.manager.clock()), sync=sync,
     )
-    try:
+    async def attempt() -> Job:
         return await run_in_threadpool(ctx.manager.submit, job, plan)
+
+    try:
+        return await (attempt() if wait is None else wait(attempt))
     except (QueueFull, ShuttingDown) as e:
         raise _queue_error(e) from None

@@ -1,18 +1,21 @@
 """Long video by continuation (windows planned in `h3serve.long_video`), mixed into `H3Pipeline`.
 
 Each window is a Ref2VA pass over its own frames; the previous window's last overlap latents ride along as a
-latent guide on the RoPE positions of the window's first latents. Windows are stitched with a hard latent cut
+latent guide on the RoPE positions of the window's first latents. A latent-mask edit (masks on the whole video's
+latent grid) gives each window its slice of the source and the masks. Windows are stitched with a hard latent cut
 and decoded once. An extension's window 0 is the given video, VAE-encoded instead of generated.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from h3serve import limits
 from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import Presentation
-from h3serve.model.latent_edit import MaskedTarget, audio_target
+from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import ReferenceBlock
 from h3serve.model.pipeline_types import (
     Conditioning,
@@ -26,6 +29,16 @@ from h3serve.model.pipeline_types import (
 )
 from h3serve.model.streaming import SourceHead
 from h3serve.validate import GenerationPlan
+
+
+@dataclass
+class EditSource:
+    """A continuation's latent-mask edit, prepared once for all windows."""
+
+    video_mask: torch.Tensor | None = None  # [T, H, W] on the whole video's latent grid
+    audio: torch.Tensor | None = None  # [2, A, 32] source audio latents on the global timeline
+    audio_covered: int = 0  # how many of them the source covers (the rest is padding)
+    audio_mask: torch.Tensor | None = None  # [2, A]
 
 
 class ContinuationMixin:
@@ -44,10 +57,7 @@ class ContinuationMixin:
         """
         clock = StageClock(self.device, self.hooks)
         media = self.encode_reference_media(cond.references, clock)
-        locked = None  # lock_source: the driving audio's latents on the global timeline, sliced per window
-        if plan.audio_mask is not None:
-            with clock("vae_encode"):
-                locked, _ = self.source_audio_latents(plan, cond)
+        source = self._edit_source(plan, cond, clock)
         texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
         media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
         per_window = len(self._schedules(plan)[0])
@@ -68,8 +78,10 @@ class ContinuationMixin:
             if extending and window.index == 0:
                 video, audio = self.encode_extension_source(plan, cond, window, clock)
             else:
+                offset = sum(v.shape[2] for v in kept_video) - window.overlap_latent_frames
+                edits = self.window_edits(plan, cond, window, offset, source, clock)
                 video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
-                                               progress, locked)
+                                               progress, edits)
             kept_video.append(video[:, :, window.overlap_latent_frames :])
             kept_audio.append(audio[:, :, window.overlap_audio_latents :])
             if window.index + 1 < len(plan.windows):
@@ -92,6 +104,41 @@ class ContinuationMixin:
                 n = min(cond.extend_audio.shape[1], round(source.shape[0] * limits.AUDIO_SAMPLE_RATE / limits.FPS))
                 result.audio[:, :n] = cond.extend_audio[:, :n]
         return result
+
+    def _edit_source(self, plan: GenerationPlan, cond: Conditioning, clock: StageClock) -> EditSource:
+        """The request's masks as arrays and its source audio latents on the global timeline (encoded once);
+        each window's source video frames are encoded in `window_edits`."""
+        source = EditSource()
+        if plan.video_mask is not None:
+            if cond.edit_video is None:
+                raise ValueError("a video mask needs the decoded source video")
+            source.video_mask = torch.from_numpy(plan.video_mask.array())
+        if plan.audio_mask is not None:  # an audio edit, or lock_source's driving audio (an all-0 mask)
+            with clock("vae_encode"):
+                source.audio, source.audio_covered = self.source_audio_latents(plan, cond)
+            source.audio_mask = torch.from_numpy(plan.audio_mask.array())
+        return source
+
+    def window_edits(
+        self, plan: GenerationPlan, cond: Conditioning, window: Window, latent_offset: int, source: EditSource,
+        clock: StageClock,
+    ) -> tuple[MaskedTarget | None, MaskedTarget | None]:
+        """One window's slice of the request's latent-mask edit: its frames of the source video, VAE-encoded, and
+        the masks' latent frames [latent_offset, + its latent frames) (its first ones are the previous window's
+        last, where the windows overlap); the audio latents [audio_start, audio_end) of the global timeline. A
+        padded audio tail is generated, except under lock_source (held whole, as in a single pass)."""
+        video = audio = None
+        if source.video_mask is not None and cond.edit_video is not None:
+            with clock("vae_encode"):
+                clean = self.encode_source_frames(cond.edit_video[window.start : window.end])
+            video = video_target(clean, source.video_mask[latent_offset : latent_offset + window.latent_frames])
+        if source.audio is not None and source.audio_mask is not None:
+            held = source.audio[:, window.audio_start : window.audio_end]
+            grid = source.audio_mask[:, window.audio_start : window.audio_end].clone()
+            if plan.audio_mode != "lock_source":
+                grid[:, max(0, source.audio_covered - window.audio_start) :] = 1.0
+            audio = audio_target(held.reshape(-1, held.shape[-1]), grid)
+        return video, audio
 
     def encode_extension_source(
         self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: StageClock
@@ -120,7 +167,7 @@ class ContinuationMixin:
         guide: LatentGuide | None,
         clock: StageClock,
         on_step: StepCallback | None,
-        locked_audio: torch.Tensor | None = None,  # lock_source: [2, A_total, 32] on the global timeline
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # this window's (window_edits)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One continuation window -> its latents (video [1, 24, F, lh, lw], audio [2, 32, A]).
 
@@ -133,8 +180,4 @@ class ContinuationMixin:
             extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
         enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
         seed = window_seed(plan.seed, window.index)
-        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None)
-        if locked_audio is not None:
-            held = locked_audio[:, window.audio_start : window.audio_end]
-            edits = (None, audio_target(held.reshape(-1, held.shape[-1]), torch.zeros(2, window.audio_latents)))
         return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)

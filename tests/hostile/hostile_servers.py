@@ -33,6 +33,7 @@ class HostileServer:
     manager: JobManager
     store: SQLiteJobStore
     config: ServerConfig
+    app: Any = None  # the FastAPI app (its state.context)
 
     def client(self, key: str | None = API_KEY, timeout_s: float = 30) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -87,7 +88,7 @@ def serve(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, 30)
-        yield HostileServer(url, port, executor, manager, store, server_config)
+        yield HostileServer(url, port, executor, manager, store, server_config, app)
     finally:
         uv.should_exit = True
         thread.join(30)

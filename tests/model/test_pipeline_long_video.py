@@ -194,3 +194,44 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
     assert torch.equal(result.video_latents[:, :, : source.shape[2]], source)
     assert result.video.shape == (243, 32, 32, 3) and torch.equal(result.video[:141], torch.from_numpy(frames) / 255)
     assert spy.progress == [(1, 1)]
+
+
+def test_a_continuation_edit_gives_each_window_its_slice_of_the_source(tiny_pipeline, monkeypatch):
+    """Issue 20 (a long video's remix): masks on the whole video's latent grid, each window's latents where the
+    mask is 0 are exactly its own frames of the source, VAE-encoded; the audio is held on the global timeline."""
+    from pathlib import Path
+
+    from h3serve.model.conditioning import encode_audio_condition, encode_visual_condition
+    from h3serve.model.pipeline_types import Conditioning
+    from h3serve.request import MediaRef
+
+    pipeline, defaults = tiny_pipeline
+    rng = np.random.default_rng(3)
+    base = dict(prompt="a remix", width=32, height=32, steps=2, duration_s=8, long_video=True,
+                long_video_mode="continuation", continuation_window_frames=107,
+                source_video=MediaRef(Path("/s.mp4"), "s.mp4", "video"))
+    lt = validate(GenerationRequest(**base, video_noise_mask=0.5), defaults).latent_frames
+    kept = 36  # global latent frames [0, 36) keep the source (window 1's first 10 too); the rest is generated
+    mask = np.ones((lt, 2, 2))
+    mask[:kept] = 0
+    plan = validate(GenerationRequest(**base, video_noise_mask=mask.tolist(), audio_noise_mask=0.0), defaults)
+    frames = rng.integers(0, 255, (plan.num_frames, 32, 32, 3), dtype=np.uint8)
+    wave = torch.from_numpy(rng.uniform(-0.5, 0.5, (2, round(plan.duration_s * 32_000))).astype(np.float32))
+    spy = Spy(pipeline, monkeypatch, decode=False)
+    video, audio = pipeline.generate(plan, Conditioning(edit_video=frames, edit_audio=wave))
+    assert len(spy.windows) == 2
+    offset, compared = 0, 0
+    for record in spy.windows:
+        window, (latents, _) = record["window"], record["latents"]
+        offset -= window.overlap_latent_frames
+        source = encode_visual_condition(
+            pipeline.components.vae, torch.from_numpy(frames[window.start : window.end]).permute(3, 0, 1, 2)[None])
+        keep = max(0, min(kept - offset, window.latent_frames))
+        assert torch.equal(latents[:, :, :keep], source[:, :, :keep])
+        assert not torch.equal(latents[:, :, keep:], source[:, :, keep:]) or keep == window.latent_frames
+        compared += keep
+        offset += window.latent_frames
+    assert offset == lt and compared > kept  # the overlaps are compared in both windows
+    rows = encode_audio_condition(pipeline.components.audio_vae, wave)
+    clean = rows.reshape(2, -1, rows.shape[-1]).permute(0, 2, 1)[:, :, : plan.audio_latents]
+    assert torch.equal(audio[:, :, : clean.shape[2]], clean)

@@ -78,9 +78,10 @@ async def remix_video(video_id: str, request: Request, ctx: Context) -> Video:
     responses={200: {"content": {"video/mp4": {}}}, **error_responses(400, 401, 413, 415, 429, 500, 503, 504)},
 )
 async def create_video_sync(request: Request, ctx: Context) -> Response:
-    job = await submit(request, ctx, sync=True)
+    deadline = time.monotonic() + ctx.config.sync_timeout_s  # the wait for a queue slot and the run together
+    job = await submit(request, ctx, sync=True, deadline=deadline)
     try:
-        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s)
+        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s, deadline)
         if finished is None:
             raise APIError(409, "The video was deleted before it finished.", "video_deleted")
         if finished.status == "failed":
@@ -114,11 +115,11 @@ def _failure(error: JobError | None) -> APIError:
     return APIError(status, f"Video generation failed: {error.message}", error.code)
 
 
-async def _wait(ctx: ServerContext, request: Request, job_id: str, timeout_s: float) -> Job | None:
-    """The job once it has finished (None if it was deleted); 504 after `timeout_s`, `ClientDisconnect` when the
-    client goes away (either way the caller deletes the job, which cancels it: nobody would collect it)."""
+async def _wait(ctx: ServerContext, request: Request, job_id: str, timeout_s: float, deadline: float) -> Job | None:
+    """The job once it has finished (None if it was deleted); 504 at `deadline` (`timeout_s` after the request
+    came), `ClientDisconnect` when the client goes away (either way the caller deletes the job, which cancels it:
+    nobody would collect it)."""
     event = ctx.manager.done_event(job_id)
-    deadline = time.monotonic() + timeout_s
     while event is not None and not event.is_set():
         if time.monotonic() > deadline:
             raise APIError(504, f"Video generation timed out after {timeout_s:g} s; the job was aborted.", "timeout")
