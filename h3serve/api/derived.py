@@ -1,7 +1,14 @@
 """Jobs made from another video: OpenAI's remix, edits and extensions, mapped onto H3's request.
 
-- remix `{id}` (JSON `{"prompt"}`): Ref2VA with the completed job's MP4 as the video reference; size, seconds and
-  steps come from the source unless given; `remixed_from_video_id` is set.
+- remix `{id}` (JSON `{"prompt"}`), by the source's length (`remix_values`); size, seconds, steps come from the
+  source unless given, and `remixed_from_video_id` is set:
+  - up to 15 s (any kind: plain, FL2VA, Ref2VA, an edit, a short long-video or extension): Ref2VA with the
+    completed job's MP4 as the video reference;
+  - longer (long videos, continuations, extensions): the source's plan rerun with the new prompt and the MP4 as a
+    latent-mask edit of the whole clip at `REMIX_NOISE` (video and audio; a `video_noise_mask` /
+    `audio_noise_mask` in the body overrides it): a one-pass (`full`) source in one pass, a continuation or an
+    extension as a continuation over its whole length with its window, overlap and seed (per-window seeds
+    seed + i), each window editing its own frames of the source.
 - edits (multipart, `video` a file or `{"id": ...}`): with a video/audio noise mask, latent-mask editing of the
   video (the `source_video`); without, a Ref2VA edit of the whole clip (the video as the reference).
 - extensions (multipart, `seconds` required: the new part's length): a continuation that starts from the video,
@@ -19,6 +26,7 @@ from typing import Any
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from h3serve import limits
 from h3serve.api.body import RequestBody, read_body
 from h3serve.api.coerce import as_json
 from h3serve.api.context import ServerContext
@@ -29,9 +37,36 @@ from h3serve.api.submission import ensure_capacity, queue_request
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import GenerationPlan
+from h3serve.validate import GenerationPlan, RequestError, resolve_long_video_mode, resolve_task
 
 VIDEO_FIELD = "video"
+REMIX_NOISE = 0.85  # a long video's remix: the latent-mask level over the whole clip (1 = generate, 0 = keep)
+
+
+def remix_of_long(parsed: ParsedFields, source: Job) -> dict[str, Any]:
+    """A remix of a source longer than 15 s: its plan (mode, length, windows, seed) with the MP4 as a whole-clip
+    latent-mask edit at REMIX_NOISE; what the remix request gives wins."""
+    given = parsed.values
+    original = source.request
+    try:
+        mode = resolve_long_video_mode(original, resolve_task(original))
+    except RequestError:
+        mode = None
+    if original.extend_video is not None:
+        mode = "continuation"
+    # The shortest duration that snaps up to the source's frame count (300 s gives 7213 frames: 299.9 s does too).
+    duration_s = (source.num_frames - limits.VAE_FRAMES_PER_CHUNK + 1) / limits.FPS
+    out: dict[str, Any] = {"long_video": True, "long_video_mode": mode or "full",
+                           "video_noise_mask": REMIX_NOISE, "audio_noise_mask": REMIX_NOISE}
+    if "duration_s" not in given and "num_frames" not in given:
+        out["duration_s"] = duration_s
+    if original.seed is not None:
+        out["seed"] = original.seed
+    if out["long_video_mode"] == "continuation":
+        for name in ("continuation_window_frames", "continuation_overlap_frames"):
+            if getattr(original, name) is not None:
+                out[name] = getattr(original, name)
+    return {**out, **{k: v for k, v in given.items() if k in out}}
 
 
 def completed_job(ctx: ServerContext, video_id: str, param: str = "video_id") -> Job:
@@ -63,7 +98,7 @@ def _source_defaults(parsed: ParsedFields, source: Job | None) -> dict[str, Any]
         return {}
     values = parsed.values
     out: dict[str, Any] = {}
-    if not {"width", "height", "aspect_ratio"} & set(values):
+    if not {"width", "height", "aspect_ratio", "short_edge"} & set(values):
         out["width"], out["height"] = (int(v) for v in source.size.split("x"))
     if "duration_s" not in values and "num_frames" not in values:
         out["duration_s"] = source.duration_s if source.request.long_video else float(source.seconds)
@@ -139,10 +174,15 @@ def _label(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> st
 
 async def remix(request: Request, ctx: ServerContext, video_id: str) -> Job:
     def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
+        assert source is not None  # a remix always has its source job
         values = {**_source_defaults(parsed, source), **parsed.values}
-        values.setdefault("task", "ref2va")
-        generation = GenerationRequest(**values, references=(video,), remixed_from_video_id=video_id)
-        return generation, {"references[0]": "video_id"}
+        if source.num_frames / limits.FPS <= limits.MEDIA_CLIP_MAX_S:  # fits a Ref2VA video reference
+            values.setdefault("task", "ref2va")
+            generation = GenerationRequest(**values, references=(video,), remixed_from_video_id=video_id)
+            return generation, {"references[0]": "video_id"}
+        values = {**values, **remix_of_long(parsed, source)}
+        generation = GenerationRequest(**values, source_video=video, remixed_from_video_id=video_id)
+        return generation, {"source_video": "video_id"}
 
     return await _submit(request, ctx, build, _label, video_id=video_id, takes_video=False)
 

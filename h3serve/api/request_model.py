@@ -68,7 +68,7 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "(continuation, ref2va only); continuation_* only with continuation: window and overlap on the 17n+5 grid, "
     "window 107..345 frames and longer than the overlap, one continuation prompt per window, not with quality=high",
     "edit": "source_video / source_audio need a video_noise_mask / audio_noise_mask (masks in [0, 1] on the latent "
-    "grid, not with continuation); audio_mode=lock_source needs exactly one driving audio and no audio mask; "
+    "grid, not with an extension); audio_mode=lock_source needs exactly one driving audio and no audio mask; "
     "start_time_seconds only for ref2va, one value or one per video reference, inside each video with 2 s after",
     "video": "edits and extensions take one `video`: a video file or {\"id\": ...} of a completed video of this "
     "server (an unknown id is 404, an unfinished one 409), and no other media field",

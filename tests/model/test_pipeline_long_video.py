@@ -196,6 +196,7 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
     assert spy.progress == [(1, 1)]
 
 
+@pytest.mark.slow  # two windows with their source encodes: 15-140 s on the shared 2-core host
 def test_a_continuation_edit_gives_each_window_its_slice_of_the_source(tiny_pipeline, monkeypatch):
     """Issue 20 (a long video's remix): masks on the whole video's latent grid, each window's latents where the
     mask is 0 are exactly its own frames of the source, VAE-encoded; the audio is held on the global timeline."""
