@@ -7,7 +7,6 @@ already stored. Blocking work (file copies, SQLite, media checks) runs in the th
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
@@ -21,6 +20,7 @@ from h3serve.api.errors import APIError, bad_request, from_request_error
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import ParsedFields, parse_fields
+from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
 from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.engine.planning import plan_request
@@ -64,9 +64,9 @@ async def ensure_capacity(ctx: ServerContext, sync: bool = False) -> None:
         raise _queue_error(e) from None
 
 
-async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: float | None = None) -> Job:
+async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: Deadline | None = None) -> Job:
     """Parse, store, validate and queue one request. Raises `APIError` with the right status. A sync request
-    (`deadline`: its time.monotonic() deadline) waits for a queue slot until then."""
+    (`deadline`: its deadline, started when the job is ready to queue) waits for a queue slot until then."""
     try:
         await ensure_capacity(ctx, sync)  # before spending time on uploads
         body = await read_body(request, ctx.config.max_body_bytes)
@@ -79,7 +79,8 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: 
         job_id = new_job_id()
         wait = None
         if sync and deadline is not None:
-            wait = functools.partial(ctx.sync_line.enter, deadline=deadline, disconnected=request.is_disconnected)
+            async def wait(attempt: Callable[[], Awaitable[Job]]) -> Job:
+                return await ctx.sync_line.enter(attempt, deadline.start(), request.is_disconnected)
         try:
             return await _create(job_id, parsed, ctx, sync, wait)
         except BaseException:

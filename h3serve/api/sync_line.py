@@ -1,11 +1,12 @@
 """Synchronous requests wait for a queue slot instead of failing at once.
 
 The rule: a `POST /v1/videos/sync` that finds the queue full (`--max-queue` jobs waiting) joins a line and is
-queued, in arrival order, as soon as a slot frees, all within its own `--sync-timeout` (the one deadline covers
-the wait for a slot and the run). At most `--max-queue` sync requests stand in the line; beyond that, or when the
-deadline passes in the line, the answer is the bounded queue's 429 `queue_full` with `Retry-After`. Async jobs
-(`POST /v1/videos`, remix, edits, extensions) never wait: their client polls anyway, so a full queue is a 429 at
-once. A client that disconnects leaves the line; a shutdown answers the line 503 `shutting_down`.
+queued, in arrival order, as soon as a slot frees, all within its own `--sync-timeout` (one deadline, counted from
+when the request is ready to queue, its body read and checked, covers the wait for a slot and the run). At most
+`--max-queue` sync requests stand in the line; beyond that, or when the deadline passes in the line, the answer is
+the bounded queue's 429 `queue_full` with `Retry-After`. Async jobs (`POST /v1/videos`, remix, edits, extensions)
+never wait: their client polls anyway, so a full queue is a 429 at once. A client that disconnects leaves the
+line; a shutdown answers the line 503 `shutting_down`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import ClientDisconnect
@@ -23,6 +25,19 @@ from h3serve.engine.job_types import QueueFull
 POLL_S = 0.05  # the head of the line retries this often (one queue count in the thread pool per retry)
 
 T = TypeVar("T")
+
+
+@dataclass
+class Deadline:
+    """A sync request's one deadline: `timeout_s` after it is first asked for (when the job is ready to queue)."""
+
+    timeout_s: float
+    at: float | None = None  # time.monotonic()
+
+    def start(self) -> float:
+        if self.at is None:
+            self.at = time.monotonic() + self.timeout_s
+        return self.at
 
 
 class SyncLine:

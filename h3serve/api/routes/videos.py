@@ -20,6 +20,7 @@ from h3serve.api.errors import APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
+from h3serve.api.sync_line import Deadline
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
 
@@ -78,10 +79,10 @@ async def remix_video(video_id: str, request: Request, ctx: Context) -> Video:
     responses={200: {"content": {"video/mp4": {}}}, **error_responses(400, 401, 413, 415, 429, 500, 503, 504)},
 )
 async def create_video_sync(request: Request, ctx: Context) -> Response:
-    deadline = time.monotonic() + ctx.config.sync_timeout_s  # the wait for a queue slot and the run together
+    deadline = Deadline(ctx.config.sync_timeout_s)  # the wait for a queue slot and the run together
     job = await submit(request, ctx, sync=True, deadline=deadline)
     try:
-        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s, deadline)
+        finished = await _wait(ctx, request, job.id, ctx.config.sync_timeout_s, deadline.start())
         if finished is None:
             raise APIError(409, "The video was deleted before it finished.", "video_deleted")
         if finished.status == "failed":
