@@ -70,6 +70,19 @@ def _request_body(json_body: dict, form: dict, multipart: dict | None = None) ->
     return {"required": True, "content": content}
 
 
+_FORM_OBJECTS = "extra_params and lora: JSON text or bracketed fields (extra_params[task]=ref2va, lora[name]=turbo)."
+
+
+def _form_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """A form body's fields: the JSON body's, less its object fields (a form states them as JSON text or bracketed
+    keys, which a schema for form fields cannot describe)."""
+    form = copy.deepcopy(fields)
+    for name in ("extra_params", "lora"):
+        form["properties"].pop(name, None)
+    form["description"] = f"{form.get('description', '')} {_FORM_OBJECTS}".strip()
+    return form
+
+
 def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
     """The requestBody of POST /v1/videos(/sync) for JSON, urlencoded and multipart bodies."""
     fields = _strip_nulls(_inlined(VideoCreateFields.model_json_schema()))
@@ -79,11 +92,10 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
     json_body = copy.deepcopy(fields)
     json_body["properties"].update(_MEDIA_URLS)
     json_body["description"] = f"Rules no schema can state (each a 400 naming the field): {rules}."
-    # Form bodies carry strings; extra_params goes as JSON text or bracketed keys (extra_params[task]=ref2va).
-    form = copy.deepcopy(fields)
-    del form["properties"]["extra_params"]
+    # Form bodies carry strings; the object fields go as JSON text or bracketed keys (extra_params[task]=ref2va).
+    form = _form_fields(fields)
     form["properties"].update({k: {"type": "string", "pattern": _URL_PATTERN} for k in _MEDIA_URLS})
-    form["description"] = json_body["description"] + " extra_params: JSON text or bracketed fields."
+    form["description"] = json_body["description"] + f" {_FORM_OBJECTS}"
     multipart = copy.deepcopy(form)
     multipart["properties"].update(
         input_reference=_BINARY,
@@ -108,8 +120,7 @@ def derived_body_schema(video: bool, required: tuple[str, ...] = ("prompt",)) ->
     fields = _strip_nulls(_inlined(VideoCreateFields.model_json_schema()))
     fields["required"] = list(required)
     json_body = copy.deepcopy(fields)
-    form = copy.deepcopy(fields)
-    del form["properties"]["extra_params"]
+    form = _form_fields(fields)
     if not video:
         return _request_body(json_body, form)
     # Masks are documented on the JSON body; forms may carry them as JSON text or uploads (the same rules apply).

@@ -73,6 +73,10 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "video": "edits and extensions take one `video`: a video file or {\"id\": ...} of a completed video of this "
     "server (an unknown id is 404, an unfinished one 409), and no other media field",
     "required": "a remix or an edit needs a prompt, an extension also `seconds` (code missing_field)",
+    "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
+    "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
+    "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
+    "and the tasks it serves",
 }
 
 
@@ -132,16 +136,19 @@ class ExtraParams(LongVideoFields, EditOptions):
     target: Target | None = None
 
 
+AdapterText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+
+
 class LoraObject(BaseModel):
     """vLLM-Omni's `lora` object (h3serve.adapters.catalog.parse_lora_field checks it; aliases in brackets)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(None, description="a preloaded adapter (GET /v1/models) [lora_name, adapter]")
-    lora_name: str | None = None
-    adapter: str | None = None
-    path: str | None = Field(None, description="a file or folder under --lora-dir [lora_path, local_path]")
-    lora_path: str | None = None
-    local_path: str | None = None
+    name: AdapterText | None = Field(None, description="a preloaded adapter (GET /v1/models) [lora_name, adapter]")
+    lora_name: AdapterText | None = None
+    adapter: AdapterText | None = None
+    path: AdapterText | None = Field(None, description="a file or folder under --lora-dir [lora_path, local_path]")
+    lora_path: AdapterText | None = None
+    local_path: AdapterText | None = None
     scale: Annotated[float, Field(ge=-10, le=10)] | None = Field(None, description="times alpha / rank [lora_scale]")
     lora_scale: Annotated[float, Field(ge=-10, le=10)] | None = None
     int_id: Annotated[int, Field(ge=0)] | None = Field(None, description="[lora_int_id]")
