@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError
+from h3serve.errors import RequestError
 from h3serve.schedule import PinnedSchedule
 
 TURBO_NAME = re.compile(r"^minimax_h3_(fl2v|ref2v)_turbo_(\d+)step_v(\d+\.\d+)(_768p)?(_bf16)?\.safetensors$")
@@ -65,8 +66,6 @@ def check_key_format(contract: TurboContract, metadata: dict[str, str]) -> None:
 def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
     """The schedule a request naming a Turbo adapter runs: the contract's forward count and shifts (a request may
     omit or restate them; h3serve.schedule refuses others). `RequestError` on a task the artifact does not serve."""
-    from h3serve.validate import RequestError
-
     if task not in contract.tasks:
         raise RequestError("lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}")
     return PinnedSchedule(
