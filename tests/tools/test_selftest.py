@@ -66,7 +66,8 @@ def test_an_offload_hook_that_skips_a_block_fails_the_memory_check(tiny_checkpoi
 
 
 @pytest.mark.slow
-def test_one_tiny_request_through_the_engine_meets_the_output_contract(tiny_checkpoint, tmp_path):
-    code, got = _selftest(tmp_path, tiny_checkpoint, "end_to_end")
-    assert code == 0 and got["end_to_end"]["status"] == "pass", got["end_to_end"]["message"]
-    assert "MP4 meets the output contract" in got["end_to_end"]["figure"]
+def test_tiny_requests_through_the_engine_meet_the_output_contract(tiny_checkpoint, tmp_path):
+    code, got = _selftest(tmp_path, tiny_checkpoint, "end_to_end")  # T2VA, and a two-window continuation
+    assert code == 0 and set(got) == {"end_to_end", "end_to_end.continuation"}
+    for check in got.values():
+        assert check["status"] == "pass" and "MP4 meets the output contract" in check["figure"], check["message"]

@@ -4,7 +4,8 @@ with no checkpoint download (random weights at the released width, the tiny chec
 Sized for the default budget of 300 s on one GPU: numerics on 3 released-width blocks at 448x256, 22 frames
 (seconds); attention kernels on 4,096 rows with the released heads; compile: one regional compile of those
 blocks (the longest check, about a minute); memory paths: the same 3 blocks resident, staged and streamed;
-throughput: 3 blocks at 1344x768, 124 frames, 3 timed forwards; end to end: a 64x64, 4 s, 3-step request.
+throughput: 3 blocks at 1344x768, 124 frames, 3 timed forwards; end to end: a 64x64, 4 s, 3-step request
+and a 32x32, 6 s continuation in two windows of one step.
 On CPU every DiT check uses a reduced width (64 hidden, 2 heads) so the whole run takes seconds.
 """
 
@@ -28,7 +29,8 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
     out += [(f"numerics.attention.{name}", model_checks.attention_backend(name)) for name in BACKENDS]
     out += [("numerics.compiled", model_checks.compiled), ("memory.offload_paths", model_checks.memory_paths),
             ("multi_gpu.collectives", system_checks.multi_gpu), ("throughput", model_checks.throughput),
-            ("end_to_end", system_checks.end_to_end)]
+            ("end_to_end", system_checks.end_to_end),
+            ("end_to_end.continuation", system_checks.end_to_end_continuation)]
     return out
 
 

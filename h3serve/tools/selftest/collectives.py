@@ -15,9 +15,15 @@ MESSAGE_BYTES = 256 * 2**20
 
 
 def _rank(rank: int, world: int, port: int, out) -> None:
+    import os
+
+    from h3serve.parallel.rendezvous import rank_environment
+    from h3serve.rank.worker import process_group_options
+
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60), device_id=torch.device("cuda", rank))
+    rank_environment(os.environ)  # the engine's own start-up path: torchrun's agent store dropped, device_id given
+    dist.init_process_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60), **process_group_options(cuda=True))
     n = MESSAGE_BYTES // 2
     x = torch.ones(n, dtype=torch.bfloat16, device="cuda")
     y = torch.empty_like(x)

@@ -51,6 +51,7 @@ class Context:
     model: object  # the checkpoint for the end-to-end request (Path)
     engine_config: object  # the EngineConfig of the engine flags
     budget_s: float
+    shared: dict = field(default_factory=dict)  # what several checks reuse (the end-to-end engine)
     started: float = field(default_factory=time.perf_counter)
 
     @property

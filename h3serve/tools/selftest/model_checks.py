@@ -130,19 +130,20 @@ def _streamed(model: H3Transformer, device: torch.device, resident: int) -> list
     copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     groups = streamed_blocks("transformer", model)
     every = tuple(b for blocks in groups.values() for b in blocks)
-    HostUnit(model, "transformer", "resident", device, lambda *_: None, skip=every).load()
+    kept = [HostUnit(model, "transformer", "resident", device, lambda *_: None, skip=every)]
     streamed: list[HostUnit] = []
     for path, blocks in groups.items():
         keep = resident if path == "transformer_blocks" else 0
-        for block in blocks[:keep]:
-            HostUnit(block, "transformer", "resident", device, lambda *_: None).load()
+        kept += [HostUnit(block, "transformer", "resident", device, lambda *_: None) for block in blocks[:keep]]
         units = [HostUnit(b, "transformer", "stream", device, lambda *_: None) for b in blocks[keep:]]
         if units:
             _BlockStream(blocks[keep:], units, copy_stream, 0 if path == "transformer_blocks" else None)
         streamed += units
+    for unit in kept:
+        unit.load()
     if device.type == "cuda" and streamed:
         share_slots(streamed, device)
-    return streamed
+    return kept + streamed  # every unit (each holds its pinned arena); the streamed ones last
 
 
 def memory_paths(ctx: Context) -> tuple[str, dict]:
@@ -162,6 +163,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
     resident = _forward(fresh(), x)
     resident_peak = torch.cuda.max_memory_allocated(ctx.device) - base_alloc if ctx.cuda else 0
     data: dict = {}
+    pinned_before = pinned_bytes()
     staged = fresh()
     unit = HostUnit(staged, "transformer", "resident", ctx.device, lambda *_: None)
     unit.load()
@@ -169,8 +171,13 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
     for name, keep in (("layerwise", 0), ("resident_prefix", 1)):
         model = fresh()
         paths[name] = (model, _streamed(model, ctx.device, keep))
+    if ctx.cuda:  # every unit pins one arena of exactly its bytes: the planner's host figure is the real one
+        pinned = pinned_bytes() - pinned_before
+        planned = sum(u.host_bytes for _, units in paths.values() for u in units)
+        data["pinned"] = {"bytes": pinned, "planned": planned}
+        if pinned != planned:
+            raise Failed(f"pinned host memory {pinned} B differs from the units' (the plan's) {planned} B")
     for name, (model, units) in paths.items():
-        before = pinned_bytes()
         if ctx.cuda:
             torch.cuda.synchronize(ctx.device)
             torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -183,9 +190,8 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
             raise Failed(f"{name}: output differs from resident (max |diff| {diff:.2e}); offload hooks are wrong")
         data[name] = {"host_bytes": sum(u.host_bytes for u in units)}
         if ctx.cuda and name == "layerwise":
-            data[name]["pinned_delta"] = pinned_bytes() - before
             peak = torch.cuda.max_memory_allocated(ctx.device) - base_alloc
-            blocks = [u.nbytes for u in units]
+            blocks = [u.nbytes for u in units if u.kind == "stream"]
             predicted = resident_peak - sum(blocks) + 2 * max(blocks)
             data[name].update(peak=peak, predicted=predicted)
             if peak > predicted * (1 + PEAK_MARGIN):
