@@ -41,8 +41,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt")
     p.add_argument("-o", "--output", required=True, help="output .mp4 path")
     p.add_argument("--model", help="checkpoint folder (default: the tiny checkpoint, built on first use)")
-    p.add_argument("--aspect-ratio", help="W:H, e.g. 16:9 (canvas from the checkpoint's short edge)")
-    p.add_argument("--width", type=int, help="multiple of 32; with --height, instead of --aspect-ratio")
+    p.add_argument("--aspect-ratio", help="W:H (16:9), a number (1.7778) or auto; beside --width/--height it must "
+                   "agree with them (h3serve/canvas.py)")
+    p.add_argument("--short-edge", type=int, help="canvas mode 768 (the checkpoint's canvas) or 1440")
+    p.add_argument("--width", type=int, help="multiple of 32; with --height")
     p.add_argument("--height", type=int, help="multiple of 32")
     p.add_argument(
         "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
@@ -117,6 +119,7 @@ def _request_from_args(args: argparse.Namespace):
         width=args.width,
         height=args.height,
         aspect_ratio=args.aspect_ratio,
+        short_edge=args.short_edge,
         duration_s=args.duration,
         steps=args.steps,
         seed=args.seed,

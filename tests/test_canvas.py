@@ -71,3 +71,11 @@ def test_short_edge_modes():
 @pytest.mark.parametrize("text", ["wide", "0:9", "16:0", "nan", "1:2:3", ""])
 def test_malformed_ratios(text):
     assert "must look like 16:9" in refused(aspect_ratio=text).message
+
+
+def test_the_cli_reads_the_canvas_fields():
+    from h3serve.cli import _request_from_args, build_parser
+
+    args = build_parser().parse_args(["generate", "x", "-o", "o.mp4", "--short-edge", "1440", "--aspect-ratio", "auto"])
+    plan = validate(_request_from_args(args))
+    assert (plan.width, plan.height) == (2528, 1440)

@@ -57,7 +57,7 @@ class ContinuationMixin:
         """
         clock = StageClock(self.device, self.hooks)
         media = self.encode_reference_media(cond.references, clock)
-        source = self._edit_source(plan, cond, clock)
+        edit_source = self._edit_source(plan, cond, clock)
         texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
         media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
         per_window = len(self._schedules(plan)[0])
@@ -79,7 +79,7 @@ class ContinuationMixin:
                 video, audio = self.encode_extension_source(plan, cond, window, clock)
             else:
                 offset = sum(v.shape[2] for v in kept_video) - window.overlap_latent_frames
-                edits = self.window_edits(plan, cond, window, offset, source, clock)
+                edits = self.window_edits(plan, cond, window, offset, edit_source, clock)
                 video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
                                                progress, edits)
             kept_video.append(video[:, :, window.overlap_latent_frames :])

@@ -19,7 +19,7 @@ DEFAULTS = ServerConfig(served_model_name="tiny")
 FORM = {"prompt": "a fox", "seconds": "4", "size": "32x32", "num_inference_steps": "3"}
 
 
-def _sync(url: str, timeout_s: float = 120) -> tuple[int, float]:
+def _sync(url: str, timeout_s: float = DEFAULTS.sync_timeout_s + 30) -> tuple[int, float]:
     start = time.monotonic()
     response = httpx.post(f"{url}/v1/videos/sync", data=FORM, headers={"Authorization": f"Bearer {API_KEY}"},
                           timeout=timeout_s)
@@ -27,11 +27,11 @@ def _sync(url: str, timeout_s: float = 120) -> tuple[int, float]:
 
 
 @pytest.mark.parametrize("clients, max_queue", [
-    (8, 4),  # the default flags' proportions, scaled by 4 (each fake job's MP4 takes ~2 s to write on 2 cores)
+    (5, 2),  # 1 running + 2 queued + 2 in line: the defaults' rule, scaled down (a fake job's MP4 takes 1-4 s here)
     pytest.param(32, DEFAULTS.max_queue, marks=pytest.mark.slow),  # the default flags themselves
 ])
 def test_simultaneous_sync_requests_all_complete(tmp_path, clients, max_queue):
-    with serve(tmp_path, executor=FakeExecutor(step_s=0.1), max_queue=max_queue,
+    with serve(tmp_path, executor=FakeExecutor(step_s=0.3), max_queue=max_queue,
                sync_timeout_s=DEFAULTS.sync_timeout_s) as server:
         start = time.monotonic()
         with ThreadPoolExecutor(clients) as pool:
@@ -43,7 +43,7 @@ def test_simultaneous_sync_requests_all_complete(tmp_path, clients, max_queue):
     print(f"FIGURE {clients} sync clients, --max-queue {max_queue} (fake engine): wall {wall:.1f} s, latency p50 "
           f"{latencies[len(latencies) // 2]:.1f} s, max {latencies[-1]:.1f} s; {line.peak} waited for a slot")
     assert statuses == [200] * clients  # before: 1 running + max_queue queued completed, the rest got 429
-    assert line.peak >= clients - 3 - max_queue  # the queue did fill: the line was used
+    assert line.peak >= max(1, clients - 3 - max_queue)  # the queue did fill: the line was used
 
 
 def test_the_queue_still_answers_429_for_real_overflow(tmp_path):
