@@ -100,3 +100,18 @@ def test_fp8_under_rank_local_dlo_is_byte_identical_to_resident_fp8(tiny_checkpo
     blocks = dlo.pipeline.components.transformer.transformer_blocks
     assert isinstance(blocks[1].attn.to_qkv, Fp8Linear)  # streamed block: FP8 bytes and scales travel
     assert dlo.offload.log.peak("denoise", "transformer", "stream") > 0
+
+
+def test_a_shard_reads_the_scales_of_its_rows():
+    """Stored FP8 under TP: a column split reads its rows' scales, a row split (input features) and a per-tensor
+    scale read the whole scale."""
+    from h3serve.model.transformer import H3Transformer
+    from h3serve.parallel.tensor_parallel import TensorParallel
+
+    tp = TensorParallel(1, 2, None, H3Transformer.tensor_parallel_plan)
+    assert tp.ranges("transformer_blocks.0.attn.to_q.weight_scale", (64, 1)) == (0, [(32, 64)])
+    assert tp.ranges("transformer_blocks.0.attn.to_q.weight_scale", (64,)) == (0, [(32, 64)])
+    assert tp.ranges("transformer_blocks.0.ff.net.0.proj.weight_scale", (128, 1)) == (0, [(32, 64), (96, 128)])
+    assert tp.ranges("transformer_blocks.0.attn.to_out.0.weight_scale", (48, 1)) is None
+    assert tp.ranges("transformer_blocks.0.attn.to_q.weight_scale", ()) is None
+    assert tp.ranges("transformer_blocks.0.attn.to_out.0.weight", (48, 64)) == (1, [(32, 64)])
