@@ -73,6 +73,8 @@ class EngineSpec:
 
     name: str
     options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    lora: str | None = None  # a preloaded adapter (lora_paths) every request of this engine names
+
 
     @classmethod
     def parse(cls, value: Any, index: int) -> EngineSpec:
@@ -89,13 +91,19 @@ class EngineSpec:
             raise MatrixError(f"engine: expected a mapping or 'key=value,...', got {value!r}")
         value = dict(value)
         name = str(value.pop("name", "") or f"engine{index}")
+        lora = value.pop("lora", None)
         defaults = engine_option_defaults()
-        _check_keys("engine option", value, set(defaults))
-        options = {k: _coerce(k, v, defaults[k]) for k, v in value.items() if k != "quantization"}
+        _check_keys("engine option", value, set(defaults) | {"lora"})
+        special = ("quantization", "lora_paths")
+        options = {k: _coerce(k, v, defaults[k]) for k, v in value.items() if k not in special}
+        if "lora_paths" in value:  # "NAME=PATH" items (a list in YAML, ';'-separated in a flag)
+            options["lora_paths"] = _lora_paths(value["lora_paths"])
         if "quantization" in value:  # kept as written (it goes into the JSON records), checked here
             _quantization(value["quantization"])
             options["quantization"] = value["quantization"]
-        return cls(name=name, options=MappingProxyType(dict(sorted(options.items()))))
+        if lora is not None and lora not in dict(options.get("lora_paths", ())):
+            raise MatrixError(f"engine {name}: lora {lora!r} is not one of its lora_paths names")
+        return cls(name=name, options=MappingProxyType(dict(sorted(options.items()))), lora=lora)
 
     def config(self, model: Path) -> EngineConfig:
         options = dict(self.options)
@@ -181,6 +189,17 @@ def _quantization(value: Any):
         raise MatrixError(f"engine option quantization: {e}") from None
     choices = ", ".join(("fp8", *GRANULARITIES))
     raise MatrixError(f"engine option quantization: expected {choices} or a mapping, got {value!r}")
+
+
+def _lora_paths(value: Any) -> tuple[tuple[str, str], ...]:
+    from h3serve.adapters.catalog import parse_lora_paths
+    from h3serve.errors import ConfigError
+
+    items = value.split(";") if isinstance(value, str) else list(value)
+    try:
+        return parse_lora_paths([str(v) if isinstance(v, str) else f"{v[0]}={v[1]}" for v in items])
+    except (ConfigError, IndexError, TypeError) as e:
+        raise MatrixError(f"engine option lora_paths: {e}") from None
 
 
 def _check_keys(what: str, data: dict, allowed: set[str], required: bool = False) -> None:

@@ -123,7 +123,19 @@ class _Bench:
         for engine in self.m.engines:
             self.engine_config(engine).validate()
         for case in self.m.cases():
-            plan_request(build_request(self.m, case, self.out / "inputs"), defaults)
+            plan_request(self.request_for(case), defaults)
+
+    def request_for(self, case: Case) -> GenerationRequest:
+        """The case's request; an engine with `lora` names that preloaded adapter (its schedule, if pinned)."""
+        request = build_request(self.m, case, self.out / "inputs")
+        if case.engine.lora is None:
+            return request
+        from h3serve.adapters.catalog import LoraField
+        from h3serve.adapters.serving import catalog_for
+
+        choice = catalog_for(self.engine_config(case.engine)).choose(LoraField(name=case.engine.lora))
+        steps = None if choice.turbo is not None else request.steps  # a Turbo adapter pins its forwards
+        return replace(request, lora=choice, steps=steps)
 
     def engine_config(self, engine: EngineSpec) -> EngineConfig:
         """The engine's config; unless it sets `task_type`, only the DiTs the matrix's tasks need are loaded."""
@@ -157,7 +169,7 @@ class _Bench:
             shutil.rmtree(self.out / "raw", ignore_errors=True)
 
     def run_case(self, case: Case, workers: dict[str, Worker], command: str) -> list[dict[str, Any]]:
-        request = build_request(self.m, case, self.out / "inputs")
+        request = self.request_for(case)
         sides = list(workers)
         gemm = [workers[SIDE].gemm_peak(self.m.gemm_seconds)]
         records: list[dict[str, Any]] = []

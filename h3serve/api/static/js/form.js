@@ -1,6 +1,7 @@
 // The create form: task picker, prompt, duration, canvas, steps, seed and shifts. It builds one request
 // description that the submission, the history and the curl / Python snippets all share, so the snippets
 // reproduce exactly what was sent.
+import { apiJson } from "./api.js";
 import { Inputs } from "./inputs.js";
 import { canvasForAspect, durationInfo, onGrid, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
 
@@ -19,6 +20,7 @@ const FIELD_OF_PARAM = {
   "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
   "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
   source_video: "source_video", video_noise_mask: "video_noise_mask",
+  lora: "lora", "lora.name": "lora", "lora.path": "lora", "lora.scale": "lora",
 };
 const CONTROL_OF_FIELD = {
   size: "width", refs: "ref-input", task: null, long_video: "long-mode", continuation_prompts: "window-prompts",
@@ -54,7 +56,28 @@ export class CreateForm {
       this.update();
     });
     $("create").addEventListener("submit", event => { event.preventDefault(); onSubmit(); });
+    this.adapters = {};
+    this.loadAdapters();
     this.update();
+  }
+
+  // The adapter menu: the LoRA cards GET /v1/models lists (hidden when the server preloads none).
+  async loadAdapters() {
+    let models = [];
+    try { models = (await apiJson("/v1/models")).data; } catch { return; }  // e.g. no API key yet
+    for (const card of models.filter(m => m.lora)) {
+      this.adapters[card.id] = card;
+      const option = document.createElement("option");
+      option.value = option.textContent = card.id;
+      $("lora").append(option);
+    }
+    $("lora-field").hidden = Object.keys(this.adapters).length === 0;
+    this.update();
+  }
+
+  // The chosen adapter's card, or null.
+  adapter() {
+    return this.adapters[$("lora").value] ?? null;
   }
 
   get task() {
@@ -86,6 +109,9 @@ export class CreateForm {
     $("aspect-field").hidden = explicit;
     const canvas = this.canvas();
     $("canvas-info").textContent = canvas.problem || `${canvas.width}×${canvas.height} px (${canvas.source})`;
+    const turbo = this.adapter()?.turbo;
+    $("lora-info").textContent = turbo ? `${turbo.forwards} forwards, its own shifts (${turbo.tasks.join(", ")})` : "";
+    for (const id of ["steps", "flow_shift", "audio_flow_shift"]) $(id).disabled = Boolean(turbo);
   }
 
   // The canvas the server will use, by the same rules: explicit size, else the aspect ratio's canvas (the
@@ -126,6 +152,15 @@ export class CreateForm {
     const source = $("source-video").files[0];  // latent-mask editing: the source and its mask (JSON text)
     if (source) files.push(["source_video", source]);
     if ($("video-mask").value.trim()) fields.video_noise_mask = $("video-mask").value.trim();
+    const adapter = this.adapter();
+    if (adapter) {
+      fields.lora = JSON.stringify({ name: adapter.id });
+      if (adapter.turbo) {  // its file name pins the steps and shifts: the request leaves them out
+        delete fields.num_inference_steps;
+        delete fields.flow_shift;
+        delete extra.audio_flow_shift;
+      }
+    }
     return { task, fields, extra, files };
   }
 
