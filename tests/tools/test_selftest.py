@@ -71,3 +71,25 @@ def test_tiny_requests_through_the_engine_meet_the_output_contract(tiny_checkpoi
     assert code == 0 and set(got) == {"end_to_end", "end_to_end.continuation"}
     for check in got.values():
         assert check["status"] == "pass" and "MP4 meets the output contract" in check["figure"], check["message"]
+
+
+@pytest.mark.slow  # two plans of the released architecture on the meta device: ~30 s on a loaded 2-core host
+def test_the_planner_verdict_reads_the_selftests_engine_flags(monkeypatch):
+    """The throughput check's verdict on CUDA: the released model at 1344x768 under the flags given (here a
+    141 GiB GPU stands in: the verdict is pure planning)."""
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+
+    from h3serve.tools import selftest
+    from h3serve.tools.selftest.planner import released_verdict
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
+    parser = argparse.ArgumentParser()
+    selftest.register(parser.add_subparsers())
+    offload = parser.parse_args(["selftest", "--device", "cuda", "--enable-layerwise-offload"])
+    resident, _ = released_verdict(torch.device("cuda"), parser.parse_args(["selftest", "--device", "cuda"]))
+    streamed, data = released_verdict(torch.device("cuda"), offload)
+    assert "does not fit" in resident and streamed.startswith("released H3 with these flags on GPUs of this size: fits")
+    assert data["fits"] and data["peak"] < 141 << 30

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> list[Outcome]:
         compile=not config.enforce_eager, model=model, engine_config=config,
         budget_s=args.budget_s,
     )
+    ctx.shared["args"] = args  # the planner's verdict reads the same engine flags
     chosen = [(n, c) for n, c in checks(ctx) if not args.only or any(n.startswith(p) for p in args.only)]
     return [run_check(name, check, ctx) for name, check in chosen]
 

@@ -235,7 +235,7 @@ def throughput(ctx: Context) -> tuple[str, dict]:
     if ctx.cuda:
         from h3serve.tools.selftest.planner import released_verdict
 
-        verdict, plan = released_verdict(ctx.device)
+        verdict, plan = released_verdict(ctx.device, ctx.shared.get("args"))
         figure += f"; planner: {verdict}"
         data["plan"] = plan
     return figure, data
