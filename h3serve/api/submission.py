@@ -21,9 +21,9 @@ from h3serve.api.media_inputs import store_media
 from h3serve.api.request_builder import build_request, media_aliases
 from h3serve.api.request_fields import ParsedFields, parse_fields
 from h3serve.api.sync_line import Deadline
-from h3serve.engine.admission import TooCostly, check_cost, default_max_cost
+from h3serve.engine.admission import TooCostly
 from h3serve.engine.job_types import QueueFull, ShuttingDown
-from h3serve.engine.planning import plan_request
+from h3serve.engine.submission import prepare_job
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError
 from h3serve.request import GenerationRequest
@@ -123,23 +123,22 @@ async def queue_request(
     sync: bool = False,
     wait: Wait | None = None,
 ) -> Job:
-    """Plan (4xx naming the client's field), check the cost, and queue the job. Media must be stored already.
+    """Have the engine plan, admit and record the job (4xx naming the client's field), then queue it. Media must
+    be stored already.
     `wait`: how a sync request waits for a queue slot (SyncLine.enter); None: a full queue is 429 at once."""
     try:
-        plan = await run_in_threadpool(plan_request, generation_request, ctx.manager.defaults, ctx.manager.tasks)
+        job, plan = await run_in_threadpool(
+            prepare_job, ctx.manager, job_id, generation_request, model_name=ctx.config.served_model_name,
+            max_request_cost=ctx.config.max_request_cost, seconds_label=seconds_label, sync=sync,
+        )
     except RequestError as e:
         raise from_request_error(e, aliases) from None
     except MediaError as e:
         param = aliases.get(e.field, e.field)
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
-    try:
-        check_cost(plan, ctx.config.max_request_cost or default_max_cost(ctx.manager.defaults, plan.long_video_mode))
     except TooCostly as e:
         raise bad_request(str(e), None, "request_too_costly") from None
-    job = Job.planned(
-        job_id, ctx.config.served_model_name, generation_request, plan, seconds_label(plan),
-        created_at=int(ctx.manager.clock()), sync=sync,
-    )
+
     async def attempt() -> Job:
         return await run_in_threadpool(ctx.manager.submit, job, plan)
 

@@ -70,10 +70,10 @@ def test_health_reports_a_stuck_engine(tmp_path, stall_s):
         server.manager.stall_timeout_s = stall_s
         original = server.executor.generate
 
-        def stuck(plan, on_progress=None, on_start=None, timeout_s=None):
+        def stuck(plan, on_progress=None, on_start=None, timeout_s=None, **rest):
             on_start(999)
             release.wait(30)
-            return original(plan, on_progress=on_progress, timeout_s=timeout_s)
+            return original(plan, on_progress=on_progress, timeout_s=timeout_s, **rest)
 
         server.executor.generate = stuck
         with server.client() as client:
