@@ -208,10 +208,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _check_writable("--output", args.output)
         _check_writable("--save-raw", args.save_raw)
         model = model_dir(args.model)
-        layout = read_layout(model)
         config = engine_config_from_args(args, model)
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
+        layout = read_layout(model, config.dits)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = engine_defaults(config, layout.defaults())
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
@@ -299,6 +299,11 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", default="tiny", help="tiny | cpu-bench")
     p.add_argument("--default", action="store_true", help="build (if missing) the cached default and print its path")
+    p.add_argument(
+        "--layout",
+        default="modular",
+        help="modular (diffusers modular_model_index.json) | native (the MiniMaxAI FL2VA/ + Ref2VA/ folders)",
+    )
     p.set_defaults(func=cmd_make_tiny)
 
 
@@ -309,6 +314,14 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
         return fail(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
     if args.default == bool(args.dir):
         return fail("give either DIR or --default")
+    if args.layout not in ("modular", "native"):
+        return fail(f"--layout: unknown layout {args.layout!r}; choose from: modular, native")
+    if args.layout == "native":
+        from h3serve.tools.tiny_native import build_native_checkpoint, ensure_native_checkpoint
+
+        build = ensure_native_checkpoint if args.default else build_native_checkpoint
+        print(build(*([] if args.default else [args.dir]), seed=args.seed, preset=args.preset))
+        return 0
     if args.default:
         path = ensure_tiny_checkpoint(preset=args.preset, seed=args.seed)
     else:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from h3serve.accel.quant_config import QuantizationConfig
+from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.names import TASK_TYPES
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
@@ -248,8 +249,10 @@ class EngineConfig:
             raise ConfigError(f"--decode-mode {self.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
-        if not (self.model / "modular_model_index.json").exists():
-            raise ConfigError(f"--model: {self.model} is not an H3 checkpoint (no modular_model_index.json)")
+        try:  # the one resolver (modular root, native FL2VA/Ref2VA tree or variant folder): gaps named
+            read_layout(self.model, self.dits)
+        except CheckpointError as e:
+            raise ConfigError(f"--model: {e}") from None
         dims = read_model_dims(self.model, self.dits)
         check_degrees(self.parallel_degrees(), dims, self.cfg_parallel_size, self.vae_parallel_mode)
         if isinstance(self.offload.resident_layers, int) and self.offload.resident_layers:

@@ -336,14 +336,14 @@ def _read_config(path: Path) -> dict:
 def _checkpoint_configs(root: Path, dits: tuple[str, ...]) -> _Configs:
     from transformers import AutoConfig
 
-    layout = read_layout(root)
+    layout = read_layout(root, dits)
     present = [d for d in dits if layout.has(d)]
     if not present:
         raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
     return _Configs(
-        dits={d: H3TransformerConfig.from_dict(_read_config(layout.component(d) / "config.json")) for d in present},
-        vae=_read_config(layout.component("vae") / "config.json"),
-        audio_vae=_read_config(layout.component("audio_vae") / "config.json"),
+        dits={d: H3TransformerConfig.from_dict(layout.component_config(d)) for d in present},
+        vae=layout.component_config("vae"),
+        audio_vae=layout.component_config("audio_vae"),
         text=_truncated(AutoConfig.from_pretrained(layout.component("text_encoder"))),
     )
 

@@ -58,7 +58,7 @@ def plan_for_engine(
 ) -> PlacementPlan:
     """The plan the engine logs (and refuses on) at start-up. Without `shape`: the checkpoint's default canvas at
     5 s for every task the loaded DiTs serve, keeping the one that needs the most memory."""
-    layout = read_layout(config.model)
+    layout = read_layout(config.model, config.dits)
     dits = tuple(d for d in config.dits if layout.has(d))
     device = config.resolved_device()
     inv = build_inventory(

@@ -40,13 +40,18 @@ def _json(path: Path) -> dict:
 def read_model_dims(model: Path, dits: tuple[str, ...] = ("transformer", "transformer_ref")) -> ModelDims:
     """DiT and text-encoder sizes from `<model>/<component>/config.json`. With several DiTs (FL2VA and Ref2VA,
     the same shapes in the released model) a degree must suit all of them, hence the gcds."""
+    from h3serve.checkpoint_layout import CheckpointError, read_layout
     from h3serve.model.transformer import H3TransformerConfig
 
-    folders = [model / name for name in dits if (model / name / "config.json").exists()]
-    if not folders:
-        raise ConfigError(f"--model: {model} has none of the DiTs {', '.join(dits)}")
-    configs = [H3TransformerConfig.from_dict(_json(folder / "config.json")) for folder in folders]
-    text = _json(model / "text_encoder" / "config.json")
+    try:
+        layout = read_layout(model, dits)
+        names = [name for name in dits if layout.has(name) and (layout.component(name) / "config.json").exists()]
+        if not names:
+            raise ConfigError(f"--model: {model} has none of the DiTs {', '.join(dits)}")
+        configs = [H3TransformerConfig.from_dict(layout.component_config(name)) for name in names]
+        text = _json(layout.component("text_encoder") / "config.json")
+    except CheckpointError as e:
+        raise ConfigError(f"--model: {e}") from None
     text = text.get("text_config", text)
     heads = int(text["num_attention_heads"])
     return ModelDims(

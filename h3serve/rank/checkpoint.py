@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import safe_open
 
+from h3serve import native_config
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import prepare_fp8, quantizing
+from h3serve.checkpoint_files import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.rank import fasth3 as fuse_adapter
+from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
 from h3serve.weights import iter_tensors, materialize
 
@@ -32,7 +34,7 @@ def load_transformer(
     folder: str | Path,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    qkv_layout: native_keys.QkvLayout = "interleaved",
+    qkv_layout: native_keys.QkvLayout | None = None,
     tp: TensorParallel | None = None,
     quant: ComponentQuant | None = None,
     kernel: str = "weight_only",
@@ -41,28 +43,34 @@ def load_transformer(
 ) -> H3Transformer:
     """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
 
-    With `tp`, the model is this rank's tensor-parallel shard and only its slices are read. With `quant` (or
-    FP8 weights in the checkpoint) the selected linears load as FP8 (h3serve.accel.quantize), each weight
-    quantised on `device` as it is read. `adapter`: a FastH3 file fused into the weights as they are read, in fp32,
-    before the FP8 step (h3serve.rank.fasth3).
+    The native key names are detected over every shard's header. A native fused QKV's row order is `qkv_layout`,
+    else the config's `qkv_layout`, else "interleaved" (the MiniMaxAI shards). With `tp`, the model is this rank's
+    tensor-parallel shard and only its slices are read. With `quant` (or FP8 weights in the checkpoint) the selected
+    linears load as FP8 (h3serve.accel.quantize), each weight quantised on `device` as it is read. `adapter`: a
+    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.rank.fasth3).
     """
     folder = Path(folder)
-    cfg = H3TransformerConfig.from_dict(read_json(folder / "config.json"))
+    config_path = folder / "config.json"
+    values, declared = native_config.dit_config(read_json(config_path), str(config_path))
+    cfg = H3TransformerConfig.from_dict(values)
     device = torch.device(device)
     with torch.device("meta"):
         model = H3Transformer(cfg)
     files = safetensors_files(folder)
-    native = _is_native(files)
+    native = native_keys.is_native_key_set(weight_keys(files))
+    layout = resolve_qkv_layout(files, qkv_layout, declared) if native else "interleaved"
+    if native:
+        check_native_shapes(files, cfg, model.state_dict())
     fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
     if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
         from h3serve.parallel.dit_loading import iter_dit_shards
 
         tp.shard_module(model)
-        tensors = iter_dit_shards(files, cfg, native, qkv_layout, tp)
+        tensors = iter_dit_shards(files, cfg, native, layout, tp)
     else:
         tensors = iter_tensors(files)
         if native:
-            tensors = _converted(tensors, cfg, qkv_layout)
+            tensors = _converted(tensors, cfg, layout)
     if fasth3 is not None:
         tensors = fuse_adapter.fused(tensors, fasth3, tp)
     # After sharding (FP8 twins of the shard-shaped linears), before offload placement; native keys hold no FP8.
@@ -76,9 +84,46 @@ def load_transformer(
     return model.eval()
 
 
-def _is_native(files: list[Path]) -> bool:
-    with safe_open(str(files[0]), framework="pt", device="cpu") as f:
-        return native_keys.is_native_key_set(list(f.keys()))
+def resolve_qkv_layout(
+    files: list[Path], flag: native_keys.QkvLayout | None, declared: str | None
+) -> native_keys.QkvLayout:
+    """The fused QKV row order: the flag, else the config's `qkv_layout`, else the default; every file's
+    `__metadata__["qkv_layout"]` must agree (a stacked export loaded as interleaved would load silently wrong)."""
+    if flag is not None and flag not in native_config.QKV_LAYOUTS:
+        raise CheckpointError(f"qkv_layout must be one of {', '.join(native_config.QKV_LAYOUTS)}, got {flag!r}")
+    if flag is not None and declared is not None and flag != declared:
+        raise CheckpointError(f"--qkv-layout {flag} contradicts the checkpoint config's qkv_layout {declared!r}")
+    layout = flag or declared or native_config.DEFAULT_QKV_LAYOUT
+    for file in files:
+        stated = file_metadata(file).get("qkv_layout")
+        if stated is not None and stated != layout:
+            source = "--qkv-layout" if flag else "config.json" if declared else "the default"
+            raise CheckpointError(
+                f"{file}: its metadata says qkv_layout={stated!r} but {source} gives {layout!r}; "
+                "pass the layout the file was written with"
+            )
+    return layout  # type: ignore[return-value]
+
+
+def check_native_shapes(files: list[Path], cfg: H3TransformerConfig, expected: dict[str, torch.Tensor]) -> None:
+    """Every native tensor's header shape against the model's, by its checkpoint key (no tensor is read)."""
+    for file in files:
+        for key, info in safetensors_header(file).items():
+            if key == "__metadata__":
+                continue
+            name = native_keys.native_to_diffusers_name(key)
+            if name == "rope.inv_freq":
+                want: tuple[int, ...] = (cfg.rope_freq_dim,)
+            elif name.endswith(".attn.qkv_proj.weight"):
+                want = (3 * cfg.inner_dim, cfg.hidden_size)
+            elif name in expected:
+                want = tuple(expected[name].shape)
+            else:
+                raise CheckpointError(f"{file.name}: unexpected weight '{key}' for {H3Transformer.__name__}")
+            if tuple(info["shape"]) != want:
+                raise CheckpointError(
+                    f"{file.name}: checkpoint key '{key}' has shape {tuple(info['shape'])}, expected {want}"
+                )
 
 
 def _converted(
@@ -170,6 +215,7 @@ def load_components(
     quantization: QuantizationConfig | None = None,
     kernel: str = "weight_only",
     dit_adapter: str | None = None,
+    qkv_layout: native_keys.QkvLayout | None = None,
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
@@ -195,14 +241,22 @@ def load_components(
         return quantization.component(name) if quantization is not None else None
 
     loaded = {
-        name: load_transformer(layout.component(name), dtype, where(name), tp=tp, quant=quant(name), kernel=kernel,
-                               component=name, adapter=dit_adapter if name == "transformer" else None)
+        name: load_transformer(layout.component(name), dtype, where(name), qkv_layout=qkv_layout, tp=tp,
+                               quant=quant(name), kernel=kernel, component=name,
+                               adapter=dit_adapter if name == "transformer" else None)
         for name in present
     }
-    vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype).to(where("vae")).eval()
+    if layout.is_native("vae"):  # the MiniMaxAI video_vae/ (original names, fused tensors): converted as read
+        vae = load_native_video_vae(layout.component("vae"), dtype, where("vae"))
+    else:
+        vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
+        vae = vae.to(where("vae")).eval()
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
-    audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
-    audio_vae.eval()
+    if layout.is_native("audio_vae"):
+        audio_vae = load_native_audio_vae(layout.component("audio_vae"), where("audio_vae"))
+    else:
+        audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
+        audio_vae.eval()
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others

@@ -37,7 +37,7 @@ class LocalEngine:
     def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1):
         self.config = config.validate()
         self.rank, self.world_size = rank, world_size
-        self.layout = read_layout(config.model)
+        self.layout = read_layout(config.model, config.dits)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
         self.device = config.resolved_device()
         if self.device.type == "cuda" and self.device.index is None:

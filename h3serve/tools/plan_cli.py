@@ -121,7 +121,7 @@ def build_plan(args: argparse.Namespace):
     device, dtype = _device(args)
     quant = quantization(args)
     inv = build_inventory(source, degrees, dits, device, dtype, quant)
-    defaults = ModelDefaults() if source == RELEASED else read_layout(source).defaults()
+    defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits).defaults()
     plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"

@@ -118,7 +118,7 @@ class DiffusersRunner:
         if config.world_size != 1:
             raise ValueError("--peer diffusers runs in one process; use it with single-rank engine configs")
         self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
-        self.defaults = read_layout(config.model).defaults()
+        self.defaults = read_layout(config.model, config.dits).defaults()
         self.pipes = {t: load_reference_pipeline(config.model, t, self.dtype, self.device) for t in tasks}
         self._forwards = 0
         for task, pipe in self.pipes.items():

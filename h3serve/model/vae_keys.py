@@ -1,0 +1,91 @@
+"""Native (MiniMaxAI `video_vae/source/`) video-VAE key names <-> diffusers `AutoencoderKLMiniMaxH3`. Pure tensor code.
+
+Facts from diffusers' conversion script: the encoder's CompVis names (`encoder.down.{i}.block.{j}`, `nin_shortcut`,
+`down.{i}.downsample`) become `down_blocks.{i}.resnets.{j}`, `conv_shortcut`, `downsamplers.0`; the ViT decoder's
+`x_embedder` becomes `proj_in`; its fused `attn.to_qkv` (weight and bias) is interleaved per head like the DiT's
+and splits into `to_q`/`to_k`/`to_v`; `attn.to_out` gains the `.0` of diffusers' ModuleList; `ff.w1` (stored
+`[gate; up]`) becomes `ff.net.0.proj` as `[up; gate]`, `ff.w2` becomes `ff.net.2`; the unused training buffer
+`decoder.mask_token` is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+
+DROPPED = ("decoder.mask_token",)
+_DOWN = re.compile(r"^encoder\.down\.(\d+)\.(.*)$")
+_DOWN_BLOCKS = re.compile(r"^encoder\.down_blocks\.(\d+)\.(.*)$")
+_PAIRS = ((".attn.to_out.", ".attn.to_out.0."), (".ff.w1.", ".ff.net.0.proj."), (".ff.w2.", ".ff.net.2."))
+
+
+def native_to_diffusers_name(key: str) -> str:
+    """Rename one native key (a fused `to_qkv` keeps its name; `split_native_tensor` splits it)."""
+    match = _DOWN.match(key)
+    if match:
+        rest = match.group(2).replace("block.", "resnets.", 1).replace("nin_shortcut.", "conv_shortcut.", 1)
+        key = f"encoder.down_blocks.{match.group(1)}.{rest.replace('downsample.', 'downsamplers.0.', 1)}"
+    key = key.replace("decoder.x_embedder.", "decoder.proj_in.")
+    for old, new in _PAIRS:
+        key = key.replace(old, new)
+    return key
+
+
+def diffusers_to_native_name(name: str) -> str:
+    match = _DOWN_BLOCKS.match(name)
+    if match:
+        rest = match.group(2).replace("resnets.", "block.", 1).replace("conv_shortcut.", "nin_shortcut.", 1)
+        name = f"encoder.down.{match.group(1)}.{rest.replace('downsamplers.0.', 'downsample.', 1)}"
+    name = name.replace("decoder.proj_in.", "decoder.x_embedder.")
+    for old, new in _PAIRS:
+        name = name.replace(new, old)
+    return name
+
+
+def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
+    first, second = tensor.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
+
+
+def split_native_tensor(
+    key: str, tensor: torch.Tensor, heads: int, head_dim: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """One native tensor -> the diffusers tensors it holds."""
+    if key in DROPPED:
+        return
+    name = native_to_diffusers_name(key)
+    if ".attn.to_qkv." in name:
+        expected = heads * 3 * head_dim
+        if tensor.shape[0] != expected:
+            raise ValueError(
+                f"checkpoint key '{key}' has shape {tuple(tensor.shape)}, expected {expected} rows "
+                f"({heads} heads x 3 x {head_dim})"
+            )
+        q, k, v = (t.flatten(0, 1) for t in tensor.unflatten(0, (heads, 3, head_dim)).unbind(1))
+        stem, suffix = name.split(".attn.to_qkv.")
+        yield from ((f"{stem}.attn.to_{p}.{suffix}", t.contiguous()) for p, t in zip("qkv", (q, k, v), strict=True))
+    elif ".ff.net.0.proj." in name:
+        yield name, _swap_halves(tensor).contiguous()
+    else:
+        yield name, tensor
+
+
+def diffusers_to_native(state_dict: dict[str, torch.Tensor], head_dim: int) -> dict[str, torch.Tensor]:
+    """The inverse (for the native tiny checkpoint): diffusers state dict -> native names and fusions."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        if ".attn.to_k." in name or ".attn.to_v." in name:
+            continue
+        native = diffusers_to_native_name(name)
+        if ".attn.to_q." in name:
+            stem, suffix = native.split(".attn.to_q.")
+            parts = [state_dict[name.replace(".to_q.", f".to_{p}.")] for p in "qkv"]
+            per_head = [p.unflatten(0, (-1, head_dim)) for p in parts]  # [H, Dh, ...] each
+            out[f"{stem}.attn.to_qkv.{suffix}"] = torch.stack(per_head, dim=1).flatten(0, 2).contiguous()
+        elif ".ff.w1." in native:
+            out[native] = _swap_halves(tensor).contiguous()
+        else:
+            out[native] = tensor.contiguous()
+    return out
