@@ -19,6 +19,14 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The same weights as `tiny_checkpoint`, in the native MiniMaxAI layout (FL2VA/ + Ref2VA/)."""
+    from h3serve.tools.tiny_native import native_from_modular
+
+    return native_from_modular(tiny_checkpoint, tmp_path_factory.mktemp("checkpoint") / "tiny-native")
+
+
+@pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
     from h3serve.checkpoint_layout import read_layout
     from h3serve.model.pipeline import H3Pipeline

@@ -6,7 +6,9 @@ Parameters are created on the meta device and read tensor by tensor from the mem
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -46,9 +48,16 @@ def load_native_audio_vae(folder: Path, device: torch.device):
     from diffusers import AutoencoderKLMiniMaxH3Audio
 
     config = native_config.audio_vae_config(folder)
-    with warnings.catch_warnings(), init_empty_weights(include_buffers=False):
-        warnings.filterwarnings("ignore", message=".*weight_norm.*is deprecated", category=FutureWarning)
+    with quiet_weight_norm(), init_empty_weights(include_buffers=False):
         model = AutoencoderKLMiniMaxH3Audio.from_config(config)
     # fp32 by policy, as the diffusers folder loads (every module is in its keep-in-fp32 list)
     materialize(model, iter_tensors([native_config.audio_vae_weights(folder)]), torch.float32, device)
     return model.to(device).eval()
+
+
+@contextlib.contextmanager
+def quiet_weight_norm() -> Iterator[None]:
+    """Hide torch's `weight_norm` deprecation warning (the audio VAE's BigVGAN stack uses it on purpose)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*weight_norm.*is deprecated", category=FutureWarning)
+        yield

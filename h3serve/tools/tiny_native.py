@@ -24,6 +24,7 @@ from h3serve.native_config import DIT_NAMES
 from h3serve.tools import tiny_checkpoint as tiny
 
 MARKER = tiny.MARKER_FILE
+_TRANSFORMERS_PARTS = ("text_encoder", "tokenizer", "processor")
 _DIT_FILES = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
 
 
@@ -174,23 +175,53 @@ def build_native_checkpoint(out_dir: str | Path, seed: int = 0, preset: str = "t
     """Write the native-layout tiny checkpoint into `out_dir` (absent or empty) and return its path."""
     spec = tiny._get_preset(preset)
     seed = tiny._check_seed(seed)
-    out = Path(out_dir)
+    return _write_native(Path(out_dir), tiny._build_components(spec, seed), spec, tiny._marker(preset, seed))
+
+
+def native_from_modular(modular_dir: str | Path, out_dir: str | Path) -> Path:
+    """The native twin of a built modular tiny checkpoint (its modules read back, its transformers folders copied):
+    the same files as `build_native_checkpoint` of its preset and seed, without drawing the weights again."""
+    from diffusers import AutoencoderKLMiniMaxH3, MiniMaxH3Scheduler, MiniMaxH3Transformer3DModel
+
+    from h3serve.rank.native_vaes import quiet_weight_norm
+
+    src = Path(modular_dir)
+    marker = json.loads((src / MARKER).read_text(encoding="utf-8"))
+    with quiet_weight_norm():
+        from diffusers import AutoencoderKLMiniMaxH3Audio
+
+        audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(src / "audio_vae")
+    parts = {
+        "transformer": MiniMaxH3Transformer3DModel.from_pretrained(src / "transformer"),
+        "transformer_ref": MiniMaxH3Transformer3DModel.from_pretrained(src / "transformer_ref"),
+        "vae": AutoencoderKLMiniMaxH3.from_pretrained(src / "vae"),
+        "audio_vae": audio_vae,
+        **{name: src / name for name in _TRANSFORMERS_PARTS},
+        "scheduler": MiniMaxH3Scheduler.from_pretrained(src / "scheduler"),
+        "audio_scheduler": MiniMaxH3Scheduler.from_pretrained(src / "audio_scheduler"),
+    }
+    return _write_native(Path(out_dir), parts, tiny._get_preset(marker["preset"]), marker)
+
+
+def _write_native(out: Path, parts: dict, spec: tiny.Preset, marker: dict) -> Path:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"refusing to build a checkpoint into non-empty directory {out}")
-    parts = tiny._build_components(spec, seed)
     shifts = {"video": float(parts["scheduler"].config.shift), "audio": float(parts["audio_scheduler"].config.shift)}
     fl2va, ref2va = out / "FL2VA", out / "Ref2VA"
     write_dit(parts["transformer"], fl2va / "transformer")
     write_dit(parts["transformer_ref"], ref2va / "transformer")
     write_video_vae(parts["vae"], fl2va / "video_vae")
     write_audio_vae(parts["audio_vae"], fl2va / "audio_vae")
-    with tiny._quiet_progress_bars():
-        for name in ("text_encoder", "tokenizer", "processor"):
-            parts[name].save_pretrained(str(fl2va / name))
+    for name in sorted(_TRANSFORMERS_PARTS):  # the modular builder's order: saving the processor marks the tokenizer
+        if isinstance(parts[name], Path):  # the same transformers folders as the modular layout: copied verbatim
+            shutil.copytree(parts[name], fl2va / name)
+        else:
+            with tiny._quiet_progress_bars():
+                parts[name].save_pretrained(str(fl2va / name))
     _write_json(fl2va / "model_index.json", _model_index("fl2va", ["t2va", "fl2va"], spec, shifts))
     _write_json(ref2va / "model_index.json", _model_index("ref2va", ["ref2va"], spec, shifts))
     tiny._make_readable(out)
-    _write_json(out / MARKER, {**tiny._marker(preset, seed), "layout": "native"})
+    _write_json(out / MARKER, {**marker, "layout": "native"})
     return out
 
 

@@ -8,11 +8,16 @@ import shutil
 import pytest
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from h3serve.checkpoint_files import weight_keys
 from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.model import keys
 from h3serve.rank.checkpoint import load_transformer
+
+
+def safe_open_keys(path):
+    return weight_keys([path])
 
 
 def test_layout_and_defaults_come_from_the_checkpoint(tiny_checkpoint, tmp_path):
@@ -90,4 +95,78 @@ def test_wrong_shape_is_named(tmp_path, tiny_checkpoint):
     cfg["ffn_dim"] = 80
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="ff.net.0.proj.weight.*shape"):
+        load_transformer(folder)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Native loader edges: detection over every shard, qkv_layout, original config names, misshaped tensors by key
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _native_folder(tmp_path, tiny_native_checkpoint):
+    folder = tmp_path / "transformer"
+    shutil.copytree(tiny_native_checkpoint / "FL2VA" / "transformer", folder)
+    return folder
+
+
+def test_native_detection_reads_every_shard_and_the_original_config_names(
+    tmp_path, tiny_native_checkpoint, reference_dit
+):
+    folder = _native_folder(tmp_path, tiny_native_checkpoint)
+    first = safe_open_keys(folder / "model-00001-of-00002.safetensors")
+    assert not keys.is_native_key_set(first)  # no marker key in the first shard
+    cfg = json.loads((folder / "config.json").read_text())
+    assert "ffn_hidden_size" in cfg and "latents_dim" in cfg and "ffn_dim" not in cfg
+    _same_weights(load_transformer(folder), reference_dit)
+
+
+def _stacked_export(tmp_path, reference_dit, metadata=None):
+    folder = tmp_path / "stacked"
+    folder.mkdir()
+    native = keys.diffusers_to_native(reference_dit.state_dict(), reference_dit.config.attention_head_dim, "stacked")
+    save_file({k: v.contiguous() for k, v in native.items()}, folder / "model.safetensors", metadata=metadata)
+    return folder
+
+
+def test_a_stacked_export_loads_exactly_when_its_config_says_so(tmp_path, tiny_native_checkpoint, reference_dit):
+    folder = _stacked_export(tmp_path, reference_dit)
+    cfg = json.loads((tiny_native_checkpoint / "FL2VA" / "transformer" / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "qkv_layout": "stacked"}))
+    _same_weights(load_transformer(folder), reference_dit)
+    with pytest.raises(CheckpointError, match="--qkv-layout interleaved contradicts the checkpoint config's"):
+        load_transformer(folder, qkv_layout="interleaved")
+
+
+def test_a_file_whose_metadata_contradicts_the_layout_is_refused(tmp_path, tiny_checkpoint, reference_dit):
+    folder = _stacked_export(tmp_path, reference_dit, metadata={"qkv_layout": "stacked"})
+    shutil.copy(tiny_checkpoint / "transformer" / "config.json", folder / "config.json")
+    with pytest.raises(CheckpointError, match="metadata says qkv_layout='stacked' but the default gives 'interleaved'"):
+        load_transformer(folder)
+    _same_weights(load_transformer(folder, qkv_layout="stacked"), reference_dit)
+
+
+def test_misshaped_native_tensors_name_their_checkpoint_key(tmp_path, tiny_native_checkpoint):
+    folder = _native_folder(tmp_path, tiny_native_checkpoint)
+    shard = folder / "model-00002-of-00002.safetensors"  # the one with blocks.0.attn.qkv_proj
+    tensors = load_file(shard)
+    tensors["blocks.0.attn.qkv_proj.weight"] = tensors["blocks.0.attn.qkv_proj.weight"][:-3]
+    save_file(tensors, shard)
+    qkv = r"key 'blocks\.0\.attn\.qkv_proj\.weight' has shape \(381, 48\), expected \(384, 48\)"
+    with pytest.raises(CheckpointError, match=qkv):
+        load_transformer(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "ffn_hidden_size": 80}))
+    fc1 = r"'(token_refiner\.)?blocks\.\d+\.mlp\.fc1\.weight' has shape \(128, 48\), expected \(160, 48\)"
+    with pytest.raises(CheckpointError, match=fc1):
+        load_transformer(folder)
+
+
+def test_contradicting_config_names_are_refused(tmp_path, tiny_native_checkpoint):
+    folder = _native_folder(tmp_path, tiny_native_checkpoint)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "ffn_dim": 80}))
+    with pytest.raises(CheckpointError, match="'ffn_dim' = 80 contradicts 'ffn_dim' = 64|'ffn_hidden_size'"):
+        load_transformer(folder)
+    (folder / "config.json").write_text(json.dumps({**cfg, "adaln_out_features": 7}))
+    with pytest.raises(CheckpointError, match="'adaln_out_features' = 7 but hidden_size 48 implies 864"):
         load_transformer(folder)
