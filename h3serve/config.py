@@ -33,6 +33,7 @@ class EngineConfig:
     num_ranks: int = 0  # rank processes of one replica (one per GPU); 0 = tensor_parallel_size·ulysses·ring
     data_parallel_size: int = 1  # engine replicas, each its own rank group running its own job
     task_type: str = "auto"  # auto: every DiT the checkpoint has | fl2va (t2va + fl2va) | ref2va
+    qkv_layout: str | None = None  # a native DiT's fused QKV rows: interleaved | stacked; None: config or interleaved
     # Multi-rank execution (h3serve.parallel); checked against the checkpoint's shapes in `validate`.
     tensor_parallel_size: int = 1  # DiT tensor parallel: heads and FFN columns split over TP ranks
     ulysses_degree: int = 1  # --usp: Ulysses sequence parallel (all-to-all rows <-> heads)
@@ -219,6 +220,8 @@ class EngineConfig:
         self.resolved_dtype()
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"--task-type: unknown {self.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
+        if self.qkv_layout not in (None, "interleaved", "stacked"):
+            raise ConfigError(f"--qkv-layout: unknown {self.qkv_layout!r}; choose from: interleaved, stacked")
         if self.num_ranks < 0:
             raise ConfigError(
                 f"--num-gpus must be >= 1 (or 0: the product of the parallel degrees), got {self.num_ranks}"

@@ -46,6 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
     g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
     g.add_argument("--task-type", default="auto", help="DiTs to load: auto | combined (both) | t2va | fl2va | ref2va")
+    g.add_argument("--qkv-layout", default=None,
+                   help="row order of a native DiT's fused QKV: interleaved (per head; the MiniMaxAI shards, the "
+                   "default) | stacked ([q; k; v], single-file exports); default: the checkpoint config's qkv_layout")
 
     p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
     p.add_argument("--num-gpus", type=int, default=0,
@@ -387,6 +390,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,
+        qkv_layout=getattr(args, "qkv_layout", None),
         **layout_fields(args),
         vae_parallel_mode=args.vae_parallel_mode,
         cfg_parallel_size=args.cfg_parallel_size,

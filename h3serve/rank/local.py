@@ -58,6 +58,7 @@ class LocalEngine:
         components = load_components(
             self.layout, dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
             quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
+            qkv_layout=config.qkv_layout,
         )
         roles = config.attention_roles()
         for dit in (components.transformer, components.transformer_ref):

@@ -229,13 +229,19 @@ def ensure_native_checkpoint(preset: str = "tiny", seed: int = 0) -> Path:
     """The cached native checkpoint of `preset`/`seed` (beside the modular one), built first if needed."""
     target = tiny.default_checkpoint_dir(preset, seed).with_name(f"{preset}-seed{seed}-native")
     marker = {**tiny._marker(preset, seed), "layout": "native"}
-    try:
-        if json.loads((target / MARKER).read_text(encoding="utf-8")) == marker:
-            return target
-    except (OSError, ValueError):
-        pass
+
+    def complete() -> bool:
+        try:
+            return json.loads((target / MARKER).read_text(encoding="utf-8")) == marker
+        except (OSError, ValueError):
+            return False
+
+    if complete():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tiny._file_lock(target.parent / f".{target.name}.lock"):
+        if complete():  # another process built it while this one waited
+            return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
             build_native_checkpoint(staging / "c", seed=seed, preset=preset)
