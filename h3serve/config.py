@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("stream", "full")
+DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few requests' schedules of the released DiT
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class EngineConfig:
     max_loras: int = 2
     max_lora_rank: int | None = None
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (h3serve.rank.fasth3)
+    # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
+    # forward computes its modulations.
+    adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
+    adaln_cache_dir: Path | None = None  # --adaln-cache-dir: start-up sidecars of the default schedules
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -263,6 +268,13 @@ class EngineConfig:
                 check_resident_layers(self.offload.resident_layers, dims.dit_layers)
             except OffloadError as e:
                 raise ConfigError(str(e)) from None
+        if self.offload.adaln and self.adaln_memo_bytes is None:
+            raise ConfigError(
+                '"adaln" in --diffusion-offload-config keeps the AdaLN projections off the device, which needs the '
+                "AdaLN memo (modulations computed once per request); drop --adaln-memo off"
+            )
+        if self.adaln_cache_dir is not None and self.adaln_memo_bytes is None:
+            raise ConfigError("--adaln-cache-dir fills the AdaLN memo, which --adaln-memo off turns off; drop one")
         if self.device_memory is not None and self.device_memory <= 0:
             raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
         if self.quantization is not None:

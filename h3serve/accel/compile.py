@@ -1,7 +1,8 @@
 """torch.compile of the DiT: each block (regional, the default) or the whole forward (full).
 
-Regional compilation replaces each block's `forward`, not the module call, so forward pre/post hooks (offload
-streaming, bench counters) keep running eagerly around the graph. Identical blocks share one graph: their
+Regional compilation replaces each block's `forward` (a DiT block's `modulated` body: its AdaLN lookup stays
+eager), not the module call, so forward pre/post hooks (offload streaming, bench counters) keep running eagerly
+around the graph. Identical blocks share one graph: their
 parameters are graph inputs (Dynamo inlines built-in nn modules). Collectives and the sequence-parallel
 attention core are `torch.compiler.disable` islands (h3serve.parallel.comm / sequence), so a compiled block
 graph-breaks there instead of tracing process-group calls.
@@ -45,7 +46,9 @@ class CompileState:
         self.log(f"warning: torch.compile failed ({type(root).__name__}: {first_line}); running the DiT eagerly")
 
 
-def _guarded(module: nn.Module, compiled: Callable[..., Any], eager: Callable[..., Any], state: CompileState):
+def _guarded(
+    module: nn.Module, compiled: Callable[..., Any], eager: Callable[..., Any], state: CompileState, name: str
+):
     def forward(*args: Any, **kwargs: Any) -> Any:
         if state.failed:
             return eager(*args, **kwargs)
@@ -57,13 +60,16 @@ def _guarded(module: nn.Module, compiled: Callable[..., Any], eager: Callable[..
             state.fall_back(e)
             return eager(*args, **kwargs)
 
-    module.forward = forward
-    state.restore.append(lambda: setattr(module, "forward", eager))
+    setattr(module, name, forward)
+    state.restore.append(lambda: setattr(module, name, eager))
 
 
 def _compile_forward(module: nn.Module, dynamic: bool, state: CompileState, backend: Backend) -> None:
-    eager = module.forward
-    _guarded(module, torch.compile(eager, dynamic=dynamic, backend=backend), eager, state)
+    """Compile the module's declared `compiled_region` method (a block's body without its AdaLN lookup), else
+    its `forward`."""
+    name = getattr(type(module), "compiled_region", "forward")
+    eager = getattr(module, name)
+    _guarded(module, torch.compile(eager, dynamic=dynamic, backend=backend), eager, state, name)
 
 
 def blocks_of(transformer: nn.Module) -> list[nn.Module]:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
 from h3serve.errors import ConfigError
 from h3serve.names import TASK_TYPE_ALIASES
 from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
@@ -49,6 +50,18 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--qkv-layout", default=None,
                    help="row order of a native DiT's fused QKV: interleaved (per head; the MiniMaxAI shards, the "
                    "default) | stacked ([q; k; v], single-file exports); default: the checkpoint config's qkv_layout")
+    g.add_argument(
+        "--adaln-memo",
+        metavar="SIZE|off",
+        default=None,
+        help="AdaLN modulations computed once per request and kept for later requests in a host store of SIZE "
+        f"(default {DEFAULT_ADALN_MEMO_BYTES // 2**30}GiB; exact); off: each forward computes them",
+    )
+    g.add_argument(
+        "--adaln-cache-dir",
+        metavar="DIR",
+        help="sidecar files of the default schedules' AdaLN modulations, written once, read at later start-ups",
+    )
 
     p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
     p.add_argument("--num-gpus", type=int, default=0,
@@ -296,6 +309,14 @@ def quantization(args: argparse.Namespace):
         return parse_quantization(args.quantization, args.diffusion_quantization_config)
     except QuantizationError as e:
         raise ConfigError(str(e)) from None
+def adaln_memo(text: str | None) -> int | None:
+    """--adaln-memo in bytes (the default size when absent; None for `off`); `ConfigError` for a bad size."""
+    if text is not None and text.strip().lower() == "off":
+        return None
+    try:
+        return parse_bytes(text, "--adaln-memo") if text else DEFAULT_ADALN_MEMO_BYTES
+    except OffloadError as e:
+        raise ConfigError(f"{e} (or 'off')") from None
 
 
 def device_memory(text: str | None) -> int | None:
@@ -408,6 +429,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         device_memory=device_memory(args.device_memory),
         quantization=quantization(args),
         **lora_fields(args),
+        adaln_memo_bytes=adaln_memo(args.adaln_memo),
+        adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

@@ -15,6 +15,7 @@ from PIL import Image
 
 from h3serve import limits
 from h3serve.accel.cache import CacheProfile, CacheStats, block_cache, profile_for
+from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -53,7 +54,7 @@ from h3serve.model.pipeline_types import (
     Target,
 )
 from h3serve.model.scheduler import FlowSchedule, scale_noise
-from h3serve.model.step_times import step_times
+from h3serve.model.step_times import StepTimes, step_times
 from h3serve.model.streaming import SourceHead, stream_decode
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.transformer import H3Transformer, PackedLayout
@@ -80,11 +81,13 @@ class H3Pipeline(ContinuationMixin):
         device: str | torch.device = "cpu",
         hooks: StageHooks | None = None,
         cache: CacheProfile | None = None,  # the server's block cache (--cache-backend cache_dit); None: off
+        adaln: AdaLNMemo | None = None,  # AdaLN modulations computed ahead and memoised; None: in each forward
     ):
         self.components = components
         self.device = torch.device(device)
         self.hooks = hooks or NoHooks()
         self.cache = cache
+        self.adaln = adaln
 
     @torch.no_grad()
     def generate(
@@ -428,14 +431,16 @@ class H3Pipeline(ContinuationMixin):
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
         video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
         total = len(times)
+        modulations = self._modulations(transformer, times, layout)
         for i in range(total):
             video_in, audio_in = video_rows, audio_rows
             if video_edit is not None:  # latent-mask editing: the model reads the anchored blend
                 video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
             if audio_edit is not None:
                 audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
+            step_mod = None if modulations is None else modulations[i]
             v_vel, a_vel = transformer(
-                video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed
+                video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed, step_mod
             )
             for sched, rows, model_in, vel, n, edit in (
                 (video_sched, video_rows, video_in, v_vel, nv, video_edit),
@@ -449,6 +454,15 @@ class H3Pipeline(ContinuationMixin):
             if on_step is not None:
                 on_step(i + 1, total)
         return video_rows, audio_rows
+
+    def _modulations(self, transformer: H3Transformer, times: StepTimes, layout: Layout):
+        """The request's AdaLN modulations, one per step (None when memoisation is off)."""
+        if self.adaln is None:
+            return None
+        steps = [ForwardTimes(times.timesteps[i], times.row_index[i]) for i in range(len(times))]
+        name = "transformer_ref" if transformer is self.components.transformer_ref else "transformer"
+        tags = layout.packed.token_tags
+        return self.adaln.prepare(name, transformer, steps, tags, self.device, self.hooks.weights)
 
     def denormalised_video(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents -> the VAE decoder's input, on the device and in its dtype."""

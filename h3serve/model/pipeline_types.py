@@ -76,12 +76,19 @@ class StageHooks(Protocol):
 
     def stage(self, name: str) -> AbstractContextManager[None]: ...
 
+    def weights(self, module: nn.Module) -> AbstractContextManager[None]:
+        """`module`'s weights on the device for the duration (AdaLN projections kept in host memory)."""
+        ...
+
 
 class NoHooks:
     def request(self, task: str) -> AbstractContextManager[None]:
         return nullcontext()
 
     def stage(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def weights(self, module: nn.Module) -> AbstractContextManager[None]:
         return nullcontext()
 
 

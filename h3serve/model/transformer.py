@@ -13,7 +13,7 @@ refiner -> block -> model.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol
 
@@ -276,9 +276,30 @@ class AdaLNOut(nn.Module):
         self.norm = nn.RMSNorm(hidden_size, eps=eps)
         self.linear = nn.Linear(time_embed_dim, 2 * hidden_size, bias=True)
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
-        shift, scale = self.linear(F.silu(temb).to(compute_dtype(self.linear))).chunk(2, dim=-1)
+    def modulation(self, temb: torch.Tensor) -> torch.Tensor:
+        """temb [T, E] -> [T, 2D]: shift, then scale (what `h3serve.model.adaln_memo` computes ahead)."""
+        return self.linear(F.silu(temb).to(compute_dtype(self.linear)))
+
+    def apply(self, x: torch.Tensor, modulation: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
+        shift, scale = modulation.chunk(2, dim=-1)
         return self.norm(x) * (1.0 + scale.index_select(0, timestep_indices)) + shift.index_select(0, timestep_indices)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, timestep_indices: torch.Tensor) -> torch.Tensor:
+        return self.apply(x, self.modulation(temb), timestep_indices)
+
+
+@dataclass(frozen=True)
+class StepModulation:
+    """One forward's AdaLN modulations, computed ahead of it (`h3serve.model.adaln_memo`): the same values the
+    forward would compute from `temb`, so the blocks gather from these instead of running their projections.
+
+    Only the table rows the step uses are kept (`slots` maps a full-table row `t·3 + modality` to its row here;
+    -1 for a row no token reads): a row gather copies values, so the result is bit-identical.
+    """
+
+    tables: Mapping[nn.Module, torch.Tensor]  # a block's `adaln_proj` -> its [6, R, D] table (see `table`)
+    slots: torch.Tensor  # [T·3] long
+    output: torch.Tensor  # [T, 2D]: `norm_out.modulation(temb)`
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -324,15 +345,26 @@ class TransformerBlock(nn.Module):
         self.ff = FeedForward(cfg.hidden_size, cfg.ffn_dim)
         self.adaln_proj = AdaLNModulation(cfg.time_embed_dim, cfg.hidden_size)
 
+    # What regional compilation compiles (h3serve.accel.compile): the modulation lookup stays eager, so a block
+    # graph never specialises on which block's table it reads, and the AdaLN GEMM runs the same kernel whether
+    # the forward computes it or `h3serve.model.adaln_memo` did ahead.
+    compiled_region = "modulated"
+
     def forward(
         self,
         x: torch.Tensor,  # [B, S, D]
-        temb: torch.Tensor,  # [T, E]
-        adaln_idx: torch.Tensor,  # [S]: timestep_index·3 + modality
+        temb: torch.Tensor | StepModulation,  # [T, E], or this step's precomputed modulations
+        adaln_idx: torch.Tensor,  # [S]: timestep_index·3 + modality (a row of `StepModulation.tables`)
         rotary: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
+        # [6, T·3, D] (or the step's used rows); the scale tables hold 1 + scale
+        table = temb.tables[self.adaln_proj] if isinstance(temb, StepModulation) else self.adaln_proj.table(temb)
+        return self.modulated(x, table, adaln_idx, rotary)
+
+    def modulated(
+        self, x: torch.Tensor, table: torch.Tensor, adaln_idx: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         # Row gathers from the six tables (index_select: a plain gather, cheaper than advanced indexing on CPU).
-        table = self.adaln_proj.table(temb)  # [6, T·3, D]; the scale tables hold 1 + scale
         shift1, scale1, gate1, shift2, scale2, gate2 = (t.index_select(0, adaln_idx) for t in table)  # [S, D] each
         # In place on fresh temporaries only: norm outputs and branch outputs, never x itself (hooks may hold it).
         h = self.attn(self.norm1(x).mul_(scale1).add_(shift1), rotary).mul_(gate1)
@@ -426,6 +458,7 @@ class H3Transformer(nn.Module):
         timestep: torch.Tensor,  # [T] distinct timesteps in [0, 1]
         timestep_indices: torch.Tensor,  # [S] row -> index into `timestep`
         layout: PackedLayout,
+        modulation: StepModulation | None = None,  # precomputed for this step's `timestep` (adaln_memo)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocities of every video and audio row: ([B, Nv, C·4], [B, Na, 32]), fp32."""
         rotary = self.rope(layout.position_ids)
@@ -438,8 +471,13 @@ class H3Transformer(nn.Module):
         x = x.index_copy(1, layout.video_indices, v.to(text.dtype))
         x = x.index_copy(1, layout.audio_indices, a.to(text.dtype))
 
-        temb = self.time_embedder(timestep)  # [T, E], fp32
         adaln_idx = timestep_indices * NUM_MODALITIES + layout.token_tags
+        if modulation is None:
+            temb: torch.Tensor | StepModulation = self.time_embedder(timestep)  # [T, E], fp32
+            out_mod = self.norm_out.modulation(temb)
+        else:  # the blocks read the precomputed tables; the time embedding is not needed
+            temb, out_mod = modulation, modulation.output
+            adaln_idx = modulation.slots.index_select(0, adaln_idx)
         sp = self.sequence_parallel
         if sp is not None:  # each rank runs the blocks on its own chunk of the rows (attention sees them all)
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
@@ -451,6 +489,10 @@ class H3Transformer(nn.Module):
 
         # The output norm is per-row, so only the video and audio rows need it: text rows are dropped first.
         head_dtype = self.proj_out.weight.dtype
-        v_rows = self.norm_out(x.index_select(1, layout.video_indices), temb, timestep_indices[layout.video_indices])
-        a_rows = self.norm_out(x.index_select(1, layout.audio_indices), temb, timestep_indices[layout.audio_indices])
+        v_rows = self.norm_out.apply(
+            x.index_select(1, layout.video_indices), out_mod, timestep_indices[layout.video_indices]
+        )
+        a_rows = self.norm_out.apply(
+            x.index_select(1, layout.audio_indices), out_mod, timestep_indices[layout.audio_indices]
+        )
         return self.proj_out(v_rows.to(head_dtype)), self.audio_proj_out(a_rows.to(head_dtype))

@@ -22,6 +22,7 @@ USER_COMPONENTS: dict[str, tuple[str, ...]] = {
     "audio_vae": ("audio_vae",),
 }
 STREAMABLE = ("dit", "text_encoder")  # components with repeated blocks that can stream layer by layer
+ADALN = "adaln"  # the DiTs' AdaLN projections: kept in host memory, used once per request (h3serve.model.adaln_memo)
 MODES = ("module", "layer")
 TRANSFERS = ("rank-local", "allgather")
 Transfer = Literal["rank-local", "allgather"]
@@ -54,10 +55,17 @@ class OffloadConfig:
     distributed: bool = False
     transfer: Transfer = "rank-local"
     resident_layers: int | Literal["auto"] = 0
+    adaln: bool = False  # "adaln" named in the components: AdaLN projections in host memory
 
     @property
     def enabled(self) -> bool:
-        return bool(self.staged or self.streamed)
+        return bool(self.staged or self.streamed or self.adaln)
+
+    def adaln_on_host(self, memo: bool) -> bool:
+        """Whether the DiTs' AdaLN projections live in host memory: named (`adaln`), or implied by streaming the
+        DiT block by block, where they would otherwise cross PCIe on every step; both need the memoisation
+        (without it, the projections stream inside their blocks as before)."""
+        return self.adaln or (memo and "dit" in self.streamed)
 
     def staged_components(self) -> frozenset[str]:
         """Checkpoint component names (transformer, transformer_ref, text_encoder, vae, audio_vae)."""
@@ -78,6 +86,8 @@ class OffloadConfig:
             parts.append(f"streamed per block ({kind}): {', '.join(sorted(self.streamed))}")
         if self.resident_layers:
             parts.append(f"resident DiT blocks: {self.resident_layers}")
+        if self.adaln:
+            parts.append("AdaLN projections in host memory")
         return "offload: " + "; ".join(parts)
 
 
@@ -145,9 +155,13 @@ def _from_compact(text: str) -> OffloadConfig:
     components = value.get("components", ["dit"])
     if not isinstance(components, list) or not components or not all(isinstance(c, str) for c in components):
         raise OffloadError(f'{flag}: components must be a non-empty list of names, e.g. ["dit", "text_encoder"]')
-    bad = sorted(set(components) - set(USER_COMPONENTS))
+    bad = sorted(set(components) - set(USER_COMPONENTS) - {ADALN})
     if bad:
-        raise OffloadError(f"{flag}: unknown components {', '.join(bad)}; choose from: {', '.join(USER_COMPONENTS)}")
+        raise OffloadError(
+            f"{flag}: unknown components {', '.join(bad)}; choose from: {', '.join((*USER_COMPONENTS, ADALN))}"
+        )
+    adaln = ADALN in components
+    components = [c for c in components if c != ADALN]
     transfer = value.get("weight_transfer", "rank-local")
     if transfer not in TRANSFERS:
         raise OffloadError(f"{flag}: weight_transfer must be one of: {', '.join(TRANSFERS)}; got {transfer!r}")
@@ -155,7 +169,7 @@ def _from_compact(text: str) -> OffloadConfig:
     if mode == "module":
         if "weight_transfer" in value or "resident_layers" in value:
             raise OffloadError(f'{flag}: weight_transfer and resident_layers apply to mode "layer" only')
-        return OffloadConfig(staged=frozenset(components))
+        return OffloadConfig(staged=frozenset(components), adaln=adaln)
     if transfer == "allgather" and "text_encoder" in components:
         raise OffloadError(
             f"{flag}: the text encoder cannot use weight_transfer allgather (its weights are not replicated "
@@ -168,6 +182,7 @@ def _from_compact(text: str) -> OffloadConfig:
         distributed=transfer == "allgather" or resident != 0,
         transfer=transfer,
         resident_layers=resident,
+        adaln=adaln,
     )
     _check_resident_transfer(config, f"{flag} resident_layers", f'{flag} "weight_transfer": "rank-local"')
     return config

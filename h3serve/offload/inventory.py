@@ -28,12 +28,14 @@ from h3serve import limits
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.offload.plan import DIT_GROUPS, TEXT_GROUPS
+from h3serve.offload.plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
 from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
 
 RELEASED = "released"
+ADALN_GROUP = RESIDENT_GROUP  # transformer_blocks: each holds one adaln_proj
+ADALN_OUT = "norm_out.linear."
 AUDIO_LATENT_CHANNELS = 32
 
 # Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.
@@ -85,10 +87,28 @@ class ComponentBytes:
     base_bytes: int  # parameters and buffers outside the block groups
     groups: tuple[BlockGroup, ...] = ()
     fp8_scratch: int = 0  # the largest FP8 layer's weight dequantised in the compute dtype (weight-only FP8)
+    # A DiT's AdaLN projections (inside the counts above): each transformer block's adaln_proj, norm_out.linear.
+    adaln_blocks: tuple[int, ...] = ()
+    adaln_out: int = 0
+    adaln_params: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.base_bytes + sum(g.total for g in self.groups)
+
+    @property
+    def adaln_bytes(self) -> int:
+        return sum(self.adaln_blocks) + self.adaln_out
+
+    def without_adaln(self) -> ComponentBytes:
+        """What stays of a DiT when its AdaLN projections live in host memory (kept in the `adaln_*` fields)."""
+        groups = tuple(
+            BlockGroup(g.path, tuple(b - a for b, a in zip(g.block_bytes, self.adaln_blocks, strict=True)))
+            if g.path == ADALN_GROUP
+            else g
+            for g in self.groups
+        )
+        return replace(self, base_bytes=self.base_bytes - self.adaln_out, groups=groups)
 
     def group(self, path: str) -> BlockGroup:
         for g in self.groups:
@@ -229,7 +249,21 @@ def dit_bytes(
             return _stored_dtype(key, t)
         return torch.float32 if _in_any(key, fp32) else dtype
 
-    return replace(_split(name, _tensor_bytes(model, dtype_of), DIT_GROUPS), fp8_scratch=scratch)
+    tensors = _tensor_bytes(model, dtype_of)
+    blocks: dict[int, int] = {}
+    out = params = 0
+    for key, (numel, nbytes) in tensors.items():
+        parts = key.split(".")
+        if key.startswith(ADALN_GROUP + ".") and parts[2] == "adaln_proj":
+            blocks[int(parts[1])] = blocks.get(int(parts[1]), 0) + nbytes
+            params += numel
+        elif key.startswith(ADALN_OUT):
+            out += nbytes
+            params += numel
+    adaln = tuple(blocks[i] for i in sorted(blocks))
+    return replace(
+        _split(name, tensors, DIT_GROUPS), fp8_scratch=scratch, adaln_blocks=adaln, adaln_out=out, adaln_params=params
+    )
 
 
 def _diffusers_bytes(name: str, model: nn.Module, dtype: torch.dtype) -> ComponentBytes:

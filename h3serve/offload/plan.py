@@ -11,6 +11,9 @@ vae, audio_vae):
   stream_buffers[c]  bytes of the two device slots c's streamed blocks pass through (double buffering):
                      2 x its largest streamed block (this rank's TP shard; a whole block after an all-gather);
 so the most of c that is ever on the device during the stage is weights[c] + stream_buffers[c].
+AdaLN projections kept in host memory are the pseudo-component "adaln" (`ADALN`): one slot, filled block by block
+while the request's modulations are computed at the start of denoise, before any DiT block streams; the
+modulations themselves (`modulations`) stay on the device for the whole denoise stage.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass, field
 
 # Stages in the order a request runs them. vae_encode only runs for keyframes and references.
 STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode")
-COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae")
+ADALN = "adaln"  # every DiT's AdaLN projections (blocks' adaln_proj, norm_out.linear) when kept in host memory
+COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae", ADALN)
 GiB = 2**30
 TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs
 MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
@@ -59,6 +63,7 @@ class StagePlan:
     stream_buffers: Mapping[str, int] = field(default_factory=dict)  # component -> bytes of its two block slots
     activations: int = 0  # estimated peak activation bytes of the stage
     workspace: int = 0  # context, allocator slack, kernels' scratch
+    modulations: int = 0  # the request's precomputed AdaLN modulations (h3serve.model.adaln_memo)
 
     @property
     def weight_bytes(self) -> int:
@@ -66,7 +71,12 @@ class StagePlan:
 
     @property
     def device_bytes(self) -> int:
-        return self.weight_bytes + self.activations + self.workspace
+        """The stage's peak: the AdaLN slot is filled only before the blocks stream and their activations exist."""
+        adaln = self.stream_buffers.get(ADALN, 0)
+        steps = self.weight_bytes - adaln + self.activations
+        return max(steps, self.weight_bytes - sum(self.stream_buffers.values()) + adaln) + self.modulations + (
+            self.workspace
+        )
 
     def component_peak(self, component: str) -> int:
         """The most of `component` ever on the device during this stage (what a placement test observes)."""

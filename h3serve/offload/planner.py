@@ -12,6 +12,8 @@ what a placement test observes):
       its base bytes on the device and never streams.
   host_bytes: staged components whole; streamed components' blocks (all of them: resident blocks are reloaded
       per request), 1/G of each under DLO all-gather (G = ulysses·ring).
+  AdaLN (h3serve.offload.adaln): with the memo on, the task DiT's modulations during denoise; with the
+      projections in host memory, the DiTs without them, and `adaln` in host memory with one slot in denoise.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import math
 
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
+from h3serve.offload.adaln import adaln_slot, modulation_bytes
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.inventory import ComponentBytes, Inventory
 from h3serve.offload.plan import (
+    ADALN,
     MAIN_DIT,
     RESIDENT_GROUP,
     TASK_DIT,
@@ -95,9 +99,13 @@ def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
     return held[runs].fp8_scratch if runs in held else 0
 
 
-def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int) -> RankPlan:
+def _rank_plan(
+    inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int, memo: bool
+) -> RankPlan:
     dit = TASK_DIT[shape.task]
-    held = inv.ranks[rank]
+    loaded = inv.ranks[rank]
+    adaln_host = config.adaln_on_host(memo)
+    held = {n: c.without_adaln() if adaln_host and n in inv.dits else c for n, c in loaded.items()}
     stages = []
     for stage in stages_for(shape.task):
         weights, buffers = {}, {}
@@ -107,6 +115,8 @@ def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestS
                 weights[name] = w
             if b:
                 buffers[name] = b
+        if adaln_host and stage == "denoise":
+            buffers[ADALN] = adaln_slot(loaded[dit])
         stages.append(
             StagePlan(
                 stage=stage,
@@ -115,17 +125,28 @@ def _rank_plan(inv: Inventory, rank: int, config: OffloadConfig, shape: RequestS
                 activations=activations.stage_activations(inv, rank, stage, shape, dit)
                 + _fp8_scratch(held, stage, dit),
                 workspace=activations.workspace(inv.device_type, inv.degrees.world_size),
+                modulations=modulation_bytes(inv.dits[dit], shape, inv.element_size)
+                if memo and stage == "denoise"
+                else 0,
             )
         )
     sp = inv.degrees.sequence_parallel
     host = {name: h for name, c in held.items() if (h := _host_bytes(c, config, sp))}
+    if adaln_host:
+        host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     return RankPlan(rank=rank, stages=tuple(stages), host_bytes=host)
 
 
 def _build(
-    inv: Inventory, config: OffloadConfig, shape: RequestShape, k: int, device_memory: int | None, headroom: int
+    inv: Inventory,
+    config: OffloadConfig,
+    shape: RequestShape,
+    k: int,
+    device_memory: int | None,
+    headroom: int,
+    memo: bool = True,
 ) -> PlacementPlan:
-    ranks = tuple(_rank_plan(inv, r, config, shape, k) for r in range(inv.degrees.world_size))
+    ranks = tuple(_rank_plan(inv, r, config, shape, k, memo) for r in range(inv.degrees.world_size))
     notes = (
         f"request: {shape.describe()}",
         f"weights: {inv.dtype} on {inv.device_type} (fp32 where the dtype policy keeps it)",
@@ -145,9 +166,11 @@ def plan_placement(
     shape: RequestShape,
     device_memory: int | None = None,
     headroom: int = 0,
+    memo: bool = True,
 ) -> PlacementPlan:
-    """The plan for one request shape. `resident_layers="auto"`: the largest K (never N-1) whose plan fits
-    `device_memory - headroom` on every rank; `OffloadError` when none does or the device size is unknown."""
+    """The plan for one request shape (`memo`: AdaLN memoisation on, the engine's default).
+    `resident_layers="auto"`: the largest K (never N-1) whose plan fits `device_memory - headroom` on every rank;
+    `OffloadError` when none does or the device size is unknown."""
     _check(inv, config, shape.task)
     layers = main_dit_layers(inv)
     resident = config.resident_layers
@@ -155,17 +178,17 @@ def plan_placement(
     if resident != "auto":
         if resident and layers is not None and rank_local:
             check_resident_layers(resident, layers)
-        return _build(inv, config, shape, resident if rank_local and layers else 0, device_memory, headroom)
+        return _build(inv, config, shape, resident if rank_local and layers else 0, device_memory, headroom, memo)
     if not rank_local or layers is None:
-        return _build(inv, config, shape, 0, device_memory, headroom)
+        return _build(inv, config, shape, 0, device_memory, headroom, memo)
     if device_memory is None:
         raise OffloadError("--dlo-resident-layers auto needs the device size; give --device-memory (e.g. 32GiB)")
     candidates = [k for k in range(layers, -1, -1) if layers - k != 1]
     for k in candidates:
-        plan = _build(inv, config, shape, k, device_memory, headroom)
+        plan = _build(inv, config, shape, k, device_memory, headroom, memo)
         if plan.fits:
             return plan
-    smallest = _build(inv, config, shape, 0, device_memory, headroom)
+    smallest = _build(inv, config, shape, 0, device_memory, headroom, memo)
     raise OffloadError(
         f"--dlo-resident-layers auto: even with 0 resident blocks the plan needs "
         f"{smallest.peak_device_bytes / 2**30:.1f} GiB + {headroom / 2**30:.1f} GiB headroom on a "

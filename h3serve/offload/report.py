@@ -52,6 +52,8 @@ def _table(r: RankPlan) -> list[str]:
             lines.append(row(f"{c} weights", weights, host or None))  # blank: never leaves the device
         if any(buffers):
             lines.append(row(f"{c} stream buffers", buffers))
+    if any(s.modulations for s in stages):
+        lines.append(row("AdaLN modulations", [s.modulations for s in stages]))
     lines.append(row("activations (estimate)", [s.activations for s in stages]))
     lines.append(row("workspace", [s.workspace for s in stages]))
     lines.append(row("total", [s.device_bytes for s in stages], r.total_host_bytes))
@@ -107,6 +109,7 @@ def plan_json(plan: PlacementPlan) -> dict:
                         "stream_buffers": dict(s.stream_buffers),
                         "activations": s.activations,
                         "workspace": s.workspace,
+                        "modulations": s.modulations,
                         "device_bytes": s.device_bytes,
                     }
                     for s in r.stages

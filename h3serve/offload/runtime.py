@@ -23,7 +23,7 @@ from torch.distributed import ProcessGroup
 from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.host_heap import release_free_heap
-from h3serve.offload.plan import BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
+from h3serve.offload.plan import ADALN, BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
 from h3serve.offload.slots import SlotPair
 from h3serve.offload.units import GatheredUnit, HostUnit
 
@@ -35,10 +35,14 @@ class PlacementLog:
     current: dict[tuple[str, str], int] = field(default_factory=dict)
     peaks: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)
     stage: str | None = None
+    streamed: dict[tuple[str, str], int] = field(default_factory=dict)  # (stage, component) -> bytes copied in
 
     def account(self, component: str, kind: str, delta: int) -> None:
         key = (component, kind)
         self.current[key] = self.current.get(key, 0) + delta
+        if kind == "stream" and delta > 0 and self.stage is not None:
+            moved = (self.stage, component)
+            self.streamed[moved] = self.streamed.get(moved, 0) + delta
         if self.stage is not None:
             peaks = self.peaks.setdefault(self.stage, {})
             peaks[key] = max(peaks.get(key, 0), self.current[key])
@@ -55,6 +59,7 @@ class PlacementLog:
 
     def reset(self) -> None:
         self.peaks.clear()
+        self.streamed.clear()
 
 
 def _component_modules(components: H3Components) -> dict[str, nn.Module]:
@@ -73,6 +78,11 @@ def streamed_blocks(component: str, module: nn.Module) -> dict[str, list[nn.Modu
     if component not in BLOCK_GROUPS:
         raise ValueError(f"{component} has no repeated blocks to stream")
     return {path: list(module.get_submodule(path)) for path in BLOCK_GROUPS[component]}
+
+
+def adaln_modules(dit: nn.Module) -> list[nn.Module]:
+    """A DiT's AdaLN projections: each transformer block's `adaln_proj`, then `norm_out.linear`."""
+    return [*(b.adaln_proj for b in dit.get_submodule(RESIDENT_GROUP)), dit.norm_out.linear]
 
 
 def tensor_bytes(module: nn.Module) -> int:
@@ -122,6 +132,7 @@ class OffloadRuntime:
         config: OffloadConfig,
         device: torch.device,
         gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
+        adaln_host: bool = False,  # AdaLN projections in host memory (`OffloadConfig.adaln_on_host`)
     ):
         self.config, self.device = config, device
         self.task: str | None = None  # set by `request`
@@ -134,9 +145,16 @@ class OffloadRuntime:
         self.prefix: list[HostUnit] = []  # resident DiT blocks: on the device for the denoise stage only
         self.host_bytes: dict[str, int] = {}
         self.slots: dict[str, SlotPair] = {}  # per streamed component on CUDA: its two device slots
+        self.adaln_units: dict[nn.Module, HostUnit] = {}  # AdaLN projections kept in host memory
+        if adaln_host:  # first: the other units of a DiT skip these modules
+            for name in ("transformer", "transformer_ref"):
+                for m in adaln_modules(modules[name]) if name in modules else ():
+                    self.adaln_units[m] = HostUnit(m, ADALN, "stream", device, self.log.account)
+            self.host_bytes[ADALN] = sum(u.host_bytes for u in self.adaln_units.values())
+        self.skip = tuple(self.adaln_units)
         for name, module in modules.items():
             if name in staged:
-                self.staged[name] = HostUnit(module, name, "resident", device, self.log.account)
+                self.staged[name] = HostUnit(module, name, "resident", device, self.log.account, skip=self.skip)
                 self.host_bytes[name] = self.staged[name].host_bytes
             elif name in streamed:
                 self._stream(name, module, gather_group)
@@ -149,7 +167,7 @@ class OffloadRuntime:
         resident = self.config.resident_layers if name == MAIN_DIT else 0
         assert isinstance(resident, int), "resident_layers 'auto' is resolved by the planner before the runtime"
         every_block = tuple(b for blocks in groups.values() for b in blocks)
-        rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block)
+        rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block + self.skip)
         rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
         gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
         units_of_component: list[HostUnit] = []
@@ -157,13 +175,14 @@ class OffloadRuntime:
         self.streams[name] = []
         for group, blocks in groups.items():
             keep = resident if group == RESIDENT_GROUP else 0
-            prefix = [HostUnit(b, name, "resident", self.device, self.log.account) for b in blocks[:keep]]
+            log, skip = self.log.account, self.skip
+            prefix = [HostUnit(b, name, "resident", self.device, log, skip) for b in blocks[:keep]]
             self.prefix += prefix
             moving = blocks[keep:]
             if gathered:
-                units = [GatheredUnit(b, name, "stream", self.device, self.log.account, gather_group) for b in moving]
+                units = [GatheredUnit(b, name, "stream", self.device, log, gather_group, skip) for b in moving]
             else:
-                units = [HostUnit(b, name, "stream", self.device, self.log.account) for b in moving]
+                units = [HostUnit(b, name, "stream", self.device, log, skip) for b in moving]
             units_of_component += prefix + units
             streamed_units += units
             if units:  # DiT blocks run once per step: the last prefetches the first streamed one of the next step
@@ -191,6 +210,19 @@ class OffloadRuntime:
             for streams in self.streams.values():
                 for stream in streams:
                     stream.release_all()
+
+    @contextmanager
+    def weights(self, module: nn.Module) -> Iterator[None]:
+        """An AdaLN projection kept in host memory, on the device while its modulations are computed."""
+        unit = self.adaln_units.get(module)
+        if unit is None:  # on the device already
+            yield
+            return
+        unit.load()
+        try:
+            yield
+        finally:
+            unit.release()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -248,6 +280,7 @@ def placement_mismatches(log: PlacementLog, plan: RankPlan, stages: tuple[str, .
                     f"{stage}/{component}: {resident} B resident, planned {planned.weights.get(component, 0)}"
                 )
             streamed, slots = log.peak(stage, component, "stream"), planned.stream_buffers.get(component, 0)
-            if streamed > slots or (slots and not streamed and stage == "denoise"):
+            # A request whose modulations all come from the memo loads no AdaLN projection.
+            if streamed > slots or (slots and not streamed and stage == "denoise" and component != ADALN):
                 problems.append(f"{stage}/{component}: {streamed} B streamed, planned slots {slots}")
     return problems

@@ -38,15 +38,16 @@ def plan_largest(
     shapes: list[RequestShape],
     device_memory: int | None,
     headroom: int,
+    memo: bool = True,
 ) -> PlacementPlan:
     """The plan of the shape that needs the most device memory. With `resident_layers="auto"` one K serves every
     shape: the smallest of the Ks each shape running the main DiT allows."""
-    plans = [plan_placement(inv, offload, s, device_memory, headroom) for s in shapes]
+    plans = [plan_placement(inv, offload, s, device_memory, headroom, memo) for s in shapes]
     if offload.resident_layers == AUTO:
         ks = [p.resident_layers for p, s in zip(plans, shapes, strict=True) if TASK_DIT[s.task] == MAIN_DIT]
         if ks:
             fixed = replace(offload, resident_layers=min(ks))
-            plans = [plan_placement(inv, fixed, s, device_memory, headroom) for s in shapes]
+            plans = [plan_placement(inv, fixed, s, device_memory, headroom, memo) for s in shapes]
     return max(plans, key=lambda p: p.peak_device_bytes)
 
 
@@ -65,7 +66,8 @@ def plan_for_engine(
         config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype(), config.quantization
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
-    plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0)
+    memo = config.adaln_memo_bytes is not None
+    plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, memo)
     return with_adapter_bytes(plan, *adapter_bytes(config, inv))
 
 
@@ -121,7 +123,7 @@ def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[Engine
 def longest_pass(plan: GenerationPlan) -> RequestShape:
     """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window."""
     frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
-    return RequestShape(plan.width, plan.height, frames, plan.task)
+    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps)
 
 
 def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> str | None:

@@ -169,9 +169,10 @@ class GatheredUnit(HostUnit):
         device: torch.device,
         account: Accountant,
         group: ProcessGroup,
+        skip: tuple[nn.Module, ...] = (),
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
-        super().__init__(module, component, kind, device, account, pin=False)  # only this rank's piece is pinned
+        super().__init__(module, component, kind, device, account, skip, pin=False)  # only this rank's piece is pinned
         # Kernels pick their code path by the address alignment of a weight, and a different path can round
         # differently (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each
         # tensor sits in the flat buffer at the alignment its resident twin has: on CPU the loaded tensor itself

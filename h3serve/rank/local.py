@@ -17,11 +17,13 @@ from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
+from h3serve.model.adaln_memo import AdaLNMemo
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, StepCallback
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel
+from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.conditioning import load_conditioning
 from h3serve.rank.lora import lora_runtime
@@ -71,7 +73,8 @@ class LocalEngine:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
-        self.offload = OffloadRuntime(components, offload, self.device, gather_group)
+        adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
+        self.offload = OffloadRuntime(components, offload, self.device, gather_group, adaln_host)
         # After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside.
         mode = config.compile_mode()
         if mode is not None:
@@ -81,7 +84,16 @@ class LocalEngine:
                     compile_transformer(dit, mode, config.compile_dynamic, state)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
-        self.pipeline = H3Pipeline(components, self.device, hooks=self.offload, cache=config.cache_profile())
+        memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes)
+        self.pipeline = H3Pipeline(
+            components, self.device, hooks=self.offload, cache=config.cache_profile(), adaln=memo
+        )
+        self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
+        if memo is not None and config.adaln_cache_dir is not None:
+            self.sidecars = load_sidecars(
+                self.pipeline, memo, config.adaln_cache_dir, self.defaults, rank, world_size,
+                lambda text: print(f"rank {rank}: {text}", file=sys.stderr),
+            )  # fmt: skip
         # quality=high installs the block cache per request even without --cache-backend: same limits apply.
         self.cache_refusal = config.cache_refusal()
 

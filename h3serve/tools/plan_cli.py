@@ -97,7 +97,7 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint_layout import read_layout
     from h3serve.config import EngineConfig
-    from h3serve.engine.args import device_memory, layout_fields, offload_config, quantization
+    from h3serve.engine.args import adaln_memo, device_memory, layout_fields, offload_config, quantization
     from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
@@ -122,11 +122,13 @@ def build_plan(args: argparse.Namespace):
     quant = quantization(args)
     inv = build_inventory(source, degrees, dits, device, dtype, quant)
     defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits).defaults()
-    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom)
+    memo = adaln_memo(args.adaln_memo) is not None
+    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, memo)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
     name = "released H3 architecture (no files)" if source == RELEASED else str(source)
-    title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}"
+    memo_text = "AdaLN memo on" if memo else "AdaLN memo off"
+    title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}; {memo_text}"
     if quant is not None:
         title += f"; quantization {quant.describe()}"
     return plan, title

@@ -29,7 +29,10 @@ MODES = {
     "module_compact": """--diffusion-offload-config '{"mode": "module", "components": ["dit", "text_encoder"]}'""",
     "layer_compact": """--diffusion-offload-config '{"mode": "layer", "components": ["dit", "text_encoder", "vae"]}'""",
     "dlo_resident_1": "--enable-distributed-layerwise-offload --dlo-no-use-allgather --dlo-resident-layers 1",
+    # The DiT resident, its AdaLN projections in host memory (the layerwise modes above imply the same).
+    "adaln_host": """--diffusion-offload-config '{"mode": "module", "components": ["adaln", "text_encoder"]}'""",
 }
+ONE_TASK = ("none", "adaln_host")  # modes that check T2VA only (the others cover every task)
 
 
 def engine_for(checkpoint, flags: str) -> LocalEngine:
@@ -77,7 +80,7 @@ def test_a_placement_that_differs_from_the_plan_is_reported(tiny_checkpoint, req
 def test_every_mode_is_byte_identical_and_places_each_stage(tiny_checkpoint, requests, baseline, mode, tmp_path):
     engine = engine_for(tiny_checkpoint, MODES[mode])
     for task, request in requests.items():
-        if mode == "none" and task != "t2va":  # the baseline's own config: one task shows its placement
+        if mode in ONE_TASK and task != "t2va":  # the baseline's own config: one task shows its placement
             continue
         plan = engine.plan(request)
         out = engine.generate(plan)
@@ -161,6 +164,10 @@ def test_resident_layers_stay_for_the_denoise_stage_only(tiny_checkpoint, reques
         ("--diffusion-offload-config '[1]'", "expected a JSON object"),
         ("--dlo-resident-layers -1 --enable-distributed-layerwise-offload --dlo-no-use-allgather", "must be >= 0"),
         ("--device-memory lots", "--device-memory: expected a size such as 32GiB"),
+        ("--adaln-memo off --diffusion-offload-config '{\"mode\": \"module\", \"components\": [\"adaln\"]}'",
+         "needs the AdaLN memo.*drop --adaln-memo off"),
+        ("--adaln-memo lots", "--adaln-memo: expected a size such as 32GiB.*or 'off'"),
+        ("--adaln-memo off --adaln-cache-dir /tmp/x", "--adaln-cache-dir fills the AdaLN memo"),
     ],
 )  # fmt: skip
 def test_offload_refusals_name_the_fix(tiny_checkpoint, flags, message):

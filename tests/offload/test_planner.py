@@ -167,21 +167,31 @@ def test_module_offload_puts_each_component_on_the_device_in_its_own_stages_only
 
 
 def test_layerwise_streams_the_task_dit_and_keeps_only_the_base_of_the_other(tiny_inv, tiny_shape):
+    # With the AdaLN memo (the default) the projections leave the blocks and the base for host memory.
     rank = plan_placement(tiny_inv, LAYERWISE, tiny_shape).ranks[0]
-    main, ref = tiny_inv.ranks[0]["transformer"], tiny_inv.ranks[0]["transformer_ref"]
+    whole, ref_whole = tiny_inv.ranks[0]["transformer"], tiny_inv.ranks[0]["transformer_ref"]
+    main, ref = whole.without_adaln(), ref_whole.without_adaln()
     largest = max(b for g in main.groups for b in g.block_bytes)
     for stage in rank.stages:
         assert stage.weights["transformer"] == main.base_bytes
         assert stage.weights["transformer_ref"] == ref.base_bytes
         assert stage.stream_buffers.get("transformer", 0) == (2 * largest if stage.stage == "denoise" else 0)
         assert "transformer_ref" not in stage.stream_buffers
+        assert stage.stream_buffers.get("adaln", 0) == (max(whole.adaln_blocks) if stage.stage == "denoise" else 0)
+        assert (stage.modulations > 0) == (stage.stage == "denoise")
     assert rank.host_bytes["transformer"] == main.total_bytes - main.base_bytes
+    assert rank.host_bytes["adaln"] == whole.adaln_bytes + ref_whole.adaln_bytes
+    # Without the memo the projections stream inside their blocks, as before.
+    before = plan_placement(tiny_inv, LAYERWISE, tiny_shape, memo=False).ranks[0]
+    whole_largest = max(b for g in whole.groups for b in g.block_bytes)
+    assert before.stage("denoise").stream_buffers["transformer"] == 2 * whole_largest
+    assert "adaln" not in before.host_bytes and before.stage("denoise").modulations == 0
 
 
 def test_dlo_allgather_keeps_one_gth_of_each_block_on_the_host(tiny_layout, tiny_shape):
     inv = build_inventory(tiny_layout.root, ParallelDegrees(ulysses=2, world_size=2), DITS, device_type="cpu")
     plan = plan_placement(inv, dlo("allgather"), tiny_shape)
-    main = inv.ranks[0]["transformer"]
+    main = inv.ranks[0]["transformer"].without_adaln()
     blocks = [b for g in main.groups for b in g.block_bytes]
     for rank in plan.ranks:
         assert rank.host_bytes["transformer"] == sum(math.ceil(b / 2) for b in blocks)
@@ -190,7 +200,7 @@ def test_dlo_allgather_keeps_one_gth_of_each_block_on_the_host(tiny_layout, tiny
 
 def test_dlo_rank_local_resident_prefix_during_denoise_only(tiny_layout, tiny_shape):
     inv = build_inventory(tiny_layout.root, ParallelDegrees(tensor_parallel=2, world_size=2), DITS, device_type="cpu")
-    main = inv.ranks[0]["transformer"]
+    main = inv.ranks[0]["transformer"].without_adaln()
     blocks = main.group("transformer_blocks").block_bytes
     refiner = main.group("token_refiner.refiner_blocks").block_bytes
     n = len(blocks)
@@ -205,7 +215,7 @@ def test_dlo_rank_local_resident_prefix_during_denoise_only(tiny_layout, tiny_sh
             assert denoise.stream_buffers["transformer"] == 2 * max([*blocks[k:], *refiner])
             assert rank.stage("video_decode").weights["transformer"] == main.base_bytes  # released before decode
             # The Ref2VA DiT never keeps resident blocks.
-            assert denoise.weights["transformer_ref"] == inv.ranks[0]["transformer_ref"].base_bytes
+            assert denoise.weights["transformer_ref"] == inv.ranks[0]["transformer_ref"].without_adaln().base_bytes
 
 
 def test_resident_layers_leaving_one_streamed_block_is_refused(tiny_layout, tiny_shape):
@@ -262,9 +272,10 @@ def test_auto_picks_the_largest_k_that_fits(released_tp2):
 def test_auto_never_leaves_exactly_one_streamed_block(released_tp2):
     # All 50 blocks resident need 50 blocks + two refiner slots; 49 would need 49 + two block slots (less), but
     # a lone streamed block cannot double-buffer: auto must step from 50 straight down to 48.
+    # (Without the memo: with it, 50 blocks shorn of their AdaLN no longer outweigh the staged encoder.)
     shape = RequestShape(1024, 576, 124, "t2va")
-    all_resident = plan_placement(released_tp2, dlo("rank-local", 50), shape).peak_device_bytes
-    plan = plan_placement(released_tp2, dlo("rank-local", "auto"), shape, all_resident - 1)
+    all_resident = plan_placement(released_tp2, dlo("rank-local", 50), shape, memo=False).peak_device_bytes
+    plan = plan_placement(released_tp2, dlo("rank-local", "auto"), shape, all_resident - 1, memo=False)
     assert plan.resident_layers == 48
 
 
@@ -308,7 +319,8 @@ def test_model_card_two_rtx_5090_dlo_rank_local_20_resident_layers():
         transfer="rank-local",
         resident_layers=20,
     )
-    plan = plan_placement(inv, config, RequestShape(1344, 768, 124, "fl2va"))
+    # As vLLM-Omni ran it: the AdaLN projections stream inside their blocks (no AdaLN placement of ours).
+    plan = plan_placement(inv, config, RequestShape(1344, 768, 124, "fl2va"), memo=False)
     for rank in plan.ranks:
         assert rank.peak_device_bytes == pytest.approx(22.6 * GiB, rel=0.15)
         assert rank.peak_stage == "denoise"

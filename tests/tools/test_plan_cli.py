@@ -61,7 +61,9 @@ def test_checkpoint_json_per_rank_and_stage(tiny_checkpoint, capsys):
     assert set(denoise["weights"]) == {"transformer", "transformer_ref", "vae", "audio_vae", "text_encoder"}
     assert "text_encoder" not in data["ranks"][1]["stages"]["denoise"]["weights"]  # rank 0 runs the encoder
     assert denoise["workspace"] == 0  # CPU: no CUDA context
-    assert sum(denoise["weights"].values()) + denoise["activations"] == denoise["device_bytes"]
+    assert denoise["modulations"] > 0  # the AdaLN memo's per-request modulations (on by default)
+    parts = sum(denoise["weights"].values()) + denoise["activations"] + denoise["modulations"]
+    assert parts == denoise["device_bytes"]
 
 
 def test_human_output_names_peak_stage_and_verdict(tiny_checkpoint, capsys):

@@ -76,7 +76,7 @@ class H3Runner:
             for path in out.files.values():
                 Path(path).unlink(missing_ok=True)
         # The plan beside the measured peak: what the planner predicts for exactly this request shape.
-        shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task)
+        shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task, steps=plan.steps)
         config = self.local.config if self.local else self.config  # `auto` resident layers resolved
         placement = plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
         audio = out.audio if out.audio is not None else np.zeros((2, 0), np.float32)  # streamed by the ranks
