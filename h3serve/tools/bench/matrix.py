@@ -17,6 +17,7 @@ from typing import Any
 from h3serve.config import EngineConfig
 from h3serve.errors import ServerError
 from h3serve.names import TASKS
+from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 
 PEERS = ("diffusers",)
 SIDE = "h3serve"
@@ -210,8 +211,34 @@ def _check_keys(what: str, data: dict, allowed: set[str], required: bool = False
         raise MatrixError(f"{what}: missing {', '.join(sorted(allowed - set(data)))}")
 
 
+def _offload(value: Any) -> OffloadConfig:
+    """`offload`: the compact form of --diffusion-offload-config, as a mapping or its JSON text."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    try:
+        return offload_config_from_flags(OffloadFlags(diffusion_offload_config=text))
+    except OffloadError as e:
+        raise MatrixError(f"engine option offload: {e}") from None
+
+
+def _adaln_memo(value: Any) -> int | None:
+    """`adaln_memo_bytes`: bytes, a size such as 4GiB, or off / null (each forward computes its modulations)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    try:
+        return parse_bytes(str(value), "adaln_memo_bytes")
+    except OffloadError as e:
+        raise MatrixError(f"engine option {e} (or off)") from None
+
+
+_SPECIAL = {"offload": _offload, "adaln_memo_bytes": _adaln_memo}  # options that are not plain scalars
+
+
 def _coerce(key: str, value: Any, default: Any) -> Any:
     """A flag string or YAML value -> the type of the EngineConfig default (as given when the default is None)."""
+    if key in _SPECIAL:
+        return _SPECIAL[key](value)
     if default is None:
         return value
     kind = type(default)

@@ -43,6 +43,7 @@ class RunOutput:
     plan: GenerationPlan
     placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only
     streamed_frames: int = 0
+    streamed: dict[str, int] | None = None  # "stage/component" -> bytes the offload hooks copied in (one rank)
 
     @property
     def num_frames(self) -> int:
@@ -80,7 +81,9 @@ class H3Runner:
         config = self.local.config if self.local else self.config  # `auto` resident layers resolved
         placement = plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
         audio = out.audio if out.audio is not None else np.zeros((2, 0), np.float32)  # streamed by the ranks
-        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames)
+        log = self.local.offload.log if self.local else None
+        streamed = {f"{stage}/{c}": n for (stage, c), n in log.streamed.items()} if log is not None else None
+        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed)
 
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""

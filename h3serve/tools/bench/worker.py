@@ -102,6 +102,9 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             "planned_peak_device_mb": out.placement["peak_device_bytes"] / 2**20 if out.placement else None,
             "placement": out.placement,
         },
+        # Weights the offload hooks copied onto the device, per stage and component (layerwise: per step = the
+        # denoise stage's DiT bytes over the forwards).
+        "streamed_bytes": out.streamed,
         "output": {
             "mp4": spec.mp4_path,
             "mp4_sha256": hashlib.sha256(Path(spec.mp4_path).read_bytes()).hexdigest(),
