@@ -36,7 +36,8 @@ def test_flags_override_yaml_and_build_the_product(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"engines": ["offload=cpu"]}, "unknown engine option key(s) offload; choose from: "),
+        ({"engines": ["offload=cpu"]}, "engine option offload: --diffusion-offload-config: invalid JSON"),
+        ({"engines": ["adaln_memo_bytes=lots"]}, "engine option adaln_memo_bytes: expected a size"),
         ({"engines": ["threads=two"]}, "engine option threads: expected an integer, got 'two'"),
         ({"engines": [{"threads": True}]}, "engine option threads: expected an integer"),
         ({"engines": ["name=x", "name=x"]}, "names must be unique"),

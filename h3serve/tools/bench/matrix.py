@@ -36,9 +36,9 @@ class MatrixError(ServerError, ValueError):
 def engine_option_defaults() -> dict[str, Any]:
     """EngineConfig's options with their defaults (the names a matrix may set)."""
     return {
-        f.name: f.default
+        f.name: f.default if f.default is not MISSING else f.default_factory()
         for f in fields(EngineConfig)
-        if f.name != "model" and f.default is not MISSING
+        if f.name != "model" and (f.default is not MISSING or f.default_factory is not MISSING)
     }
 
 
