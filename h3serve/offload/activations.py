@@ -63,7 +63,7 @@ class RequestShape:
     task: str = "t2va"
     prompt_tokens: int = 256
     condition_images: int | None = None
-    steps: int = limits.DEFAULT_STEPS  # sigma points (N - 1 forwards): sizes the AdaLN modulations
+    steps: int = limits.DEFAULT_STEPS  # denoiser forwards: sizes the AdaLN modulations
 
     @property
     def images(self) -> int:

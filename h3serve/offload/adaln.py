@@ -31,7 +31,7 @@ def timesteps_per_forward(shape: RequestShape) -> int:
 
 def modulation_bytes(cfg: H3TransformerConfig, shape: RequestShape, es: int) -> int:
     """The request's modulations on the device (the memo's per-request view), an upper bound."""
-    forwards = max(1, shape.steps - 1)  # N sigma points, N - 1 forwards
+    forwards = shape.steps  # steps count denoiser forwards
     t = timesteps_per_forward(shape)
     per_forward = cfg.num_layers * slots_per_forward(shape) * 6 * cfg.hidden_size * es
     per_forward += t * 2 * cfg.hidden_size * es + t * NUM_MODALITIES * 8
