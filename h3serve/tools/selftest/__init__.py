@@ -16,27 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from h3serve.tools.selftest.core import FAIL, Check, Context, Outcome, run_check, table
-
-
-def checks(ctx: Context) -> list[tuple[str, Check]]:
-    """Every check, in run order (cheap and telling first)."""
-    from h3serve.accel.attention import BACKENDS
-    from h3serve.tools.selftest import model_checks, system_checks
-
-    out: list[tuple[str, Check]] = [("environment", system_checks.environment),
-                                    ("numerics.block_dtype", model_checks.block_dtype)]
-    out += [(f"numerics.attention.{name}", model_checks.attention_backend(name)) for name in BACKENDS]
-    out += [("numerics.compiled", model_checks.compiled), ("memory.offload_paths", model_checks.memory_paths),
-            ("multi_gpu.collectives", system_checks.multi_gpu), ("throughput", model_checks.throughput),
-            ("end_to_end", system_checks.end_to_end),
-            ("end_to_end.continuation", system_checks.end_to_end_continuation)]
-    return out
+from h3serve.engine.args import add_engine_args
+from h3serve.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from h3serve.engine.args import add_engine_args
-
     p = sub.add_parser("selftest", help="check this install on its devices: numerics, memory paths, speed, one MP4")
     p.add_argument("--model", help="checkpoint for the end-to-end request (default: the tiny checkpoint)")
     p.add_argument("--budget-s", type=float, default=300.0, help="seconds for all checks (default 300)")
@@ -47,24 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_selftest)
 
 
-def run(args: argparse.Namespace) -> list[Outcome]:
-    from h3serve.engine.args import engine_config_from_args
-    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
-
-    model = Path(args.model) if args.model else ensure_tiny_checkpoint("tiny")
-    config = engine_config_from_args(args, model)
-    ctx = Context(
-        device=config.resolved_device(), dtype=config.resolved_dtype(), attention=config.attention_roles(),
-        compile=not config.enforce_eager, model=model, engine_config=config,
-        budget_s=args.budget_s,
-    )
-    ctx.shared["args"] = args  # the planner's verdict reads the same engine flags
-    chosen = [(n, c) for n, c in checks(ctx) if not args.only or any(n.startswith(p) for p in args.only)]
-    return [run_check(name, check, ctx) for name, check in chosen]
-
-
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from h3serve.errors import ConfigError
+    from h3serve.tools.selftest.core import FAIL, table
+    from h3serve.tools.selftest.runner import run
 
     try:
         outcomes = run(args)
