@@ -128,8 +128,8 @@ def main() -> int:
         build_native_checkpoint(native, seed=0)
     if not (args.workdir / "converted").exists():
         convert(args.converter, native, args.workdir / "converted")
-    unequal = compare_weights(native, args.workdir / "converted")
     worst = compare(native, args.workdir / "converted", args.workdir)
+    unequal = compare_weights(native, args.workdir / "converted")
     ok = worst <= 1e-5 and unequal == 0
     verdict = "PASS" if ok else "FAIL"
     print(f"weights: {unequal} tensors differ; worst output difference {worst:.3g} (limit 1e-5): {verdict}")
