@@ -24,6 +24,7 @@ def _fp8_model():
 @pytest.mark.slow
 def test_regional_compile_of_fp8_blocks_equals_eager_fp8():
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # the counters outlive reset(): earlier compile tests in this process
     eager, compiled = _fp8_model(), _fp8_model()
     lines: list[str] = []
     compile_transformer(compiled, "regional", True, CompileState(log=lines.append), backend="aot_eager")
