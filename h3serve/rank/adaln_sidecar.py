@@ -21,7 +21,6 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from h3serve import limits
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes, MemoEntry, MemoKey, memo_key
 from h3serve.model.layout import (
     TEXT_TAG,
@@ -34,7 +33,8 @@ from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.scheduler import FlowSchedule
 from h3serve.model.step_times import step_times
 from h3serve.model.transformer import H3Transformer
-from h3serve.validate import ModelDefaults
+from h3serve.request import GenerationRequest
+from h3serve.validate import ModelDefaults, validate
 
 FORMAT = "h3serve-adaln-sidecar-1"
 Log = Callable[[str], None]
@@ -52,13 +52,15 @@ def default_layouts(dit: str) -> list[Layout]:
 
 
 def default_steps(
-    dit: str, defaults: ModelDefaults, steps: int = limits.DEFAULT_STEPS
+    dit: str, defaults: ModelDefaults, steps: int | None = None
 ) -> list[tuple[torch.Tensor, list[ForwardTimes]]]:
-    """(token tags, every forward's timesteps) of the default schedule (`steps` and the default flow shifts) for
-    each kind of default request of the DiT."""
+    """(token tags, every forward's timesteps) of the default request's schedule (its steps, shifts and any
+    pinned schedule, as `validate` resolves them; `steps` overrides the count) for each kind of default request
+    of the DiT."""
+    plan = validate(GenerationRequest(prompt="sidecar", steps=steps), defaults)
     schedules = (
-        FlowSchedule.shifted(steps, defaults.flow_shift),
-        FlowSchedule.shifted(steps, defaults.audio_flow_shift),
+        FlowSchedule.shifted(plan.steps, plan.flow_shift, plan.pinned_positions),
+        FlowSchedule.shifted(plan.steps, plan.audio_flow_shift, plan.pinned_positions),
     )
     out = []
     for layout in default_layouts(dit):
@@ -138,7 +140,7 @@ def load_sidecars(
     rank: int,
     world: int,
     log: Log,
-    steps: int = limits.DEFAULT_STEPS,
+    steps: int | None = None,
 ) -> dict[str, str]:
     """Fill `memo` with the default schedules of every loaded DiT from DIR, computing (and writing) what is
     missing or refused. Returns each DiT's outcome: "hit", "missing" or the refusal."""

@@ -14,7 +14,6 @@ from h3serve.offload.config import OffloadConfig
 from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.local import LocalEngine
 
-STEPS = 3  # plan_for's schedule: the sidecars hold it (an engine's own start-up uses the default 50)
 ADALN_HOST = OffloadConfig(adaln=True)  # the DiT resident, its AdaLN projections in host memory
 
 
@@ -22,9 +21,10 @@ def _run(checkpoint: Path, rank: int, world: int, layout: dict, sidecars: Path |
     engine = LocalEngine(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, **layout,
                                       **config), rank, world)  # fmt: skip
     memo, outcomes = engine.pipeline.adaln, {}
-    if sidecars is not None:
-        outcomes = load_sidecars(engine.pipeline, memo, sidecars, engine.defaults, rank, world, print, steps=STEPS)
-    out = engine.generate(plan_for(engine.defaults))
+    plan = plan_for(engine.defaults)
+    if sidecars is not None:  # the sidecars hold plan_for's schedule (an engine's start-up: the default request's)
+        outcomes = load_sidecars(engine.pipeline, memo, sidecars, engine.defaults, rank, world, print, plan.steps)
+    out = engine.generate(plan)
     return {
         "video": out.video,
         "audio": out.audio,

@@ -31,7 +31,7 @@ def test_a_sidecar_is_written_then_read_with_the_same_bits_and_another_digest_is
 
     def engine(memo: AdaLNMemo) -> tuple[H3Pipeline, dict[str, str]]:
         pipeline = H3Pipeline(plain.components, adaln=memo)
-        return pipeline, load_sidecars(pipeline, memo, tmp_path, defaults, 0, 1, lines.append, steps=STEPS)
+        return pipeline, load_sidecars(pipeline, memo, tmp_path, defaults, 0, 1, lines.append, steps=plan.steps)
 
     miss = AdaLNMemo(2**30)
     pipeline, outcomes = engine(miss)
