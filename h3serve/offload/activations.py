@@ -22,7 +22,10 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   video twice (chunks and their concatenation) in es, or the pipeline's fp32 post-processing (the video in es
   plus two fp32 copies [T, H, W, 3]), whichever is larger; plus one tile's decoder working set (fp32 residual
   stream, 8·width + 3·ffn per token). Ranks that only decode their share hold their own units twice (the
-  gather's send buffer).
+  gather's send buffer). Streamed (`--decode-mode stream`, the default) only one temporal clip is alive: its
+  tiles (and gather buffers), the stitched clip twice [3, 28, H, W] in es (rows and their concatenation), one
+  blended piece [3, 17, H, W] in es and its fp32 post-processing (two temporaries) before it leaves as uint8;
+  the other ranks hold one clip's share of units twice.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
 workspace: on CUDA, the context and library handles (cuBLAS, cuDNN) as nvidia-smi counts them, 0.5 GiB; the
@@ -64,6 +67,7 @@ class RequestShape:
     prompt_tokens: int = 256
     condition_images: int | None = None
     steps: int = limits.DEFAULT_STEPS  # denoiser forwards: sizes the AdaLN modulations
+    streamed_decode: bool = True  # --decode-mode stream: the VAE decodes one temporal clip at a time
 
     @property
     def images(self) -> int:
@@ -147,7 +151,7 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
     tiles = _tiles(shape.width, v.tile) * _tiles(shape.height, v.tile)
     clip_frames = VAE_CLIP_LATENTS * VAE_TEMPORAL_RATIO
     unit = 3 * clip_frames * v.tile**2 * es
-    units = chunks * tiles
+    units = tiles if shape.streamed_decode else chunks * tiles
     ratio = limits.VAE_SPATIAL_COMPRESSION
     tokens = VAE_CLIP_LATENTS * (v.tile // ratio) ** 2
     working = tokens * (8 * v.decoder_width + 3 * v.decoder_ffn) * 4
@@ -156,6 +160,10 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
     video = shape.num_frames * shape.width * shape.height * 3
     # With patch parallel the stitching rank also holds its own units and the gather's send buffer.
     gathered = units * unit * (1 + (2 / d.vae_patch_parallel if d.vae_patch_parallel > 1 else 0))
+    if shape.streamed_decode:
+        clip = 3 * clip_frames * shape.width * shape.height
+        piece = 3 * limits.VAE_FRAMES_PER_CHUNK * shape.width * shape.height
+        return int(gathered + 2 * clip * es + piece * (es + 2 * 4)) + working
     return int(max(gathered + 2 * video * es, video * es + 2 * video * 4)) + working
 
 

@@ -132,10 +132,12 @@ def _legacy_flags(f: OffloadFlags) -> list[str]:
 
 
 def _from_compact(text: str) -> OffloadConfig:
-    """`{"mode": "module"|"layer", "components": [...], "weight_transfer": ..., "resident_layers": K|"auto"}`.
+    """`{"mode": "module"|"layer", "components": [...], "weight_transfer": ..., "resident_layers": K|"auto",
+    "staged": [...]}`.
 
     Module mode stages every listed component; layer mode streams the DiT and text encoder block by block and
-    stages the listed VAEs (they have no repeated blocks)."""
+    stages the listed VAEs (they have no repeated blocks) and the components under `staged` (e.g. the text
+    encoder staged whole, as the layerwise flags did before they streamed it)."""
     flag = "--diffusion-offload-config"
     try:
         value = json.loads(text)
@@ -143,11 +145,11 @@ def _from_compact(text: str) -> OffloadConfig:
         raise OffloadError(f"{flag}: invalid JSON ({e})") from None
     if not isinstance(value, dict):
         raise OffloadError(f"{flag}: expected a JSON object, got {type(value).__name__}")
-    unknown = sorted(set(value) - {"mode", "components", "weight_transfer", "resident_layers"})
+    unknown = sorted(set(value) - {"mode", "components", "weight_transfer", "resident_layers", "staged"})
     if unknown:
         raise OffloadError(
             f"{flag}: unknown keys {', '.join(unknown)}; choose from: mode, components, weight_transfer, "
-            "resident_layers"
+            "resident_layers, staged"
         )
     mode = value.get("mode")
     if mode not in MODES:
@@ -166,9 +168,19 @@ def _from_compact(text: str) -> OffloadConfig:
     if transfer not in TRANSFERS:
         raise OffloadError(f"{flag}: weight_transfer must be one of: {', '.join(TRANSFERS)}; got {transfer!r}")
     resident = _resident(value.get("resident_layers"), f"{flag} resident_layers")
+    whole = value.get("staged", [])
+    if not isinstance(whole, list) or not all(isinstance(c, str) for c in whole):
+        raise OffloadError(f'{flag}: staged must be a list of component names, e.g. ["text_encoder"]')
+    bad = sorted(set(whole) - set(USER_COMPONENTS))
+    if bad:
+        choices = ", ".join(USER_COMPONENTS)
+        raise OffloadError(f"{flag}: unknown staged components {', '.join(bad)}; choose from: {choices}")
+    if set(whole) & set(components):
+        both = ", ".join(sorted(set(whole) & set(components)))
+        raise OffloadError(f"{flag}: {both} listed in both components and staged; name each component once")
     if mode == "module":
-        if "weight_transfer" in value or "resident_layers" in value:
-            raise OffloadError(f'{flag}: weight_transfer and resident_layers apply to mode "layer" only')
+        if "weight_transfer" in value or "resident_layers" in value or "staged" in value:
+            raise OffloadError(f'{flag}: weight_transfer, resident_layers and staged apply to mode "layer" only')
         return OffloadConfig(staged=frozenset(components), adaln=adaln)
     if transfer == "allgather" and "text_encoder" in components:
         raise OffloadError(
@@ -177,7 +189,7 @@ def _from_compact(text: str) -> OffloadConfig:
         )
     # Layer mode streams the components that have repeated blocks; the others (the VAEs) are staged.
     config = OffloadConfig(
-        staged=frozenset(c for c in components if c not in STREAMABLE),
+        staged=frozenset(c for c in components if c not in STREAMABLE) | frozenset(whole),
         streamed=frozenset(c for c in components if c in STREAMABLE),
         distributed=transfer == "allgather" or resident != 0,
         transfer=transfer,
@@ -218,15 +230,17 @@ def offload_config_from_flags(f: OffloadFlags) -> OffloadConfig:
         )
     if f.enable_cpu_offload:
         return OffloadConfig(staged=frozenset(USER_COMPONENTS))
-    # The legacy layerwise flags also keep the text encoder and VAEs in host memory, staged on demand.
-    staged = frozenset({"text_encoder", "vae", "audio_vae"})
+    # The layerwise flags stream the text encoder block by block beside the DiT, as vLLM-Omni's H3 pipeline does
+    # (always rank-local: its weights are not replicated over the sequence-parallel group), and keep the VAEs
+    # in host memory, staged on demand. Staging the encoder whole: --diffusion-offload-config's "staged".
+    staged, streamed = frozenset({"vae", "audio_vae"}), frozenset({"dit", "text_encoder"})
     if f.enable_layerwise_offload:
-        return OffloadConfig(staged=staged, streamed=frozenset({"dit"}))
+        return OffloadConfig(staged=staged, streamed=streamed)
     if f.enable_distributed_layerwise_offload:
         use_allgather = True if f.dlo_use_allgather is None else f.dlo_use_allgather
         config = OffloadConfig(
             staged=staged,
-            streamed=frozenset({"dit"}),
+            streamed=streamed,
             distributed=True,
             transfer="allgather" if use_allgather else "rank-local",
             resident_layers=_resident(f.dlo_resident_layers, "--dlo-resident-layers"),

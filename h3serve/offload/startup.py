@@ -66,6 +66,7 @@ def plan_for_engine(
         config.model, config.parallel_degrees(), dits, device.type, config.resolved_dtype(), config.quantization
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
+    shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     memo = config.adaln_memo_bytes is not None
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, memo)
     return with_adapter_bytes(plan, *adapter_bytes(config, inv))

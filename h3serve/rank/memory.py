@@ -23,6 +23,7 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.peak_bytes = 0
+        self.start_bytes = 0  # at __enter__: what the request's peak adds to
 
     def _sample(self) -> int:
         total = 0
@@ -38,7 +39,7 @@ class RssSampler:
             self.peak_bytes = max(self.peak_bytes, self._sample())
 
     def __enter__(self) -> RssSampler:
-        self.peak_bytes = self._sample()
+        self.peak_bytes = self.start_bytes = self._sample()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
         self._thread.start()
@@ -58,6 +59,7 @@ class PeakMemory:
         self.device = device
         self._rss = RssSampler()
         self.peak_bytes = 0
+        self.start_bytes = 0  # at __enter__: what the request's peak adds to
 
     def __enter__(self) -> PeakMemory:
         if self.device.type == "cuda":

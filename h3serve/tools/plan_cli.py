@@ -89,14 +89,15 @@ def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
             references=(placeholder,) if task == "ref2va" else (),
         )
         plan = validate(request, defaults)
-        shapes.append(RequestShape(plan.width, plan.height, plan.num_frames, task, args.prompt_tokens))
+        shapes.append(RequestShape(plan.width, plan.height, plan.num_frames, task, args.prompt_tokens,
+                                   streamed_decode=args.decode_mode == "stream"))
     return shapes
 
 
 def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint_layout import read_layout
-    from h3serve.config import EngineConfig
+    from h3serve.config import DECODE_MODES, EngineConfig
     from h3serve.engine.args import adaln_memo, device_memory, layout_fields, offload_config, quantization
     from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
@@ -107,6 +108,8 @@ def build_plan(args: argparse.Namespace):
 
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
+    if args.decode_mode not in DECODE_MODES:
+        raise ValueError(f"--decode-mode {args.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
     if args.prompt_tokens < 1:
         raise ValueError(f"--prompt-tokens must be >= 1, got {args.prompt_tokens}")
     source = _source(args)

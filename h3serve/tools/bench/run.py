@@ -238,8 +238,12 @@ class _Bench:
                 reference, label = self.file_reference, str(self.m.reference)
             else:
                 key = (case.task, case.shape)
-                first = next(r for r in measured if r["side"] == SIDE)
-                path, label = self.first_raw.setdefault(key, (first["raw_path"], f"{first['case']} {SIDE} run 0"))
+                first = next((r for r in measured if r["side"] == SIDE and r["raw_path"]), None)
+                if key not in self.first_raw and first is None:
+                    return  # a streamed engine's runs keep no arrays; a later full-decode case sets the reference
+                if key not in self.first_raw:
+                    self.first_raw[key] = (first["raw_path"], f"{first['case']} {SIDE} run 0")
+                path, label = self.first_raw[key]
                 reference = load_clip(path)
             for r in (r for r in measured if r["raw_path"]):
                 r["fidelity"] = _fidelity(reference, r["raw_path"], label)

@@ -97,6 +97,7 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             "peak_device_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20
             if device.type == "cuda" else None,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
+            "rss_before_run_mb": rss.start_bytes / 2**20,  # the loaded engine: the peak less this is the request's
             "peak_rss_process_mb": _process_lifetime_rss_mb(),
             # The memory planner's prediction for this request (h3serve side): peak per rank and the stage.
             "planned_peak_device_mb": out.placement["peak_device_bytes"] / 2**20 if out.placement else None,
