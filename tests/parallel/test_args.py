@@ -35,7 +35,7 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
     assert (config.text_encoder_tp_size, config.vae_patch_parallel_size, config.task_type) == (2, 4, "auto")
     assert config.enforce_eager and config.attention_backend == "TORCH_SDPA" and config.init_timeout_s == 900
     assert config.offload.distributed and config.offload.transfer == "rank-local"
-    assert config.offload.resident_layers == 2 and config.offload.streamed == {"dit"}
+    assert config.offload.resident_layers == 2 and config.offload.streamed == {"dit", "text_encoder"}
     notices = capsys.readouterr().err.splitlines()
     assert all(line.startswith("notice: ") for line in notices)
     for flag in ("--omni", "--trust-remote-code", "--vae-use-tiling",
