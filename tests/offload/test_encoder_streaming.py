@@ -59,7 +59,8 @@ def _peak(inv, flags: OffloadFlags, resident: int, shape: RequestShape) -> tuple
 
 def test_two_rtx_5090_recipe_peaks_in_denoise_once_the_encoder_streams(two_gpus):
     shape = RequestShape(1344, 768, 124, "fl2va")
-    assert _peak(two_gpus, DLO_LOCAL, 20, shape) == (pytest.approx(21.88, abs=0.01), "denoise")
+    peak, stage = _peak(two_gpus, DLO_LOCAL, 20, shape)
+    assert stage == "denoise" and peak < 22.6  # under vLLM-Omni's measured 22.6 GiB (AdaLN placement may lower it)
     whole = OffloadFlags(diffusion_offload_config=STAGED_WHOLE)
     peak, stage = _peak(two_gpus, whole, 20, shape)
     assert stage == "text_encode" and peak > 25.7  # the encoder's TP2 shard alone is 25.7 GiB
