@@ -33,7 +33,7 @@ from h3serve.api.context import ServerContext
 from h3serve.api.errors import APIError, bad_request, not_found
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_fields import MASK_FIELDS, MediaSource, ParsedFields, parse_fields
-from h3serve.api.submission import ensure_capacity, queue_request
+from h3serve.api.submission import ensure_capacity, queue_request, with_lora
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
@@ -159,6 +159,7 @@ async def _submit(
                 folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
                 video = (await store_media((given,), folder, ctx.fetcher))[0].ref
             generation_request, aliases = build(parsed, video, source)
+            generation_request = with_lora(generation_request, parsed.lora, ctx)
             return await queue_request(job_id, generation_request, {**parsed.aliases, **aliases},
                                        lambda plan: seconds_label(parsed, plan, source), ctx)
         except BaseException:

@@ -4,6 +4,7 @@ cards, and paths outside the allow-listed root: a 400, never a file read."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from fake_executor import FakeExecutor
@@ -103,3 +104,19 @@ def test_paths_outside_the_root_are_refused_before_any_read(app, lora_root, monk
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "lora.path" and message in r.json()["error"]["message"]
         assert opened == []
+
+
+def test_routes_that_make_a_job_from_a_video_carry_the_adapter(app):
+    """remix / edits / extensions resolve `lora` as /v1/videos does: never silently dropped."""
+    client, executor = app()
+    with client:
+        source = client.post("/v1/videos", json={"prompt": "source"}).json()["id"]
+        _wait_plans(executor, 1)
+        deadline = time.monotonic() + 10
+        while client.get(f"/v1/videos/{source}").json()["status"] != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remix = client.post(f"/v1/videos/{source}/remix", json={"prompt": "again", "lora": {"name": "style"}})
+        assert remix.status_code == 200, remix.text
+        assert _wait_plans(executor, 2)[1].lora.name == "style"
+        unknown = client.post(f"/v1/videos/{source}/remix", json={"prompt": "x", "lora": {"name": "nope"}})
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "lora.name"
