@@ -39,7 +39,7 @@ class DeviceRecorder:
                 self.guides += [guide.video.device, guide.audio.device]
             return run_window(plan, window, media, text, origin, guide, clock, on_step, locked)
 
-        def decode(video, audio, clock, cache):
+        def decode(video, audio, clock, cache, *sink):
             self.decoded += [video.device, audio.device]
             return (video, audio) if result is None else result
 
@@ -96,7 +96,7 @@ class _MetaDiT(torch.nn.Module):
     def embed_text(self, text: torch.Tensor) -> torch.Tensor:
         return text
 
-    def forward(self, video, audio, text, timestep, row_index, packed):
+    def forward(self, video, audio, text, timestep, row_index, packed, modulation=None):
         assert timestep.device == row_index.device == video.device == META
         return video * 0, audio * 0
 

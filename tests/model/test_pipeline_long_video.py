@@ -43,7 +43,7 @@ class Spy:
 
         monkeypatch.setattr(pipeline, "run_window", run_window)
         if not decode:  # latents only: the stitched result without the (slow, already tested) decode
-            monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache: (video, audio))
+            monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache, *sink: (video, audio))
 
     def on_step(self, done: int, total: int) -> None:
         self.progress.append((done, total))
