@@ -57,7 +57,7 @@ def outputs(tiny_checkpoint, tmp_path_factory):
         runs[name] = (mp4, raw)
     streamed = d / "streamed.mp4"
     argv = ["generate", "a lighthouse in a storm", "-o", str(streamed), "--model", str(tiny_checkpoint)]
-    assert main([*argv, "--duration", "5", "--steps", "3", "--seed", "3"]) == 0
+    assert main([*argv, "--duration", "5", "--steps", "2", "--seed", "3"]) == 0
     runs["streamed"] = (streamed, None)
     return runs
 

@@ -27,7 +27,7 @@ from h3serve.request import GenerationRequest
 from h3serve.validate import validate
 
 # Only logged (the engine is a fake); one replica.
-ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu", data_parallel_size=1)
+ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu", data_parallel_size=1, lora_paths=(), lora_dir=None)
 
 
 class RecordedExecutor(FakeExecutor):
