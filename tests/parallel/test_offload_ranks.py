@@ -76,8 +76,9 @@ def test_resident_blocks_are_on_the_device_for_denoise_only(ranks):
             stream = peaks["denoise"][("transformer", "stream")]
             if k < NUM_LAYERS:  # double buffering: two block slots
                 assert stream == 2 * block
-            else:  # every DiT block resident: only the token refiner's block still streams
-                assert 0 < stream < block
+            else:  # every DiT block resident: only the token refiner's block still streams, through one slot
+                # (with the AdaLN projections off the device a refiner block weighs no more than a DiT block)
+                assert 0 < stream <= block
 
 
 def test_staged_encoder_shards_leave_the_device_after_text_encoding(ranks):

@@ -45,7 +45,7 @@ def forward_flops(cfg: H3TransformerConfig, s: ForwardShape) -> float:
     blocks = cfg.num_layers * (_attention_block(cfg, s.seq_len) + 2.0 * s.timesteps * e * 6 * d * NUM_MODALITIES)
     io = 2.0 * 2 * (s.video_rows * cfg.video_patch_dim * d + s.audio_rows * cfg.audio_in_channels * d)
     time = 2.0 * s.timesteps * (cfg.freq_dim * cfg.time_embed_hidden_dim + cfg.time_embed_hidden_dim * e)
-    out_norm = 2 * 2.0 * s.timesteps * e * 2 * d  # AdaLNOut runs on the video rows and on the audio rows
+    out_norm = 2.0 * s.timesteps * e * 2 * d  # the output AdaLN's projection, once for the video and audio rows
     return blocks + io + time + out_norm
 
 
