@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
+from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+
 SMALL_DIT = dict(
     num_attention_heads=2,
     attention_head_dim=32,
@@ -15,3 +19,13 @@ SMALL_DIT = dict(
     time_embed_dim=24,
     rope_freq_dim=4,
 )
+
+
+def random_small_dit() -> H3Transformer:
+    """The small DiT with seeded N(0, 0.2) weights (large enough that every block changes its input)."""
+    torch.manual_seed(0)
+    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from small_dit import SMALL_DIT
+from small_dit import SMALL_DIT, random_small_dit
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
-from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.model.transformer import H3Transformer
 
-
-def _model() -> H3Transformer:
-    torch.manual_seed(0)
-    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
+_model = random_small_dit
 
 
 def _run(model: H3Transformer, frames: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -93,3 +94,17 @@ def serve(
         uv.should_exit = True
         thread.join(30)
         store.close()
+
+
+def closed_by_server(sock: socket.socket, within_s: float) -> bytes | None:
+    """What the server sent before closing, or None if the connection was still open after `within_s`."""
+    sock.settimeout(within_s)
+    received = b""
+    try:
+        while chunk := sock.recv(4096):
+            received += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return received

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from hostile_servers import serve
+from hostile_servers import closed_by_server, serve
 
 SLOW_CONNECTIONS = 500
 HEADER_TIMEOUT_S = 1.0
@@ -22,20 +22,6 @@ def _open(port: int, payload: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(payload)
     return sock
-
-
-def _closed_by_server(sock: socket.socket, within_s: float) -> bytes | None:
-    """What the server sent before closing, or None if it kept the connection open."""
-    sock.settimeout(within_s)
-    received = b""
-    try:
-        while chunk := sock.recv(4096):
-            received += chunk
-    except TimeoutError:
-        return None
-    except ConnectionResetError:
-        pass
-    return received
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +44,7 @@ def test_500_incomplete_headers_are_timed_out_evicted_and_health_answers(guarded
     for _ in range(SLOW_CONNECTIONS):
         socks.append(_open(guarded.port, b"GET /health HTTP/1.1\r\nHost: x\r\n"))
     guarded.health_s()  # during: at the cap, the oldest slow connection makes room
-    answers = [_closed_by_server(s, HEADER_TIMEOUT_S + 10) for s in socks]
+    answers = [closed_by_server(s, HEADER_TIMEOUT_S + 10) for s in socks]
     elapsed = time.monotonic() - start
     for s in socks:
         s.close()
@@ -84,7 +70,7 @@ def test_past_the_cap_with_every_connection_busy_the_answer_is_a_json_503(tmp_pa
             _open(small.port, b"POST /v1/videos HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n") for _ in range(10)
         ]
         time.sleep(0.3)
-        answer = _closed_by_server(_open(small.port, b""), 5) or b""
+        answer = closed_by_server(_open(small.port, b""), 5) or b""
         for s in busy:
             s.close()
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -94,7 +80,7 @@ def test_past_the_cap_with_every_connection_busy_the_answer_is_a_json_503(tmp_pa
 
 def test_an_idle_keep_alive_connection_is_closed(guarded):
     sock = _open(guarded.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    answer = _closed_by_server(sock, 5)
+    answer = closed_by_server(sock, 5)
     sock.close()
     assert answer is not None and answer.startswith(b"HTTP/1.1 200")
 
@@ -122,7 +108,7 @@ def test_a_job_runs_while_slow_connections_crowd_the_cap(guarded):
 
 def test_negative_content_length_gets_the_json_envelope(guarded):
     sock = _open(guarded.port, b"POST /v1/videos HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
-    answer = _closed_by_server(sock, 5) or b""
+    answer = closed_by_server(sock, 5) or b""
     sock.close()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
@@ -133,7 +119,7 @@ def test_a_flood_of_bad_requests_is_logged_a_few_lines_only(guarded, caplog):
     caplog.set_level("WARNING", logger="h3serve.http")
     for _ in range(200):
         sock = _open(guarded.port, b"BAD\x00 / HTTP/1.1\r\n\r\n")
-        _closed_by_server(sock, 5)
+        closed_by_server(sock, 5)
         sock.close()
     lines = [r for r in caplog.records if r.name == "h3serve.http"]
     assert 1 <= len(lines) <= 10

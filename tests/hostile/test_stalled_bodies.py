@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 from api_servers import API_KEY
-from hostile_servers import serve
+from hostile_servers import closed_by_server, serve
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,20 +33,6 @@ def guarded(tmp_path_factory):
         yield running
 
 
-def _answer(sock: socket.socket, within_s: float) -> bytes | None:
-    """What the server sent before closing, or None if the connection was still open after `within_s`."""
-    sock.settimeout(within_s)
-    received = b""
-    try:
-        while chunk := sock.recv(4096):
-            received += chunk
-    except TimeoutError:
-        return None
-    except ConnectionResetError:
-        pass
-    return received
-
-
 def test_stalled_bodies_are_closed_within_the_body_timeout_and_health_stays_fast(guarded):
     socks = []
     for _ in range(STALLED):
@@ -56,7 +42,7 @@ def test_stalled_bodies_are_closed_within_the_body_timeout_and_health_stays_fast
     opened = time.monotonic()
     time.sleep(BODY_TIMEOUT_S / 3)  # past the burst of 250 requests starting (a loaded 2-core host is slow to it)
     health = [guarded.health_s() for _ in range(3)]  # during the stall: the stalled bodies hold no thread
-    answers = [_answer(s, BODY_TIMEOUT_S + MARGIN_S) for s in socks]
+    answers = [closed_by_server(s, BODY_TIMEOUT_S + MARGIN_S) for s in socks]
     closed_after = time.monotonic() - opened
     for s in socks:
         s.close()
@@ -99,7 +85,7 @@ def test_a_slow_but_steady_upload_of_a_large_reference_succeeds(guarded):
         sock.sendall(body[offset : offset + chunk])
         time.sleep(0.25)
     sock.shutdown(socket.SHUT_WR)
-    answer = _answer(sock, 30) or b""
+    answer = closed_by_server(sock, 30) or b""
     sock.close()
     took = time.monotonic() - start
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]

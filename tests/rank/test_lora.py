@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from safetensors.torch import load_file
-from small_dit import SMALL_DIT
+from small_dit import SMALL_DIT, random_small_dit
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.adapters.catalog import AdapterChoice
@@ -18,14 +18,7 @@ from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
 from h3serve.tools.tiny_adapter import write_peft_adapter
 
-
-def _model() -> H3Transformer:
-    torch.manual_seed(0)
-    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model
+_model = random_small_dit
 
 
 def _inputs(frames: int = 5, seed: int = 1):
