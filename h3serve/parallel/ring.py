@@ -30,6 +30,15 @@ def merge_partial(
     return merged, new_lse
 
 
+def post_exchange(
+    send: torch.Tensor, recv: torch.Tensor, send_to: int, recv_from: int, group: ProcessGroup | None
+) -> list[dist.Work]:
+    """One ring step: post the send of `send` to global rank `send_to` and the receive of `recv` from `recv_from`;
+    the caller waits on the returned works."""
+    ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, recv, recv_from, group)]
+    return dist.batch_isend_irecv(ops)
+
+
 def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -54,8 +63,7 @@ def ring_attention(
         if step < size - 1:
             # Post the next exchange before computing, so the transfer overlaps this step's attention. Every
             # rank posts one send and one receive per step, in the same order, so the ring cannot deadlock.
-            ops = [dist.P2POp(dist.isend, kv, send_to, group), dist.P2POp(dist.irecv, spare, recv_from, group)]
-            pending = dist.batch_isend_irecv(ops)
+            pending = post_exchange(kv, spare, send_to, recv_from, group)
         n = valid_keys((rank - step) % size)
         if n > 0:
             acc = merge_partial(acc, *partial(q, kv[0, :, :, :n], kv[1, :, :, :n]))

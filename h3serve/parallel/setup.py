@@ -135,14 +135,18 @@ class RankParallel:
         """Sequence parallelism (with the DiT blocks' attention backend) into every loaded DiT, tile parallelism
         into the video VAE."""
         for dit in (components.transformer, components.transformer_ref):
-            if dit is None:
-                continue
-            if self.sequence is not None:
-                self.sequence.install(dit, attention)
-            if self.degrees.dit_group > 1:
-                dit.register_forward_pre_hook(_same_rows_everywhere)
+            if dit is not None:
+                self.install_dit(dit, attention)
         if self.vae_group is not None:
             TileParallelDecode.install(components.vae, self.vae_group)
+
+    def install_dit(self, dit: torch.nn.Module, attention: Backend) -> None:
+        """One DiT (its TP shard already loaded): sequence parallelism with `attention`'s kernels, and rank 0's
+        rows for every rank of the DiT group."""
+        if self.sequence is not None:
+            self.sequence.install(dit, attention)
+        if self.degrees.dit_group > 1:
+            dit.register_forward_pre_hook(_same_rows_everywhere)
 
 
 def _same_rows_everywhere(module: torch.nn.Module, args: tuple) -> tuple:

@@ -135,6 +135,18 @@ class TensorParallel:
         return 0, [(r * k, (r + 1) * k)]
 
     @staticmethod
+    def cut_ranges(full: torch.Tensor, ranges: Ranges) -> torch.Tensor:
+        """The given rows (dim 0) or columns (dim 1) of an in-memory tensor, contiguous."""
+        dim, spans = ranges
+        parts = [full.narrow(dim, a, b - a) for a, b in spans]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)).contiguous()
+
+    def cut(self, param_name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the whole tensor `param_name` held in memory (what `read` reads from a file)."""
+        ranges = self.ranges(param_name, tuple(full.shape))
+        return full if ranges is None else self.cut_ranges(full, ranges)
+
+    @staticmethod
     def read_ranges(handle, key: str, ranges: Ranges) -> torch.Tensor:
         """Read only the given rows (dim 0) or columns (dim 1) of `key` from an open safetensors file."""
         dim, spans = ranges

@@ -34,12 +34,6 @@ def prepare(path: str, model: nn.Module) -> FastH3File:
     return adapter
 
 
-def _cut(delta: torch.Tensor, ranges) -> torch.Tensor:
-    dim, spans = ranges
-    parts = [delta.narrow(dim, a, b - a) for a, b in spans]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
-
-
 def delta_of(handle, adapter: FastH3File, name: str) -> torch.Tensor:
     """The full fp32 edit of parameter `name`: B@A (scale 1) plus its .diff / .diff_b."""
     delta = None
@@ -63,7 +57,7 @@ def fused(tensors: Tensors, adapter: FastH3File, tp: TensorParallel | None = Non
             delta = delta_of(f, adapter, name)
             ranges = None if tp is None else tp.ranges(name, tuple(delta.shape))
             if ranges is not None and tuple(tensor.shape) != tuple(delta.shape):
-                delta = _cut(delta, ranges)
+                delta = TensorParallel.cut_ranges(delta, ranges)
             pending.discard(name)
             yield name, tensor.float() + delta
     if pending:

@@ -20,20 +20,11 @@ import torch.distributed as dist
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.errors import job_error_for
-from h3serve.parallel.rendezvous import rank_environment
+from h3serve.parallel.launch import join_group
 
 
 class _CancelledHere(Exception):
     pass
-
-
-def process_group_options(cuda: bool) -> dict:
-    """The backend, and on CUDA the rank's device (`torch.cuda.set_device` already ran): with `device_id`, NCCL
-    builds its communicators eagerly at `init_process_group` and `new_group`, not lazily inside the first
-    request's denoise."""
-    if not cuda:
-        return {"backend": "gloo"}
-    return {"backend": "nccl", "device_id": torch.device("cuda", torch.cuda.current_device())}
 
 
 def _broadcast_object(obj, rank: int, world: int):
@@ -124,10 +115,8 @@ def worker_main(
         if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
             torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
         if world > 1:
-            rank_environment(os.environ)
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
-            dist.init_process_group(init_method=init_method, rank=rank, world_size=world, timeout=timeout,
-                                    **process_group_options(cuda))
+            join_group(rank, world, init_method, cuda, timeout)
         engine = LocalEngine(config, rank=rank, world_size=world)
     except Exception as e:  # report, then exit: the parent turns this into a start-up error
         if rank == 0:

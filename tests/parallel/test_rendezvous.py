@@ -49,7 +49,7 @@ import os, sys
 from datetime import timedelta
 import torch.distributed as dist
 from h3serve.parallel.rendezvous import rank_environment
-from h3serve.rank.worker import process_group_options
+from h3serve.parallel.launch import process_group_options
 rank_environment(os.environ)
 dist.init_process_group(init_method=sys.argv[1], rank=0, world_size=1, timeout=timedelta(seconds=20),
                         **process_group_options(cuda=False))

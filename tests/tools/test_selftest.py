@@ -9,7 +9,7 @@ import pytest
 from h3serve import cli
 from h3serve.accel import attention
 
-QUICK = ("environment", "numerics", "memory", "multi_gpu", "throughput")  # all but the real request (slow below)
+QUICK = ("environment", "numerics", "memory", "throughput")  # all but two-rank sessions and real requests (slow below)
 
 
 def _selftest(tmp_path, model, *only: str) -> tuple[int, dict[str, dict]]:
@@ -24,17 +24,16 @@ def _selftest(tmp_path, model, *only: str) -> tuple[int, dict[str, dict]]:
 def test_every_check_that_applies_on_cpu_passes_and_the_rest_say_why(tiny_checkpoint, tmp_path, capsys):
     code, got = _selftest(tmp_path, tiny_checkpoint, *QUICK)
     printed = capsys.readouterr().out
-    assert code == 0 and printed.strip().splitlines()[-1].startswith("verdict: OK (4 passed, 6 skipped")
+    assert code == 0 and printed.strip().splitlines()[-1].startswith("verdict: OK (4 passed, 5 skipped")
     status = {name: o["status"] for name, o in got.items()}
     assert status == {
         "environment": "pass", "numerics.block_dtype": "skipped", "numerics.attention.TORCH_SDPA": "pass",
         "numerics.attention.FLASH_ATTN": "skipped", "numerics.attention.CUDNN_ATTN": "skipped",
         "numerics.attention.FLASHINFER_ATTN": "skipped", "numerics.compiled": "skipped",
-        "memory.offload_paths": "pass", "multi_gpu.collectives": "skipped", "throughput": "pass",
+        "memory.offload_paths": "pass", "throughput": "pass",
     }
     assert got["numerics.block_dtype"]["message"].startswith("the compute dtype is float32")
     assert got["numerics.attention.FLASH_ATTN"]["message"] == "FLASH_ATTN needs a CUDA device"
-    assert got["multi_gpu.collectives"]["message"] == "0 GPU visible: collectives need two or more"
     assert "bit-identical to resident" in got["memory.offload_paths"]["figure"]
     assert got["throughput"]["data"]["request_s"] > got["throughput"]["data"]["full_step_s"] > 0
 
@@ -63,6 +62,54 @@ def test_an_offload_hook_that_skips_a_block_fails_the_memory_check(tiny_checkpoi
     check = got["memory.offload_paths"]
     assert code == 1 and check["status"] == "fail"
     assert check["message"].startswith("layerwise: the forward failed under offload, a block was not on the device")
+
+
+MULTI_GPU = ("multi_gpu.collectives", "multi_gpu.tp2", "multi_gpu.ulysses2")
+
+
+@pytest.mark.slow  # one session of two spawned gloo ranks: ~30 s on a loaded 2-core host
+def test_two_cpu_ranks_run_the_collectives_and_match_one_rank_under_tp2_and_ulysses2(tiny_checkpoint, tmp_path):
+    code, got = _selftest(tmp_path, tiny_checkpoint, "multi_gpu")
+    assert code == 0 and set(got) == set(MULTI_GPU)
+    assert all(got[name]["status"] == "pass" for name in MULTI_GPU), [got[n]["message"] for n in MULTI_GPU]
+    ops = got["multi_gpu.collectives"]["data"]
+    assert set(ops) == {"all_reduce", "all_to_all", "ring_exchange", "all_gather"}
+    assert all(m["ok"] and m["bytes"] > 0 and m["busbw_gbps"] > 0 for m in ops.values())
+    # TP2 sums the fp32 partials of [358 rows, hidden 64] (the throughput request's rows at the CPU width)
+    assert ops["all_reduce"]["bytes"] == 358 * 64 * 4
+    tp2, u2 = got["multi_gpu.tp2"]["data"], got["multi_gpu.ulysses2"]["data"]
+    assert tp2["bound"] == 1e-4 and max(tp2["video"], tp2["audio"], u2["video"], u2["audio"]) <= 1e-4
+    assert "each rank holds 5" in tp2["applied"] and u2["applied"].startswith("each rank runs ")
+
+
+@pytest.mark.slow  # one session of two spawned gloo ranks
+def test_a_wrong_all_reduce_in_the_ranks_fails_the_collectives_and_tp2_but_not_ulysses(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    from selftest_faults import all_reduce_one_percent_high
+
+    from h3serve.tools.selftest import parallel_checks
+
+    monkeypatch.setattr(parallel_checks, "rank_session", all_reduce_one_percent_high)
+    code, got = _selftest(tmp_path, tiny_checkpoint, "multi_gpu")
+    assert code == 1
+    status = {name: got[name]["status"] for name in MULTI_GPU}
+    assert status == {"multi_gpu.collectives": "fail", "multi_gpu.tp2": "fail", "multi_gpu.ulysses2": "pass"}
+    assert got["multi_gpu.collectives"]["message"].startswith("gloo all_reduce returned wrong values on rank 0 of 2")
+    assert "the TP2 output differs from one rank; tensor parallelism" in got["multi_gpu.tp2"]["message"]
+
+
+def test_without_two_gpus_the_multi_gpu_checks_say_why(monkeypatch):
+    import torch
+
+    from h3serve.tools.selftest import parallel_checks
+    from h3serve.tools.selftest.core import SKIP, Context, run_check
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    ctx = Context(torch.device("cuda"), torch.bfloat16, {}, False, None, None, budget_s=60)
+    for check in (parallel_checks.collectives, parallel_checks.tensor_parallel, parallel_checks.ulysses):
+        outcome = run_check("multi_gpu", check, ctx)
+        assert (outcome.status, outcome.message) == (SKIP, "1 GPU visible: the multi-GPU checks need two or more")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from h3serve import limits
 from h3serve.accel import attention
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.host_arena import pinned_bytes
@@ -28,7 +29,7 @@ def _bound(dtype: torch.dtype) -> float:
     return FP32_BOUND if dtype == torch.float32 else HALF_BOUND
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
@@ -45,7 +46,7 @@ def _model(ctx: Context, dtype: torch.dtype) -> tuple[H3Transformer, dict]:
     return model, weights
 
 
-def _forward(model: H3Transformer, x) -> tuple[torch.Tensor, torch.Tensor]:
+def run_forward(model: H3Transformer, x) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         return model(x.video, x.audio, model.embed_text(x.text), x.timestep, x.row_index, x.packed)
 
@@ -58,7 +59,7 @@ def block_dtype(ctx: Context) -> str:
     wide, _ = _model(ctx, torch.float32)
     x = forward_inputs(low.config, _spec(ctx, ctx.dtype, ctx.numerics_shape()))
     xw = forward_inputs(wide.config, _spec(ctx, torch.float32, ctx.numerics_shape()))
-    errs = [_rel(a, b) for a, b in zip(_forward(low, x), _forward(wide, xw), strict=True)]
+    errs = [rel_error(a, b) for a, b in zip(run_forward(low, x), run_forward(wide, xw), strict=True)]
     figure = f"rel. RMS error video {errs[0]:.1e}, audio {errs[1]:.1e} (bound {HALF_BOUND:.0e})"
     if max(errs) > HALF_BOUND:
         raise Failed(f"{figure}: the {ctx.dtype} DiT drifts from fp32; check the dtype policy / kernels")
@@ -86,11 +87,11 @@ def attention_backend(name: str):
         g = torch.Generator(device=ctx.device).manual_seed(3)
         q, k, v = (torch.randn(1, rows, heads, dim, device=ctx.device, generator=g).to(dtype) for _ in range(3))
         want, want_lse = _reference_attention(q, k, v)
-        err = _rel(backend.fn(q, k, v), want)
+        err = rel_error(backend.fn(q, k, v), want)
         lse_err = 0.0
         if backend.with_lse is not None:
             out, lse = backend.with_lse(*(t.transpose(1, 2) for t in (q, k, v)))
-            err = max(err, _rel(out.transpose(1, 2), want))
+            err = max(err, rel_error(out.transpose(1, 2), want))
             lse_err = float((lse.float() - want_lse).abs().max())
         bound = _bound(dtype)
         figure = f"{dtype}: rel. error {err:.1e}, max |lse error| {lse_err:.1e} (bound {bound:.0e})"
@@ -111,12 +112,12 @@ def compiled(ctx: Context) -> str:
 
     model, weights = _model(ctx, ctx.dtype)
     x = forward_inputs(model.config, _spec(ctx, ctx.dtype, ctx.numerics_shape()))
-    eager = _forward(model, x)
+    eager = run_forward(model, x)
     compile_transformer(model, "regional", True, CompileState(log=lambda text: None))
     start = time.perf_counter()
-    got = _forward(model, x)
+    got = run_forward(model, x)
     sync(ctx.device)
-    errs = [_rel(a, b) for a, b in zip(got, eager, strict=True)]
+    errs = [rel_error(a, b) for a, b in zip(got, eager, strict=True)]
     first_s = time.perf_counter() - start
     figure = f"rel. error {max(errs):.1e} (bound {_bound(ctx.dtype):.0e}), first compiled call {first_s:.0f} s"
     if max(errs) > _bound(ctx.dtype):
@@ -160,7 +161,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
     if ctx.cuda:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     base_alloc = torch.cuda.memory_allocated(ctx.device) if ctx.cuda else 0
-    resident = _forward(fresh(), x)
+    resident = run_forward(fresh(), x)
     resident_peak = torch.cuda.max_memory_allocated(ctx.device) - base_alloc if ctx.cuda else 0
     data: dict = {}
     pinned_before = pinned_bytes()
@@ -182,7 +183,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
             torch.cuda.synchronize(ctx.device)
             torch.cuda.reset_peak_memory_stats(ctx.device)
         try:
-            got = _forward(model, x)
+            got = run_forward(model, x)
         except RuntimeError as e:  # a block computed on released (empty) weights: a hook did not place it
             raise Failed(f"{name}: the forward failed under offload, a block was not on the device ({e})") from None
         if not all(torch.equal(a, b) for a, b in zip(got, resident, strict=True)):
@@ -207,18 +208,18 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
 
 def throughput(ctx: Context) -> tuple[str, dict]:
     """Step time and MFU of the few-block DiT at the released default canvas (1344x768, 124 frames on CUDA),
-    extrapolated to the 50-block DiT and a 50-step request (49 forwards)."""
+    extrapolated to the 50-block DiT and a 50-step request (50 forwards)."""
     spec = _spec(ctx, ctx.dtype, ctx.shape(), text_rows=256)
     cfg, weights = load_weights(spec)
     model = _ours(cfg, weights, ctx.device)
     attention.install(model, ctx.attention)
     x = forward_inputs(cfg, spec)
-    _forward(model, x)  # warm-up
+    run_forward(model, x)  # warm-up
     times = []
     for _ in range(3):
         sync(ctx.device)
         start = time.perf_counter()
-        _forward(model, x)
+        run_forward(model, x)
         sync(ctx.device)
         times.append(time.perf_counter() - start)
     step = statistics.median(times)
@@ -227,7 +228,7 @@ def throughput(ctx: Context) -> tuple[str, dict]:
     peak = gemm_peak(ctx.device, ctx.dtype, budget_s=1.0)["flops_per_s"] if ctx.cuda else None
     mfu = f"MFU {flops / step / peak:.0%} of the measured GEMM peak" if peak else "MFU not measured at this width"
     full_step = step * 50 / cfg.num_layers  # the non-block share is counted 50/L times: an upper bound
-    request = full_step * 49
+    request = full_step * limits.DEFAULT_STEPS
     w, h, f = ctx.shape()
     figure = (f"{cfg.num_layers} blocks at {w}x{h}x{f}: {step * 1e3:.0f} ms/forward, {mfu}; "
               f"50 blocks: ~{full_step:.2f} s/step, 50 steps: ~{request:.0f} s")

@@ -11,13 +11,14 @@ from h3serve.tools.selftest.core import Check, Context, Outcome, run_check
 def checks(ctx: Context) -> list[tuple[str, Check]]:
     """Every check, in run order (cheap and telling first)."""
     from h3serve.accel.attention import BACKENDS
-    from h3serve.tools.selftest import model_checks, system_checks
+    from h3serve.tools.selftest import model_checks, parallel_checks, system_checks
 
     out: list[tuple[str, Check]] = [("environment", system_checks.environment),
                                     ("numerics.block_dtype", model_checks.block_dtype)]
     out += [(f"numerics.attention.{name}", model_checks.attention_backend(name)) for name in BACKENDS]
     out += [("numerics.compiled", model_checks.compiled), ("memory.offload_paths", model_checks.memory_paths),
-            ("multi_gpu.collectives", system_checks.multi_gpu), ("throughput", model_checks.throughput),
+            ("multi_gpu.collectives", parallel_checks.collectives), ("multi_gpu.tp2", parallel_checks.tensor_parallel),
+            ("multi_gpu.ulysses2", parallel_checks.ulysses), ("throughput", model_checks.throughput),
             ("end_to_end", system_checks.end_to_end),
             ("end_to_end.continuation", system_checks.end_to_end_continuation)]
     return out

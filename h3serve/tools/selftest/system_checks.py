@@ -1,4 +1,4 @@
-"""Checks of the installation around the model: environment, NCCL collectives, and one real request."""
+"""Checks of the installation around the model: the environment, and one real request."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from h3serve.accel import attention
-from h3serve.tools.selftest.core import Context, Failed, Skip
+from h3serve.tools.selftest.core import Context, Failed
 
 
 def environment(ctx: Context) -> tuple[str, dict]:
@@ -49,18 +49,6 @@ def _driver() -> str:
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def multi_gpu(ctx: Context) -> tuple[str, dict]:
-    """NCCL all-reduce, all-to-all and all-gather across every visible GPU, with bus bandwidth."""
-    count = torch.cuda.device_count() if ctx.cuda else 0
-    if count < 2:
-        raise Skip(f"{count} GPU visible: collectives need two or more")
-    from h3serve.tools.selftest.collectives import run_collectives
-
-    results = run_collectives(count, timeout_s=min(120.0, max(10.0, ctx.left_s())))
-    figure = ", ".join(f"{op} {gbps:.0f} GB/s" for op, gbps in results.items())
-    return f"{count} GPUs, 256 MiB messages: {figure}", results
 
 
 def _request(ctx: Context, request) -> tuple[str, dict]:
