@@ -38,6 +38,19 @@ _TYPES: dict[Dialect, dict[str, str]] = {
 }
 
 
+# 3: `num_inference_steps` counts denoiser forwards (N forwards over N + 1 sigma points); a request stored before
+# counted sigma points (M points, M - 1 forwards). Each stored `steps` becomes its forward count, so a job queued
+# before an upgrade runs the forwards it was submitted for, and a remix of an older video keeps its schedule.
+# (1 was the least either count allowed; a 1 stays 1.)
+_STEPS_AS_FORWARDS: dict[Dialect, str] = {
+    "sqlite": "UPDATE jobs SET request = json_set(request, '$.steps', MAX(1, json_extract(request, '$.steps') - 1)) "
+    "WHERE json_extract(request, '$.steps') IS NOT NULL",
+    "postgresql": "UPDATE jobs SET request = jsonb_set(request::jsonb, '{steps}', "
+    "to_jsonb(GREATEST(1, (request::jsonb ->> 'steps')::integer - 1)))::text "
+    "WHERE request::jsonb ->> 'steps' IS NOT NULL",
+}
+
+
 def _migrations(dialect: Dialect) -> list[list[str]]:
     t = _TYPES[dialect]
     return [
@@ -50,6 +63,7 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
             "ALTER TABLE jobs ADD COLUMN completions INTEGER NOT NULL DEFAULT 0",
             "CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner)",
         ],
+        [_STEPS_AS_FORWARDS[dialect]],
     ]
 
 

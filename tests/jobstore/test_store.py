@@ -3,6 +3,7 @@ durability across reopening, migrations, and the shared queue (claim, lease, exp
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 import time
@@ -114,6 +115,45 @@ def test_a_version_1_sqlite_store_is_migrated_in_place(tmp_path):
     job = store.insert(make_job())
     assert store.claim("a", 30).id == job.id and store.get(job.id).completions == 0
     store.close()
+
+
+def _version_2_store(target, jobs: list[Job]) -> None:
+    """A store as h3serve left it before the step-count change (schema 2), holding `jobs` as it wrote them."""
+    from h3serve.jobstore.codec import COLUMNS, to_sql
+    from h3serve.jobstore.migrations import _migrations
+
+    sqlite = isinstance(target, Path)
+    db = sqlite3.connect(target, isolation_level=None) if sqlite else psycopg.connect(target, autocommit=True)
+    mark = "?" if sqlite else "%s"
+    for statements in _migrations("sqlite" if sqlite else "postgresql")[:2]:
+        for statement in statements:
+            db.execute(statement)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO schema_version (version) VALUES (2)")
+    if sqlite:
+        db.execute("PRAGMA user_version=2")
+    for job in jobs:
+        values = [to_sql(name, getattr(job, name)) for name in COLUMNS]
+        db.execute(f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES ({', '.join([mark] * len(COLUMNS))})", values)
+    db.close()
+
+
+def test_requests_stored_before_steps_counted_forwards_keep_their_forward_count(target):
+    """Schema 2 stored `steps` as sigma points (M points: M - 1 forwards); schema 3 counts forwards, so the upgrade
+    rewrites each stored count once: a job queued before the upgrade runs the forwards it was submitted for."""
+    done = dataclasses.replace(make_job(steps=50, seed=4, duration_s=5.0), status="completed", progress=100)
+    old = {"queued": make_job(steps=8), "default": make_job(), "least": make_job(steps=1), "done": done}
+    _version_2_store(target, list(old.values()))
+    store = open_job_store(target)
+    steps = {name: store.get(job.id).request.steps for name, job in old.items()}
+    assert steps == {"queued": 7, "default": None, "least": 1, "done": 49}
+    assert store.get(old["done"].id).request == GenerationRequest(prompt="p", steps=49, seed=4, duration_s=5.0)
+    new = store.insert(make_job(steps=8))
+    store.close()
+    reopened = open_job_store(target)  # the migration ran once: neither old nor new counts move again
+    assert reopened.get(old["queued"].id).request.steps == 7 and reopened.get(new.id).request.steps == 8
+    assert reopened.claim("s1", 30).id == old["queued"].id
+    reopened.close()
 
 
 def test_claim_takes_the_oldest_and_finish_records_once(store):
