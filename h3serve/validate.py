@@ -74,6 +74,14 @@ class GenerationPlan:
         return self.long_video_mode == "continuation"
 
     @property
+    def forwards(self) -> int:
+        """Denoiser forwards the request runs, which its progress counts: `steps` per generated window (an
+        extension's window 0 is its source video, not generated)."""
+        if not self.continuation:
+            return self.steps
+        return self.steps * (len(self.windows) - (self.extend_video is not None))
+
+    @property
     def edit(self) -> bool:
         """Latent-mask editing (an all-1 mask is dropped, so a plan with none is plain generation)."""
         return self.video_mask is not None or self.audio_mask is not None

@@ -68,7 +68,7 @@ class FakeExecutor:
             if on_start is not None:
                 on_start(seq)
             self.plans.append(plan)
-            total = plan.steps  # denoiser forwards, as the real pipeline reports them
+            total = plan.forwards  # denoiser forwards of every generated window, as the real pipeline reports them
             started = time.monotonic()
             for done in range(1, total + 1):
                 time.sleep(self.step_s)

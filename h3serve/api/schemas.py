@@ -28,6 +28,7 @@ class Video(BaseModel):
     model: str
     status: JobStatus
     progress: int
+    progress_steps: int  # h3serve: the denoiser forwards `progress` counts (steps x generated windows); 0: unknown
     created_at: int
     completed_at: int | None
     expires_at: int | None
@@ -50,6 +51,7 @@ class Video(BaseModel):
             model=_text(job.model),
             status=job.status,
             progress=job.progress,
+            progress_steps=job.progress_steps,
             created_at=job.created_at,
             completed_at=job.completed_at,
             expires_at=job.expires_at,

@@ -64,6 +64,9 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
             "CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner)",
         ],
         [_STEPS_AS_FORWARDS[dialect]],
+        # 4: the forwards a job's progress counts (steps x generated windows): a page can name the step of a long
+        # video's whole run. Older rows hold 0 (not recorded).
+        ["ALTER TABLE jobs ADD COLUMN progress_steps INTEGER NOT NULL DEFAULT 0"],
     ]
 
 

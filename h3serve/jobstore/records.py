@@ -67,6 +67,7 @@ class Job:
     owner: str | None = None
     lease_expires_at: float | None = None
     completions: int = 0
+    progress_steps: int = 0  # denoiser forwards `progress` counts (steps x generated windows); 0: not recorded
     seq: int = 0
 
     @classmethod
@@ -75,4 +76,5 @@ class Job:
         return cls(
             id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
             seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
+            progress_steps=plan.forwards,
         )

@@ -24,7 +24,7 @@ from h3serve.jobstore.sqlite import SQLiteJobStore
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
     "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations",
-    "peak_memory_mb", "inference_time_s",
+    "peak_memory_mb", "inference_time_s", "progress_steps",
 }
 REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 2, "seed": 5}
 
@@ -97,6 +97,18 @@ def test_multipart_urlencoded_and_json_bodies_make_the_same_job(client, fake_ser
         assert wait_finished(client, job["id"])["status"] == "completed"
         videos.append(client.get(f"/v1/videos/{job['id']}/content").content)
     assert all(v == videos[0] for v in videos)  # same request, same (deterministic) output
+
+
+def test_progress_steps_count_the_forwards_of_every_generated_window(client):
+    """The page names the step of a long video's whole run: progress counts steps x windows (16 s in 107-frame
+    windows: 396 frames, 5 windows), one bar from 0 to 100."""
+    plain = client.post("/v1/videos", json=REQUEST).json()
+    long = client.post("/v1/videos", json={**REQUEST, "size": "32x32", "seconds": "16", "long_video": True,
+                                           "long_video_mode": "continuation", "continuation_window_frames": 107})
+    assert long.status_code == 200, long.text
+    assert (plain["progress_steps"], long.json()["progress_steps"], long.json()["num_frames"]) == (2, 10, 396)
+    assert client.delete(f"/v1/videos/{long.json()['id']}").status_code == 200
+    assert wait_finished(client, plain["id"])["progress_steps"] == 2
 
 
 def test_job_lifecycle_and_downloads(client):

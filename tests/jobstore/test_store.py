@@ -132,9 +132,10 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
+    columns = [name for name in COLUMNS if name != "progress_steps"]  # schema 4 added it
     for job in jobs:
-        values = [to_sql(name, getattr(job, name)) for name in COLUMNS]
-        db.execute(f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES ({', '.join([mark] * len(COLUMNS))})", values)
+        values = [to_sql(name, getattr(job, name)) for name in columns]
+        db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)
     db.close()
 
 
@@ -147,11 +148,13 @@ def test_requests_stored_before_steps_counted_forwards_keep_their_forward_count(
     store = open_job_store(target)
     steps = {name: store.get(job.id).request.steps for name, job in old.items()}
     assert steps == {"queued": 7, "default": None, "least": 1, "done": 49}
+    assert {store.get(job.id).progress_steps for job in old.values()} == {0}  # schema 4: not recorded then
     assert store.get(old["done"].id).request == GenerationRequest(prompt="p", steps=49, seed=4, duration_s=5.0)
-    new = store.insert(make_job(steps=8))
+    new = store.insert(dataclasses.replace(make_job(steps=8), progress_steps=24))
     store.close()
     reopened = open_job_store(target)  # the migration ran once: neither old nor new counts move again
     assert reopened.get(old["queued"].id).request.steps == 7 and reopened.get(new.id).request.steps == 8
+    assert reopened.get(new.id).progress_steps == 24
     assert reopened.claim("s1", 30).id == old["queued"].id
     reopened.close()
 

@@ -101,9 +101,9 @@ def test_per_window_prompts_share_one_media_clock(continuation, tiny_pipeline):
 
 
 def test_progress_is_monotonic_over_the_whole_request(continuation):
-    _, _, spy, _ = continuation
+    plan, _, spy, _ = continuation
     done = [d for d, _ in spy.progress]
-    assert {t for _, t in spy.progress} == {3}  # 3 windows x 1 forward
+    assert {t for _, t in spy.progress} == {3} == {plan.forwards}  # 3 windows x 1 forward: the job's progress_steps
     assert done == [1, 1, 2, 2, 3]  # a step in each window, and a (cancellation) call between windows
 
 
@@ -193,7 +193,7 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
     assert torch.equal(record["guide"].video, source[:, :, -7:]) and not record["guide"].audio.any()  # no soundtrack
     assert torch.equal(result.video_latents[:, :, : source.shape[2]], source)
     assert result.video.shape == (243, 32, 32, 3) and torch.equal(result.video[:141], torch.from_numpy(frames) / 255)
-    assert spy.progress == [(1, 1)]
+    assert spy.progress == [(1, 1)] and plan.forwards == 1  # window 0 is the source: not counted
 
 
 @pytest.mark.slow  # two windows with their source encodes: 15-140 s on the shared 2-core host

@@ -8,13 +8,16 @@ function seconds(s) {
   return s < 60 ? `${s.toFixed(0)} s` : `${Math.floor(s / 60)} min ${(s % 60).toFixed(0)} s`;
 }
 
-// The stage a job is in, from its status and progress. Progress is done * 100 // total over the
-// num_inference_steps denoiser forwards, capped at 99 until the MP4 is written.
+// The stage a job is in, from its status and progress. Progress is done * 100 // total over the job's
+// progress_steps denoiser forwards (num_inference_steps per generated window of a long video: one bar for the
+// whole run), capped at 99 until the MP4 is written. `steps` (the form's count) stands in for a job whose
+// record predates progress_steps.
 export function stageOf(job, steps) {
   if (job.status === "queued") return { name: "Queued", step: null };
   if (job.status === "completed") return { name: "Done", step: null };
   if (job.status === "failed") return { name: "Failed", step: null };
-  const total = steps ? Math.max(1, steps) : null;
+  const forwards = job.progress_steps || steps;
+  const total = forwards ? Math.max(1, forwards) : null;
   const done = total ? Math.min(total, Math.ceil((job.progress * total) / 100)) : null;
   if (job.progress === 0) return { name: "Encoding the prompt and inputs", step: null };
   if (total && done >= total && job.progress >= 99) {
