@@ -1,0 +1,77 @@
+"""The planner's FP8 verdicts on the released architecture (configs on the meta device, no weights), as
+docs/memory.md reports them: H3 on one 32 GB GPU with an FP8 DiT, its AdaLN projections in host memory and the
+text encoder streamed; on one 48 GB GPU; and how many DiT blocks 2 x RTX 4090 keep resident under DLO."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from h3serve.accel.quant_config import parse_quantization
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.config import OffloadFlags, offload_config_from_flags
+from h3serve.offload.inventory import RELEASED, build_inventory
+from h3serve.offload.plan import GiB
+from h3serve.offload.planner import plan_placement
+from h3serve.parallel.degrees import ParallelDegrees
+
+pytestmark = pytest.mark.slow  # four released-architecture inventories on the meta device: ~30 s of CPU
+MiB = 2**20
+RTX_5090, RTX_4090, GPU_48GB = 32_607 * MiB, 24_564 * MiB, 48 * 10**9  # nvidia-smi sizes; 48 GB nominal
+FP8 = parse_quantization("fp8", None)
+# The FP8 encoder streamed layer by layer, the VAEs staged, the AdaLN projections in host memory.
+ONE_GPU = '{"mode": "layer", "components": ["adaln", "text_encoder", "vae", "audio_vae"]}'
+ADALN_ON_DEVICE = '{"mode": "layer", "components": ["text_encoder", "vae", "audio_vae"]}'
+DLO_LOCAL = OffloadFlags(enable_distributed_layerwise_offload=True, dlo_use_allgather=False)
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    return {q: build_inventory(RELEASED, dits=("transformer",), quantization=q) for q in (None, FP8)}
+
+
+@pytest.fixture(scope="module")
+def two_gpus():
+    degrees = ParallelDegrees(tensor_parallel=2, text_encoder_tp=2, vae_patch_parallel=2, world_size=2)
+    return {q: build_inventory(RELEASED, degrees, ("transformer",), quantization=q) for q in (None, FP8)}
+
+
+def _verdict(inv, text: str, task: str, device: int):
+    config = offload_config_from_flags(OffloadFlags(diffusion_offload_config=text))
+    plan = plan_placement(inv, config, RequestShape(1344, 768, 124, task), device, 1 * GiB)
+    rank = plan.ranks[0]
+    return plan.fits, rank.peak_device_bytes / GiB, rank.peak_stage
+
+
+@pytest.mark.parametrize("task", ["t2va", "fl2va"])
+def test_fp8_dit_with_adaln_on_the_host_fits_one_32gb_gpu(one_gpu, task):
+    fits, peak, stage = _verdict(one_gpu[FP8], ONE_GPU, task, RTX_5090)
+    assert fits and stage == "denoise"
+    assert 28.0 < peak < RTX_5090 / GiB - 1.0  # docs/memory.md: 29.22 (T2VA) / 30.13 GiB (FL2VA)
+    # Neither half alone fits: bf16 with AdaLN on the host, or FP8 with the AdaLN projections on the device.
+    for inv, text in ((one_gpu[None], ONE_GPU), (one_gpu[FP8], ADALN_ON_DEVICE)):
+        assert _verdict(inv, text, task, RTX_5090)[0] is False
+
+
+def test_one_48gb_gpu_fits_fp8_only_with_adaln_on_the_host(one_gpu):
+    fits, peak, stage = _verdict(one_gpu[FP8], ONE_GPU, "fl2va", GPU_48GB)
+    assert fits and stage == "denoise" and peak == pytest.approx(30.13, abs=1.5)
+    fits, peak, stage = _verdict(one_gpu[FP8], ADALN_ON_DEVICE, "fl2va", GPU_48GB)
+    assert not fits and stage == "denoise" and peak > GPU_48GB / GiB + 5  # 54.42 GiB: the bf16 AdaLN (24.29 GiB)
+    assert _verdict(one_gpu[None], ONE_GPU, "fl2va", GPU_48GB)[0] is False  # bf16: 48.52 GiB
+
+
+def _resident(inv, resident: int | str) -> tuple[int, float]:
+    config = replace(offload_config_from_flags(DLO_LOCAL), resident_layers=resident)
+    plan = plan_placement(inv, config, RequestShape(1024, 576, 124, "fl2va"), RTX_4090, 1 * GiB)
+    assert plan.fits and all(r.peak_stage == "denoise" for r in plan.ranks)
+    return plan.resident_layers, max(r.peak_device_bytes for r in plan.ranks) / GiB
+
+
+def test_two_rtx_4090_keep_every_block_resident_in_fp8(two_gpus):
+    assert _resident(two_gpus[None], 12)[0] == 12  # the model card's bf16 recipe
+    k_bf16, _ = _resident(two_gpus[None], "auto")
+    k_fp8, peak = _resident(two_gpus[FP8], "auto")
+    assert k_bf16 < 50 and k_fp8 == 50  # docs/memory.md: bf16 auto 43 (22.95 GiB), FP8 50 (16.26 GiB)
+    assert peak < RTX_4090 / GiB - 1.0
