@@ -96,15 +96,20 @@ def is_native_video_vae(folder: Path) -> bool:
     return path.is_file() and "source_safetensors_path" in read_json(path)
 
 
+def _wrapped_file(folder: Path, fields: dict[str, str | None]) -> Path:
+    """`folder` joined with the wrapper config's `fields` in order (a None default: required), refused by name
+    when the wrapper points at nothing."""
+    wrapper = read_json(folder / "config.json")
+    path = folder.joinpath(*(str(wrapper[k] if d is None else wrapper.get(k, d)) for k, d in fields.items()))
+    if not path.is_file():
+        verb = "names" if len(fields) == 1 else "name"
+        raise CheckpointError(f"{folder / 'config.json'}: {'/'.join(fields)} {verb} {path}, which does not exist")
+    return path
+
+
 def video_vae_weights(folder: Path) -> Path:
     """`<folder>/<source_path>/<source_safetensors_path>`, refused by name when the wrapper points at nothing."""
-    wrapper = read_json(folder / "config.json")
-    weights = folder / str(wrapper.get("source_path", "source")) / str(wrapper["source_safetensors_path"])
-    if not weights.is_file():
-        raise CheckpointError(
-            f"{folder / 'config.json'}: source_path/source_safetensors_path name {weights}, which does not exist"
-        )
-    return weights
+    return _wrapped_file(folder, {"source_path": "source", "source_safetensors_path": None})
 
 
 def video_vae_config(folder: Path) -> dict:
@@ -165,13 +170,7 @@ def is_native_audio_vae(folder: Path) -> bool:
 
 
 def audio_vae_weights(folder: Path) -> Path:
-    wrapper = read_json(folder / "config.json")
-    weights = folder / str(wrapper.get("source_safetensors_path", "model.safetensors"))
-    if not weights.is_file():
-        raise CheckpointError(
-            f"{folder / 'config.json'}: source_safetensors_path names {weights}, which does not exist"
-        )
-    return weights
+    return _wrapped_file(folder, {"source_safetensors_path": "model.safetensors"})
 
 
 def audio_vae_config(folder: Path) -> dict:

@@ -247,14 +247,8 @@ class H3Pipeline(ContinuationMixin):
             video = self.decode_video(video_latents).cpu()
         with clock("audio_decode"):
             audio = self.decode_audio(audio_latents).cpu()
-        return GenerationResult(
-            video=video,
-            audio=audio,
-            video_latents=video_latents.cpu(),
-            audio_latents=audio_latents.cpu(),
-            stage_durations=clock.durations,
-            block_cache=cache,
-            num_frames=video.shape[0],
+        return GenerationResult.decoded(
+            video, audio, (video_latents, audio_latents), clock.durations, cache, video.shape[0]
         )
 
     # -- conditioning ----------------------------------------------------------------------------------------

@@ -68,6 +68,20 @@ class GenerationResult:
     block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
     num_frames: int = 0  # frames decoded (streamed or not)
 
+    @classmethod
+    def decoded(
+        cls,
+        video: torch.Tensor | None,
+        audio: torch.Tensor,
+        latents: tuple[torch.Tensor, torch.Tensor],
+        durations: dict[str, float],
+        cache: CacheStats | None,
+        num_frames: int,
+    ) -> GenerationResult:
+        """A finished request's result, full or streamed decode; the latents leave the device with it."""
+        video_latents, audio_latents = latents
+        return cls(video, audio, video_latents.cpu(), audio_latents.cpu(), durations, cache, num_frames)
+
 
 class StageHooks(Protocol):
     """Told where a request is, so that weights can be placed for each stage (h3serve.offload carries it out)."""

@@ -64,12 +64,4 @@ def stream_decode(
                 frames[: given.shape[0]] = given
             writer.write(frames)
             done += frames.shape[0]
-    return GenerationResult(
-        video=None,
-        audio=audio,
-        video_latents=video_latents.cpu(),
-        audio_latents=audio_latents.cpu(),
-        stage_durations=clock.durations,
-        block_cache=cache,
-        num_frames=num_frames,
-    )
+    return GenerationResult.decoded(None, audio, (video_latents, audio_latents), clock.durations, cache, num_frames)

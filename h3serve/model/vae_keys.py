@@ -18,30 +18,40 @@ import torch
 DROPPED = ("decoder.mask_token",)
 _DOWN = re.compile(r"^encoder\.down\.(\d+)\.(.*)$")
 _DOWN_BLOCKS = re.compile(r"^encoder\.down_blocks\.(\d+)\.(.*)$")
-_PAIRS = ((".attn.to_out.", ".attn.to_out.0."), (".ff.w1.", ".ff.net.0.proj."), (".ff.w2.", ".ff.net.2."))
+# (native, diffusers) spellings: inside an encoder down stage (first occurrence each), then anywhere in a key.
+_STAGE_PARTS = (("block.", "resnets."), ("nin_shortcut.", "conv_shortcut."), ("downsample.", "downsamplers.0."))
+_PAIRS = (
+    ("decoder.x_embedder.", "decoder.proj_in."),
+    (".attn.to_out.", ".attn.to_out.0."),
+    (".ff.w1.", ".ff.net.0.proj."),
+    (".ff.w2.", ".ff.net.2."),
+)
 
 
-def native_to_diffusers_name(key: str) -> str:
-    """Rename one native key (a fused `to_qkv` keeps its name; `split_native_tensor` splits it)."""
-    match = _DOWN.match(key)
+def _renamed(key: str, to_diffusers: bool) -> str:
+    """`key` in the other spelling, the same rules read in either direction."""
+    pattern, stage = (_DOWN, "encoder.down_blocks.") if to_diffusers else (_DOWN_BLOCKS, "encoder.down.")
+    order = 1 if to_diffusers else -1
+    match = pattern.match(key)
     if match:
-        rest = match.group(2).replace("block.", "resnets.", 1).replace("nin_shortcut.", "conv_shortcut.", 1)
-        key = f"encoder.down_blocks.{match.group(1)}.{rest.replace('downsample.', 'downsamplers.0.', 1)}"
-    key = key.replace("decoder.x_embedder.", "decoder.proj_in.")
-    for old, new in _PAIRS:
+        rest = match.group(2)
+        for pair in _STAGE_PARTS:
+            old, new = pair[::order]
+            rest = rest.replace(old, new, 1)
+        key = f"{stage}{match.group(1)}.{rest}"
+    for pair in _PAIRS:
+        old, new = pair[::order]
         key = key.replace(old, new)
     return key
 
 
+def native_to_diffusers_name(key: str) -> str:
+    """Rename one native key (a fused `to_qkv` keeps its name; `split_native_tensor` splits it)."""
+    return _renamed(key, to_diffusers=True)
+
+
 def diffusers_to_native_name(name: str) -> str:
-    match = _DOWN_BLOCKS.match(name)
-    if match:
-        rest = match.group(2).replace("resnets.", "block.", 1).replace("conv_shortcut.", "nin_shortcut.", 1)
-        name = f"encoder.down.{match.group(1)}.{rest.replace('downsamplers.0.', 'downsample.', 1)}"
-    name = name.replace("decoder.proj_in.", "decoder.x_embedder.")
-    for old, new in _PAIRS:
-        name = name.replace(new, old)
-    return name
+    return _renamed(name, to_diffusers=False)
 
 
 def _swap_halves(tensor: torch.Tensor) -> torch.Tensor:
