@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("stream", "full")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends the engine accepts
 DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few requests' schedules of the released DiT
 
 
@@ -48,6 +49,7 @@ class EngineConfig:
     # C++ build takes minutes); naming a granularity compiles on CPU too.
     compile_granularity: str | None = None  # regional (each block) | full (the whole forward)
     compile_dynamic: bool = True  # dynamic shapes: one graph for every request shape, no recompile storm
+    compile_backend: str = "inductor"  # aot_eager / eager: Dynamo capture only (graph breaks, recompiles)
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
     cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
@@ -188,7 +190,7 @@ class EngineConfig:
     def _validate_lora(self) -> None:
         from h3serve.adapters.fasth3 import read_fasth3
         from h3serve.adapters.header import AdapterError
-        from h3serve.adapters.serving import catalog_for, lora_enabled, lora_refusal
+        from h3serve.adapters.serving import catalog_for, lora_enabled
 
         if self.dit_adapter is not None:
             if "transformer" not in self.dits:
@@ -199,9 +201,6 @@ class EngineConfig:
                 raise ConfigError(f"--dit-adapter {self.dit_adapter}: {e}") from None
         if not lora_enabled(self):
             return
-        refusal = lora_refusal(self)
-        if refusal:
-            raise ConfigError(f"--lora-path/--lora-dir: LoRA is not available with {refusal}")
         if self.max_cpu_loras < 1 or self.max_loras < 1:
             raise ConfigError("--max-cpu-loras and --max-loras must be >= 1")
         if self.max_lora_rank is not None and self.max_lora_rank < 1:
@@ -240,6 +239,10 @@ class EngineConfig:
         if self.compile_granularity not in (None, "regional", "full"):
             raise ConfigError(
                 f"--diffusion-compile-granularity {self.compile_granularity}: choose from: regional, full"
+            )
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise ConfigError(
+                f"--diffusion-compile-backend {self.compile_backend}: choose from: {', '.join(COMPILE_BACKENDS)}"
             )
         if self.compile_mode() == "full" and (self.ulysses_degree * self.ring_degree > 1 or self.offload.enabled):
             raise ConfigError(

@@ -44,22 +44,6 @@ def lora_enabled(config: EngineConfig) -> bool:
     return bool(config.lora_paths) or config.lora_dir is not None
 
 
-def lora_refusal(config: EngineConfig) -> str | None:
-    """Why this engine configuration cannot serve per-request LoRA (None when it can)."""
-    on_host = (config.offload.staged_components() | config.offload.streamed_components()) & set(DITS)
-    if on_host:
-        return (
-            "DiT offload (--enable-cpu-offload / --enable-layerwise-offload / DLO): the adapter factors would have "
-            "to move with the DiT's weights, which h3serve does not do yet; serve LoRA with the DiT resident"
-        )
-    if getattr(config, "quantization", None) is not None and config.tensor_parallel_size > 1:
-        return (
-            "--quantization under tensor parallelism: an FP8 row-parallel layer all-reduces inside itself, where "
-            "the adapter's partial products must join its sum; use one of them"
-        )
-    return None
-
-
 def catalog_for(config: EngineConfig, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
     """The engine's adapter catalog (None without --lora-path/--lora-dir); `AdapterError` on a bad adapter."""
     if not lora_enabled(config):

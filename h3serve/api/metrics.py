@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from h3serve.engine.job_types import ReplicaStatus
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.records import JOB_STATUSES, Job
 
@@ -58,6 +59,29 @@ class _LiveState(Collector):
             busy.add_metric([str(r.index)], int(r.busy))
             served.add_metric([str(r.index)], r.jobs_served)
         yield from (up, busy, served)
+        yield from _engine_counters(replicas)
+
+
+def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
+    """Each replica's engine totals as of its last finished job (`LocalEngine.counters`, the executor's loads):
+    a dashboard, or a test, sees that switching LoRA adapters reloads and recompiles nothing."""
+    loads = CounterMetricFamily("h3serve_engine_loads", "Times a replica's rank processes loaded the model "
+                                "(start-up and every restart), as of its last finished job.", labels=["replica"])
+    adapters = CounterMetricFamily(
+        "h3serve_lora_adapter_loads", "LoRA adapters loaded by a replica: files read into host memory "
+        "(memory=host), factors placed for the device (memory=device: a device-cache fill, or an offloaded DiT's "
+        "blocks rewritten); switching between cached adapters loads nothing.", labels=["replica", "memory"])
+    graphs = CounterMetricFamily("h3serve_compiled_graphs", "torch.compile graphs a replica's rank 0 built "
+                                 "(each recompilation adds one; 0 when the DiT runs eagerly).", labels=["replica"])
+    for r in replicas:
+        if not r.counters:  # no finished job yet
+            continue
+        replica = str(r.index)
+        loads.add_metric([replica], r.counters.get("engine_loads", 0))
+        for memory in ("host", "device"):
+            adapters.add_metric([replica, memory], r.counters.get(f"lora_{memory}_loads", 0))
+        graphs.add_metric([replica], r.counters.get("compiled_graphs", 0))
+    yield from (loads, adapters, graphs)
 
 
 class Metrics:

@@ -100,6 +100,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="regional (each DiT block; the default on GPU) | full; naming one also compiles on CPU",
     )
     r.add_argument(
+        "--diffusion-compile-backend",
+        default="inductor",
+        help="inductor (the default) | aot_eager | eager: Dynamo capture only, no speed-up (to see graph breaks "
+        "and recompiles cheaply)",
+    )
+    r.add_argument(
         "--diffusion-compile-dynamic",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -418,6 +424,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         enforce_eager=args.enforce_eager,
         compile_granularity=args.diffusion_compile_granularity,
         compile_dynamic=args.diffusion_compile_dynamic is not False,
+        compile_backend=args.diffusion_compile_backend,
         attention_backend=attention[0],
         attention_per_role=attention[1],
         cache_backend=args.cache_backend,

@@ -116,6 +116,7 @@ class Executor:
         self.defaults: ModelDefaults = ModelDefaults()
         self.tasks: tuple[str, ...] = ()  # what the loaded DiTs serve (sent by rank 0 when ready)
         self.restarts = 0
+        self.loads = 0  # times the ranks loaded the model (start-up and every restart)
         # A cancelled job (DELETE, shutdown, timeout) must stop within this; a step that takes longer (a runaway
         # request) is interrupted by restarting the ranks, so the engine is free for the next job.
         self.cancel_grace_s = 30.0
@@ -160,6 +161,7 @@ class Executor:
                 raise
             if isinstance(event, Ready):
                 self.defaults, self.tasks = event.defaults, event.tasks
+                self.loads += 1
                 if self._spool is None:
                     remove_stale_spools()
                     self._spool = Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-"))
@@ -256,11 +258,8 @@ class Executor:
                         continue  # a late message about an earlier job
                     if isinstance(event, Progress) and on_progress is not None:
                         on_progress(event.done, event.total)
-                    elif isinstance(event, Done) and event.files is not None:
-                        return GenerationOutput(None, None, event.stage_durations, event.peak_memory_mb,
-                                                files=dict(event.files), streamed_frames=event.frames)
                     elif isinstance(event, Done):
-                        return self._read_result(job.spool, event.stage_durations, event.peak_memory_mb)
+                        return self._output(job.spool, event)
                     elif isinstance(event, JobCancelled):
                         if deadline is not None and time.monotonic() >= deadline:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
@@ -352,12 +351,14 @@ class Executor:
             what = "starting the engine" if starting else "the request was running"
             raise EngineError(f"rank {rank} exited with code {p.exitcode} while {what}")
 
-    @staticmethod
-    def _read_result(spool: str, stage_durations: dict, peak_memory_mb: float) -> GenerationOutput:
+    def _output(self, spool: str, done: Done) -> GenerationOutput:
+        """The job's output: the files rank 0 streamed, or the arrays it spooled; with the engine's counters."""
         from h3serve.media.raw import read_raw
 
+        counters = {**(done.counters or {}), "engine_loads": self.loads}
+        if done.files is not None:
+            return GenerationOutput(None, None, done.stage_durations, done.peak_memory_mb, files=dict(done.files),
+                                    streamed_frames=done.frames, counters=counters)
         video, audio, _, _ = read_raw(spool)  # the file rank 0 wrote with write_raw
         os.unlink(spool)
-        return GenerationOutput(
-            video=video, audio=audio, stage_durations=stage_durations, peak_memory_mb=peak_memory_mb
-        )
+        return GenerationOutput(video, audio, done.stage_durations, done.peak_memory_mb, counters=counters)

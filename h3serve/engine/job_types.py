@@ -6,7 +6,7 @@ Kept apart from `h3serve.engine.jobs` so that the HTTP layer can name the errors
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from h3serve.engine.output import GenerationOutput
@@ -57,6 +57,7 @@ class ReplicaStatus:
     job_id: str | None
     jobs_served: int
     problem: str | None  # why it cannot serve; None: it can
+    counters: dict[str, int] = field(default_factory=dict)  # the engine's totals as of its last output (/metrics)
 
 
 JobListener = Callable[[Job], None]

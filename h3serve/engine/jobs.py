@@ -117,6 +117,7 @@ class JobManager:
         self._finishing: dict[int, _Active] = {}  # replica -> its job whose output is being written
         self._finishers: dict[int, threading.Thread] = {}  # replica -> the thread writing it
         self._served = [0] * len(self.executors)
+        self._counters: list[dict[str, int]] = [{} for _ in self.executors]  # as of each replica's last output
         self._done: dict[str, threading.Event] = {}
         self._listeners: list[JobListener] = []
         self._start_listeners: list[StartListener] = []
@@ -227,7 +228,8 @@ class JobManager:
             if stalled_s > self.stall_timeout_s:
                 limit = self.stall_timeout_s
                 problem = f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
-        return ReplicaStatus(i, active is not None, active.job_id if active else None, self._served[i], problem)
+        job_id = active.job_id if active else None
+        return ReplicaStatus(i, active is not None, job_id, self._served[i], problem, dict(self._counters[i]))
 
     def add_listener(self, listener: JobListener) -> None:
         """`listener(job)` is called from a runner thread whenever a job completes or fails."""
@@ -441,6 +443,7 @@ class JobManager:
 
         output = executor.generate(plan, on_progress=on_progress, on_start=on_start, timeout_s=self.job_timeout_s,
                                    encoder=self.encoder_options)
+        self._counters[active.replica] = dict(output.counters)
         return None if active.dropped else output
 
     def _write_and_finish(self, active: _Active, output: GenerationOutput) -> None:

@@ -56,6 +56,7 @@ class Done:
     peak_memory_mb: float
     files: dict[str, str] | None = None  # streamed: download variant -> path (the MP4 and its previews)
     frames: int = 0  # streamed: frames in the MP4
+    counters: dict[str, int] | None = None  # rank 0's running totals (LocalEngine.counters)
 
 
 @dataclass(frozen=True)

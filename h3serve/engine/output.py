@@ -18,6 +18,8 @@ class GenerationOutput:
     peak_memory_mb: float = 0.0
     files: dict[str, str] = field(default_factory=dict)  # streamed: variant -> path of the file written
     streamed_frames: int = 0  # streamed: frames in the MP4
+    # The engine's running totals (LocalEngine.counters), and from the executor "engine_loads": model loads.
+    counters: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_frames(self) -> int:

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline_types import H3Components
+from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.host_heap import release_free_heap
 from h3serve.offload.plan import ADALN, BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
@@ -85,9 +86,11 @@ def adaln_modules(dit: nn.Module) -> list[nn.Module]:
     return [*(b.adaln_proj for b in dit.get_submodule(RESIDENT_GROUP)), dit.norm_out.linear]
 
 
-def tensor_bytes(module: nn.Module) -> int:
-    """Bytes of the module's parameters and buffers on a real device (meta skeleton tensors excluded)."""
-    seen, total = set(), 0
+def tensor_bytes(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> int:
+    """Bytes of the module's parameters and buffers on a real device (meta skeleton tensors and the `skip`
+    modules' excluded)."""
+    seen = {id(t) for m in skip for t in [*m.parameters(), *m.buffers()]}
+    total = 0
     for t in [*module.parameters(), *module.buffers()]:
         if not t.is_meta and id(t) not in seen:
             seen.add(id(t))
@@ -133,6 +136,7 @@ class OffloadRuntime:
         device: torch.device,
         gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
         adaln_host: bool = False,  # AdaLN projections in host memory (`OffloadConfig.adaln_on_host`)
+        keep: tuple[nn.Module, ...] = (),  # modules no unit takes: they stay where they are (the LoRA scales)
     ):
         self.config, self.device = config, device
         self.task: str | None = None  # set by `request`
@@ -146,12 +150,13 @@ class OffloadRuntime:
         self.host_bytes: dict[str, int] = {}
         self.slots: dict[str, SlotPair] = {}  # per streamed component on CUDA: its two device slots
         self.adaln_units: dict[nn.Module, HostUnit] = {}  # AdaLN projections kept in host memory
+        self.rests: list[HostUnit] = []  # streamed components' non-block tensors (loaded for good)
         if adaln_host:  # first: the other units of a DiT skip these modules
             for name in ("transformer", "transformer_ref"):
                 for m in adaln_modules(modules[name]) if name in modules else ():
                     self.adaln_units[m] = HostUnit(m, ADALN, "stream", device, self.log.account)
             self.host_bytes[ADALN] = sum(u.host_bytes for u in self.adaln_units.values())
-        self.skip = tuple(self.adaln_units)
+        self.skip = tuple(self.adaln_units) + keep
         for name, module in modules.items():
             if name in staged:
                 self.staged[name] = HostUnit(module, name, "resident", device, self.log.account, skip=self.skip)
@@ -159,8 +164,31 @@ class OffloadRuntime:
             elif name in streamed:
                 self._stream(name, module, gather_group)
             else:  # loaded onto the device already
-                self.log.account(name, "resident", tensor_bytes(module))
+                self.log.account(name, "resident", tensor_bytes(module, keep))
         self.host_bytes = {name: n for name, n in self.host_bytes.items() if n}  # a weightless skeleton keeps none
+        self.owners: dict[tuple[int, str], tuple[HostUnit, int]] = {}  # (id(module), tensor name) -> its unit
+        for unit in self.units():
+            for index, (module, tensor) in enumerate(unit.entries()):
+                self.owners[(id(module), tensor)] = (unit, index)
+
+    def units(self) -> list[HostUnit]:
+        """Every weight unit this runtime moves."""
+        streamed = [u for streams in self.streams.values() for stream in streams for u in stream.units]
+        return [*self.adaln_units.values(), *self.staged.values(), *self.prefix, *streamed, *self.rests]
+
+    def owns(self, module: nn.Module, name: str) -> bool:
+        """Whether a unit holds `module`'s tensor `name` (its master copy lives in host memory)."""
+        return (id(module), name) in self.owners
+
+    def write(self, items: list[tuple[nn.Module, str, torch.Tensor]]) -> None:
+        """Overwrite the host masters of unit-held tensors (e.g. an offloaded DiT's LoRA factors) between
+        requests; the loads that follow carry the new values. Waits for the device first: no copy still reads a
+        master being rewritten."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for module, name, value in items:
+            unit, index = self.owners[(id(module), name)]
+            unit.write(index, value)
 
     def _stream(self, name: str, module: nn.Module, gather_group: ProcessGroup | None) -> None:
         groups = streamed_blocks(name, module)
@@ -169,6 +197,7 @@ class OffloadRuntime:
         every_block = tuple(b for blocks in groups.values() for b in blocks)
         rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block + self.skip)
         rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
+        self.rests.append(rest)
         gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
         units_of_component: list[HostUnit] = []
         streamed_units: list[HostUnit] = []
@@ -268,11 +297,13 @@ def placement_mismatches(log: PlacementLog, plan: RankPlan, stages: tuple[str, .
 
     Per stage and component: the resident bytes must equal the plan's `weights` exactly; the bytes that streamed
     through may not exceed its `stream_buffers` (two slots of the largest block: a stage may never fill both, e.g.
-    a text-only prompt never runs the vision tower)."""
+    a text-only prompt never runs the vision tower). The LoRA device cache is allocated by the LoRA runtime, not
+    placed here: it is not compared."""
     problems = []
     for stage in stages:
         planned = plan.stage(stage)
         seen = {c for c, _ in log.peaks.get(stage, {})} | set(planned.weights) | set(planned.stream_buffers)
+        seen.discard(ADAPTERS)
         for component in sorted(seen):
             resident = log.peak(stage, component, "resident")
             if resident != planned.weights.get(component, 0):

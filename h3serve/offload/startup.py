@@ -9,7 +9,7 @@ from h3serve import geometry, limits
 from h3serve.checkpoint_layout import read_layout
 from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.adapters import lora_bytes, with_adapter_bytes
+from h3serve.offload.adapters import lora_bytes, with_adapter_bytes, with_lora_blocks
 from h3serve.offload.config import AUTO, OffloadConfig
 from h3serve.offload.inventory import Inventory, build_inventory
 from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
@@ -68,19 +68,26 @@ def plan_for_engine(
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     memo = config.adaln_memo_bytes is not None
+    slot_rank, offloaded = lora_slot_rank(config), offloaded_dits(config)
+    inv = with_lora_blocks(inv, slot_rank)  # each block's LoRA factors: placed, staged and streamed with it
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, memo)
-    return with_adapter_bytes(plan, *adapter_bytes(config, inv))
+    device, host = lora_bytes(inv.dits, slot_rank, inv.degrees.tensor_parallel, inv.element_size,
+                              config.max_loras, config.max_cpu_loras, offloaded)
+    return with_adapter_bytes(plan, device, host)
 
 
-def adapter_bytes(config: EngineConfig, inv: Inventory) -> tuple[int, int]:
-    """(device, host) bytes per rank of the engine's LoRA slots and caches (0, 0 without LoRA)."""
+def lora_slot_rank(config: EngineConfig) -> int:
+    """The engine's LoRA slot rank (0 without LoRA)."""
     from h3serve.adapters.serving import catalog_for
 
     catalog = catalog_for(config, log=lambda text: None)
-    if catalog is None:
-        return 0, 0
-    return lora_bytes(inv.dits, catalog.slot_rank, inv.degrees.tensor_parallel, inv.element_size,
-                      config.max_loras, config.max_cpu_loras)
+    return 0 if catalog is None else catalog.slot_rank
+
+
+def offloaded_dits(config: EngineConfig) -> frozenset[str]:
+    """The DiTs whose weights live in host memory (staged or streamed): their LoRA factors live in their blocks."""
+    offload = config.offload
+    return (offload.staged_components() | offload.streamed_components()) & frozenset(TASK_DIT.values())
 
 
 def device_memory_of(config: EngineConfig, device) -> int | None:

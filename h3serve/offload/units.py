@@ -92,6 +92,15 @@ class HostUnit:
         self._slot_offsets, self.slot_bytes = slot_layout([h for _, h in self._slots])
         self._release_tensors()
 
+    def entries(self) -> list[tuple[nn.Module, str]]:
+        """(module, tensor name) of every tensor of the unit, in slot order (`write` takes the index)."""
+        return [(slot.module, slot.name) for slot, _ in self._slots]
+
+    def write(self, index: int, value: torch.Tensor) -> None:
+        """Overwrite the host master of tensor `index` (shape and dtype kept): the next load carries it; on a CPU
+        device, where the master is used in place, a loaded module sees it at once."""
+        self._slots[index][1].copy_(value)
+
     def _release_tensors(self) -> None:
         for slot, host in self._slots:
             slot.assign(torch.empty(0, dtype=host.dtype, device=self.device))
@@ -203,6 +212,16 @@ class GatheredUnit(HostUnit):
         self.host_bytes = sum(p.numel() * p.element_size() for p in self._flats.values())
 
     collective = True  # its load is a collective: issued on the compute stream, never on a side stream
+
+    def write(self, index: int, value: torch.Tensor) -> None:
+        """Overwrite tensor `index`: this rank keeps only the part of it that falls in its piece of the flat
+        buffer (every rank of the group writes the same value, so the gathered block holds all of it)."""
+        slot = self._slots[index][0]
+        flat = self._flats[slot.dtype]
+        lo, start = self.rank * flat.numel(), self._offsets[index]
+        first, last = max(start, lo), min(start + slot.shape.numel(), lo + flat.numel())
+        if first < last:
+            flat[first - lo : last - lo] = value.reshape(-1)[first - start : last - start].to(slot.dtype)
 
     def load(self, stream: torch.cuda.Stream | None = None) -> None:
         """Rebuild the block with one all-gather per dtype, into one tensor (a list of chunks would make NCCL

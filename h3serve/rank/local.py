@@ -68,20 +68,23 @@ class LocalEngine:
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
                 attention.install(dit, roles)
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora).
-        self.lora = lora_runtime(config, components, self.parallel.dit_tp if self.parallel else None)
+        self.lora = lora_runtime(config, components, self.parallel.dit_tp if self.parallel else None, self.device)
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
         adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
-        self.offload = OffloadRuntime(components, offload, self.device, gather_group, adaln_host)
+        keep = self.lora.scales() if self.lora is not None else ()
+        self.offload = OffloadRuntime(components, offload, self.device, gather_group, adaln_host, keep)
+        if self.lora is not None:  # an offloaded DiT's factors are tensors of its blocks: they stream with them
+            self.lora.attach_offload(self.offload)
         # After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside.
         mode = config.compile_mode()
         if mode is not None:
             state = CompileState(log=lambda text: print(text, file=sys.stderr) if rank == 0 else None)
             for dit in (components.transformer, components.transformer_ref):
                 if dit is not None:
-                    compile_transformer(dit, mode, config.compile_dynamic, state)
+                    compile_transformer(dit, mode, config.compile_dynamic, state, backend=config.compile_backend)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes)
@@ -141,4 +144,12 @@ class LocalEngine:
             stage_durations=result.stage_durations,
             peak_memory_mb=memory.mb,
             streamed_frames=result.num_frames if result.video is None else 0,
+            counters=self.counters(),
         )
+
+    def counters(self) -> dict[str, int]:
+        """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
+        cached adapters adds none), and the torch.compile graphs built in this process (a recompile adds one)."""
+        loads = self.lora.loads if self.lora is not None else {"host": 0, "device": 0}
+        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}

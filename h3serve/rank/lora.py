@@ -1,14 +1,20 @@
 """Per-request LoRA on the DiT, applied unmerged: y = W·x + s·B(A·x), switchable without a reload.
 
 `install_lora` wraps each declared target layer (attention q/k/v/out and both feed-forward projections of every
-transformer and token-refiner block) in a `LoraLinear` whose factors and scale are buffers: switching adapter
-re-points the buffers at another adapter's device tensors of the same shape and fills the scale in place, so a
-compiled block sees new graph inputs, never a new graph. Every adapter is zero-padded to the slot rank on the
-device (exact: the padding adds zero products). A fused Q/K/V projection holds one group of factors per part.
+transformer and token-refiner block) in a `LoraLinear` whose factors are buffers and whose scale is one 0-dim
+buffer shared by the DiT's layers (`LoraScale`, filled in place), so a compiled block sees new graph inputs,
+never a new graph. Every adapter is zero-padded to the slot rank (exact: the padding adds zero products), in the
+compute dtype (an FP8 base layer keeps its factors in the dtype it computes in). A fused Q/K/V projection holds
+one group of factors per part.
+
+Resident DiT: switching adapter re-points the buffers at another adapter's device tensors of the same shape (a
+bounded device cache). Offloaded DiT (CPU offload, layerwise offload, DLO): the factors are tensors of their
+block like its weights, so they stream with it; switching adapter writes the new factors into the blocks' host
+masters (`OffloadRuntime.write`), and the scale stays on the device (the offload units skip `LoraScale`).
 
 Under tensor parallelism the factors are cut the way their layer's weight is: B's rows for a column-parallel
 layer (A whole), A's columns for a row-parallel one (B whole, the partial products summed with the base's in
-its one all-reduce). Weights that offload moves between host and device are not supported (refused by config).
+its one all-reduce; FP8 row-parallel layers too).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import dataclasses
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from h3serve.accel.fp8 import Fp8Linear, Fp8RowParallelLinear
 from h3serve.adapters.catalog import AdapterChoice, lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.model.transformer import H3Transformer
@@ -30,24 +38,44 @@ from h3serve.parallel.comm import all_reduce_wide
 from h3serve.parallel.tensor_parallel import RowParallelLinear, TensorParallel
 
 
+class LoraScale(nn.Module):
+    """The 0-dim float32 scale (request scale × alpha / rank) every LoRA layer of one DiT multiplies by."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.register_buffer("value", torch.zeros((), dtype=torch.float32, device=device), persistent=False)
+
+
+def factor_dtype(base: nn.Module) -> torch.dtype:
+    """The dtype a layer's factors are kept in: the dtype it computes in (an FP8 layer's compute dtype)."""
+    return base.compute_dtype if isinstance(base, Fp8Linear) else base.weight.dtype
+
+
 class LoraLinear(nn.Module):
-    """A target layer plus low-rank factors: `lora_a` [g·R, in], `lora_b` [g, out/g, R], `lora_scale` (0-dim).
+    """A target layer plus low-rank factors: `lora_a` [g·R, in], `lora_b` [g, out/g, R], and the DiT's `scale`.
 
     `g` groups split the output into equal parts with their own factors (3 for a fused [q | k | v] projection).
     """
 
-    def __init__(self, base: nn.Linear, groups: int, slot_rank: int, scale: torch.Tensor):
+    def __init__(self, base: nn.Module, groups: int, slot_rank: int, scale: LoraScale):
         super().__init__()
         self.base = base
         self.groups = groups
         w = base.weight
-        self.register_buffer("lora_a", w.new_zeros((groups * slot_rank, w.shape[1])), persistent=False)
-        self.register_buffer("lora_b", w.new_zeros((groups, w.shape[0] // groups, slot_rank)), persistent=False)
-        self.register_buffer("lora_scale", scale, persistent=False)
+        dtype = factor_dtype(base)
+        self.register_buffer("lora_a", w.new_zeros((groups * slot_rank, w.shape[1]), dtype=dtype), persistent=False)
+        self.register_buffer(
+            "lora_b", w.new_zeros((groups, w.shape[0] // groups, slot_rank), dtype=dtype), persistent=False
+        )
+        self.scale = scale  # shared by the DiT's wrappers (a submodule of each: offload units skip it)
 
     @property
     def weight(self) -> torch.Tensor:
         return self.base.weight
+
+    @property
+    def lora_scale(self) -> torch.Tensor:
+        return self.scale.value
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         h = F.linear(x, self.lora_a)
@@ -55,14 +83,18 @@ class LoraLinear(nn.Module):
             d = F.linear(h, self.lora_b[0])
         else:
             d = torch.einsum("...gr,gor->...go", h.unflatten(-1, (self.groups, -1)), self.lora_b).flatten(-2)
-        return d * self.lora_scale
+        return d * self.scale.value
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
-        if isinstance(base, RowParallelLinear):  # the partial low-rank products ride on the base's all-reduce
-            y = all_reduce_wide(F.linear(x, base.weight) + self.delta(x), base.group)  # bf16 partials summed in fp32
-            return y if base.bias is None else y + base.bias
-        return base(x) + self.delta(x)
+        # Row-parallel: the partial low-rank products ride on the base's all-reduce (bf16 partials summed in fp32).
+        if isinstance(base, RowParallelLinear):
+            y = all_reduce_wide(F.linear(x, base.weight) + self.delta(x), base.group)
+        elif isinstance(base, Fp8RowParallelLinear):
+            y = all_reduce_wide(base.gemm(x, None) + self.delta(x.to(base.compute_dtype)), base.group)
+        else:
+            return base(x) + self.delta(x)
+        return y if base.bias is None else y + base.bias
 
 
 def wrapped_targets(dit: H3Transformer) -> list[tuple[str, tuple[str, ...]]]:
@@ -80,9 +112,9 @@ def wrapped_targets(dit: H3Transformer) -> list[tuple[str, tuple[str, ...]]]:
     return layers
 
 
-def install_lora(dit: H3Transformer, slot_rank: int, scale: torch.Tensor) -> list[LoraLinear]:
+def install_lora(dit: H3Transformer, slot_rank: int, scale: LoraScale) -> list[LoraLinear]:
     """Wrap every target layer of `dit` (after Q/K/V fusion, before compile); returns them in `wrapped_targets`
-    order. The factors start at zero, `scale` is the shared 0-dim scale buffer."""
+    order. The factors start at zero; `scale` is shared by them all."""
     wrappers = []
     for path, parts in wrapped_targets(dit):
         base = dit.get_submodule(path)
@@ -125,27 +157,65 @@ def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) 
     return HostFactors(info.rank, info.unit_scale, factors)
 
 
+@dataclass(frozen=True)
+class FactorSpec:
+    """One wrapper's factor buffers as installed (offload may release them; their shape stays this)."""
+
+    a: torch.Size
+    b: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, wrapper: LoraLinear) -> FactorSpec:
+        return cls(wrapper.lora_a.shape, wrapper.lora_b.shape, wrapper.lora_a.dtype, wrapper.lora_a.device)
+
+
 def device_factors(
-    host: HostFactors,
+    host: HostFactors | None,
     layers: list[tuple[str, tuple[str, ...]]],
-    wrappers: list[LoraLinear],
+    specs: list[FactorSpec],
+    device: torch.device | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per wrapper, (lora_a, lora_b) shaped like its buffers: the adapter's factors zero-padded to the slot rank,
-    in the wrapper's dtype and on its device; a target the adapter lacks stays zero."""
+    """Per wrapper, (lora_a, lora_b) as its spec says (on `device` when given): the adapter's factors zero-padded
+    to the slot rank; a target the adapter lacks, or every target when `host` is None, stays zero."""
     out = []
-    for (_, parts), wrapper in zip(layers, wrappers, strict=True):
-        a = torch.zeros_like(wrapper.lora_a)
-        b = torch.zeros_like(wrapper.lora_b)
+    for (_, parts), spec in zip(layers, specs, strict=True):
+        where = spec.device if device is None else device
+        a = torch.zeros(spec.a, dtype=spec.dtype, device=where)
+        b = torch.zeros(spec.b, dtype=spec.dtype, device=where)
         slot = b.shape[-1]
-        if host.rank > slot:
+        if host is not None and host.rank > slot:
             raise ValueError(f"adapter rank {host.rank} exceeds the LoRA slot rank {slot} (--max-lora-rank)")
-        for g, target in enumerate(parts):
+        for g, target in enumerate(parts if host is not None else ()):
             if target in host.factors:
                 fa, fb = host.factors[target]
                 a[g * slot : g * slot + host.rank] = fa.to(a.dtype)
                 b[g, :, : host.rank] = fb.to(b.dtype)
         out.append((a, b))
     return out
+
+
+class FactorWriter(Protocol):
+    """Where the factors of an offloaded DiT live: the host masters of its weight units (`OffloadRuntime`)."""
+
+    def owns(self, module: nn.Module, name: str) -> bool: ...
+    def write(self, items: list[tuple[nn.Module, str, torch.Tensor]]) -> None: ...
+
+
+@dataclass
+class ServedDit:
+    """One DiT's LoRA layers. `offloaded`: its factors are tensors of its offload units (they move with their
+    block); `written`: the adapter whose factors those units hold (None: zeros)."""
+
+    dit: H3Transformer
+    layers: list[tuple[str, tuple[str, ...]]]
+    wrappers: list[LoraLinear]
+    specs: list[FactorSpec]
+    scale: LoraScale
+    null: list[tuple[torch.Tensor, torch.Tensor]]  # the installed zero factors (a resident DiT's "no adapter")
+    offloaded: bool = False
+    written: str | None = None
 
 
 class LRU:
@@ -169,7 +239,11 @@ class LRU:
 
 
 class LoraRuntime:
-    """The LoRA wrappers of the loaded DiTs and the adapters cached in host memory and on the device."""
+    """The LoRA wrappers of the loaded DiTs and the adapters cached in host memory and on the device.
+
+    `loads` counts adapter loads since start-up: "host" (a file read into host memory) and "device" (factors
+    placed for the device: a device-cache fill, or an offloaded DiT's units rewritten); switching between cached
+    adapters loads nothing."""
 
     def __init__(
         self,
@@ -178,38 +252,78 @@ class LoraRuntime:
         max_cpu_loras: int = 4,
         max_loras: int = 2,
         tp: TensorParallel | None = None,
+        device: torch.device | None = None,  # of the scale (default: the DiT's); an offloaded DiT's is the engine's
     ):
         self.tp = tp
         self.host = LRU(max_cpu_loras)
         self.device = LRU(max_loras)
         self.slot_rank = slot_rank
-        self.dits: dict[str, tuple[H3Transformer, list, list[LoraLinear], torch.Tensor, list]] = {}
+        self.loads = {"host": 0, "device": 0}
+        self.writer: FactorWriter | None = None
+        self.dits: dict[str, ServedDit] = {}
         for name, dit in dits.items():
-            scale = torch.zeros((), dtype=torch.float32, device=next(dit.parameters()).device)
+            scale = LoraScale(device or next(dit.parameters()).device)
             layers = wrapped_targets(dit)
             wrappers = install_lora(dit, slot_rank, scale)
             null = [(w.lora_a, w.lora_b) for w in wrappers]
-            self.dits[name] = (dit, layers, wrappers, scale, null)
+            self.dits[name] = ServedDit(dit, layers, wrappers, [FactorSpec.of(w) for w in wrappers], scale, null)
         self.active: dict[str, str | None] = dict.fromkeys(dits)
+
+    def scales(self) -> tuple[nn.Module, ...]:
+        """The scale modules: they stay on the device whatever the offload placement."""
+        return tuple(served.scale for served in self.dits.values())
+
+    def attach_offload(self, writer: FactorWriter) -> None:
+        """After the offload runtime placed the DiTs: a DiT whose factors its units own is served by rewriting them."""
+        self.writer = writer
+        for name, served in self.dits.items():
+            owned = {writer.owns(w, buffer) for w in served.wrappers for buffer in ("lora_a", "lora_b")}
+            if len(owned) > 1:
+                raise RuntimeError(f"{name}: offload placed some LoRA factors and not others")
+            served.offloaded = owned == {True}
+
+    def _host_factors(self, choice: AdapterChoice, served: ServedDit) -> HostFactors:
+        def read() -> HostFactors:
+            self.loads["host"] += 1
+            return read_factors(choice.path, dataclasses.asdict(served.dit.config), self.tp)
+
+        return self.host.get_or_make(choice.path, read)
 
     def activate(self, dit_name: str, choice: AdapterChoice | None) -> None:
         """Point `dit_name`'s wrappers at `choice`'s factors with its scale (None: zero factors, scale 0)."""
-        dit, layers, wrappers, scale, null = self.dits[dit_name]
-        if choice is None:
-            tensors, value = null, 0.0
+        served = self.dits[dit_name]
+        host = None if choice is None else self._host_factors(choice, served)
+        if served.offloaded:
+            self._write(served, choice, host)
         else:
-            cfg = dataclasses.asdict(dit.config)
-            host: HostFactors = self.host.get_or_make(
-                choice.path, lambda: read_factors(choice.path, cfg, self.tp)
-            )
-            tensors = self.device.get_or_make(
-                (dit_name, choice.path), lambda: device_factors(host, layers, wrappers)
-            )
-            value = choice.scale * host.unit_scale
-        for wrapper, (a, b) in zip(wrappers, tensors, strict=True):
-            wrapper.lora_a, wrapper.lora_b = a, b
-        scale.fill_(value)
+            tensors = served.null
+            if host is not None:
+                tensors = self.device.get_or_make((dit_name, choice.path), lambda: self._upload(served, host))
+            for wrapper, (a, b) in zip(served.wrappers, tensors, strict=True):
+                wrapper.lora_a, wrapper.lora_b = a, b
+        served.scale.value.fill_(0.0 if host is None else choice.scale * host.unit_scale)
         self.active[dit_name] = None if choice is None else choice.name
+
+    def _upload(self, served: ServedDit, host: HostFactors) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        self.loads["device"] += 1
+        return device_factors(host, served.layers, served.specs)
+
+    def _write(self, served: ServedDit, choice: AdapterChoice | None, host: HostFactors | None) -> None:
+        """An offloaded DiT: its units' host masters get the adapter's factors (zeros for none), once per change."""
+        key = None if choice is None else choice.path
+        if served.written == key:
+            return
+        assert self.writer is not None
+        tensors = device_factors(host, served.layers, served.specs, torch.device("cpu"))
+        items = [
+            (w, name, t)
+            for w, pair in zip(served.wrappers, tensors, strict=True)
+            for name, t in zip(("lora_a", "lora_b"), pair, strict=True)
+        ]
+        self.writer.write(items)
+        served.written = key
+        if host is not None:
+            self.loads["device"] += 1
 
     def host_bytes(self) -> int:
         return sum(h.nbytes for h in self.host.items.values())
@@ -232,7 +346,9 @@ class EngineLora(LoraRuntime):
             self.activate(name, plan.lora if name == used else None)
 
 
-def lora_runtime(config, components, tp: TensorParallel | None) -> EngineLora | None:
+def lora_runtime(
+    config, components, tp: TensorParallel | None, device: torch.device | None = None
+) -> EngineLora | None:
     """Wrap the loaded DiTs' target layers when the engine serves LoRA (--lora-path / --lora-dir), else None."""
     from h3serve.adapters.serving import catalog_for
 
@@ -240,4 +356,4 @@ def lora_runtime(config, components, tp: TensorParallel | None) -> EngineLora | 
     if catalog is None:
         return None
     dits = {name: dit for name in ("transformer", "transformer_ref") if (dit := getattr(components, name)) is not None}
-    return EngineLora(dits, catalog.slot_rank, config.max_cpu_loras, config.max_loras, tp)
+    return EngineLora(dits, catalog.slot_rank, config.max_cpu_loras, config.max_loras, tp, device)

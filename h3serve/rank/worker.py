@@ -160,10 +160,11 @@ def worker_main(
             events.put(_failed(job.seq, e, None))
             continue
         if rank == 0 and isinstance(sink, Mp4Sink):
-            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, sink.files(), output.num_frames))
+            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, sink.files(), output.num_frames,
+                            output.counters))
         elif rank == 0:
             write_raw(job.spool, output.video, output.audio)
-            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb))
+            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters))
 
     if world > 1:
         dist.destroy_process_group()

@@ -16,6 +16,8 @@ EXPECTED = {
     ("h3serve_queue_depth", ()), ("h3serve_jobs", ("state",)), ("h3serve_engine_up", ()),
     ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
     ("h3serve_replica_jobs_served_total", ("replica",)), ("h3serve_request_timeouts_total", ("phase",)),
+    ("h3serve_engine_loads_total", ("replica",)), ("h3serve_lora_adapter_loads_total", ("memory", "replica")),
+    ("h3serve_compiled_graphs_total", ("replica",)),
     *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
     *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
 }
@@ -26,8 +28,10 @@ def _scrape() -> str:
     metrics.on_job_started(0, 0.3)
     metrics.on_job_finished(SimpleNamespace(stage_durations={"denoise": 1.5}, inference_time_s=2.0, status="completed"))
     metrics.count_request_timeout("body")
-    replica = SimpleNamespace(index=0, problem=None, busy=True, jobs_served=3)
-    manager = SimpleNamespace(replicas=lambda: [replica], queue_depth=2, healthy=lambda: True)
+    counters = {"engine_loads": 1, "lora_host_loads": 2, "lora_device_loads": 3, "compiled_graphs": 4}
+    replica = SimpleNamespace(index=0, problem=None, busy=True, jobs_served=3, counters=counters)
+    fresh = SimpleNamespace(index=1, problem=None, busy=False, jobs_served=0, counters={})  # no job finished yet
+    manager = SimpleNamespace(replicas=lambda: [replica, fresh], queue_depth=2, healthy=lambda: True)
     return metrics.render(manager, {"queued": 2, "completed": 1})
 
 
@@ -41,6 +45,11 @@ def test_metric_names_and_labels_are_unchanged():
     assert values[("h3serve_request_timeouts_total", (("phase", "body"),))] == 1
     assert values[("h3serve_request_timeouts_total", (("phase", "headers"),))] == 0
     assert values[("h3serve_replica_jobs_served_total", (("replica", "0"),))] == 3
+    assert values[("h3serve_engine_loads_total", (("replica", "0"),))] == 1
+    assert values[("h3serve_lora_adapter_loads_total", (("memory", "host"), ("replica", "0")))] == 2
+    assert values[("h3serve_lora_adapter_loads_total", (("memory", "device"), ("replica", "0")))] == 3
+    assert values[("h3serve_compiled_graphs_total", (("replica", "0"),))] == 4
+    assert ("h3serve_engine_loads_total", (("replica", "1"),)) not in values  # counted from its first job
     buckets = sorted(float(s.labels["le"]) for s in samples if s.name == "h3serve_stage_duration_seconds_bucket")
     assert buckets == [*map(float, LATENCY_BUCKETS), float("inf")]
     assert values[("h3serve_stage_duration_seconds_bucket", (("le", "2.5"), ("stage", "denoise")))] == 1

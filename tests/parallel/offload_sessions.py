@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rank_sessions import plan_for
 
+from h3serve.adapters.catalog import LoraField
+from h3serve.adapters.serving import catalog_for
 from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig
@@ -28,6 +31,8 @@ def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: Offload
     config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
     engine = LocalEngine(config, rank, world)
     plan = plan_for(engine.defaults)
+    if config.lora_paths:  # a layout serving LoRA runs its first adapter
+        plan = replace(plan, lora=catalog_for(config).choose(LoraField(name=config.lora_paths[0][0])))
     out = engine.generate(plan)
     runtime = engine.offload
     # This rank's placement, stage by stage, against the planner's plan for this request.

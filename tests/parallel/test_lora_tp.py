@@ -1,5 +1,6 @@
 """LoRA under DiT tensor parallelism: each rank holds A or B cut like its layer's weight; the TP2 output equals
-the single-process model the test merged with plain torch (W + s·alpha/r·B@A)."""
+the single-process model the test merged with plain torch (W + s·alpha/r·B@A), and on FP8 base weights the TP2
+output equals one-rank FP8 + LoRA (within 1e-5 of the output's range: only the reduction order differs)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rank_harness import run_ranks
 from safetensors.torch import save_file
 from small_dit import SMALL_DIT
 
+from h3serve.accel.fp8 import Fp8RowParallelLinear
+from h3serve.accel.quant_config import ComponentQuant
 from h3serve.adapters.catalog import AdapterChoice
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.tools.tiny_adapter import write_peft_adapter
@@ -39,21 +42,29 @@ def _run(model, inputs):
         return model(video, audio, model.embed_text(text), timestep, row_index, packed)
 
 
+def _adapted(folder: str, adapter: str, tp=None, quant: ComponentQuant | None = None) -> H3Transformer:
+    from h3serve.rank.checkpoint import load_transformer
+    from h3serve.rank.lora import LoraRuntime
+
+    dit = load_transformer(folder, tp=tp, quant=quant)
+    dit.fuse_projections()
+    runtime = LoraRuntime({"transformer": dit}, slot_rank=8, tp=tp)
+    runtime.activate("transformer", AdapterChoice("a", adapter, SCALE, 1, RANK, ALPHA))
+    return dit
+
+
 def _tp_rank(rank: int, world: int, folder: str, adapter: str):
     import torch.distributed as dist
 
     from h3serve.parallel.tensor_parallel import TensorParallel
-    from h3serve.rank.checkpoint import load_transformer
-    from h3serve.rank.lora import LoraRuntime
 
     tp = TensorParallel(rank, world, dist.group.WORLD, H3Transformer.tensor_parallel_plan)
-    dit = load_transformer(folder, tp=tp)
-    dit.fuse_projections()
-    runtime = LoraRuntime({"transformer": dit}, slot_rank=8, tp=tp)
-    runtime.activate("transformer", AdapterChoice("a", adapter, SCALE, 1, RANK, ALPHA))
+    dit = _adapted(folder, adapter, tp)
     lora_a = dit.get_submodule("transformer_blocks.0.attn.to_out.0").lora_a  # row-parallel: A's columns cut
     lora_b = dit.get_submodule("transformer_blocks.0.attn.to_qkv").lora_b  # column-parallel: B's rows cut
-    return _run(dit, _inputs()), tuple(lora_a.shape), tuple(lora_b.shape)
+    fp8 = _adapted(folder, adapter, tp, ComponentQuant())
+    assert isinstance(fp8.get_submodule("transformer_blocks.0.attn.to_out.0").base, Fp8RowParallelLinear)
+    return _run(dit, _inputs()), tuple(lora_a.shape), tuple(lora_b.shape), _run(fp8, _inputs())
 
 
 @pytest.mark.slow
@@ -81,10 +92,15 @@ def test_tp2_lora_equals_the_test_merged_single_process_model(tmp_path):
                 merged.get_submodule(module).weight += SCALE * ALPHA / RANK * (b @ a)
     reference = _run(merged, _inputs())
     plain = _run(base, _inputs())
+    fp8_reference = _run(_adapted(str(folder), str(adapter), quant=ComponentQuant()), _inputs())
     results = run_ranks(2, _tp_rank, str(folder), str(adapter))
     inner = SMALL_DIT["num_attention_heads"] * SMALL_DIT["attention_head_dim"]
-    for outputs, a_shape, b_shape in results:
+    for outputs, a_shape, b_shape, fp8_outputs in results:
         assert a_shape == (8, inner // 2) and b_shape == (3, inner // 2, 8)
         for ours, theirs, without in zip(outputs, reference, plain, strict=True):
             assert (ours - theirs).abs().max() <= 1e-4
             assert (ours - without).abs().max() > 1e-3
+        for ours, theirs, unquantized in zip(fp8_outputs, fp8_reference, outputs, strict=True):
+            span = (theirs.max() - theirs.min()).item()
+            assert span > 0.1 and (ours - theirs).abs().max().item() <= 1e-5 * span
+            assert (ours - unquantized).abs().max() > 1e-4  # FP8 weights did run

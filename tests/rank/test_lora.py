@@ -1,5 +1,5 @@
-"""Per-request LoRA, unmerged: equal to a model the test merges with plain torch, exact at scale 0, switchable
-without recompiling."""
+"""Per-request LoRA, unmerged: equal to a model the test merges with plain torch (on FP8 base weights too), exact
+at scale 0, switchable without recompiling."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from safetensors.torch import load_file
 from small_dit import SMALL_DIT, random_small_dit
 
 from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.accel.fp8 import Fp8Linear
+from h3serve.accel.quant_config import ComponentQuant
+from h3serve.accel.quantize import quantize_in_place
 from h3serve.adapters.catalog import AdapterChoice
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
@@ -102,6 +105,26 @@ def test_unfused_projections_get_one_wrapper_each_and_the_same_result(adapters):
     merged = _merged(base, adapters["b"], 1.0, 2.0, 4)
     for x, y in zip(_run(served, inputs), _run(merged, inputs), strict=True):
         assert (x - y).abs().max() <= 1e-4
+
+
+def test_lora_on_fp8_base_weights_equals_the_dequantized_model_merged(adapters):
+    quantized = _model()
+    quantize_in_place(quantized, "transformer", ComponentQuant(), torch.float32, "weight_only")
+    reference = _model()  # the same seeded weights; the test puts each FP8 layer's dequantised weight in place
+    with torch.no_grad():
+        for name, layer in quantized.named_modules():
+            if isinstance(layer, Fp8Linear):
+                reference.get_submodule(name).weight.copy_(layer.dequantized_weight())
+    served = copy.deepcopy(quantized)
+    served.fuse_projections()
+    runtime = LoraRuntime({"transformer": served}, slot_rank=4)
+    assert served.transformer_blocks[0].attn.to_qkv.lora_a.dtype == torch.float32  # the compute dtype, not FP8
+    runtime.activate("transformer", _choice(adapters["a"], "a", 0.7, 4, 8.0))
+    inputs = _inputs()
+    merged = _merged(reference, adapters["a"], 0.7, 8.0, 4)
+    for x, y, r in zip(_run(served, inputs), _run(merged, inputs), _run(quantized, inputs), strict=True):
+        assert (x - y).abs().max() <= 1e-4
+        assert (x - r).abs().max() > 1e-3
 
 
 def test_lru_caches_are_bounded(adapters):

@@ -13,6 +13,12 @@ from safetensors.torch import load_file
 from h3serve.adapters.catalog import LoraCatalog, LoraField
 from h3serve.adapters.peft import target_shapes
 from h3serve.config import EngineConfig
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.adapters import ADAPTERS
+from h3serve.offload.config import OffloadConfig
+from h3serve.offload.plan import stages_for
+from h3serve.offload.runtime import placement_mismatches
+from h3serve.offload.startup import plan_for_engine
 from h3serve.rank.local import LocalEngine
 from h3serve.request import GenerationRequest
 from h3serve.tools.tiny_adapter import write_peft_adapter
@@ -50,13 +56,41 @@ def adapters(tiny_checkpoint, tmp_path_factory):
     }
 
 
-def test_two_adapters_and_none_interleaved_each_equal_their_reference(tiny_checkpoint, tiny_pipeline, adapters):
+SEQUENCE = ("a", None, "b", "a")
+SCALES = {"a": 1.0, "b": 0.5}
+
+
+def _engine(checkpoint, paths, **overrides) -> LocalEngine:
+    return LocalEngine(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", lora_paths=paths, **overrides))
+
+
+def _serve(engine: LocalEngine, catalog: LoraCatalog) -> list:
+    """The interleaved requests of SEQUENCE through `engine`: (video, audio) of each."""
+    outputs = []
+    for name in SEQUENCE:
+        lora = None if name is None else catalog.choose(LoraField(name=name, scale=SCALES[name]))
+        out = engine.generate(engine.plan(_request(lora)))
+        outputs.append((out.video, out.audio))
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def resident(tiny_checkpoint, adapters):
+    """One resident engine serving both adapters (device cache of 1), and its outputs for SEQUENCE."""
     root, files = adapters
     paths = (("a", str(files["a"].parent)), ("b", str(files["b"].parent)))
-    config = EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va", lora_paths=paths, max_loras=1)
-    engine = LocalEngine(config)
-    catalog = LoraCatalog(target_shapes(json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())),
-                          dict(paths), log=lambda s: None)
+    engine = _engine(tiny_checkpoint, paths, max_loras=1)
+    catalog = LoraCatalog(
+        target_shapes(json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())),
+        dict(paths),
+        log=lambda s: None,
+    )
+    return engine, catalog, paths, _serve(engine, catalog)
+
+
+def test_two_adapters_and_none_interleaved_each_equal_their_reference(tiny_pipeline, adapters, resident):
+    _, files = adapters
+    engine, catalog, _, outputs = resident
     plain, _ = tiny_pipeline  # the session's unadapted pipeline (Q/K/V unfused: bit-identical to fused)
     plan = engine.plan(_request())
     references = {None: plain.generate(plan).video.numpy()}
@@ -69,24 +103,42 @@ def test_two_adapters_and_none_interleaved_each_equal_their_reference(tiny_check
             dit.load_state_dict(original)
     finally:
         dit.load_state_dict(original)
-    scales = {"a": 1.0, "b": 0.5}
-    for name in ("a", None, "b", "a"):
-        lora = None if name is None else catalog.choose(LoraField(name=name, scale=scales[name]))
-        video = engine.generate(engine.plan(_request(lora))).video
+    for name, (video, _) in zip(SEQUENCE, outputs, strict=True):
         if name is None:
             assert np.array_equal(video, references[None])
         else:
             assert np.abs(video - references[name]).max() <= 1e-4, name
             assert np.abs(video - references[None]).max() > 1e-2  # the adapter shows
     assert engine.lora.active == {"transformer": "a"} and len(engine.lora.device.items) == 1
+    assert engine.lora.loads == {"host": 2, "device": 3}  # a, b read once; the device cache of 1 refilled for a
     assert isinstance(engine.pipeline.components.transformer.transformer_blocks[0].ff.net[2].lora_scale, torch.Tensor)
 
 
-def test_lora_with_dit_offload_is_refused_with_the_reason(tiny_checkpoint, adapters):
-    from h3serve.config import ConfigError
-    from h3serve.offload.config import OffloadConfig
+OFFLOADS = {
+    "layerwise": OffloadConfig(streamed=frozenset({"dit"})),
+    "cpu_offload": OffloadConfig(staged=frozenset({"dit"})),
+    "dlo_rank_local_k2": OffloadConfig(
+        streamed=frozenset({"dit"}), distributed=True, transfer="rank-local", resident_layers=2
+    ),
+}
 
-    _, files = adapters
-    with pytest.raises(ConfigError, match="LoRA is not available with DiT offload .* adapter factors would have"):
-        EngineConfig(model=tiny_checkpoint, lora_paths=(("a", str(files["a"])),),
-                     offload=OffloadConfig(streamed=frozenset({"dit"}))).validate()
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(OFFLOADS))
+def test_factors_stream_with_their_block_bit_for_bit(tiny_checkpoint, resident, mode):
+    _, catalog, paths, expected = resident
+    engine = _engine(tiny_checkpoint, paths, offload=OFFLOADS[mode], num_ranks=1)
+    served = engine.lora.dits["transformer"]
+    assert served.offloaded and engine.lora.device.items == {} and engine.offload.owns(served.wrappers[0], "lora_a")
+    for (video, audio), (want_video, want_audio) in zip(_serve(engine, catalog), expected, strict=True):
+        assert torch.equal(torch.from_numpy(video), torch.from_numpy(want_video))
+        assert torch.equal(torch.from_numpy(audio), torch.from_numpy(want_audio))
+    assert engine.lora.loads == {"host": 2, "device": 3}  # the blocks' factors rewritten for a, b, a
+    # The planner's bytes are what the units carry: each streamed block holds its factors.
+    plan = engine.plan(_request())
+    shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task)
+    planned = plan_for_engine(engine.config, None, shape).ranks[0]
+    assert placement_mismatches(engine.offload.log, planned, stages_for(plan.task)) == []
+    assert engine.offload.host_bytes["transformer"] == planned.host_bytes["transformer"]
+    assert ADAPTERS not in planned.stage("denoise").weights  # no device cache: the factors ride in the blocks
+    assert all(w.lora_a.numel() == 0 for w in served.wrappers)  # released with their blocks after the request
