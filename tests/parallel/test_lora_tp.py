@@ -1,6 +1,7 @@
 """LoRA under DiT tensor parallelism: each rank holds A or B cut like its layer's weight; the TP2 output equals
 the single-process model the test merged with plain torch (W + s·alpha/r·B@A), and on FP8 base weights the TP2
-output equals one-rank FP8 + LoRA (within 1e-5 of the output's range: only the reduction order differs)."""
+output equals one-rank FP8 + LoRA (within 1e-5 of the output's range: only the reduction order differs). A FastH3
+adapter fused at load under TP2 (fused in fp32 before the shard is cut) equals the one-rank fused DiT likewise."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from h3serve.accel.fp8 import Fp8RowParallelLinear
 from h3serve.accel.quant_config import ComponentQuant
 from h3serve.adapters.catalog import AdapterChoice
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.rank.checkpoint import load_transformer
+from h3serve.tools.tiny_adapter import write_fasth3_adapter, write_peft_adapter
 
 SCALE, ALPHA, RANK = 0.8, 4.0, 4
 
@@ -43,7 +45,6 @@ def _run(model, inputs):
 
 
 def _adapted(folder: str, adapter: str, tp=None, quant: ComponentQuant | None = None) -> H3Transformer:
-    from h3serve.rank.checkpoint import load_transformer
     from h3serve.rank.lora import LoraRuntime
 
     dit = load_transformer(folder, tp=tp, quant=quant)
@@ -53,18 +54,26 @@ def _adapted(folder: str, adapter: str, tp=None, quant: ComponentQuant | None = 
     return dit
 
 
-def _tp_rank(rank: int, world: int, folder: str, adapter: str):
+def _tp_rank(rank: int, world: int, folder: str, adapter: str, fasth3: str):
     import torch.distributed as dist
 
     from h3serve.parallel.tensor_parallel import TensorParallel
 
     tp = TensorParallel(rank, world, dist.group.WORLD, H3Transformer.tensor_parallel_plan)
+    fused = load_transformer(folder, tp=tp, adapter=fasth3)
+    fused.fuse_projections()
+    fused_outputs = _run(fused, _inputs())
     dit = _adapted(folder, adapter, tp)
     lora_a = dit.get_submodule("transformer_blocks.0.attn.to_out.0").lora_a  # row-parallel: A's columns cut
     lora_b = dit.get_submodule("transformer_blocks.0.attn.to_qkv").lora_b  # column-parallel: B's rows cut
     fp8 = _adapted(folder, adapter, tp, ComponentQuant())
     assert isinstance(fp8.get_submodule("transformer_blocks.0.attn.to_out.0").base, Fp8RowParallelLinear)
-    return _run(dit, _inputs()), tuple(lora_a.shape), tuple(lora_b.shape), _run(fp8, _inputs())
+    return _run(dit, _inputs()), tuple(lora_a.shape), tuple(lora_b.shape), _run(fp8, _inputs()), fused_outputs
+
+
+def _within_range(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    span = (theirs.max() - theirs.min()).item()
+    return span > 0.1 and (ours - theirs).abs().max().item() <= 1e-5 * span
 
 
 @pytest.mark.slow
@@ -93,14 +102,18 @@ def test_tp2_lora_equals_the_test_merged_single_process_model(tmp_path):
     reference = _run(merged, _inputs())
     plain = _run(base, _inputs())
     fp8_reference = _run(_adapted(str(folder), str(adapter), quant=ComponentQuant()), _inputs())
-    results = run_ranks(2, _tp_rank, str(folder), str(adapter))
+    fasth3 = write_fasth3_adapter(tmp_path / "fasth3", dataclasses.asdict(base.config), rank=3, seed=7, std=0.2)
+    one_rank_fused = _run(load_transformer(folder, adapter=str(fasth3)), _inputs())
+    results = run_ranks(2, _tp_rank, str(folder), str(adapter), str(fasth3))
     inner = SMALL_DIT["num_attention_heads"] * SMALL_DIT["attention_head_dim"]
-    for outputs, a_shape, b_shape, fp8_outputs in results:
+    for outputs, a_shape, b_shape, fp8_outputs, fused_outputs in results:
         assert a_shape == (8, inner // 2) and b_shape == (3, inner // 2, 8)
         for ours, theirs, without in zip(outputs, reference, plain, strict=True):
             assert (ours - theirs).abs().max() <= 1e-4
             assert (ours - without).abs().max() > 1e-3
         for ours, theirs, unquantized in zip(fp8_outputs, fp8_reference, outputs, strict=True):
-            span = (theirs.max() - theirs.min()).item()
-            assert span > 0.1 and (ours - theirs).abs().max().item() <= 1e-5 * span
+            assert _within_range(ours, theirs)
             assert (ours - unquantized).abs().max() > 1e-4  # FP8 weights did run
+        for ours, theirs, unfused in zip(fused_outputs, one_rank_fused, plain, strict=True):
+            assert _within_range(ours, theirs)
+            assert (ours - unfused).abs().max() > 1e-3  # the adapter was fused
