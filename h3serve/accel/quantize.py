@@ -4,7 +4,8 @@ Loaders that build on the meta device (the DiT, a tensor-parallel text encoder) 
 tensor-parallel sharding: the selected linears become `Fp8Linear`s and the weight stream is quantised one
 tensor at a time on the load device (the full-precision model is never resident). A weight the checkpoint
 already stores in FP8 (safetensors F8_E4M3 plus a `weight_scale`) is taken as it is, never re-quantised.
-The whole text encoder (loaded by transformers) is quantised in place by `quantize_in_place`.
+The whole text encoder (loaded by transformers) is quantised in place by `quantize_in_place`, after
+`load_stored_fp8` has put back the stored FP8 weights and scales transformers cannot load.
 
 Tensor parallelism: a shard's scales are the rows of the one-rank scales. A row-split linear (input features
 split) and, per tensor, every split linear take the maxima over the whole weight (one MAX all-reduce per
@@ -14,7 +15,7 @@ tensor, in the same key order on every rank), so each shard holds exactly its sl
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from h3serve.accel.quant_config import ComponentQuant
 from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
+Rename = Callable[[str], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ def selected_linears(model: nn.Module, component: str, quant: ComponentQuant) ->
     return [n for n in linear_names(model) if quant.selects(component, n)]
 
 
-def stored_fp8(files: list[Path]) -> dict[str, bool]:
-    """Module names whose weight a checkpoint stores as F8_E4M3 with a `weight_scale` -> per-channel scales?"""
+def stored_fp8(files: list[Path], rename: Rename | None = None) -> dict[str, bool]:
+    """Module names whose weight a checkpoint stores as F8_E4M3 with a `weight_scale` -> per-channel scales?
+    `rename` maps a checkpoint module name to the model's modules it holds (a native fused QKV holds three)."""
     scales: dict[str, tuple[int, ...]] = {}
     fp8: set[str] = set()
     for file in files:
@@ -69,7 +72,10 @@ def stored_fp8(files: list[Path]) -> dict[str, bool]:
                     scales[key[: -len(".weight_scale")]] = tuple(f.get_slice(key).get_shape())
                 elif key.endswith(".weight") and f.get_slice(key).get_dtype() == "F8_E4M3":
                     fp8.add(key[: -len(".weight")])
-    return {name: math.prod(scales[name]) > 1 for name in fp8 if name in scales}
+    found = {name: math.prod(scales[name]) > 1 for name in fp8 if name in scales}
+    if rename is None:
+        return found
+    return {model_name: per_channel for name, per_channel in found.items() for model_name in rename(name)}
 
 
 def _twin(
@@ -107,11 +113,12 @@ def prepare_fp8(
     files: list[Path],
     compute_dtype: torch.dtype,
     kernel: str,
+    rename: Rename | None = None,
 ) -> Fp8Load | None:
     """Swap the linears `quant` selects, plus those the checkpoint stores in FP8, for `Fp8Linear`s (meta model,
-    after tensor-parallel sharding). None when nothing is quantised."""
+    after tensor-parallel sharding). None when nothing is quantised. `rename`: as for `stored_fp8`."""
     names = {n: quant.per_channel for n in selected_linears(model, component, quant)} if quant is not None else {}
-    names.update(stored_fp8(files))  # a stored FP8 weight keeps its own scale layout
+    names.update(stored_fp8(files, rename))  # a stored FP8 weight keeps its own scale layout
     if not names:
         return None
     return Fp8Load(swap_to_fp8(model, names, compute_dtype, kernel))
@@ -146,6 +153,37 @@ def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: Tensor
 
 
 @torch.no_grad()
+def load_stored_fp8(
+    model: nn.Module, files: list[Path], rename: Rename, compute_dtype: torch.dtype, kernel: str
+) -> list[str]:
+    """Swap each linear of a loaded model whose weight the checkpoint stores as F8_E4M3 + `weight_scale` for an
+    `Fp8Linear` holding exactly the stored bytes and scale, read from `files` (for a model a library loaded, which
+    cast the FP8 weights to its dtype and dropped the scales: transformers' text encoder). Returns their names."""
+    stored = stored_fp8(files, rename)
+    layers: dict[str, Fp8Linear] = {}
+    for name, per_channel in stored.items():
+        linear = model.get_submodule(name)
+        layer = _twin(linear, per_channel, compute_dtype, kernel, device="meta")
+        if linear.bias is not None:
+            layer.bias = nn.Parameter(linear.bias.to(compute_dtype), requires_grad=False)
+        layers[name] = layer
+    for file in files if layers else []:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                module, _, attr = key.rpartition(".")
+                for name in rename(module) if attr in ("weight", "weight_scale") else ():
+                    if name in layers:
+                        layer, tensor = layers[name], f.get_tensor(key)
+                        if attr == "weight":
+                            layer.weight = nn.Parameter(tensor, requires_grad=False)
+                        else:
+                            layer.weight_scale = tensor.float().reshape(layer.weight_scale.shape)
+    for name, layer in layers.items():
+        model.set_submodule(name, layer.to(model.get_submodule(name).weight.device))
+    return sorted(layers)
+
+
+@torch.no_grad()
 def quantize_in_place(
     model: nn.Module,
     component: str,
@@ -156,8 +194,9 @@ def quantize_in_place(
     tp: TensorParallel | None = None,
 ) -> list[str]:
     """Quantise the selected linears of a loaded model (each weight on `work_device`, the FP8 copy kept there);
-    returns their names. With `tp`, the model is a tensor-parallel shard (whole-weight maxima, see above)."""
-    names = selected_linears(model, component, quant)
+    returns their names. With `tp`, the model is a tensor-parallel shard (whole-weight maxima, see above). A linear
+    that is FP8 already (stored so in the checkpoint) is kept as it is."""
+    names = [n for n in selected_linears(model, component, quant) if not isinstance(model.get_submodule(n), Fp8Linear)]
     for name in names:
         linear = model.get_submodule(name)
         device = work_device or linear.weight.device

@@ -3,11 +3,13 @@
 Every rank reads only its own rows/columns. A native fused QKV keeps whole heads together, so a shard's
 heads are one contiguous row block (interleaved layout) or three (stacked layout); it is then split into
 q/k/v exactly as the unsharded loader does, with the local head count. The native SwiGLU input is
-[gate; value]: the pair split reads each half's share and the usual conversion swaps the halves.
+[gate; value]: the pair split reads each half's share and the usual conversion swaps the halves. A stored FP8
+scale per output row is read with its weight's rows; a per-tensor scale whole.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +42,8 @@ def iter_dit_shards(
                     yield key, tp.read(f, key)
                     continue
                 name = native_keys.native_to_diffusers_name(key)
-                if name.endswith(".attn.qkv_proj.weight"):
+                whole_scale = name.endswith("_scale") and math.prod(f.get_slice(key).get_shape()) == 1
+                if name.endswith((".attn.qkv_proj.weight", ".attn.qkv_proj.weight_scale")) and not whole_scale:
                     block = tp.read_ranges(f, key, _native_qkv_ranges(tp, cfg, qkv_layout))
                 else:  # includes the native [gate; value] FFN input: the pair split reads each half's share
                     block = tp.read(f, key, name)

@@ -103,11 +103,12 @@ class RankParallel:
         load_whole: Callable[..., TextConditioner],
         load_device: torch.device | None = None,
         quantize: Callable | None = None,
+        kernel: str = "weight_only",
     ):
         """The text conditioner on a multi-rank engine: weights load onto `load_device` (host memory under offload,
         default `device`); the hidden states every rank receives live on `device`. `load_whole` is the unsharded
         loader (h3serve.rank.checkpoint), used where this rank runs the encoder whole; `quantize` (FP8) runs on a
-        loaded shard before it moves to `load_device`."""
+        loaded shard before it moves to `load_device`; stored FP8 linears load on the `kernel` path."""
         load_device = load_device or device
         from transformers import AutoConfig, AutoTokenizer
 
@@ -120,7 +121,7 @@ class RankParallel:
         else:  # a TP shard, or a weightless skeleton on the ranks that do not run the encoder
             config = AutoConfig.from_pretrained(folder)
             config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1  # as the unsharded loader
-            model = load_text_encoder_shard(folder, config, dtype, load_device, self.text_tp, quantize)
+            model = load_text_encoder_shard(folder, config, dtype, load_device, self.text_tp, quantize, kernel)
             tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
         return ParallelTextConditioner(
             model,

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.accel.quantize import prepare_fp8, quantizing
 from h3serve.checkpoint_layout import CheckpointError, safetensors_files
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.parallel.tensor_parallel import TensorParallel, iter_sharded
@@ -55,6 +56,16 @@ def checkpoint_key_to_name(key: str, num_layers: int) -> str | None:
     return name
 
 
+def checkpoint_module_names(num_layers: int) -> Callable[[str], tuple[str, ...]]:
+    """A checkpoint module name -> the `Qwen3VLModel` module it is (none for what is never loaded)."""
+
+    def rename(module: str) -> tuple[str, ...]:
+        name = checkpoint_key_to_name(f"{module}.weight", num_layers)
+        return () if name is None else (name[: -len(".weight")],)
+
+    return rename
+
+
 def _rebuild_meta_buffers(model: nn.Module, init: Callable[[nn.Module], None], device: torch.device) -> None:
     """Non-persistent buffers (RoPE frequencies) are not in the checkpoint: allocate and recompute them."""
     for module in model.modules():
@@ -74,9 +85,11 @@ def load_text_encoder_shard(
     device: torch.device,
     tp: TensorParallel | None,
     quantize: Callable[[nn.Module, torch.device, TensorParallel | None], object] | None = None,
+    kernel: str = "weight_only",
 ) -> nn.Module:
     """`Qwen3VLModel` for `config` (already truncated): this rank's TP shard, or a meta skeleton when `tp` is None.
-    `quantize` (FP8) runs on the shard loaded in host memory, which then moves to `device`."""
+    `quantize` (FP8) runs on the shard loaded in host memory, which then moves to `device`. Linears the checkpoint
+    stores in FP8 load their stored rows and scales (`kernel` path), never re-quantised."""
     from transformers import Qwen3VLModel
 
     with torch.device("meta"):
@@ -85,9 +98,13 @@ def load_text_encoder_shard(
         return model.eval()
     tp.shard_module(model)
     num_layers = config.text_config.num_hidden_layers
-    tensors = iter_sharded(safetensors_files(folder), tp, lambda key: checkpoint_key_to_name(key, num_layers))
+    files = safetensors_files(folder)
+    tensors = iter_sharded(files, tp, lambda key: checkpoint_key_to_name(key, num_layers))
     host = torch.device("cpu") if quantize is not None else device
-    materialize(model, tensors, dtype, host)
+    fp8 = prepare_fp8(model, "text_encoder", None, files, dtype, kernel, checkpoint_module_names(num_layers))
+    if fp8 is not None:
+        tensors = quantizing(tensors, fp8, host, tp)
+    materialize(model, tensors, dtype, host, stored=fp8.stored if fp8 is not None else frozenset())
     _rebuild_meta_buffers(model, model._init_weights, host)
     if quantize is not None:
         quantize(model, device, tp)

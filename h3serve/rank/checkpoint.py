@@ -15,7 +15,7 @@ import torch
 
 from h3serve import native_config
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
-from h3serve.accel.quantize import prepare_fp8, quantizing
+from h3serve.accel.quantize import load_stored_fp8, prepare_fp8, quantizing
 from h3serve.checkpoint_files import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.model import keys as native_keys
@@ -73,8 +73,9 @@ def load_transformer(
             tensors = _converted(tensors, cfg, layout)
     if fasth3 is not None:
         tensors = fuse_adapter.fused(tensors, fasth3, tp)
-    # After sharding (FP8 twins of the shard-shaped linears), before offload placement; native keys hold no FP8.
-    fp8 = prepare_fp8(model, component, quant, [] if native else files, dtype, kernel)
+    # After sharding (FP8 twins of the shard-shaped linears), before offload placement.
+    rename = native_keys.native_module_names if native else None
+    fp8 = prepare_fp8(model, component, quant, files, dtype, kernel, rename)
     if fp8 is not None:
         tensors = quantizing(tensors, fp8, device, tp)
     stored = fp8.stored if fp8 is not None else frozenset()
@@ -112,6 +113,9 @@ def check_native_shapes(files: list[Path], cfg: H3TransformerConfig, expected: d
             if key == "__metadata__":
                 continue
             name = native_keys.native_to_diffusers_name(key)
+            if name.endswith(".weight_scale"):  # an FP8 scale: one, or one per output row of its weight
+                _check_scale(file, key, tuple(info["shape"]), _native_rows(name, cfg, expected))
+                continue
             if name == "rope.inv_freq":
                 want: tuple[int, ...] = (cfg.rope_freq_dim,)
             elif name.endswith(".attn.qkv_proj.weight"):
@@ -124,6 +128,22 @@ def check_native_shapes(files: list[Path], cfg: H3TransformerConfig, expected: d
                 raise CheckpointError(
                     f"{file.name}: checkpoint key '{key}' has shape {tuple(info['shape'])}, expected {want}"
                 )
+
+
+def _native_rows(scale_name: str, cfg: H3TransformerConfig, expected: dict[str, torch.Tensor]) -> int:
+    weight = scale_name[: -len("_scale")]
+    if weight.endswith(".attn.qkv_proj.weight"):
+        return 3 * cfg.inner_dim
+    if weight not in expected:
+        raise CheckpointError(f"a weight_scale for '{weight}', which {H3Transformer.__name__} does not have")
+    return expected[weight].shape[0]
+
+
+def _check_scale(file: Path, key: str, shape: tuple[int, ...], rows: int) -> None:
+    if shape not in ((), (1,), (1, 1), (rows,), (rows, 1)):
+        raise CheckpointError(
+            f"{file.name}: FP8 scale '{key}' has shape {shape}, expected one value or one per output row ({rows})"
+        )
 
 
 def _converted(
@@ -147,9 +167,11 @@ def load_text_conditioner(
     dtype: torch.dtype,
     device: torch.device,
     quantize: TextQuantizer | None = None,
+    kernel: str = "weight_only",
 ):
     """Qwen3-VL truncated to the layers the conditioning reads (layer 50 + 1), plus its tokenizer; `quantize`
-    (FP8) runs on the loaded encoder before it moves to `device`.
+    (FP8) runs on the loaded encoder before it moves to `device`. Linears the checkpoint stores in FP8 (F8_E4M3 +
+    `weight_scale`) hold the stored bytes and scales, with or without `quantize`, on the `kernel` path.
 
     hidden_states[50] is the 50th layer's output before the final norm. Keeping layer 51 keeps that
     entry un-normed (transformers replaces the *last* entry with the normed state); later layers are
@@ -160,6 +182,7 @@ def load_text_conditioner(
 
     from h3serve import limits
     from h3serve.model.text_encoder import TextConditioner
+    from h3serve.parallel.text_encoder import checkpoint_module_names
 
     config = AutoConfig.from_pretrained(folder)
     total = config.text_config.num_hidden_layers
@@ -176,6 +199,8 @@ def load_text_conditioner(
         hf_logging.set_verbosity(verbosity)
     model = encoder.model
     del encoder  # the LM head is never used
+    stored_names = checkpoint_module_names(config.text_config.num_hidden_layers)
+    load_stored_fp8(model, safetensors_files(folder), stored_names, dtype, kernel)
     if quantize is not None:
         quantize(model, device, None)
     model = model.to(device).eval()
@@ -237,13 +262,22 @@ def load_components(
         return torch.device("cpu") if name in on_host else device
 
     tp = parallel.dit_tp if parallel is not None else None
+
     def quant(name: str) -> ComponentQuant | None:
         return quantization.component(name) if quantization is not None else None
 
     loaded = {
-        name: load_transformer(layout.component(name), dtype, where(name), qkv_layout=qkv_layout, tp=tp,
-                               quant=quant(name), kernel=kernel, component=name,
-                               adapter=dit_adapter if name == "transformer" else None)
+        name: load_transformer(
+            layout.component(name),
+            dtype,
+            where(name),
+            qkv_layout=qkv_layout,
+            tp=tp,
+            quant=quant(name),
+            kernel=kernel,
+            component=name,
+            adapter=dit_adapter if name == "transformer" else None,
+        )
         for name in present
     }
     if layout.is_native("vae"):  # the MiniMaxAI video_vae/ (original names, fused tensors): converted as read
@@ -261,11 +295,16 @@ def load_components(
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
         text = parallel.load_text_conditioner(
-            *text_folders, dtype, device, load_whole=partial(load_text_conditioner, quantize=quantize_text),
-            load_device=where("text_encoder"), quantize=quantize_text,
+            *text_folders,
+            dtype,
+            device,
+            load_whole=partial(load_text_conditioner, quantize=quantize_text, kernel=kernel),
+            load_device=where("text_encoder"),
+            quantize=quantize_text,
+            kernel=kernel,
         )
     else:
-        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"), quantize_text)
+        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"), quantize_text, kernel)
     return H3Components(
         transformer=loaded.get("transformer"),
         transformer_ref=loaded.get("transformer_ref"),

@@ -1,5 +1,6 @@
 """FP8 at load: the selected linears hold exactly the quantised checkpoint weights, a checkpoint that stores
-F8_E4M3 + weight_scale loads as it is, FP8 under offload (rank-local DLO) is byte-identical to resident FP8, and
+F8_E4M3 + weight_scale loads as it is (modular DiT and text encoder, native DiT: the stored bytes and scales, the
+online-quantised run's outputs), FP8 under offload (rank-local DLO) is byte-identical to resident FP8, and
 the planner's FP8 bytes are the loaded model's."""
 
 from __future__ import annotations
@@ -82,18 +83,21 @@ def test_planner_counts_the_loaded_fp8_bytes(tiny_checkpoint):
     assert saved == weights * 3 - 4 * len(names)  # fp32 -> 1 byte a weight, plus one float32 scale a layer
 
 
-def _engine(checkpoint, flags: str) -> LocalEngine:
+def _engine(checkpoint, flags: str, quantization: bool = True) -> LocalEngine:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    args = parser.parse_args(shlex.split(f"--device cpu --threads 1 --quantization fp8 {flags}"))
+    fp8 = "--quantization fp8" if quantization else ""
+    args = parser.parse_args(shlex.split(f"--device cpu --threads 1 {fp8} {flags}"))
     return LocalEngine(engine_config_from_args(args, checkpoint))
 
 
 def test_fp8_under_rank_local_dlo_is_byte_identical_to_resident_fp8(tiny_checkpoint):
     request = GenerationRequest(prompt="a lighthouse at dusk", steps=2, seed=7, duration_s=4)
     resident = _engine(tiny_checkpoint, "--task-type t2va")
-    dlo = _engine(tiny_checkpoint, "--task-type t2va --enable-distributed-layerwise-offload --dlo-no-use-allgather "
-                                   "--dlo-resident-layers 1")
+    dlo = _engine(
+        tiny_checkpoint,
+        "--task-type t2va --enable-distributed-layerwise-offload --dlo-no-use-allgather --dlo-resident-layers 1",
+    )
     a = resident.generate(resident.plan(request))
     b = dlo.generate(dlo.plan(request))
     assert np.array_equal(a.video, b.video) and np.array_equal(a.audio, b.audio)
@@ -115,3 +119,86 @@ def test_a_shard_reads_the_scales_of_its_rows():
     assert tp.ranges("transformer_blocks.0.attn.to_out.0.weight_scale", (48, 1)) is None
     assert tp.ranges("transformer_blocks.0.attn.to_q.weight_scale", ()) is None
     assert tp.ranges("transformer_blocks.0.attn.to_out.0.weight", (48, 64)) == (1, [(32, 64)])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Pre-quantised checkpoints: the modular layout (DiT and text encoder) and the native DiT layout
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _quantised(tensors: dict[str, torch.Tensor], selects) -> dict[str, torch.Tensor]:
+    """The tensors with every selected 2-D weight stored as F8_E4M3 plus its per-channel `weight_scale`."""
+    out = dict(tensors)
+    for key, tensor in tensors.items():
+        module = key[: -len(".weight")]
+        if key.endswith(".weight") and tensor.ndim == 2 and selects(module):
+            out[key], out[f"{module}.weight_scale"] = quantize_fp8(tensor, True)
+    return out
+
+
+def _fp8_layers(model: nn.Module) -> dict[str, Fp8Linear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, Fp8Linear)}
+
+
+def _same_layers(loaded: nn.Module, reference: nn.Module) -> None:
+    """Every FP8 layer holds the reference's exact bytes and scales (and the set of FP8 layers is the same)."""
+    got, want = _fp8_layers(loaded), _fp8_layers(reference)
+    assert sorted(got) == sorted(want) and got
+    for name, layer in got.items():
+        assert torch.equal(layer.weight.view(torch.uint8), want[name].weight.view(torch.uint8)), name
+        assert torch.equal(layer.weight_scale, want[name].weight_scale), name
+
+
+def _stored_modular_checkpoint(tiny_checkpoint, out):
+    """A copy of the tiny checkpoint whose DiT and text encoder store the default FP8 module sets."""
+    from h3serve.parallel.text_encoder import checkpoint_key_to_name
+
+    shutil.copytree(tiny_checkpoint, out)
+    quant = ComponentQuant()
+    dit = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    save_file(_quantised(_checkpoint_tensors(out / "transformer"), lambda m: quant.selects("transformer", m)), dit)
+    text = out / "text_encoder" / "model.safetensors"
+    with safe_open(str(text), framework="pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+    def selects(module: str) -> bool:
+        name = checkpoint_key_to_name(f"{module}.weight", 10**6)
+        return name is not None and quant.selects("text_encoder", name[: -len(".weight")])
+
+    save_file(_quantised(tensors, selects), text, metadata)
+    return out
+
+
+@pytest.mark.slow  # two engines loaded and run (~10 s of CPU)
+def test_a_stored_fp8_modular_checkpoint_runs_as_the_online_quantised_one(tiny_checkpoint, tmp_path):
+    stored = _stored_modular_checkpoint(tiny_checkpoint, tmp_path / "stored")
+    request = GenerationRequest(prompt="a lighthouse at dusk", steps=2, seed=7, duration_s=4)
+    online = _engine(tiny_checkpoint, "--task-type t2va")
+    loaded = _engine(stored, "--task-type t2va", quantization=False)  # no --quantization: the stored bytes
+    for name in ("transformer", "text"):
+        ours, theirs = getattr(loaded.pipeline.components, name), getattr(online.pipeline.components, name)
+        _same_layers(getattr(ours, "model", ours), getattr(theirs, "model", theirs))
+    a, b = online.generate(online.plan(request)), loaded.generate(loaded.plan(request))
+    assert np.array_equal(a.video, b.video) and np.array_equal(a.audio, b.audio)
+
+
+def test_a_stored_fp8_native_dit_loads_its_bytes_and_runs_as_the_online_one(tiny_native_checkpoint, tmp_path):
+    from h3serve.model import keys
+    from h3serve.tools.bench.dit_forward import DitBenchSpec, forward_inputs
+
+    source = tiny_native_checkpoint / "FL2VA" / "transformer"
+    online = load_transformer(source, quant=ComponentQuant())
+    cfg = online.config
+    native = keys.diffusers_to_native(online.state_dict(), cfg.attention_head_dim, "interleaved")
+    assert native["blocks.0.attn.qkv_proj.weight"].dtype == FP8 and "blocks.0.mlp.fc1.weight_scale" in native
+    folder = tmp_path / "transformer"
+    folder.mkdir()
+    shutil.copy(source / "config.json", folder)
+    save_file(native, str(folder / "diffusion_pytorch_model.safetensors"))
+    loaded = load_transformer(folder)  # no quantization asked: the stored FP8 layers only
+    _same_layers(loaded, online)
+    spec = DitBenchSpec(64, 64, 22, 8, torch.device("cpu"), torch.float32, None)
+    x = forward_inputs(cfg, spec)
+    with torch.no_grad():
+        outs = [m(x.video, x.audio, m.embed_text(x.text), x.timestep, x.row_index, x.packed) for m in (loaded, online)]
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

@@ -23,11 +23,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--shape", action="append", dest="shapes", metavar="WxHxFRAMES", help="e.g. 448x256x124 (repeatable)"
     )
     p.add_argument(
-        "--engine", action="append", dest="engines", metavar="K=V,...",
+        "--engine",
+        action="append",
+        dest="engines",
+        metavar="K=V,...",
         help="an engine config of EngineConfig options, e.g. name=fp32,threads=2,dtype=float32 (repeatable)",
     )
-    p.add_argument("--steps", type=int,
-                   help="num_inference_steps: denoiser forwards (default 3; the diffusers peer runs N+1 sigma points)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="num_inference_steps: denoiser forwards (default 3; the diffusers peer runs N+1 sigma points)",
+    )
     p.add_argument("--seed", type=int, help="default 0")
     p.add_argument("--prompt")
     p.add_argument("--warmup", type=int, help="warm-up runs per side and case (default 1)")
@@ -40,25 +46,55 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gemm-seconds", type=float, help="time budget of each same-run GEMM peak measurement (default 3)")
     p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
     p.add_argument("--keep-raw", action="store_true", help="keep every run's float arrays (.npz) under OUT/raw")
-    p.add_argument("--replicas", metavar="N,M,...",
-                   help="throughput mode: jobs/minute with N, M, ... data-parallel CPU replicas (e.g. 1,2)")
-    p.add_argument("--overlap", default="on", metavar="on,off",
-                   help="throughput mode: output overlap settings to compare for each replica count (default on)")
+    p.add_argument(
+        "--replicas",
+        metavar="N,M,...",
+        help="throughput mode: jobs/minute with N, M, ... data-parallel CPU replicas (e.g. 1,2)",
+    )
+    p.add_argument(
+        "--overlap",
+        default="on",
+        metavar="on,off",
+        help="throughput mode: output overlap settings to compare for each replica count (default on)",
+    )
     p.add_argument("--jobs", type=int, default=8, help="throughput mode: timed jobs per replica count (default 8)")
     p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="throughput mode: alternating timed rounds per replica count; the median counts (default 3)")
-    p.add_argument("--dit-forward", action="store_true",
-                   help="DiT-forward mode: one forward, h3serve eager / compiled against diffusers, in one process")
-    p.add_argument("--dit-layers", type=int, metavar="N",
-                   help="DiT-forward mode: random weights, the released width, N blocks (instead of a checkpoint)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="throughput mode: alternating timed rounds per replica count; the median counts (default 3)",
+    )
+    p.add_argument(
+        "--dit-forward",
+        action="store_true",
+        help="DiT-forward mode: one forward, h3serve eager / compiled against diffusers, in one process",
+    )
+    p.add_argument(
+        "--dit-layers",
+        type=int,
+        metavar="N",
+        help="DiT-forward mode: random weights, the released width, N blocks (instead of a checkpoint)",
+    )
     p.add_argument("--text-rows", type=int, default=128, help="DiT-forward mode: text rows in the packed sequence")
-    p.add_argument("--attention-backend", action="append", dest="attention_backends", metavar="NAME",
-                   help="DiT-forward mode: attention backend of the h3serve variants (repeatable; default TORCH_SDPA)")
-    p.add_argument("--dit-modes", default="eager,compiled", metavar="eager,compiled",
-                   help="DiT-forward mode: the h3serve variants (default eager,compiled)")
-    p.add_argument("--fp8-block", action="store_true",
-                   help="FP8 block mode: the error one random-weight DiT block of --preset adds in FP8 vs float32")
+    p.add_argument(
+        "--attention-backend",
+        action="append",
+        dest="attention_backends",
+        metavar="NAME",
+        help="DiT-forward mode: attention backend of the h3serve variants (repeatable; default TORCH_SDPA)",
+    )
+    p.add_argument(
+        "--dit-modes",
+        default="eager,compiled",
+        metavar="eager,compiled",
+        help="DiT-forward mode: the h3serve variants (default eager,compiled)",
+    )
+    p.add_argument(
+        "--fp8-block",
+        action="store_true",
+        help="FP8 block mode: the error one random-weight DiT block of --preset adds in FP8 vs float32",
+    )
     p.add_argument("--block-rows", type=int, default=2048, help="FP8 block mode: packed rows (default 2048)")
     p.set_defaults(func=cmd_bench)
 
@@ -101,15 +137,19 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         counts = []
     overlaps = [{"on": True, "off": False}.get(word) for word in args.overlap.split(",")]
     if not counts or min(counts) < 1 or min(args.jobs, args.threads, args.rounds) < 1 or None in overlaps:
-        print("error: --replicas takes replica counts like 1,2; --overlap takes on, off or on,off; --jobs, "
-              "--threads and --rounds must be >= 1", file=sys.stderr)
+        print(
+            "error: --replicas takes replica counts like 1,2; --overlap takes on, off or on,off; --jobs, "
+            "--threads and --rounds must be >= 1",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     layouts = [Layout(n, overlap) for n in counts for overlap in overlaps]
     steps = args.steps or 3
     model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
     try:
-        results = measure(model, layouts, args.jobs, steps, args.threads, args.rounds,
-                          lambda line: print(line, file=sys.stderr))
+        results = measure(
+            model, layouts, args.jobs, steps, args.threads, args.rounds, lambda line: print(line, file=sys.stderr)
+        )
     except (ConfigError, EngineError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -138,11 +178,18 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
             raise MatrixError("--dit-layers and --text-rows must be >= 1")
         if not modes or set(modes) - set(MODES):
             raise MatrixError(f"--dit-modes: choose from {', '.join(MODES)}, got {args.dit_modes!r}")
-        matrix = load_matrix(args.matrix, {k: getattr(args, k) for k in (
-            "model", "preset", "shapes", "engines", "seed", "warmup", "runs", "profile", "gemm_seconds")})
+        matrix = load_matrix(
+            args.matrix,
+            {
+                k: getattr(args, k)
+                for k in ("model", "preset", "shapes", "engines", "seed", "warmup", "runs", "profile", "gemm_seconds")
+            },
+        )
         if not matrix.shapes or len(matrix.engines) != 1:
-            raise MatrixError("--dit-forward needs one --shape WxHxFRAMES and at most one --engine (device, dtype, "
-                              "threads)")
+            raise MatrixError(
+                "--dit-forward needs one --shape WxHxFRAMES and at most one --engine (device, dtype, "
+                "threads, quantization)"
+            )
         engine = matrix.engines[0].config(Path("."))
         if engine.threads:
             import torch
@@ -153,11 +200,22 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
             model = Path(matrix.model) if matrix.model else ensure_tiny_checkpoint(matrix.preset)
         shape = matrix.shapes[0]
         spec = DitBenchSpec(
-            width=shape.width, height=shape.height, num_frames=shape.num_frames, text_rows=args.text_rows,
-            device=engine.resolved_device(), dtype=engine.resolved_dtype(), model=model,
+            width=shape.width,
+            height=shape.height,
+            num_frames=shape.num_frames,
+            text_rows=args.text_rows,
+            device=engine.resolved_device(),
+            dtype=engine.resolved_dtype(),
+            model=model,
             random_config=None if model else H3TransformerConfig(num_layers=args.dit_layers),
-            modes=modes, backends=tuple(args.attention_backends or ("TORCH_SDPA",)), warmup=matrix.warmup,
-            runs=matrix.runs, profile=matrix.profile, seed=matrix.seed, gemm_seconds=matrix.gemm_seconds,
+            modes=modes,
+            backends=tuple(args.attention_backends or ("TORCH_SDPA",)),
+            warmup=matrix.warmup,
+            runs=matrix.runs,
+            profile=matrix.profile,
+            seed=matrix.seed,
+            gemm_seconds=matrix.gemm_seconds,
+            quantization=engine.quantization,
         )
         result = run_dit_bench(spec, lambda line: print(line, file=sys.stderr))
     except (MatrixError, ConfigError, CheckpointError, AttentionBackendError, ValueError) as e:
@@ -168,8 +226,13 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "dit_forward.md").write_text(f"Command: `{command_line(args)}`\n\n{text}", encoding="utf-8")
-        record = {"command": command_line(args), "flops": result.flops, "gemm_peak_flops": result.gemm_peak_flops,
-                  "shape": asdict(result.shape), "variants": [asdict(v) for v in result.variants]}
+        record = {
+            "command": command_line(args),
+            "flops": result.flops,
+            "gemm_peak_flops": result.gemm_peak_flops,
+            "shape": asdict(result.shape),
+            "variants": [asdict(v) for v in result.variants],
+        }
         (out / "dit_forward.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
     print(text)
     return 0
@@ -205,15 +268,35 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from h3serve.tools.bench.worker import BenchError
     from h3serve.validate import RequestError
 
-    overrides = {k: getattr(args, k) for k in (
-        "model", "preset", "tasks", "shapes", "engines", "steps", "seed", "prompt", "warmup", "runs", "peer",
-        "profile", "reference", "gemm_seconds",
-    )}
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "model",
+            "preset",
+            "tasks",
+            "shapes",
+            "engines",
+            "steps",
+            "seed",
+            "prompt",
+            "warmup",
+            "runs",
+            "peer",
+            "profile",
+            "reference",
+            "gemm_seconds",
+        )
+    }
     try:
         matrix = load_matrix(args.matrix, overrides)
         out = Path(args.out) if args.out else _default_out()
-        result = run_bench(matrix, out, command=command_line(args), keep_raw=args.keep_raw,
-                           log=lambda line: print(line, file=sys.stderr))
+        result = run_bench(
+            matrix,
+            out,
+            command=command_line(args),
+            keep_raw=args.keep_raw,
+            log=lambda line: print(line, file=sys.stderr),
+        )
     except (MatrixError, ConfigError, RequestError, MediaError, CheckpointError, BenchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

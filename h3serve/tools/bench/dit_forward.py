@@ -8,7 +8,13 @@ noise hides a few percent of step time. This mode times the forward alone:
   projection is its own copy), so memory holds one set.
 - **Inputs**: the T2VA packed layout of `--shape` (text rows from `--text-rows`), random rows, mid-denoise timesteps.
 - **Variants**: `diffusers` (the reference, eager), and h3serve `eager` and `compiled` (regional, dynamic shapes)
-  for each attention backend of `--attention-backend` (default TORCH_SDPA).
+  for each attention backend of `--attention-backend` (default TORCH_SDPA). With the engine option
+  `quantization=` (fp8 | per_channel | per_tensor), each h3serve variant also runs in FP8 (`fp8 eager`,
+  `fp8 compiled`): the same weights quantised as the loader does (the DiT's default module set), on the kernel
+  path this device runs (the FP8 GEMM on CUDA with FP8 tensor cores, weight-only FP8 elsewhere; logged).
+- **Memory**: each variant's own weight bytes, and (CUDA) the allocator peak of its forward above what was
+  allocated before it (its working set); weights + working set is the peak of a process holding that variant
+  alone.
 - **Timing**: each variant's first call is reported on its own (for `compiled` it is the compile time), then
   `--runs` rounds, the variants in list order in even rounds and reversed in odd ones; medians, bests and the
   median of per-round ratios to the reference (the two forwards of a round ran back to back).
@@ -39,6 +45,9 @@ from torch import nn
 from h3serve import geometry, limits
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.accel.fp8 import select_kernel
+from h3serve.accel.quant_config import QuantizationConfig
+from h3serve.accel.quantize import quantize_in_place
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.rank.checkpoint import load_transformer
@@ -68,6 +77,7 @@ class DitBenchSpec:
     profile: bool = True
     seed: int = 0
     gemm_seconds: float = 3.0  # budget of each GEMM peak measurement (before and after the rounds)
+    quantization: QuantizationConfig | None = None  # FP8 variants beside the full-precision ones
 
 
 @dataclass
@@ -79,6 +89,8 @@ class VariantResult:
     max_diff_audio: float = 0.0
     profile: dict[str, Any] | None = None
     peak_device_mb: float | None = None
+    weight_mb: float = 0.0  # this variant's own parameters and buffers
+    forward_peak_mb: float | None = None  # CUDA: allocator peak of a forward above what was allocated before it
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,28 @@ def _ours(cfg: H3TransformerConfig, weights: dict[str, torch.Tensor], device: to
     return model.eval()
 
 
+def _fp8(
+    cfg: H3TransformerConfig, weights: dict[str, torch.Tensor], spec: DitBenchSpec, log: Callable[[str], None]
+) -> H3Transformer:
+    """`_ours` with the DiT's selected linears quantised to FP8 before the Q/K/V fusion (as the loader does)."""
+    quant = spec.quantization.component("transformer") if spec.quantization else None
+    if quant is None:
+        raise ValueError("quantization: the DiT (dit) is not quantised by this config")
+    kernel, why = select_kernel(spec.quantization.kernel, spec.device, spec.dtype)
+    log(f"[dit-forward] fp8: {spec.quantization.describe()}; kernel: {why}")
+    with torch.device("meta"):
+        model = H3Transformer(cfg)
+    model.load_state_dict(weights, strict=True, assign=True)
+    model.rope = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).to(spec.device)
+    quantize_in_place(model, "transformer", quant, spec.dtype, kernel)
+    model.fuse_projections()
+    return model.eval()
+
+
+def _module_mb(model: nn.Module) -> float:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**20
+
+
 def _reference(cfg: H3TransformerConfig, weights: dict[str, torch.Tensor], device: torch.device) -> nn.Module:
     from diffusers import MiniMaxH3Transformer3DModel
     from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed
@@ -140,8 +174,13 @@ def load_weights(spec: DitBenchSpec) -> tuple[H3TransformerConfig, dict[str, tor
     cfg = spec.random_config or H3TransformerConfig(num_layers=4)
     with torch.device("meta"):
         model = H3Transformer(cfg)
-    materialize(model, _random_tensors(model, spec.device, spec.seed), spec.dtype, spec.device,
-                H3Transformer.keep_in_fp32_modules)
+    materialize(
+        model,
+        _random_tensors(model, spec.device, spec.seed),
+        spec.dtype,
+        spec.device,
+        H3Transformer.keep_in_fp32_modules,
+    )
     return cfg, dict(model.state_dict())
 
 
@@ -178,17 +217,29 @@ def forward_inputs(cfg: H3TransformerConfig, spec: DitBenchSpec) -> ForwardInput
     packed = layout.packed
     moved = {f: getattr(packed, f).to(spec.device) for f in packed.__dataclass_fields__}
     return ForwardInputs(
-        video.to(spec.device), audio.to(spec.device), text.to(spec.device, spec.dtype), timestep.to(spec.device),
-        row_index.to(spec.device), type(packed)(**moved),
+        video.to(spec.device),
+        audio.to(spec.device),
+        text.to(spec.device, spec.dtype),
+        timestep.to(spec.device),
+        row_index.to(spec.device),
+        type(packed)(**moved),
     )
 
 
 def _reference_call(model: nn.Module, x: ForwardInputs) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     p = x.packed
     return lambda: model(
-        hidden_states=x.video, audio_hidden_states=x.audio, encoder_hidden_states=x.text, timestep=x.timestep,
-        timestep_indices=x.row_index, token_tags=p.token_tags, position_ids=p.position_ids,
-        video_indices=p.video_indices, audio_indices=p.audio_indices, text_indices=p.text_indices, return_dict=False,
+        hidden_states=x.video,
+        audio_hidden_states=x.audio,
+        encoder_hidden_states=x.text,
+        timestep=x.timestep,
+        timestep_indices=x.row_index,
+        token_tags=p.token_tags,
+        position_ids=p.position_ids,
+        video_indices=p.video_indices,
+        audio_indices=p.audio_indices,
+        text_indices=p.text_indices,
+        return_dict=False,
     )
 
 
@@ -217,23 +268,27 @@ def run_dit_bench(spec: DitBenchSpec, log: Callable[[str], None]) -> DitBenchRes
     cfg, weights = load_weights(spec)
     x = forward_inputs(cfg, spec)
     calls: dict[str, Callable[[], tuple[torch.Tensor, torch.Tensor]]] = {}
+    sizes: dict[str, float] = {}
     with torch.no_grad():
-        calls[REFERENCE] = _reference_call(_reference(cfg, weights, spec.device), x)
-        for backend in spec.backends:
-            for mode in spec.modes:
-                model = _ours(cfg, weights, spec.device)
-                attention.install(model, dict.fromkeys(attention.ROLES, backend))
-                if mode == "compiled":
-                    compile_transformer(model, "regional", True, CompileState(log=log))
-                suffix = "" if len(spec.backends) == 1 else f" {backend}"
-                calls[f"{mode}{suffix}"] = _our_call(model, x)
+        reference = _reference(cfg, weights, spec.device)
+        calls[REFERENCE], sizes[REFERENCE] = _reference_call(reference, x), _module_mb(reference)
+        kinds = ("", "fp8 ") if spec.quantization is not None else ("",)
+        for kind in kinds:
+            for backend in spec.backends:
+                for mode in spec.modes:
+                    model = _fp8(cfg, weights, spec, log) if kind else _ours(cfg, weights, spec.device)
+                    attention.install(model, dict.fromkeys(attention.ROLES, backend))
+                    if mode == "compiled":
+                        compile_transformer(model, "regional", True, CompileState(log=log))
+                    name = f"{kind}{mode}" + ("" if len(spec.backends) == 1 else f" {backend}")
+                    calls[name], sizes[name] = _our_call(model, x), _module_mb(model)
         del weights
         peak_before = gemm_peak(spec.device, spec.dtype, spec.gemm_seconds)["flops_per_s"]
         results, reference_out = {}, None
         for name, call in calls.items():  # first calls: compile happens here
             seconds, out = _timed(call, spec.device)
             log(f"[dit-forward] {name}: first call {seconds:.3f} s")
-            results[name] = VariantResult(name, seconds)
+            results[name] = VariantResult(name, seconds, weight_mb=sizes[name])
             if name == REFERENCE:
                 reference_out = out
             else:
@@ -247,10 +302,13 @@ def run_dit_bench(spec: DitBenchSpec, log: Callable[[str], None]) -> DitBenchRes
             for name in names if i % 2 == 0 else names[::-1]:
                 if spec.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(spec.device)
+                    before = torch.cuda.memory_allocated(spec.device)
                 seconds, _ = _timed(calls[name], spec.device)
                 results[name].times.append(seconds)
                 if spec.device.type == "cuda":
-                    results[name].peak_device_mb = torch.cuda.max_memory_allocated(spec.device) / 2**20
+                    peak = torch.cuda.max_memory_allocated(spec.device)
+                    results[name].peak_device_mb = peak / 2**20
+                    results[name].forward_peak_mb = (peak - before) / 2**20
             log(f"[dit-forward] round {i}: " + ", ".join(f"{n} {results[n].times[-1]:.3f} s" for n in names))
         peak = max(peak_before, gemm_peak(spec.device, spec.dtype, spec.gemm_seconds)["flops_per_s"])
         if spec.profile:
@@ -281,9 +339,13 @@ def summary(result: DitBenchResult) -> str:
     """A Markdown table: one row per variant, ratios against the reference."""
     spec, ref = result.spec, result.result(REFERENCE)
     cfg = result.config
-    weights = f"checkpoint {spec.model.name}" if spec.model else (
-        f"random weights, {cfg.num_layers} blocks of hidden {cfg.hidden_size} ({cfg.num_attention_heads} heads of "
-        f"{cfg.attention_head_dim}), FFN {cfg.ffn_dim}"
+    weights = (
+        f"checkpoint {spec.model.name}"
+        if spec.model
+        else (
+            f"random weights, {cfg.num_layers} blocks of hidden {cfg.hidden_size} ({cfg.num_attention_heads} heads of "
+            f"{cfg.attention_head_dim}), FFN {cfg.ffn_dim}"
+        )
     )
     lines = [
         f"DiT forward, {spec.width}x{spec.height}x{spec.num_frames} ({result.shape.seq_len} rows: "
@@ -293,25 +355,35 @@ def summary(result: DitBenchResult) -> str:
         f"{result.gemm_peak_flops / 1e9:.0f} GFLOP/s",
         "",
         "| variant | first call s | median s | best s | / reference: medians | best | paired median | "
-        "GFLOP/s (best) | of GEMM peak | max diff video / audio | attention / GEMM / other | peak device MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "GFLOP/s (best) | of GEMM peak | max diff video / audio | attention / GEMM / other | FP8 GEMM | "
+        "weights MB | forward peak MB | peak device MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for v in result.variants:
         med, best = statistics.median(v.times), min(v.times)
         paired = statistics.median(a / b for a, b in zip(v.times, ref.times, strict=True))
-        shares = " / ".join(f"{100 * v.profile['shares'][c]:.1f}%" for c in ("attention", "gemm", "other")) \
-            if v.profile else "–"
+        shares = (
+            " / ".join(f"{100 * v.profile['shares'][c]:.1f}%" for c in ("attention", "gemm", "other"))
+            if v.profile
+            else "–"
+        )
         diff = "–" if v is ref else f"{v.max_diff_video:.2e} / {v.max_diff_audio:.2e}"
         device_mb = "–" if v.peak_device_mb is None else f"{v.peak_device_mb:.0f}"
+        forward_mb = "–" if v.forward_peak_mb is None else f"{v.forward_peak_mb:.0f}"
+        fp8_share = f"{100 * v.profile['fp8_gemm']:.1f}%" if v.profile and "fp8 " in f"{v.name} " else "–"
         flops = result.flops / best
         lines.append(
             f"| {v.name} | {v.first_call_s:.3f} | {med:.3f} | {best:.3f} | {med / statistics.median(ref.times):.3f} "
             f"| {best / min(ref.times):.3f} | {paired:.3f} | {flops / 1e9:.1f} | "
-            f"{100 * flops / result.gemm_peak_flops:.1f}% | {diff} | {shares} | {device_mb} |"
+            f"{100 * flops / result.gemm_peak_flops:.1f}% | {diff} | {shares} | {fp8_share} | {v.weight_mb:.0f} | "
+            f"{forward_mb} | {device_mb} |"
         )
     floor = same_kernel_floor(ref.profile)
     if floor is not None:
-        lines += ["", f"Same-kernel floor: the reference spends {100 * floor:.1f}% of its forward's self time in "
-                  f"attention and GEMM kernels; an implementation calling the same kernels on the same shapes, with "
-                  f"everything around them removed, would take about {floor:.3f}x the reference's time."]
+        lines += [
+            "",
+            f"Same-kernel floor: the reference spends {100 * floor:.1f}% of its forward's self time in "
+            f"attention and GEMM kernels; an implementation calling the same kernels on the same shapes, with "
+            f"everything around them removed, would take about {floor:.3f}x the reference's time.",
+        ]
     return "\n".join(lines) + "\n"

@@ -15,8 +15,22 @@ from torch.profiler import ProfilerActivity, profile
 
 CATEGORIES = ("attention", "gemm", "communication", "other")
 _ATTENTION = ("attention", "sdpa", "flash", "softmax")
-_GEMM = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::_mm",
-         "mkldnn_linear", "mkl_linear", "gemm", "cublas", "cutlass")
+_GEMM = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_mm",
+    "aten::_scaled_mm",
+    "mkldnn_linear",
+    "mkl_linear",
+    "gemm",
+    "cublas",
+    "cutlass",
+)
+_FP8_GEMM = ("scaled_mm", "e4m3", "fp8")  # torch._scaled_mm and the FP8 kernels under it (cuBLASLt, CUTLASS)
 _COMMUNICATION = ("c10d::", "nccl", "gloo:", "record_param_comms")  # collectives, their kernels and wrappers
 
 
@@ -47,7 +61,8 @@ def profiled(trace_path: Path, device: torch.device, result: dict[str, Any], top
 def op_table(events: Any, device: torch.device, top: int = 15) -> dict[str, Any]:
     """Self-time shares per category and the `top` ops by self time.
 
-    Returns {time_basis, total_s, shares: {category: fraction}, top_ops: [{name, category, calls, self_s, share}]}.
+    Returns {time_basis, total_s, shares: {category: fraction}, fp8_gemm (the FP8 GEMMs' fraction, inside the GEMM
+    share), top_ops: [{name, category, calls, self_s, share}]}.
     """
     on_gpu = device.type == "cuda"
     rows = []
@@ -57,13 +72,17 @@ def op_table(events: Any, device: torch.device, top: int = 15) -> dict[str, Any]
             rows.append((e.key, e.count, self_us / 1e6))
     total = sum(r[2] for r in rows) or 1.0
     shares = dict.fromkeys(CATEGORIES, 0.0)
+    fp8 = 0.0
     for name, _, seconds in rows:
         shares[category(name)] += seconds / total
+        if category(name) == "gemm" and any(k in name.lower() for k in _FP8_GEMM):
+            fp8 += seconds / total
     rows.sort(key=lambda r: r[2], reverse=True)
     return {
         "time_basis": "self device time" if on_gpu else "self CPU time",
         "total_s": total,
         "shares": shares,
+        "fp8_gemm": fp8,
         "top_ops": [
             {"name": n, "category": category(n), "calls": c, "self_s": s, "share": s / total} for n, c, s in rows[:top]
         ],
