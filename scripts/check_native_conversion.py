@@ -23,12 +23,14 @@ import torch
 from PIL import Image
 
 from h3serve.checkpoint_layout import read_layout
-from h3serve.engine.planning import plan_request
+from h3serve.model.conditioning import normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import H3Pipeline
+from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
 from h3serve.request import GenerationRequest, MediaRef
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs
 from h3serve.tools.tiny_native import build_native_checkpoint
+from h3serve.validate import GenerationPlan, validate
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 
@@ -53,8 +55,12 @@ def convert(converter: Path, native: Path, out: Path) -> None:
         k: audio[k] for k in ("num_attention_heads", "resblock_kernel_sizes", "resblock_dilation_sizes")
     }
     args = argparse.Namespace(
-        checkpoint_path=str(native / "FL2VA"), output_path=str(out), modular_repo_id=None, version="test",
-        max_shard_size=5 * 1024**3, dry_run=False,
+        checkpoint_path=str(native / "FL2VA"),
+        output_path=str(out),
+        modular_repo_id=None,
+        version="test",
+        max_shard_size=5 * 1024**3,
+        dry_run=False,
     )
     conv.main(args)
     ref_out = out / "transformer_ref"
@@ -87,33 +93,46 @@ def compare_weights(native: Path, converted: Path) -> int:
     return count
 
 
-def compare(native: Path, converted: Path, workdir: Path) -> float:
-    """h3serve's pipeline on the native tree (as the suite's parity test runs it) against diffusers on the result."""
+def _case(task: str, image: Image.Image, defaults) -> tuple[GenerationPlan, Conditioning, dict]:
+    """One task's plan, h3serve's conditioning and the images diffusers gets, as the suite's parity tests build
+    them (tests/model/test_workflow_parity.py): the keyframe on the canvas, the reference at its short edge."""
+    base = dict(prompt=PROMPT, duration_s=5, steps=3, seed=0)  # the suite's T2VA parity case
+    if task == "fl2va":
+        plan = validate(GenerationRequest(**base, image=_ref("keyframe.png")), defaults, keyframe_size=image.size)
+        keyframes = prepare_keyframes([image], plan.width, plan.height)
+        return plan, Conditioning(keyframes=keyframes, anchors=plan.anchors), {"image": image}
+    if task == "ref2va":
+        plan = validate(GenerationRequest(**base, references=(_ref("reference.png"),)), defaults)
+        refs = [normalize_image_reference(image, defaults.reference_image_short_edge)]
+        return plan, Conditioning(references=refs), {"image_0": image}
+    return validate(GenerationRequest(**base), defaults), Conditioning(), {}
+
+
+def _ref(name: str) -> MediaRef:
+    return MediaRef(path=f"/dev/null/{name}", name=name, kind="image")
+
+
+def compare(native: Path, converted: Path) -> float:
+    """h3serve's pipeline on the native tree against diffusers 0.42.1 on the converted one, per task."""
     layout = read_layout(native)
     pipeline = H3Pipeline(load_components(layout))
-    image_path = workdir / "reference.png"
     rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (256, 384, 3), dtype=np.uint8)).save(image_path)
+    image = Image.fromarray(rng.integers(0, 255, (256, 384, 3), dtype=np.uint8))
     worst = 0.0
-    cases = {
-        "t2va": GenerationRequest(prompt=PROMPT, duration_s=5, steps=3, seed=0),  # the suite's parity case
-        "ref2va": GenerationRequest(prompt=PROMPT, duration_s=5, steps=3, seed=0,
-                                    references=(MediaRef(image_path, "reference.png"),)),
-    }
-    for task, request in cases.items():
-        plan = plan_request(request, layout.defaults())
-        ours = pipeline.generate(plan)
-        pipe = load_reference_pipeline(converted, task)
-        images = {"image_0": Image.open(image_path).convert("RGB")} if task == "ref2va" else None
-        ref = pipe(**reference_inputs(plan, images))
+    for task in ("t2va", "fl2va", "ref2va"):
+        plan, cond, images = _case(task, image, layout.defaults())
+        ours = pipeline.generate(plan, cond)
+        ref = load_reference_pipeline(converted, task)(**reference_inputs(plan, images))
         video = (ours.video - torch.from_numpy(np.asarray(ref.get("videos")[0]))).abs().max().item()
         audio = (ours.audio - torch.as_tensor(np.asarray(ref.get("audio")[0]))).abs().max().item()
         same = torch.equal(ours.video_latents, ref.get("latents")) and torch.equal(
             ours.audio_latents, ref.get("audio_latents")
         )
-        print(f"{task}: {plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} forwards: latents "
-              f"{'bit-identical' if same else 'differ'}, max |video diff| {video:.3g}, max |audio diff| {audio:.3g} "
-              f"(video std {ours.video.std():.3g})")
+        print(
+            f"{task}: {plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} forwards: latents "
+            f"{'bit-identical' if same else 'differ'}, max |video diff| {video:.3g}, max |audio diff| {audio:.3g} "
+            f"(video std {ours.video.std():.3g})"
+        )
         worst = max(worst, video, audio)
     return worst
 
@@ -128,7 +147,7 @@ def main() -> int:
         build_native_checkpoint(native, seed=0)
     if not (args.workdir / "converted").exists():
         convert(args.converter, native, args.workdir / "converted")
-    worst = compare(native, args.workdir / "converted", args.workdir)
+    worst = compare(native, args.workdir / "converted")
     unequal = compare_weights(native, args.workdir / "converted")
     ok = worst <= 1e-5 and unequal == 0
     verdict = "PASS" if ok else "FAIL"

@@ -23,7 +23,7 @@ from h3serve.model.transformer import H3Transformer, H3TransformerConfig, Rotary
 from h3serve.rank import fasth3 as fuse_adapter
 from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
-from h3serve.weights import iter_tensors, materialize
+from h3serve.weights import iter_tensors, materialize, realign
 
 if TYPE_CHECKING:
     from h3serve.parallel.setup import RankParallel
@@ -284,13 +284,13 @@ def load_components(
         vae = load_native_video_vae(layout.component("vae"), dtype, where("vae"))
     else:
         vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
-        vae = vae.to(where("vae")).eval()
+        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.weights
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
     if layout.is_native("audio_vae"):
         audio_vae = load_native_audio_vae(layout.component("audio_vae"), where("audio_vae"))
     else:
         audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
-        audio_vae.eval()
+        realign(audio_vae).eval()
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from h3serve.validate import GenerationPlan
+from h3serve.weights import realign
 
 _COMMON = ["text_encoder", "tokenizer", "scheduler", "audio_scheduler", "vae", "audio_vae"]
 COMPONENTS = {
@@ -46,6 +47,10 @@ def load_reference_pipeline(
     pipe.update_components(processor=load_processor(checkpoint))
     if torch.device(device).type != "cpu":
         pipe.to(device)
+    for name in COMPONENTS[task]:  # h3serve computes on aligned weights, whatever their offsets in the files
+        component = getattr(pipe, name)
+        if isinstance(component, torch.nn.Module):
+            realign(component)
     return pipe
 
 
