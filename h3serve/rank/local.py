@@ -151,5 +151,6 @@ class LocalEngine:
         """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
         cached adapters adds none), and the torch.compile graphs built in this process (a recompile adds one)."""
         loads = self.lora.loads if self.lora is not None else {"host": 0, "device": 0}
-        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+        compiled = self.config.compile_mode() is not None  # eager: Dynamo is never imported
+        graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
         return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}

@@ -281,6 +281,8 @@ class LoraRuntime:
             if len(owned) > 1:
                 raise RuntimeError(f"{name}: offload placed some LoRA factors and not others")
             served.offloaded = owned == {True}
+            if served.offloaded:  # the units hold the factors now: no second host copy of the zero slot
+                served.null = []
 
     def _host_factors(self, choice: AdapterChoice, served: ServedDit) -> HostFactors:
         def read() -> HostFactors:
