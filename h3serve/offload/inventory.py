@@ -18,7 +18,7 @@ import copy
 import json
 import math
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -26,12 +26,14 @@ from torch import nn
 
 from h3serve import limits
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
-from h3serve.checkpoint_layout import CheckpointError, read_layout
+from h3serve.checkpoint_files import weight_keys
+from h3serve.checkpoint_layout import CheckpointError, read_layout, safetensors_files
+from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
+from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN, checkpoint_module_names
 
 RELEASED = "released"
 ADALN_GROUP = RESIDENT_GROUP  # transformer_blocks: each holds one adaln_proj
@@ -66,6 +68,9 @@ RELEASED_VISION_CONFIG = {
     "num_position_embeddings": 2304,
     "deepstack_visual_indexes": [8, 16, 24],
 }
+
+
+Stored = dict[str, bool] | None  # module name -> per-channel scales, of linears a checkpoint stores in FP8
 
 
 @dataclass(frozen=True)
@@ -212,14 +217,18 @@ def _split(name: str, tensors: dict[str, tuple[int, int]], groups: tuple[str, ..
     return ComponentBytes(name=name, params=params, base_bytes=base, groups=found)
 
 
-def _fp8_swap(model: nn.Module, component: str, quant: ComponentQuant | None, dtype: torch.dtype) -> int:
-    """The FP8 twins the loader makes (h3serve.accel.quantize): 1-byte weights plus float32 scales. Returns the
-    bytes of the largest one's weight dequantised into `dtype` (0 without quantisation)."""
-    if quant is None:
-        return 0
+def _fp8_swap(
+    model: nn.Module, component: str, quant: ComponentQuant | None, dtype: torch.dtype, stored: Stored = None
+) -> int:
+    """The FP8 twins the loader makes (h3serve.accel.quantize): 1-byte weights plus float32 scales, for the linears
+    `quant` selects and those the checkpoint stores in FP8 (`stored`). Returns the bytes of the largest one's weight
+    dequantised into `dtype` (0 without FP8 layers)."""
     from h3serve.accel.quantize import selected_linears, swap_to_fp8
 
-    names = {n: quant.per_channel for n in selected_linears(model, component, quant)}
+    names = {n: quant.per_channel for n in selected_linears(model, component, quant)} if quant else {}
+    names.update(stored or {})
+    if not names:
+        return 0
     layers = swap_to_fp8(model, names, dtype, "weight_only")
     return max((m.weight.numel() for m in layers.values()), default=0) * _size(dtype)
 
@@ -232,14 +241,19 @@ def _stored_dtype(key: str, t: torch.Tensor) -> torch.dtype | None:
 
 
 def dit_bytes(
-    name: str, cfg: H3TransformerConfig, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None
+    name: str,
+    cfg: H3TransformerConfig,
+    dtype: torch.dtype,
+    tp_size: int = 1,
+    quant: ComponentQuant | None = None,
+    stored: Stored = None,
 ) -> ComponentBytes:
     """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`."""
     with torch.device("meta"):
         model = H3Transformer(cfg)
     if tp_size > 1:  # works on the meta device, with no process group
         TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
-    scratch = _fp8_swap(model, name, quant, dtype)
+    scratch = _fp8_swap(model, name, quant, dtype, stored)
     fp32 = H3Transformer.keep_in_fp32_modules
 
     def dtype_of(key: str, t: torch.Tensor, _persistent: bool) -> torch.dtype:
@@ -306,7 +320,7 @@ def audio_vae_bytes(config: dict) -> ComponentBytes:
 
 
 def text_encoder_bytes(
-    config, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None
+    config, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None, stored: Stored = None
 ) -> ComponentBytes:
     """The truncated `Qwen3VLModel` (no LM head) the conditioner loads; a TP shard when tp_size > 1; FP8 per
     `quant`."""
@@ -316,7 +330,7 @@ def text_encoder_bytes(
         model = Qwen3VLModel._from_config(config, dtype=dtype)
     if tp_size > 1:
         TensorParallel(0, tp_size, None, TEXT_ENCODER_TP_PLAN).shard_module(model)
-    scratch = _fp8_swap(model, "text_encoder", quant, dtype)
+    scratch = _fp8_swap(model, "text_encoder", quant, dtype, stored)
     text = _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
     return replace(text, fp8_scratch=scratch)
 
@@ -332,6 +346,7 @@ class _Configs:
     vae: dict
     audio_vae: dict
     text: object  # transformers Qwen3VLConfig, truncated to the loaded layers
+    stored: dict[str, dict[str, bool]] = field(default_factory=dict)  # component -> linears stored in FP8
 
 
 def _truncated(config):
@@ -374,12 +389,25 @@ def _checkpoint_configs(root: Path, dits: tuple[str, ...]) -> _Configs:
     present = [d for d in dits if layout.has(d)]
     if not present:
         raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
+    text = _truncated(AutoConfig.from_pretrained(layout.component("text_encoder")))
     return _Configs(
         dits={d: H3TransformerConfig.from_dict(layout.component_config(d)) for d in present},
         vae=layout.component_config("vae"),
         audio_vae=layout.component_config("audio_vae"),
-        text=_truncated(AutoConfig.from_pretrained(layout.component("text_encoder"))),
+        text=text,
+        stored={name: _stored_fp8(layout.component(name), name, text) for name in (*present, "text_encoder")},
     )
+
+
+def _stored_fp8(folder: Path, name: str, text_config) -> dict[str, bool]:
+    """The linears a component's files store in FP8 (from the headers): they load as FP8 whatever the flags."""
+    from h3serve.accel.quantize import stored_fp8
+
+    files = safetensors_files(folder)
+    if name == "text_encoder":
+        return stored_fp8(files, checkpoint_module_names(text_config.text_config.num_hidden_layers))
+    native = native_keys.is_native_key_set(weight_keys(files))
+    return stored_fp8(files, native_keys.native_module_names if native else None)
 
 
 def text_holders(degrees: ParallelDegrees) -> tuple[int, ...]:
@@ -411,29 +439,34 @@ def build_inventory(
 ) -> Inventory:
     """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
 
-    `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs are read. With `quantization`,
-    the FP8 components count 1 byte a quantised weight plus its float32 scales.
+    `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs (and safetensors headers) are read.
+    With `quantization`, the FP8 components count 1 byte a quantised weight plus its float32 scales; so do the
+    linears a checkpoint stores in FP8, whatever the flags.
     """
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
     configs = _released_configs(dits) if source == RELEASED else _checkpoint_configs(Path(source), dits)
     # One DiT build per distinct config: the two released DiTs share one architecture.
     built: dict[str, ComponentBytes] = {}
+
     def quant(name: str) -> ComponentQuant | None:
         return quantization.component(name) if quantization is not None else None
 
+    def build_key(name: str) -> tuple:
+        return configs.dits[name], quant(name), configs.stored.get(name)
+
     for name, cfg in configs.dits.items():
-        twin = next(
-            (o for o, c in configs.dits.items() if o in built and c == cfg and quant(o) == quant(name)), None
-        )
+        twin = next((o for o in built if build_key(o) == build_key(name)), None)
         built[name] = (
             replace(built[twin], name=name)
             if twin
-            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name))
+            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name))
         )
     vae, vae_shape = vae_bytes(configs.vae, dtype)
     shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}
-    text = text_encoder_bytes(configs.text, dtype, degrees.text_encoder_tp, quant("text_encoder"))
+    text = text_encoder_bytes(
+        configs.text, dtype, degrees.text_encoder_tp, quant("text_encoder"), configs.stored.get("text_encoder")
+    )
     holders = text_holders(degrees)
     ranks = tuple({**shared, "text_encoder": text} if r in holders else dict(shared) for r in range(degrees.world_size))
     t = configs.text.text_config

@@ -202,3 +202,14 @@ def test_a_stored_fp8_native_dit_loads_its_bytes_and_runs_as_the_online_one(tiny
     with torch.no_grad():
         outs = [m(x.video, x.audio, m.embed_text(x.text), x.timestep, x.row_index, x.packed) for m in (loaded, online)]
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+
+
+def test_the_planner_counts_a_stored_fp8_checkpoint_without_the_flag(tiny_checkpoint, tmp_path):
+    from h3serve.checkpoint_layout import read_layout
+    from h3serve.rank.checkpoint import load_components
+
+    stored = _stored_modular_checkpoint(tiny_checkpoint, tmp_path / "stored")
+    inv = build_inventory(stored, dits=("transformer",), device_type="cpu")  # no quantization asked
+    loaded = load_components(read_layout(stored, ("transformer",)), dits=("transformer",))
+    for name, module in (("transformer", loaded.transformer), ("text_encoder", loaded.text.model)):
+        assert _fp8_layers(module) and inv.ranks[0][name].total_bytes == tensor_bytes(module), name
