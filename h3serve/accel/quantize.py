@@ -34,6 +34,7 @@ from h3serve.accel.fp8 import (
 )
 from h3serve.accel.quant_config import ComponentQuant
 from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
+from h3serve.weights import aligned
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Rename = Callable[[str], tuple[str, ...]]
@@ -173,11 +174,11 @@ def load_stored_fp8(
                 module, _, attr = key.rpartition(".")
                 for name in rename(module) if attr in ("weight", "weight_scale") else ():
                     if name in layers:
-                        layer, tensor = layers[name], f.get_tensor(key)
+                        layer, tensor = layers[name], aligned(f.get_tensor(key))  # no view of the file
                         if attr == "weight":
                             layer.weight = nn.Parameter(tensor, requires_grad=False)
                         else:
-                            layer.weight_scale = tensor.float().reshape(layer.weight_scale.shape)
+                            layer.weight_scale = tensor.float().reshape(layer.weight_scale.shape).contiguous()
     for name, layer in layers.items():
         model.set_submodule(name, layer.to(model.get_submodule(name).weight.device))
     return sorted(layers)
