@@ -202,6 +202,28 @@ def test_a_stored_fp8_native_dit_loads_its_bytes_and_runs_as_the_online_one(tiny
     with torch.no_grad():
         outs = [m(x.video, x.audio, m.embed_text(x.text), x.timestep, x.row_index, x.packed) for m in (loaded, online)]
     assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    _each_shard_reads_its_rows(folder, online)
+
+
+def _each_shard_reads_its_rows(folder, whole: nn.Module) -> None:
+    """Under TP2 a stored native FP8 checkpoint yields each rank exactly its rows (and scales) of the one-rank
+    FP8 tensors: q/k/v cut from the fused qkv_proj by heads, the FFN input as its [value; gate] pair split."""
+    from h3serve.model.transformer import H3Transformer
+    from h3serve.parallel.dit_loading import iter_dit_shards
+    from h3serve.parallel.tensor_parallel import TensorParallel
+
+    full = whole.state_dict()
+    files = sorted(folder.glob("*.safetensors"))
+    for rank in range(2):
+        tp = TensorParallel(rank, 2, None, H3Transformer.tensor_parallel_plan)
+        shard = dict(iter_dit_shards(files, whole.config, True, "interleaved", tp))
+        for stem in ("transformer_blocks.0.attn.to_k", "transformer_blocks.1.ff.net.0.proj"):
+            for kind in ("weight", "weight_scale"):
+                name = f"{stem}.{kind}"
+                ranges = tp.ranges(name, tuple(full[name].shape))
+                want = torch.cat([full[name][a:b] for a, b in ranges[1]])
+                got = shard[name].reshape(want.shape)
+                assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
 
 
 def test_the_planner_counts_a_stored_fp8_checkpoint_without_the_flag(tiny_checkpoint, tmp_path):
