@@ -1,4 +1,4 @@
-"""Activation and workspace estimates per stage: stated formulas over the request shape, not measurements.
+"""Activation estimates per stage: stated formulas over the request shape, not measurements.
 
 Bytes are for one rank. `es` is the compute dtype's element size (2 for bf16). Rows S of the packed sequence:
   S = L (text + vision-block tokens) + condition rows + 2·A (stereo audio latents) + F·(H/32)·(W/32) (video),
@@ -28,9 +28,7 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   the other ranks hold one clip's share of units twice.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
-workspace: on CUDA, the context and library handles (cuBLAS, cuDNN) as nvidia-smi counts them, 0.5 GiB; the
-  caching allocator's rounding and kernels' scratch, 0.25 GiB; NCCL's buffers with more than one rank,
-  0.25 GiB. On CPU nothing (the weights and activations are the process's memory).
+The runtime overhead (context, NCCL, compile, allocator reserve) is h3serve.offload.overhead's.
 """
 
 from __future__ import annotations
@@ -41,12 +39,8 @@ from dataclasses import dataclass
 from h3serve import geometry, limits
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.inventory import Inventory, TextShape, VaeShape
-from h3serve.offload.plan import GiB
 from h3serve.parallel.degrees import ParallelDegrees
 
-CUDA_CONTEXT = GiB // 2
-ALLOCATOR_SLACK = GiB // 4
-NCCL_BUFFERS = GiB // 4
 HIDDEN_STATES_KEPT = limits.TEXT_ENCODER_LAYER + 2  # embeddings + 51 layer outputs
 VAE_CLIP_LATENTS = 7  # one temporal decode chunk: 5 latents + 2 overlap -> 28 frames
 VAE_TEMPORAL_RATIO = 4
@@ -169,12 +163,6 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
 
 def audio_decode(shape: RequestShape) -> int:
     return 8 * AUDIO_WIDEST * (shape.audio_rows // limits.AUDIO_CHANNELS) * limits.AUDIO_CHANNELS * 4
-
-
-def workspace(device_type: str, world_size: int) -> int:
-    if device_type != "cuda":
-        return 0
-    return CUDA_CONTEXT + ALLOCATOR_SLACK + (NCCL_BUFFERS if world_size > 1 else 0)
 
 
 def stage_activations(inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode")
 ADALN = "adaln"  # every DiT's AdaLN projections (blocks' adaln_proj, norm_out.linear) when kept in host memory
 COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae", ADALN)
+ADALN_MEMO = "adaln_memo"  # host bytes only: the memo's store of modulations (h3serve.model.adaln_memo)
 GiB = 2**30
 TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs
 MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
@@ -62,21 +63,31 @@ class StagePlan:
     weights: Mapping[str, int]  # component -> resident weight bytes on the device during the stage
     stream_buffers: Mapping[str, int] = field(default_factory=dict)  # component -> bytes of its two block slots
     activations: int = 0  # estimated peak activation bytes of the stage
-    workspace: int = 0  # context, allocator slack, kernels' scratch
     modulations: int = 0  # the request's precomputed AdaLN modulations (h3serve.model.adaln_memo)
+    # What an nvidia-smi sample holds besides the tensors, by named term (h3serve.offload.overhead): CUDA context,
+    # NCCL communicators, compile workspace, the allocator's reserve. Empty on CPU.
+    overhead: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def weight_bytes(self) -> int:
         return sum(self.weights.values()) + sum(self.stream_buffers.values())
 
     @property
-    def device_bytes(self) -> int:
-        """The stage's peak: the AdaLN slot is filled only before the blocks stream and their activations exist."""
+    def tensor_bytes(self) -> int:
+        """The stage's tensor peak (what the caching allocator hands out, `max_memory_allocated`): the AdaLN slot
+        is filled only before the blocks stream and their activations exist."""
         adaln = self.stream_buffers.get(ADALN, 0)
         steps = self.weight_bytes - adaln + self.activations
-        return max(steps, self.weight_bytes - sum(self.stream_buffers.values()) + adaln) + self.modulations + (
-            self.workspace
-        )
+        return max(steps, self.weight_bytes - sum(self.stream_buffers.values()) + adaln) + self.modulations
+
+    @property
+    def overhead_bytes(self) -> int:
+        return sum(self.overhead.values())
+
+    @property
+    def device_bytes(self) -> int:
+        """The stage's peak as nvidia-smi would show it: tensors plus the runtime overhead."""
+        return self.tensor_bytes + self.overhead_bytes
 
     def component_peak(self, component: str) -> int:
         """The most of `component` ever on the device during this stage (what a placement test observes)."""
@@ -87,7 +98,10 @@ class StagePlan:
 class RankPlan:
     rank: int
     stages: tuple[StagePlan, ...]
-    host_bytes: Mapping[str, int]  # component -> bytes kept in (pinned) host memory for staging or streaming
+    # component -> bytes kept in (pinned) host memory for staging or streaming; "adaln_memo": the AdaLN memo's
+    # store of modulations for later requests, up to its bound (`ADALN_MEMO`)
+    host_bytes: Mapping[str, int]
+    communicators: tuple[str, ...] = ()  # the process groups of > 1 rank it joins (one NCCL communicator each)
 
     def stage(self, name: str) -> StagePlan:
         for s in self.stages:
@@ -102,6 +116,11 @@ class RankPlan:
     @property
     def peak_device_bytes(self) -> int:
         return max(s.device_bytes for s in self.stages)
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        """The tensor part alone (against the allocator's peak); its stage may differ from `peak_stage`."""
+        return max(s.tensor_bytes for s in self.stages)
 
     @property
     def total_host_bytes(self) -> int:
@@ -119,6 +138,10 @@ class PlacementPlan:
     @property
     def peak_device_bytes(self) -> int:
         return max(r.peak_device_bytes for r in self.ranks)
+
+    @property
+    def peak_tensor_bytes(self) -> int:
+        return max(r.peak_tensor_bytes for r in self.ranks)
 
     @property
     def fits(self) -> bool | None:

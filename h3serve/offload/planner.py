@@ -12,21 +12,26 @@ what a placement test observes):
       its base bytes on the device and never streams.
   host_bytes: staged components whole; streamed components' blocks (all of them: resident blocks are reloaded
       per request), 1/G of each under DLO all-gather (G = ulysses·ring).
-  AdaLN (h3serve.offload.adaln): with the memo on, the task DiT's modulations during denoise; with the
-      projections in host memory, the DiTs without them, and `adaln` in host memory with one slot in denoise.
+  AdaLN (h3serve.offload.adaln): with the memo on, the task DiT's modulations during denoise and the memo's
+      store in host memory (`adaln_memo`, up to its bound); with the projections in host memory, the DiTs without
+      them, and `adaln` in host memory with one slot in denoise.
+  overhead (h3serve.offload.overhead): per stage, the runtime terms an nvidia-smi sample adds to the tensors.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adaln import adaln_slot, modulation_bytes
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.inventory import ComponentBytes, Inventory
+from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.plan import (
     ADALN,
+    ADALN_MEMO,
     MAIN_DIT,
     RESIDENT_GROUP,
     TASK_DIT,
@@ -99,42 +104,64 @@ def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
     return held[runs].fp8_scratch if runs in held else 0
 
 
-def _rank_plan(
-    inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int, memo: bool
-) -> RankPlan:
+@dataclass(frozen=True)
+class Runtime:
+    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound) and
+    whether the DiT is compiled (the compile workspace)."""
+
+    memo: bool = True
+    memo_store: int = 0  # --adaln-memo: the bytes the memo's host store may grow to
+    compiled: bool = False
+
+
+def _stage_plan(
+    inv: Inventory,
+    rank: int,
+    held: dict,
+    stage: str,
+    shape: RequestShape,
+    config: OffloadConfig,
+    k: int,
+    runtime: Runtime,
+) -> StagePlan:
     dit = TASK_DIT[shape.task]
+    weights, buffers = {}, {}
+    for name, c in held.items():
+        w, b = _placement(c, stage, shape.task, config, k)
+        if w:
+            weights[name] = w
+        if b:
+            buffers[name] = b
+    if config.adaln_on_host(runtime.memo) and stage == "denoise":
+        buffers[ADALN] = adaln_slot(inv.ranks[rank][dit])
+    acts = activations.stage_activations(inv, rank, stage, shape, dit) + _fp8_scratch(held, stage, dit)
+    transient = acts + sum(buffers.values())
+    return StagePlan(
+        stage=stage,
+        weights=weights,
+        stream_buffers=buffers,
+        activations=acts,
+        modulations=modulation_bytes(inv.dits[dit], shape, inv.element_size)
+        if runtime.memo and stage == "denoise"
+        else 0,
+        overhead=runtime_overhead(inv.device_type, inv.degrees, rank, runtime.compiled, transient),
+    )
+
+
+def _rank_plan(
+    inv: Inventory, rank: int, config: OffloadConfig, shape: RequestShape, k: int, runtime: Runtime
+) -> RankPlan:
     loaded = inv.ranks[rank]
-    adaln_host = config.adaln_on_host(memo)
+    adaln_host = config.adaln_on_host(runtime.memo)
     held = {n: c.without_adaln() if adaln_host and n in inv.dits else c for n, c in loaded.items()}
-    stages = []
-    for stage in stages_for(shape.task):
-        weights, buffers = {}, {}
-        for name, c in held.items():
-            w, b = _placement(c, stage, shape.task, config, k)
-            if w:
-                weights[name] = w
-            if b:
-                buffers[name] = b
-        if adaln_host and stage == "denoise":
-            buffers[ADALN] = adaln_slot(loaded[dit])
-        stages.append(
-            StagePlan(
-                stage=stage,
-                weights=weights,
-                stream_buffers=buffers,
-                activations=activations.stage_activations(inv, rank, stage, shape, dit)
-                + _fp8_scratch(held, stage, dit),
-                workspace=activations.workspace(inv.device_type, inv.degrees.world_size),
-                modulations=modulation_bytes(inv.dits[dit], shape, inv.element_size)
-                if memo and stage == "denoise"
-                else 0,
-            )
-        )
+    stages = tuple(_stage_plan(inv, rank, held, s, shape, config, k, runtime) for s in stages_for(shape.task))
     sp = inv.degrees.sequence_parallel
     host = {name: h for name, c in held.items() if (h := _host_bytes(c, config, sp))}
     if adaln_host:
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
-    return RankPlan(rank=rank, stages=tuple(stages), host_bytes=host)
+    if runtime.memo and runtime.memo_store:
+        host[ADALN_MEMO] = runtime.memo_store
+    return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=inv.degrees.communicators(rank))
 
 
 def _build(
@@ -144,13 +171,14 @@ def _build(
     k: int,
     device_memory: int | None,
     headroom: int,
-    memo: bool = True,
+    runtime: Runtime,
 ) -> PlacementPlan:
-    ranks = tuple(_rank_plan(inv, r, config, shape, k, memo) for r in range(inv.degrees.world_size))
+    ranks = tuple(_rank_plan(inv, r, config, shape, k, runtime) for r in range(inv.degrees.world_size))
     notes = (
         f"request: {shape.describe()}",
         f"weights: {inv.dtype} on {inv.device_type} (fp32 where the dtype policy keeps it)",
-        "activations and workspace are estimates (h3serve.offload.activations)",
+        "activations are estimates (h3serve.offload.activations); runtime overhead: stated constants "
+        "(h3serve.offload.overhead)",
     )
     return PlacementPlan(ranks, resident_layers=k, device_memory=device_memory, headroom=headroom, notes=notes)
 
@@ -167,28 +195,31 @@ def plan_placement(
     device_memory: int | None = None,
     headroom: int = 0,
     memo: bool = True,
+    runtime: Runtime | None = None,
 ) -> PlacementPlan:
-    """The plan for one request shape (`memo`: AdaLN memoisation on, the engine's default).
+    """The plan for one request shape (`memo`: AdaLN memoisation on, the engine's default; `runtime`, when given,
+    replaces it and adds the memo store's bound and compilation).
     `resident_layers="auto"`: the largest K (never N-1) whose plan fits `device_memory - headroom` on every rank;
     `OffloadError` when none does or the device size is unknown."""
     _check(inv, config, shape.task)
+    rt = runtime or Runtime(memo=memo)
     layers = main_dit_layers(inv)
     resident = config.resident_layers
     rank_local = config.distributed and config.transfer == "rank-local" and MAIN_DIT in config.streamed_components()
     if resident != "auto":
         if resident and layers is not None and rank_local:
             check_resident_layers(resident, layers)
-        return _build(inv, config, shape, resident if rank_local and layers else 0, device_memory, headroom, memo)
+        return _build(inv, config, shape, resident if rank_local and layers else 0, device_memory, headroom, rt)
     if not rank_local or layers is None:
-        return _build(inv, config, shape, 0, device_memory, headroom, memo)
+        return _build(inv, config, shape, 0, device_memory, headroom, rt)
     if device_memory is None:
         raise OffloadError("--dlo-resident-layers auto needs the device size; give --device-memory (e.g. 32GiB)")
     candidates = [k for k in range(layers, -1, -1) if layers - k != 1]
     for k in candidates:
-        plan = _build(inv, config, shape, k, device_memory, headroom, memo)
+        plan = _build(inv, config, shape, k, device_memory, headroom, rt)
         if plan.fits:
             return plan
-    smallest = _build(inv, config, shape, 0, device_memory, headroom, memo)
+    smallest = _build(inv, config, shape, 0, device_memory, headroom, rt)
     raise OffloadError(
         f"--dlo-resident-layers auto: even with 0 resident blocks the plan needs "
         f"{smallest.peak_device_bytes / 2**30:.1f} GiB + {headroom / 2**30:.1f} GiB headroom on a "

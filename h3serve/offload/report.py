@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from h3serve.offload.adapters import ADAPTERS
-from h3serve.offload.plan import COMPONENTS, GiB, PlacementPlan, RankPlan
+from h3serve.offload.overhead import TERMS
+from h3serve.offload.plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
 
 STAGE_LABELS = {
     "text_encode": "text enc",
@@ -55,8 +56,20 @@ def _table(r: RankPlan) -> list[str]:
     if any(s.modulations for s in stages):
         lines.append(row("AdaLN modulations", [s.modulations for s in stages]))
     lines.append(row("activations (estimate)", [s.activations for s in stages]))
-    lines.append(row("workspace", [s.workspace for s in stages]))
-    lines.append(row("total", [s.device_bytes for s in stages], r.total_host_bytes))
+    if ADALN_MEMO in r.host_bytes:  # host memory only
+        lines.append(
+            f"  {'AdaLN memo store':<28}{'':>{width * len(stages)}}{gib(r.host_bytes[ADALN_MEMO]):>{width + 2}}"
+        )
+    lines.append(row("tensors", [s.tensor_bytes for s in stages]))
+    if any(s.overhead for s in stages):  # apart from the tensors, which the allocator's peak is checked against
+        lines.append("  runtime overhead (not tensors; h3serve.offload.overhead)")
+        communicators = len(r.communicators)
+        for term in TERMS:
+            values = [s.overhead.get(term, 0) for s in stages]
+            if any(values):
+                label = f"nccl ({communicators} communicators)" if term == "nccl" else term
+                lines.append(row(f"  {label}", values))
+    lines.append(row("total (as nvidia-smi)", [s.device_bytes for s in stages], r.total_host_bytes))
     return lines
 
 
@@ -92,6 +105,7 @@ def plan_json(plan: PlacementPlan) -> dict:
     return {
         "fits": plan.fits,
         "peak_device_bytes": plan.peak_device_bytes,
+        "peak_tensor_bytes": plan.peak_tensor_bytes,
         "device_memory": plan.device_memory,
         "headroom": plan.headroom,
         "shortfall_bytes": plan.shortfall_bytes,
@@ -101,15 +115,18 @@ def plan_json(plan: PlacementPlan) -> dict:
             {
                 "rank": r.rank,
                 "peak_device_bytes": r.peak_device_bytes,
+                "peak_tensor_bytes": r.peak_tensor_bytes,
                 "peak_stage": r.peak_stage,
+                "communicators": list(r.communicators),
                 "host_bytes": dict(r.host_bytes),
                 "stages": {
                     s.stage: {
                         "weights": dict(s.weights),
                         "stream_buffers": dict(s.stream_buffers),
                         "activations": s.activations,
-                        "workspace": s.workspace,
                         "modulations": s.modulations,
+                        "tensor_bytes": s.tensor_bytes,
+                        "overhead": dict(s.overhead),
                         "device_bytes": s.device_bytes,
                     }
                     for s in r.stages

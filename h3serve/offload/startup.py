@@ -13,7 +13,7 @@ from h3serve.offload.adapters import lora_bytes, with_adapter_bytes, with_lora_b
 from h3serve.offload.config import AUTO, OffloadConfig
 from h3serve.offload.inventory import Inventory, build_inventory
 from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
-from h3serve.offload.planner import plan_placement
+from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.request import tasks_served
 from h3serve.validate import GenerationPlan, ModelDefaults
 
@@ -39,15 +39,16 @@ def plan_largest(
     device_memory: int | None,
     headroom: int,
     memo: bool = True,
+    runtime: Runtime | None = None,
 ) -> PlacementPlan:
     """The plan of the shape that needs the most device memory. With `resident_layers="auto"` one K serves every
     shape: the smallest of the Ks each shape running the main DiT allows."""
-    plans = [plan_placement(inv, offload, s, device_memory, headroom, memo) for s in shapes]
+    plans = [plan_placement(inv, offload, s, device_memory, headroom, memo, runtime) for s in shapes]
     if offload.resident_layers == AUTO:
         ks = [p.resident_layers for p, s in zip(plans, shapes, strict=True) if TASK_DIT[s.task] == MAIN_DIT]
         if ks:
             fixed = replace(offload, resident_layers=min(ks))
-            plans = [plan_placement(inv, fixed, s, device_memory, headroom, memo) for s in shapes]
+            plans = [plan_placement(inv, fixed, s, device_memory, headroom, memo, runtime) for s in shapes]
     return max(plans, key=lambda p: p.peak_device_bytes)
 
 
@@ -67,13 +68,19 @@ def plan_for_engine(
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
-    memo = config.adaln_memo_bytes is not None
+    runtime = engine_runtime(config)
     slot_rank, offloaded = lora_slot_rank(config), offloaded_dits(config)
     inv = with_lora_blocks(inv, slot_rank)  # each block's LoRA factors: placed, staged and streamed with it
-    plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, memo)
+    plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, runtime=runtime)
     device, host = lora_bytes(inv.dits, slot_rank, inv.degrees.tensor_parallel, inv.element_size,
                               config.max_loras, config.max_cpu_loras, offloaded)
     return with_adapter_bytes(plan, device, host)
+
+
+def engine_runtime(config: EngineConfig) -> Runtime:
+    """The AdaLN memo (and its store's bound) and compilation, as the engine will run them."""
+    memo = config.adaln_memo_bytes
+    return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=config.compile_mode() is not None)
 
 
 def lora_slot_rank(config: EngineConfig) -> int:

@@ -113,6 +113,21 @@ class ParallelDegrees:
         t, u = self.tensor_parallel, self.ulysses
         return c.replica * self.dit_group + (c.ring * u + c.ulysses) * t + c.tp
 
+    def communicators(self, rank: int) -> tuple[str, ...]:
+        """The process groups of more than one rank that `rank` joins, as `h3serve.parallel.setup` creates them
+        (on CUDA each is one NCCL communicator): the world, each of the tp / ulysses / ring axes and the sequence-
+        parallel group (Ulysses x Ring) whose degree is above 1, and the text-encoder TP group (its first N ranks).
+        VAE tile parallelism uses the world group."""
+        names = ["world"] if self.world_size > 1 else []
+        names += [
+            axis for axis, n in (("tp", self.tensor_parallel), ("ulysses", self.ulysses), ("ring", self.ring)) if n > 1
+        ]
+        if self.sequence_parallel > 1:
+            names.append("sp")
+        if self.text_encoder_tp > 1 and rank < self.text_encoder_tp:
+            names.append("text_encoder")
+        return tuple(names)
+
     def group_ranks(self, rank: int, axes: tuple[str, ...]) -> list[int]:
         """The ranks that share every coordinate of `rank` except those in `axes` (sorted ascending)."""
         me = self.coords(rank)

@@ -89,8 +89,16 @@ def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
             references=(placeholder,) if task == "ref2va" else (),
         )
         plan = validate(request, defaults)
-        shapes.append(RequestShape(plan.width, plan.height, plan.num_frames, task, args.prompt_tokens,
-                                   streamed_decode=args.decode_mode == "stream"))
+        shapes.append(
+            RequestShape(
+                plan.width,
+                plan.height,
+                plan.num_frames,
+                task,
+                args.prompt_tokens,
+                streamed_decode=args.decode_mode == "stream",
+            )
+        )
     return shapes
 
 
@@ -102,6 +110,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
+    from h3serve.offload.planner import Runtime
     from h3serve.offload.startup import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.validate import ModelDefaults
@@ -125,13 +134,17 @@ def build_plan(args: argparse.Namespace):
     quant = quantization(args)
     inv = build_inventory(source, degrees, dits, device, dtype, quant)
     defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits).defaults()
-    memo = adaln_memo(args.adaln_memo) is not None
-    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, memo)
+    store = adaln_memo(args.adaln_memo)
+    # Compiled as the engine would on the planned device: regional torch.compile on CUDA unless --enforce-eager.
+    compiled = device == "cuda" and not args.enforce_eager
+    runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled)
+    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, runtime=runtime)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
     name = "released H3 architecture (no files)" if source == RELEASED else str(source)
-    memo_text = "AdaLN memo on" if memo else "AdaLN memo off"
-    title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}; {memo_text}"
+    memo_text = "AdaLN memo on" if runtime.memo else "AdaLN memo off"
+    compile_text = "compiled" if compiled else "eager"
+    title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}; {memo_text}; {compile_text}"
     if quant is not None:
         title += f"; quantization {quant.describe()}"
     return plan, title

@@ -18,3 +18,24 @@ def test_cpu_peak_is_per_request():
         time.sleep(0.1)
     assert big.mb - small.mb > 200
     assert small.mb > 0
+
+
+def test_rss_is_attributed_to_the_running_stage():
+    from h3serve.rank.memory import RssSampler
+
+    with RssSampler() as rss:
+        with rss.stage("text_encode"):
+            time.sleep(0.05)
+        with rss.stage("video_decode"):
+            block = torch.ones(48, 2**20)  # 192 MiB, touched
+            time.sleep(0.1)
+            del block
+        with rss.stage("mux"):
+            time.sleep(0.05)
+    assert list(rss.stages) == ["text_encode", "video_decode", "mux"]
+    assert rss.stages["video_decode"].added_bytes > 150 * 2**20
+    assert rss.stages["text_encode"].added_bytes < 100 * 2**20
+    span = rss.window(("audio_decode", "video_decode", "mux"))
+    assert span.start_bytes == rss.stages["video_decode"].start_bytes
+    assert span.peak_bytes == max(rss.stages["video_decode"].peak_bytes, rss.stages["mux"].peak_bytes)
+    assert rss.window(("audio_decode",)) is None

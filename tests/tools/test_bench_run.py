@@ -49,6 +49,14 @@ def test_one_run_matrix_writes_valid_records(bench):
     assert placement["ranks"][0]["peak_stage"] in STAGES and placement["peak_device_bytes"] > 0
     assert ours["memory"]["planned_peak_device_mb"] == placement["peak_device_bytes"] / 2**20
     assert peer["memory"]["placement"] is None
+    # Per-stage RSS: every stage the in-process engine ran, in order; the decode-and-write span starts at the
+    # video decode (full decode: video, audio, then the mux) and its peak is the highest of those stages'.
+    rss = ours["memory"]["stage_rss"]
+    assert list(rss["stages"])[:2] == ["text_encode", "denoise"] and {"video_decode", "mux"} <= set(rss["stages"])
+    span, video = rss["decode_write"], rss["stages"]["video_decode"]
+    assert span["start_mb"] == video["start_mb"] and span["added_mb"] >= 0
+    assert span["peak_mb"] == max(rss["stages"][s]["peak_mb"] for s in ("video_decode", "audio_decode", "mux"))
+    assert list(peer["memory"]["stage_rss"]["stages"]) == ["mux"]  # the peer's own stages are not hooked
     # h3serve reproduces the reference: same arrays, bit for bit or within float noise.
     fid = ours["fidelity"]
     assert fid["reference"] == "diffusers run 0"

@@ -36,6 +36,10 @@ def test_released_preset_on_two_32_gib_gpus_fits(capsys):
     assert "in denoise" in out and "transformer stream buffers" in out and "host pinned" in out
     assert "resident DiT blocks during denoise: 20" in out
     assert out.strip().splitlines()[-1].startswith("fits: peak")
+    # The runtime overhead apart from the tensors: context, one NCCL communicator per group (world, tp, encoder
+    # tp), eager here only through --enforce-eager (compiled is the CUDA default), the allocator's reserve.
+    assert "runtime overhead (not tensors" in out and "nccl (3 communicators)" in out and "compile" in out
+    assert "AdaLN memo store" in out and "tensors" in out and "total (as nvidia-smi)" in out
 
 
 def test_released_preset_that_does_not_fit_says_by_how_much(capsys):
@@ -48,6 +52,12 @@ def test_released_preset_that_does_not_fit_says_by_how_much(capsys):
     rank = data["ranks"][0]
     assert rank["peak_stage"] == "denoise"
     assert rank["peak_device_bytes"] == max(s["device_bytes"] for s in rank["stages"].values())
+    assert rank["peak_tensor_bytes"] == max(s["tensor_bytes"] for s in rank["stages"].values())
+    assert rank["communicators"] == ["world", "tp", "text_encoder"]
+    assert rank["host_bytes"]["adaln_memo"] == 4 * 2**30  # the memo store's default bound, pinned host memory
+    for s in rank["stages"].values():
+        assert s["device_bytes"] == s["tensor_bytes"] + sum(s["overhead"].values())
+        assert set(s["overhead"]) == {"cuda_context", "nccl", "compile", "allocator_reserve"}
     assert set(rank["stages"]) == {"text_encode", "vae_encode", "denoise", "video_decode", "audio_decode"}
     assert rank["stages"]["denoise"]["stream_buffers"]["transformer"] > 0
 
@@ -60,10 +70,10 @@ def test_checkpoint_json_per_rank_and_stage(tiny_checkpoint, capsys):
     denoise = data["ranks"][0]["stages"]["denoise"]
     assert set(denoise["weights"]) == {"transformer", "transformer_ref", "vae", "audio_vae", "text_encoder"}
     assert "text_encoder" not in data["ranks"][1]["stages"]["denoise"]["weights"]  # rank 0 runs the encoder
-    assert denoise["workspace"] == 0  # CPU: no CUDA context
+    assert denoise["overhead"] == {}  # CPU: no CUDA context, no NCCL
     assert denoise["modulations"] > 0  # the AdaLN memo's per-request modulations (on by default)
     parts = sum(denoise["weights"].values()) + denoise["activations"] + denoise["modulations"]
-    assert parts == denoise["device_bytes"]
+    assert parts == denoise["device_bytes"] == denoise["tensor_bytes"]
 
 
 def test_human_output_names_peak_stage_and_verdict(tiny_checkpoint, capsys):

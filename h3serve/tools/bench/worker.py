@@ -55,6 +55,8 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     from h3serve.rank.memory import RssSampler
     from h3serve.tools.bench.measure import cpu_seconds
     from h3serve.tools.bench.profiling import profiled
+    from h3serve.tools.bench.runners import H3Runner
+    from h3serve.tools.bench.stage_rss import sampling_stages, stage_record
 
     device = runner.device
     counter.reset()
@@ -63,14 +65,16 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     profile: dict[str, Any] = {}
     tracing = profiled(Path(spec.trace_path), device, profile) if spec.trace_path else nullcontext()
     load_before, cpu_before = os.getloadavg()[0], cpu_seconds()
-    with RssSampler() as rss, tracing:
+    local = runner.local if isinstance(runner, H3Runner) else None  # in-process h3serve: its stages are sampled
+    with RssSampler() as rss, tracing, sampling_stages(local.pipeline if local else None, rss):
         start = time.perf_counter()
         Path(spec.mp4_path).parent.mkdir(parents=True, exist_ok=True)
         out = runner.run(spec.request, spec.mp4_path if spec.stream else None)
         engine_s = time.perf_counter() - start
         start = time.perf_counter()
         if out.video is not None:  # streamed: the MP4 was written during the decode (its time is video_decode's)
-            write_mp4(spec.mp4_path, out.video, out.audio)
+            with rss.stage("mux"):
+                write_mp4(spec.mp4_path, out.video, out.audio)
         out.stage_durations["mux"] = time.perf_counter() - start
     cpu_s = cpu_seconds() - cpu_before
     raw = None
@@ -99,8 +103,13 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
             "peak_rss_sampled_mb": rss.peak_bytes / 2**20,
             "rss_before_run_mb": rss.start_bytes / 2**20,  # the loaded engine: the peak less this is the request's
             "peak_rss_process_mb": _process_lifetime_rss_mb(),
+            # Per stage (in-process h3serve engine only): RSS at its start, its peak, what it added; and the
+            # decode-and-write span (audio + video decode, and the full decode's mux): the decode's working set.
+            "stage_rss": stage_record(rss),
             # The memory planner's prediction for this request (h3serve side): peak per rank and the stage.
             "planned_peak_device_mb": out.placement["peak_device_bytes"] / 2**20 if out.placement else None,
+            # Its tensor part alone: what `peak_device_allocated_mb` (the allocator's peak) is to be compared with.
+            "planned_peak_tensor_mb": out.placement["peak_tensor_bytes"] / 2**20 if out.placement else None,
             "placement": out.placement,
         },
         # Weights the offload hooks copied onto the device, per stage and component (layerwise: per step = the
