@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from h3serve.api import serve_cli
 from h3serve.names import AUDIO_MODES, LONG_VIDEO_MODES, TASKS
-from h3serve.tools import bench, compare, plan_cli, probe_cli, selftest
+from h3serve.tools import bench, compare, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
 
@@ -198,7 +197,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.engine.planning import plan_request
     from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
-    from h3serve.offload.startup import device_memory_of, long_request_refusal
+    from h3serve.rank.placement import device_memory_of, long_request_refusal
+    from h3serve.rank.startup import check_engine
     from h3serve.request import tasks_served
 
     # Everything that can be refused is refused here, before a weight is read.
@@ -209,13 +209,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _check_writable("--save-raw", args.save_raw)
         model = model_dir(args.model)
         config = engine_config_from_args(args, model)
+        device = check_engine(config).device  # the ranks' own start-up check, before any rank starts
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
         layout = read_layout(model, config.dits)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = engine_defaults(config, layout.defaults())
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
-        refusal = long_request_refusal(config, plan, device_memory_of(config, config.resolved_device()))
+        refusal = long_request_refusal(config, plan, device_memory_of(config, device))
         if refusal is not None:  # the planner's verdict, before a weight is read
             return fail(f"duration: {refusal}")
     except (H3ServeError, ValueError) as e:

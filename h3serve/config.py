@@ -1,25 +1,29 @@
 """EngineConfig: every engine flag, parsed and cross-checked once at start-up (frozen).
 
-torch is imported lazily: the API process builds and ships an `EngineConfig` without ever loading torch.
+No torch here: the API process builds, checks and ships an `EngineConfig` without loading it. What only torch can
+tell (which device `auto` is, whether a GPU or a kernel is there) each rank checks before it reads a weight
+(`h3serve.rank.startup`), with the same `ConfigError` messages.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
+from h3serve.adapters.fasth3 import read_fasth3
+from h3serve.adapters.header import AdapterError
+from h3serve.adapters.serving import catalog_for, lora_enabled
 from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.names import TASK_TYPES
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
-from h3serve.parallel.degrees import check_degrees, read_model_dims
-from h3serve.parallel.rendezvous import nodes_from_env
+from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 
-if TYPE_CHECKING:
-    import torch
-
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("stream", "full")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends the engine accepts
@@ -86,10 +90,13 @@ class EngineConfig:
     def world_size(self) -> int:
         return self.num_ranks or self.tensor_parallel_size * self.ulysses_degree * self.ring_degree
 
-    def parallel_degrees(self):
-        """The degrees as an `h3serve.parallel.degrees.ParallelDegrees`."""
-        from h3serve.parallel.degrees import ParallelDegrees
+    @property
+    def device_type(self) -> str | None:
+        """The device kind --device names (cpu, cuda); None for `auto`, which only a rank can resolve (torch)."""
+        return None if self.device == "auto" else self.device.split(":")[0]
 
+    def parallel_degrees(self) -> ParallelDegrees:
+        """The degrees as an `h3serve.parallel.degrees.ParallelDegrees`."""
         return ParallelDegrees(
             tensor_parallel=self.tensor_parallel_size,
             ulysses=self.ulysses_degree,
@@ -100,25 +107,36 @@ class EngineConfig:
         )
 
     def notices(self) -> list[str]:
-        """One line per flag applied in a way the user may not expect (printed once, at start-up)."""
-        from h3serve.parallel.degrees import parallel_notices
-
+        """One line per flag applied in a way the user may not expect (printed once, at start-up). The device's
+        own lines only when --device names it (for `auto` the rank prints them: `device_notices`)."""
         notices = parallel_notices(self.parallel_degrees())
         if self.data_parallel_size > 1:
-            notices.append(f"notice: {self.data_parallel_size} data-parallel engine replicas of {self.world_size} "
-                           f"rank(s) each: up to {self.data_parallel_size} jobs run at once")
-        if self.world_size > 1 and self.resolved_device().type == "cpu":
+            notices.append(
+                f"notice: {self.data_parallel_size} data-parallel engine replicas of {self.world_size} "
+                f"rank(s) each: up to {self.data_parallel_size} jobs run at once"
+            )
+        if self.device_type is not None:
+            notices += self.device_notices(self.device_type)
+        return notices
+
+    def device_notices(self, device_type: str) -> list[str]:
+        """The notices that depend on the device (all about CPU)."""
+        if device_type != "cpu":
+            return []
+        notices = []
+        if self.offload.enabled:
+            notices.append(
+                "notice: offload on CPU: the compute device is host memory, so weights move by reference "
+                "(placement is still carried out and accounted)"
+            )
+        if self.world_size > 1:
             notices.append(f"notice: --num-gpus {self.world_size} on CPU: {self.world_size} rank processes over gloo")
-        if self.dtype in ("bfloat16", "float16") and self.resolved_device().type == "cpu":
+        if self.dtype in ("bfloat16", "float16"):
             notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
 
-    def cache_profile(self):
-        """The server's `h3serve.accel.cache.CacheProfile`, or None without --cache-backend cache_dit."""
-        import json
-
-        from h3serve.accel.cache import CacheConfigError, CacheProfile
-
+    def cache_profile(self) -> CacheProfile | None:
+        """The server's `h3serve.accel.cache_profile.CacheProfile`, or None without --cache-backend cache_dit."""
         if self.cache_backend == "none":
             return None
         try:
@@ -129,69 +147,45 @@ class EngineConfig:
         except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError(str(e)) from None
 
-    def cache_refusal(self) -> str | None:
+    def cache_refusal(self, device_type: str | None = None) -> str | None:
         """Why this engine cannot run a DiT block cache (--cache-backend cache_dit, or a `quality=high` request);
-        None when it can."""
+        None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no device)."""
+        device_type = device_type or self.device_type
         if self.ulysses_degree * self.ring_degree > 1:
             return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
         if self.offload.streamed:
             return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
-        if self.compile_mode() == "full":
+        if self.full_graph:
             return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
-        if self.world_size > 1 and self.resolved_device().type == "cpu":
-            return "several CPU ranks (cache-dit averages the residual over the ranks with an AVG all-reduce, which " \
+        if self.world_size > 1 and device_type == "cpu":
+            return (
+                "several CPU ranks (cache-dit averages the residual over the ranks with an AVG all-reduce, which "
                 "gloo lacks)"
+            )
         return None
 
-    def compile_mode(self) -> str | None:
-        """The granularity the DiT is compiled at, or None for eager."""
+    def dtype_name(self) -> str | None:
+        """--dtype as a torch dtype's name; None for `auto` (the device's default). `ConfigError` when unknown."""
+        if self.dtype == "auto":
+            return None
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype: unknown dtype {self.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
+        return self.dtype
+
+    @property
+    def full_graph(self) -> bool:
+        """The whole forward is compiled (only when named: it is never a device's default)."""
+        return not self.enforce_eager and self.compile_granularity == "full"
+
+    def compile_mode(self, device_type: str) -> str | None:
+        """The granularity the DiT is compiled at on a `device_type` device, or None for eager."""
         if self.enforce_eager:
             return None
         if self.compile_granularity is not None:
             return self.compile_granularity
-        return "regional" if self.resolved_device().type == "cuda" else None
-
-    def attention_roles(self) -> dict[str, str]:
-        """The attention backend of each DiT role, checked against this device; `ConfigError` lists the usable."""
-        from h3serve.accel.attention import AttentionBackendError, resolve_roles
-
-        ring = self.ring_degree > 1
-        try:
-            device, dtype = self.resolved_device(), self.resolved_dtype()
-            roles = resolve_roles(self.attention_backend, self.attention_per_role, device, ring, dtype)
-        except AttentionBackendError as e:
-            raise ConfigError(str(e)) from None
-        return roles
-
-    def resolved_device(self) -> torch.device:
-        import torch
-
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            raise ConfigError(
-                f"--device: unknown device {self.device!r}; choose from: auto, cpu, cuda, cuda:N"
-            ) from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device: CUDA was requested but no GPU is visible; use --device cpu")
-        return device
-
-    def resolved_dtype(self) -> torch.dtype:
-        import torch
-
-        if self.dtype == "auto":
-            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype: unknown dtype {self.dtype!r}; choose from: auto, {', '.join(DTYPES)}")
-        return getattr(torch, self.dtype)
+        return "regional" if device_type == "cuda" else None
 
     def _validate_lora(self) -> None:
-        from h3serve.adapters.fasth3 import read_fasth3
-        from h3serve.adapters.header import AdapterError
-        from h3serve.adapters.serving import catalog_for, lora_enabled
-
         if self.dit_adapter is not None:
             if "transformer" not in self.dits:
                 raise ConfigError("--dit-adapter: a FastH3 adapter serves T2VA; load that DiT (--task-type fl2va)")
@@ -213,15 +207,31 @@ class EngineConfig:
             raise ConfigError(str(e)) from None
 
     def validate(self) -> EngineConfig:
-        """Fail loudly, at start-up, on any illegal value."""
-        pinned = self.device.startswith("cuda:")
-        if pinned and self.world_size * self.data_parallel_size > 1:  # each rank takes its own GPU by local rank
+        """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""
+        self._validate_device()
+        self._validate_processes()
+        self._validate_compile_and_cache()
+        self._validate_model()
+        self._validate_lora()
+        return self
+
+    def _validate_device(self) -> None:
+        if not DEVICE.fullmatch(self.device):
+            raise ConfigError(f"--device: unknown device {self.device!r}; choose from: auto, cpu, cuda, cuda:N")
+        if self.device.startswith("cuda:") and self.world_size * self.data_parallel_size > 1:
+            # each rank takes its own GPU by local rank
             raise ConfigError(
                 f"--device {self.device} names one GPU, but this engine runs "
                 f"{self.world_size * self.data_parallel_size} ranks (one GPU each, by local rank); use --device cuda "
                 "and choose the GPUs with CUDA_VISIBLE_DEVICES"
             )
-        self.resolved_dtype()
+        self.dtype_name()
+        if self.device_memory is not None and self.device_memory <= 0:
+            raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
+        if self.threads < 0:
+            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+
+    def _validate_processes(self) -> None:
         if self.task_type not in TASK_TYPES:
             raise ConfigError(f"--task-type: unknown {self.task_type!r}; choose from: {', '.join(TASK_TYPES)}")
         if self.qkv_layout not in (None, "interleaved", "stacked"):
@@ -236,6 +246,10 @@ class EngineConfig:
             raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
         if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
             raise ConfigError("idle_keepalive_s must be > 0 and shorter than collective_timeout_s")
+        if self.decode_mode not in DECODE_MODES:
+            raise ConfigError(f"--decode-mode {self.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
+
+    def _validate_compile_and_cache(self) -> None:
         if self.compile_granularity not in (None, "regional", "full"):
             raise ConfigError(
                 f"--diffusion-compile-granularity {self.compile_granularity}: choose from: regional, full"
@@ -244,22 +258,19 @@ class EngineConfig:
             raise ConfigError(
                 f"--diffusion-compile-backend {self.compile_backend}: choose from: {', '.join(COMPILE_BACKENDS)}"
             )
-        if self.compile_mode() == "full" and (self.ulysses_degree * self.ring_degree > 1 or self.offload.enabled):
+        if self.full_graph and (self.ulysses_degree * self.ring_degree > 1 or self.offload.enabled):
             raise ConfigError(
                 "diffusion_compile_granularity='full' is incompatible with sequence parallelism and offload; "
                 "use 'regional' compilation instead"
             )
-        self.attention_roles()
         if self.cache_backend not in ("none", "cache_dit"):
             raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
         self.cache_profile()
         refusal = self.cache_refusal()
         if self.cache_backend != "none" and refusal:
             raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
-        if self.decode_mode not in DECODE_MODES:
-            raise ConfigError(f"--decode-mode {self.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
-        if self.threads < 0:
-            raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+
+    def _validate_model(self) -> None:
         try:  # the one resolver (modular root, native FL2VA/Ref2VA tree or variant folder): gaps named
             read_layout(self.model, self.dits)
         except CheckpointError as e:
@@ -278,21 +289,3 @@ class EngineConfig:
             )
         if self.adaln_cache_dir is not None and self.adaln_memo_bytes is None:
             raise ConfigError("--adaln-cache-dir fills the AdaLN memo, which --adaln-memo off turns off; drop one")
-        if self.device_memory is not None and self.device_memory <= 0:
-            raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
-        if self.quantization is not None:
-            from h3serve.accel.quant_checks import check_quantization
-
-            check_quantization(self.quantization, self.model, self.dits, self.resolved_device())
-        self._validate_lora()
-        if self.resolved_device().type == "cuda":
-            import torch
-
-            devices = self.world_size * self.data_parallel_size
-            per_node, visible = devices // nodes_from_env(), torch.cuda.device_count()
-            if per_node > visible:
-                raise ConfigError(
-                    f"--num-gpus {devices} needs {per_node} GPUs on this node, {visible} are visible; "
-                    f"use --num-gpus {visible} (or run across nodes, see h3serve.parallel.rendezvous)"
-                )
-        return self

@@ -12,7 +12,7 @@ import h3serve.jobstore
 
 LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint_layout", "h3serve.request", "h3serve.validate",
           "h3serve.limits", "h3serve.geometry", "h3serve.long_video", "h3serve.edit_mask", "h3serve.cli",
-          "h3serve.tools.plan_cli"]
+          "h3serve.tools.plan_cli", "h3serve.tools.serve_cli"]
 
 
 def _parent_modules() -> list[str]:
@@ -43,4 +43,15 @@ def test_cli_argument_parsing_does_not_import_torch():
     )
     code = "import contextlib, io\nfrom h3serve.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
     code += "\n".join("    " + line for line in parse.splitlines())
+    assert _torch_after(code) == "False"
+
+
+def test_the_engine_flags_are_checked_without_torch(tiny_checkpoint):
+    """`h3serve serve` parses and validates every engine flag in the API process; only the ranks load torch."""
+    code = (
+        "import argparse\nfrom h3serve.engine.args import add_engine_args, engine_config_from_args\n"
+        "p = argparse.ArgumentParser()\nadd_engine_args(p)\n"
+        "args = p.parse_args(['--device', 'auto', '--cache-backend', 'cache_dit', '--quantization', 'fp8'])\n"
+        f"engine_config_from_args(args, {str(tiny_checkpoint)!r})"
+    )
     assert _torch_after(code) == "False"

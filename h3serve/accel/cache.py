@@ -16,69 +16,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict
 
 from torch import nn
 
-from h3serve.errors import ServerError
+from h3serve.accel.cache_profile import HIGH, CacheConfigError, CacheProfile, profile_for
+from h3serve.model.pipeline_types import CacheStats
 
-
-class CacheConfigError(ServerError, ValueError):
-    """An unknown key or an illegal value in --cache-config."""
-
-    code = "invalid_config"
-
-
-@dataclass(frozen=True)
-class CacheProfile:
-    """DBCache parameters, named as in cache-dit. The defaults are the model card's `high` profile."""
-
-    Fn_compute_blocks: int = 1  # noqa: N815 (cache-dit's names, so its JSON applies as is)
-    Bn_compute_blocks: int = 0  # noqa: N815
-    max_warmup_steps: int = 4  # the first steps always compute every block
-    residual_diff_threshold: float = 0.04
-    max_continuous_cached_steps: int = 1  # < 0: no limit
-
-    @classmethod
-    def from_json(cls, data: dict) -> CacheProfile:
-        known = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            choices = ", ".join(known)
-            raise CacheConfigError(f"--cache-config: unknown keys {', '.join(unknown)}; choose from: {choices}")
-        profile = cls(**data)
-        for name in ("Fn_compute_blocks", "Bn_compute_blocks", "max_warmup_steps", "max_continuous_cached_steps"):
-            value = getattr(profile, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise CacheConfigError(f"--cache-config: {name} must be an integer, got {value!r}")
-        if profile.Fn_compute_blocks < 1 or profile.Bn_compute_blocks < 0 or profile.max_warmup_steps < 0:
-            raise CacheConfigError(
-                "--cache-config: needs Fn_compute_blocks >= 1, Bn_compute_blocks >= 0 and max_warmup_steps >= 0"
-            )
-        if not isinstance(profile.residual_diff_threshold, int | float) or profile.residual_diff_threshold < 0:
-            raise CacheConfigError("--cache-config: residual_diff_threshold must be a number >= 0")
-        return profile
-
-
-HIGH = CacheProfile()
-
-
-def profile_for(quality: str | None, server: CacheProfile | None) -> CacheProfile | None:
-    """The cache a request runs with: omitted -> the server's (None without --cache-backend cache_dit);
-    `lossless` -> none; `high` -> the built-in high-quality profile, with or without a server cache."""
-    if quality is None:
-        return server
-    return None if quality == "lossless" else HIGH
-
-
-@dataclass
-class CacheStats:
-    """One request's cache outcome: DiT block evaluations that ran (counted by hooks) and that were skipped."""
-
-    evaluated: int = 0
-    skipped: int = 0
-    cached_steps: int = 0
+__all__ = ["HIGH", "CacheConfigError", "CacheProfile", "CacheStats", "DitBlockCache", "block_cache", "profile_for"]
 
 
 def _cache_dit():
@@ -126,3 +72,17 @@ def block_cache(transformer: nn.Module, profile: CacheProfile, forwards: int) ->
             hook.remove()
         stats.evaluated, stats.cached_steps = calls["blocks"], len(cached)
         stats.skipped = calls["forwards"] * len(blocks) - calls["blocks"]
+
+
+class DitBlockCache:
+    """The pipeline's `BlockCache` (h3serve.model.pipeline_types): cache-dit's DBCache with the server's profile
+    (`--cache-backend cache_dit`; None: off), or the built-in `high` one for a `quality=high` request."""
+
+    def __init__(self, server: CacheProfile | None):
+        self.server = server
+
+    def for_request(
+        self, dit: nn.Module, quality: str | None, forwards: int
+    ) -> AbstractContextManager[CacheStats | None]:
+        profile = profile_for(quality, self.server)
+        return nullcontext() if profile is None else block_cache(dit, profile, forwards)

@@ -7,8 +7,9 @@ Two kernel paths, chosen per engine at start-up (`select_kernel`):
                per-tensor weight), activations cast to FP8 and one `torch._scaled_mm` on FP8 tensor cores.
 
 `Fp8Linear` is a plain module (`in_features`, `out_features`, `weight`, `weight_scale`, `bias`, `forward(x)`), so
-a LoRA wrapper can wrap it like an `nn.Linear`; the tensor-parallel variants keep the base class's math and add
-the collective of their `nn.Linear` twins in h3serve.parallel.tensor_parallel.
+a LoRA wrapper can wrap it like an `nn.Linear`. The tensor-parallel variants live beside their `nn.Linear` twins
+(h3serve.parallel.tensor_parallel): they keep this class's math and add the twin's collective, and each twin
+builds its FP8 counterpart (`Fp8Twin`).
 
 torchao 0.18's float8 configs store weights as tensor subclasses; the offload units (flat per-dtype buffers,
 pinned copies, all-gathers), the sliced tensor-parallel reads and the fused Q/K/V concatenation all move plain
@@ -17,12 +18,11 @@ tensors, so the layers here hold plain FP8 tensors and call `torch._scaled_mm` t
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed import ProcessGroup
-
-from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -85,6 +85,9 @@ def fp8_gemm(x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, out_dtype:
 
 class Fp8Linear(nn.Module):
     """y = x·Wᵀ + b with W stored as e4m3 `weight` [out, in] and float32 `weight_scale` ([out, 1] or [1, 1])."""
+
+    # A shard of input features whose output is summed over the ranks: its scales need the whole weight's maxima.
+    sums_partials = False
 
     def __init__(
         self,
@@ -154,28 +157,14 @@ class Fp8Linear(nn.Module):
         return fused
 
 
-class Fp8RowParallelLinear(Fp8Linear):
-    """Holds input features [rank·k/n, (rank+1)·k/n); sums the partial products over the TP group, then adds
-    the bias once (as `RowParallelLinear`)."""
+@runtime_checkable
+class Fp8Twin(Protocol):
+    """A linear that builds its own FP8 counterpart: the tensor-parallel linears, whose twins keep their
+    collective (h3serve.parallel.tensor_parallel). Any other linear becomes a plain `Fp8Linear`."""
 
-    def __init__(self, *args, group: ProcessGroup | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.group = group
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce_wide(self.gemm(x, None), self.group)  # bf16 partials summed in fp32
-        return y if self.bias is None else y + self.bias
-
-
-class Fp8GatheredColumnLinear(Fp8Linear):
-    """Holds output features [rank·m/n, (rank+1)·m/n); all-gathers the full output (as `GatheredColumnLinear`)."""
-
-    def __init__(self, *args, group: ProcessGroup | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.group = group
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_dim(super().forward(x), -1, self.group)
+    def fp8_twin(
+        self, per_channel: bool, compute_dtype: torch.dtype, kernel: str, device: torch.device | str
+    ) -> Fp8Linear: ...
 
 
 def select_kernel(requested: str, device: torch.device, compute_dtype: torch.dtype) -> tuple[str, str]:

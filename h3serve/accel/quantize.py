@@ -18,26 +18,29 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch import nn
+from torch.distributed import ProcessGroup
 
-from h3serve.accel.fp8 import (
-    FP8,
-    Fp8GatheredColumnLinear,
-    Fp8Linear,
-    Fp8RowParallelLinear,
-    quantize_fp8,
-    weight_amax,
-)
+from h3serve.accel.fp8 import FP8, Fp8Linear, Fp8Twin, quantize_fp8, weight_amax
 from h3serve.accel.quant_config import ComponentQuant
-from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
 from h3serve.weights import aligned
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Rename = Callable[[str], tuple[str, ...]]
+
+
+class Sharding(Protocol):
+    """A tensor-parallel shard's plan (h3serve.parallel.tensor_parallel.TensorParallel): which modules are split
+    (`style` not None) and the group their maxima are reduced over."""
+
+    group: ProcessGroup | None
+
+    def style(self, module_name: str) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,10 @@ def _twin(
     kernel: str,
     device: torch.device | str | None = None,
 ) -> Fp8Linear:
-    args = (layer.in_features, layer.out_features, layer.bias is not None, per_channel, compute_dtype, kernel)
     device = layer.weight.device if device is None else device
-    if isinstance(layer, RowParallelLinear):
-        return Fp8RowParallelLinear(*args, device=device, group=layer.group)
-    if isinstance(layer, GatheredColumnLinear):
-        return Fp8GatheredColumnLinear(*args, device=device, group=layer.group)
+    if isinstance(layer, Fp8Twin):  # a tensor-parallel linear: its twin keeps the collective
+        return layer.fp8_twin(per_channel, compute_dtype, kernel, device)
+    args = (layer.in_features, layer.out_features, layer.bias is not None, per_channel, compute_dtype, kernel)
     return Fp8Linear(*args, device=device)
 
 
@@ -126,10 +127,10 @@ def prepare_fp8(
 
 
 def _needs_whole_amax(layer: Fp8Linear, sharded: bool) -> bool:
-    return sharded and (isinstance(layer, Fp8RowParallelLinear) or not layer.per_channel)
+    return sharded and (layer.sums_partials or not layer.per_channel)
 
 
-def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: TensorParallel | None = None) -> Tensors:
+def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: Sharding | None = None) -> Tensors:
     """The weight stream with every quantised layer's weight replaced by (FP8 weight, its scale)."""
     for name, tensor in tensors:
         module_name, _, attr = name.rpartition(".")
@@ -192,7 +193,7 @@ def quantize_in_place(
     compute_dtype: torch.dtype,
     kernel: str,
     work_device: torch.device | None = None,
-    tp: TensorParallel | None = None,
+    tp: Sharding | None = None,
 ) -> list[str]:
     """Quantise the selected linears of a loaded model (each weight on `work_device`, the FP8 copy kept there);
     returns their names. With `tp`, the model is a tensor-parallel shard (whole-weight maxima, see above). A linear

@@ -13,15 +13,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
+from h3serve.accel.quant_config import QuantizationError, parse_quantization
+from h3serve.adapters.catalog import parse_lora_paths
+from h3serve.adapters.fasth3 import is_fasth3_path
+from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.names import TASK_TYPE_ALIASES
 from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
-
-if TYPE_CHECKING:  # imported lazily: declaring the flags must not pull in torch
-    from h3serve.config import EngineConfig
 
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
 # chosen one can run here); the approximate or sparse ones would change the math.
@@ -297,20 +296,8 @@ def offload_config(args: argparse.Namespace) -> OffloadConfig:
         raise ConfigError(str(e)) from None
 
 
-def _offload(args: argparse.Namespace, on_cpu: bool, notices: list[str]) -> OffloadConfig:
-    config = offload_config(args)
-    if config.enabled and on_cpu:
-        notices.append(
-            "notice: offload on CPU: the compute device is host memory, so weights move by reference "
-            "(placement is still carried out and accounted)"
-        )
-    return config
-
-
 def quantization(args: argparse.Namespace):
     """The QuantizationConfig of --quantization / --diffusion-quantization-config (None: full precision)."""
-    from h3serve.accel.quant_config import QuantizationError, parse_quantization
-
     try:
         return parse_quantization(args.quantization, args.diffusion_quantization_config)
     except QuantizationError as e:
@@ -373,10 +360,6 @@ def layout_fields(args: argparse.Namespace) -> dict:
 
 def lora_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields of the LoRA flags (`generate --lora PATH` preloads PATH under its own name)."""
-    from h3serve.adapters.catalog import parse_lora_paths
-    from h3serve.adapters.fasth3 import is_fasth3_path
-    from h3serve.errors import ConfigError
-
     values = list(getattr(args, "lora_path", None) or [])
     if getattr(args, "lora", None):
         values.append(args.lora)
@@ -401,19 +384,15 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
 
     Raises `ConfigError` with the fix in its message.
     """
-    from h3serve.config import EngineConfig
-
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
     notices: list[str] = []
-    draft = EngineConfig(model=Path(model if model is not None else args.model), device=args.device)
-    on_cpu = draft.resolved_device().type == "cpu"
     _recipe_checks(args, notices)
     timeout = args.init_timeout or args.stage_init_timeout
-    offload = _offload(args, on_cpu, notices)
+    offload = offload_config(args)
     attention = _attention_backend(args)
     config = EngineConfig(
-        model=draft.model,
+        model=Path(model if model is not None else args.model),
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,

@@ -26,7 +26,7 @@ from typing import Any
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.engine.output import GenerationOutput
-from h3serve.errors import ServerError
+from h3serve.errors import ConfigError, ServerError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.validate import GenerationPlan, ModelDefaults
@@ -97,6 +97,7 @@ class Executor:
     ranks; only the leader (global rank 0's node) serves `generate`, the others call `run_follower`.
     `replica` (data parallelism, see `h3serve.engine.replicas`): this executor's GPUs are the replica's slice,
     devices `replica * world_size ...`; it shares nothing else with the other replicas' executors.
+    Start-up raises `EngineError`, or `ConfigError` for a flag the ranks' own check refused (h3serve.rank.startup).
     """
 
     def __init__(
@@ -168,6 +169,8 @@ class Executor:
                 return
             if isinstance(event, Fatal):
                 self._stop_procs()
+                if event.config_error:
+                    raise ConfigError(event.message)
                 raise EngineError(f"engine failed to start: {event.message}")
 
     def _stop_procs(self) -> None:

@@ -35,9 +35,11 @@ class Ready:
 
 @dataclass(frozen=True)
 class Fatal:
-    """Start-up failed; `message` says why."""
+    """Start-up failed; `message` says why. `config_error`: a flag the rank's start-up check refused (the
+    parent raises it as that `ConfigError`)."""
 
     message: str
+    config_error: bool = False
 
 
 @dataclass(frozen=True)

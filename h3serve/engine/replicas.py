@@ -2,28 +2,19 @@
 N executors, each its own rank group on its own devices, all fed by one job queue (`JobManager`).
 
 On GPU replica i uses devices i·world ... (i+1)·world - 1; on CPU each replica has its own rank processes and,
-unless --threads says otherwise, an equal share of the cores. They start together (the model loads N times
-in parallel) and share nothing but the queue: a rank that dies fails only its replica's job."""
+unless --threads says otherwise, each rank takes an equal share of the cores (h3serve.rank.startup.cpu_threads).
+They start together (the model loads N times in parallel) and share nothing but the queue: a rank that dies fails
+only its replica's job."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.errors import ConfigError
 from h3serve.parallel.rendezvous import Rendezvous
-
-
-def replica_config(config: EngineConfig, cpu_count: int | None = None) -> EngineConfig:
-    """One replica's config: on CPU without --threads, each rank gets an equal share of the cores."""
-    if config.data_parallel_size == 1 or config.threads or config.resolved_device().type != "cpu":
-        return config
-    ranks = config.data_parallel_size * config.world_size
-    return replace(config, threads=max(1, (cpu_count or os.cpu_count() or 1) // ranks))
 
 
 def start_replicas(
@@ -37,9 +28,8 @@ def start_replicas(
     if rendezvous.nnodes > 1:
         raise ConfigError("--data-parallel-size with several nodes: run one h3serve serve per node on a shared "
                           "--job-store instead (docs/scaling.md)")
-    each = replica_config(config)
     with ThreadPoolExecutor(config.data_parallel_size) as pool:
-        futures = [pool.submit(factory, each, None, Rendezvous.local(), i) for i in range(config.data_parallel_size)]
+        futures = [pool.submit(factory, config, None, Rendezvous.local(), i) for i in range(config.data_parallel_size)]
     started, error = [], None
     for future in futures:
         try:

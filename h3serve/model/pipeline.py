@@ -14,7 +14,6 @@ import torch
 from PIL import Image
 
 from h3serve import limits
-from h3serve.accel.cache import CacheProfile, CacheStats, block_cache, profile_for
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
 from h3serve.model.conditioning import (
     ImageReference,
@@ -40,6 +39,8 @@ from h3serve.model.layout import (
     unpatchify,
 )
 from h3serve.model.pipeline_types import (
+    BlockCache,
+    CacheStats,
     Conditioning,
     Encoded,
     FrameSink,
@@ -80,7 +81,7 @@ class H3Pipeline(ContinuationMixin):
         components: H3Components,
         device: str | torch.device = "cpu",
         hooks: StageHooks | None = None,
-        cache: CacheProfile | None = None,  # the server's block cache (--cache-backend cache_dit); None: off
+        cache: BlockCache | None = None,  # the DiT block cache (h3serve.accel.cache); None: every block runs
         adaln: AdaLNMemo | None = None,  # AdaLN modulations computed ahead and memoised; None: in each forward
     ):
         self.components = components
@@ -112,10 +113,9 @@ class H3Pipeline(ContinuationMixin):
         dit = self.components.transformer_ref if cond.references else self.components.transformer
         target = Target.of(plan)
         edits = self.encode_edit(plan, cond, clock) if plan.edit else (None, None)
-        profile = profile_for(plan.quality, self.cache)
-        cached = profile is not None and dit is not None
         forwards = len(self._schedules(plan)[0])
-        with block_cache(dit, profile, forwards) if cached else nullcontext() as cache:
+        cached = self.cache is not None and dit is not None
+        with self.cache.for_request(dit, plan.quality, forwards) if cached else nullcontext() as cache:
             video_latents, audio_latents = self._sample(plan, enc, dit, target, plan.seed, clock, on_step, edits)
         return self._decode(video_latents, audio_latents, clock, cache, sink)
 

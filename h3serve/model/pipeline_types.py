@@ -16,7 +16,6 @@ import torch
 from PIL import Image
 from torch import nn
 
-from h3serve.accel.cache import CacheStats
 from h3serve.model.conditioning import Reference
 from h3serve.model.layout import Layout, ReferenceBlock
 from h3serve.model.text_encoder import TextConditioner
@@ -56,6 +55,25 @@ class FrameSink(Protocol):
 
     def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> AbstractContextManager[FrameWriter]:
         ...
+
+
+@dataclass
+class CacheStats:
+    """One request's cache outcome: DiT block evaluations that ran (counted by hooks) and that were skipped."""
+
+    evaluated: int = 0
+    skipped: int = 0
+    cached_steps: int = 0
+
+
+class BlockCache(Protocol):
+    """The DiT block cache the rank side injects (h3serve.accel.cache runs cache-dit's DBCache): for one request,
+    a context around its denoise loop that yields the cache's stats, or None when the request runs the plain loop
+    (its `quality`, the server's profile)."""
+
+    def for_request(
+        self, dit: H3Transformer, quality: str | None, forwards: int
+    ) -> AbstractContextManager[CacheStats | None]: ...
 
 
 @dataclass

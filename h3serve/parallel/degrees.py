@@ -15,6 +15,7 @@ from pathlib import Path
 
 from h3serve.checkpoint_layout import CheckpointError, read_layout
 from h3serve.errors import ConfigError
+from h3serve.model.transformer_config import H3TransformerConfig
 
 VAE_PARALLEL_MODES = ("tile",)
 
@@ -41,8 +42,6 @@ def _json(path: Path) -> dict:
 def read_model_dims(model: Path, dits: tuple[str, ...] = ("transformer", "transformer_ref")) -> ModelDims:
     """DiT and text-encoder sizes from `<model>/<component>/config.json`. With several DiTs (FL2VA and Ref2VA,
     the same shapes in the released model) a degree must suit all of them, hence the gcds."""
-    from h3serve.model.transformer import H3TransformerConfig
-
     try:
         layout = read_layout(model, dits)
         names = [name for name in dits if layout.has(name) and (layout.component(name) / "config.json").exists()]

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.accel.fp8 import Fp8Linear
 from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
 
 Style = Literal["colwise", "colwise_pair", "colwise_gather", "rowwise"]
@@ -43,12 +44,48 @@ class RowParallelLinear(nn.Linear):
         y = all_reduce_wide(F.linear(x, self.weight), self.group)  # bf16 partials summed in fp32
         return y if self.bias is None else y + self.bias
 
+    def fp8_twin(self, per_channel: bool, compute_dtype: torch.dtype, kernel: str, device) -> Fp8Linear:
+        bias = self.bias is not None
+        args = (self.in_features, self.out_features, bias, per_channel, compute_dtype, kernel)
+        return Fp8RowParallelLinear(*args, device=device, group=self.group)
+
 
 class GatheredColumnLinear(nn.Linear):
     """Holds output features [rank·m/n, (rank+1)·m/n); all-gathers the full output."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group: ProcessGroup | None):
         super().__init__(in_features, out_features, bias=bias)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_gather_dim(super().forward(x), -1, self.group)
+
+    def fp8_twin(self, per_channel: bool, compute_dtype: torch.dtype, kernel: str, device) -> Fp8Linear:
+        bias = self.bias is not None
+        args = (self.in_features, self.out_features, bias, per_channel, compute_dtype, kernel)
+        return Fp8GatheredColumnLinear(*args, device=device, group=self.group)
+
+
+class Fp8RowParallelLinear(Fp8Linear):
+    """`RowParallelLinear` with an FP8 weight: the partial products are summed over the TP group, then the bias
+    is added once."""
+
+    sums_partials = True
+
+    def __init__(self, *args, group: ProcessGroup | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce_wide(self.gemm(x, None), self.group)  # bf16 partials summed in fp32
+        return y if self.bias is None else y + self.bias
+
+
+class Fp8GatheredColumnLinear(Fp8Linear):
+    """`GatheredColumnLinear` with an FP8 weight: all-gathers the full output."""
+
+    def __init__(self, *args, group: ProcessGroup | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 from h3serve.accel import attention
+from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.adapters.serving import engine_defaults
 from h3serve.checkpoint_layout import read_layout
@@ -19,16 +21,17 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.adaln_memo import AdaLNMemo
 from h3serve.model.pipeline import H3Pipeline
-from h3serve.model.pipeline_types import FrameSink, StepCallback
+from h3serve.model.pipeline_types import FrameSink, H3Components, StepCallback
 from h3serve.offload.runtime import OffloadRuntime
-from h3serve.offload.startup import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.conditioning import load_conditioning
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.memory import PeakMemory
+from h3serve.rank.placement import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.rank.quantization import resolve_kernel
+from h3serve.rank.startup import RankDevice, check_engine, cpu_threads, start_up_notices
 from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, RequestError
 
@@ -38,31 +41,56 @@ class LocalEngine:
 
     def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1):
         self.config = config.validate()
+        setup = check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
-        self.device = config.resolved_device()
+        self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
-        if config.threads:
-            torch.set_num_threads(config.threads)
+        if rank == 0:
+            for line in start_up_notices(config, self.device):  # what `auto` turned out to mean
+                print(line, file=sys.stderr)
+        threads = cpu_threads(config, self.device)
+        if threads:
+            torch.set_num_threads(threads)
         # The placement plan comes first: a configuration that cannot fit is refused before a weight is read.
         log = (lambda text: print(text, file=sys.stderr)) if rank == 0 else None
         config, self.placement = placement_for_engine(self.config, self.device, log)
         self.config = config
         start = time.perf_counter()
+        components = self._load(setup, log)
+        self._compile(components)
+        self.load_seconds = time.perf_counter() - start
+        self.tasks = components.tasks
+        memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes)
+        self.pipeline = H3Pipeline(
+            components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo
+        )
+        self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
+        if memo is not None and config.adaln_cache_dir is not None:
+            self.sidecars = load_sidecars(
+                self.pipeline, memo, config.adaln_cache_dir, self.defaults, rank, world_size,
+                lambda text: print(f"rank {rank}: {text}", file=sys.stderr),
+            )  # fmt: skip
+        # quality=high installs the block cache per request even without --cache-backend: same limits apply.
+        self.cache_refusal = config.cache_refusal(self.device.type)
+
+    def _load(self, setup: RankDevice, log: Callable[[str], None] | None) -> H3Components:
+        """The weights on this rank, then in order: Q/K/V fusion and attention kernels, LoRA wrappers, the
+        parallel hooks and the offload placement."""
+        config, rank = self.config, self.rank
         # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
-        self.parallel = RankParallel.build(config.parallel_degrees(), rank) if world_size > 1 else None
+        self.parallel = RankParallel.build(config.parallel_degrees(), rank) if self.world_size > 1 else None
         offload = config.offload
         on_host = offload.staged_components() | offload.streamed_components()
-        dtype = config.resolved_dtype()
-        kernel = resolve_kernel(config.quantization, self.device, dtype, log)  # FP8: which path runs, logged once
+        kernel = resolve_kernel(config.quantization, self.device, setup.dtype, log)  # FP8: the path, logged once
         components = load_components(
-            self.layout, dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
+            self.layout, setup.dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
             quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
             qkv_layout=config.qkv_layout,
         )
-        roles = config.attention_roles()
+        roles = setup.attention
         for dit in (components.transformer, components.transformer_ref):
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
@@ -78,27 +106,17 @@ class LocalEngine:
         self.offload = OffloadRuntime(components, offload, self.device, gather_group, adaln_host, keep)
         if self.lora is not None:  # an offloaded DiT's factors are tensors of its blocks: they stream with them
             self.lora.attach_offload(self.offload)
-        # After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside.
-        mode = config.compile_mode()
-        if mode is not None:
-            state = CompileState(log=lambda text: print(text, file=sys.stderr) if rank == 0 else None)
-            for dit in (components.transformer, components.transformer_ref):
-                if dit is not None:
-                    compile_transformer(dit, mode, config.compile_dynamic, state, backend=config.compile_backend)
-        self.load_seconds = time.perf_counter() - start
-        self.tasks = components.tasks
-        memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes)
-        self.pipeline = H3Pipeline(
-            components, self.device, hooks=self.offload, cache=config.cache_profile(), adaln=memo
-        )
-        self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
-        if memo is not None and config.adaln_cache_dir is not None:
-            self.sidecars = load_sidecars(
-                self.pipeline, memo, config.adaln_cache_dir, self.defaults, rank, world_size,
-                lambda text: print(f"rank {rank}: {text}", file=sys.stderr),
-            )  # fmt: skip
-        # quality=high installs the block cache per request even without --cache-backend: same limits apply.
-        self.cache_refusal = config.cache_refusal()
+        return components
+
+    def _compile(self, components: H3Components) -> None:
+        """After the parallel and offload hooks: compile wraps each block's forward, the hooks stay outside."""
+        mode = self.config.compile_mode(self.device.type)
+        if mode is None:
+            return
+        state = CompileState(log=lambda text: print(text, file=sys.stderr) if self.rank == 0 else None)
+        for dit in (components.transformer, components.transformer_ref):
+            if dit is not None:
+                compile_transformer(dit, mode, self.config.compile_dynamic, state, backend=self.config.compile_backend)
 
     def plan(self, request: GenerationRequest) -> GenerationPlan:
         """Validate a request (and its media) against this checkpoint. Raises client errors."""
@@ -151,6 +169,6 @@ class LocalEngine:
         """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
         cached adapters adds none), and the torch.compile graphs built in this process (a recompile adds one)."""
         loads = self.lora.loads if self.lora is not None else {"host": 0, "device": 0}
-        compiled = self.config.compile_mode() is not None  # eager: Dynamo is never imported
+        compiled = self.config.compile_mode(self.device.type) is not None  # eager: Dynamo is never imported
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
         return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}

@@ -10,17 +10,22 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
-from h3serve.errors import job_error_for
+from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
+from h3serve.rank.startup import check_engine
+
+REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 
 
 class _CancelledHere(Exception):
@@ -94,6 +99,79 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="h3serve-parent-watch", daemon=True).start()
 
 
+def _refuse(error: ConfigError, rank: int, events) -> NoReturn:
+    """End this rank on a refused flag. Rank 0 reports it; every rank refuses the same flags, so the others wait
+    a moment before they exit, or the parent could see their exit before rank 0's report."""
+    if rank == 0:
+        events.put(Fatal(str(error), config_error=True))
+    else:
+        time.sleep(REFUSAL_GRACE_S)
+    raise SystemExit(1) from None
+
+
+def _start(rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None):
+    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group, the weights. A rank that
+    cannot start exits, after rank 0 reported why (the parent turns the report into a start-up error)."""
+    from h3serve.rank.local import LocalEngine
+
+    try:  # before any CUDA work: the flags only torch can check
+        setup = check_engine(config)
+    except ConfigError as e:
+        _refuse(e, rank, events)
+    try:
+        cuda = setup.device.type == "cuda"
+        if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
+            torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
+        if world > 1:
+            timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
+            join_group(rank, world, init_method, cuda, timeout)
+        return LocalEngine(config, rank=rank, world_size=world)
+    except Exception as e:
+        if rank == 0:
+            events.put(Fatal(f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+
+
+def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, comm_device: torch.device) -> None:
+    """One job on this rank; rank 0 reports its progress and its outcome."""
+    from h3serve.engine.stream_output import DiscardSink, Mp4Sink
+    from h3serve.media.raw import write_raw
+
+    def on_step(done: int, total: int) -> None:
+        if rank == 0:
+            events.put(Progress(job.seq, done, total))
+        if _cancel_requested(cancel_value, job.seq, rank, world, comm_device):
+            raise _CancelledHere
+
+    sink = None
+    if job.encoder is not None:  # streamed: rank 0 writes the MP4; the others decode their tiles in step
+        mp4 = Path(job.spool).with_suffix(".mp4")
+        sink = Mp4Sink(mp4, job.encoder, previews=True) if rank == 0 else DiscardSink()
+    try:
+        output = engine.generate(job.plan, on_step, sink)
+    except _CancelledHere:
+        if rank == 0:
+            events.put(JobCancelled(job.seq))
+        return
+    except Exception as e:
+        traceback.print_exc()
+        if world > 1:
+            # Another rank may be waiting in a collective this rank will never join: continuing would
+            # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
+            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
+            events.close()
+            events.join_thread()  # flush the report before the hard exit
+            os._exit(1)
+        events.put(_failed(job.seq, e, None))
+        return
+    if rank == 0 and isinstance(sink, Mp4Sink):
+        durations, peak = output.stage_durations, output.peak_memory_mb
+        events.put(Done(job.seq, durations, peak, sink.files(), output.num_frames, output.counters))
+    elif rank == 0:
+        write_raw(job.spool, output.video, output.audio)
+        events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters))
+
+
 def worker_main(
     rank: int,
     world: int,
@@ -105,67 +183,16 @@ def worker_main(
     local_rank: int | None = None,
 ) -> None:
     """Entry point of a rank process (spawned by `Executor`). `local_rank` picks the GPU on this node."""
-    from h3serve.engine.stream_output import DiscardSink, Mp4Sink
-    from h3serve.media.raw import write_raw
-    from h3serve.rank.local import LocalEngine
-
     _exit_with_parent()
-    try:
-        cuda = config.resolved_device().type == "cuda"
-        if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
-            torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
-        if world > 1:
-            timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
-            join_group(rank, world, init_method, cuda, timeout)
-        engine = LocalEngine(config, rank=rank, world_size=world)
-    except Exception as e:  # report, then exit: the parent turns this into a start-up error
-        if rank == 0:
-            events.put(Fatal(f"{type(e).__name__}: {e}"))
-        raise SystemExit(1) from None
+    engine = _start(rank, world, init_method, config, events, local_rank)
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
     if rank == 0:
         events.put(Ready(engine.defaults, engine.tasks))
-
     while True:
         job = _next_job(requests, rank, world, config.idle_keepalive_s)
         if isinstance(job, Stop):
             break
-
-        def on_step(done: int, total: int, seq: int = job.seq) -> None:
-            if rank == 0:
-                events.put(Progress(seq, done, total))
-            if _cancel_requested(cancel_value, seq, rank, world, comm_device):
-                raise _CancelledHere
-
-        sink = None
-        if job.encoder is not None:  # streamed: rank 0 writes the MP4; the others decode their tiles in step
-            mp4 = Path(job.spool).with_suffix(".mp4")
-            sink = Mp4Sink(mp4, job.encoder, previews=True) if rank == 0 else DiscardSink()
-        try:
-            output = engine.generate(job.plan, on_step, sink)
-        except _CancelledHere:
-            if rank == 0:
-                events.put(JobCancelled(job.seq))
-            continue
-        except Exception as e:
-            if world > 1:
-                # Another rank may be waiting in a collective this rank will never join: continuing would
-                # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
-                traceback.print_exc()
-                events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
-                events.close()
-                events.join_thread()  # flush the report before the hard exit
-                os._exit(1)
-            traceback.print_exc()
-            events.put(_failed(job.seq, e, None))
-            continue
-        if rank == 0 and isinstance(sink, Mp4Sink):
-            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, sink.files(), output.num_frames,
-                            output.counters))
-        elif rank == 0:
-            write_raw(job.spool, output.video, output.audio)
-            events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters))
-
+        _run_job(engine, job, rank, world, events, cancel_value, comm_device)
     if world > 1:
         dist.destroy_process_group()
     os._exit(0)

@@ -9,7 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from h3serve.accel.cache import HIGH, CacheConfigError, CacheProfile, CacheStats, block_cache, profile_for
+from h3serve.accel.cache import (
+    HIGH,
+    CacheConfigError,
+    CacheProfile,
+    CacheStats,
+    DitBlockCache,
+    block_cache,
+    profile_for,
+)
 from h3serve.request import GenerationRequest
 from h3serve.validate import RequestError, validate
 
@@ -89,10 +97,13 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
     pipeline, defaults = tiny_pipeline
     plain, _ = _generate(pipeline, defaults, None)
     assert plain.block_cache is None
-    pipeline.cache = CacheProfile(residual_diff_threshold=10.0, max_warmup_steps=2, max_continuous_cached_steps=-1)
+    server = CacheProfile(residual_diff_threshold=10.0, max_warmup_steps=2, max_continuous_cached_steps=-1)
+    pipeline.cache = DitBlockCache(server)  # what the rank side injects (--cache-backend cache_dit)
     try:
         cached, heads = _generate(pipeline, defaults, None)
         lossless, _ = _generate(pipeline, defaults, "lossless")
+        pipeline.cache = DitBlockCache(None)  # without a server cache
+        high, _ = _generate(pipeline, defaults, "high")  # installed per request
     finally:
         pipeline.cache = None
     stats = cached.block_cache
@@ -104,7 +115,6 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
     assert lossless.block_cache is None
     assert torch.equal(lossless.video_latents, plain.video_latents)
     assert torch.equal(lossless.audio_latents, plain.audio_latents)
-    high, _ = _generate(pipeline, defaults, "high")  # installed per request without a server cache
     assert high.block_cache is not None and high.block_cache.evaluated + high.block_cache.skipped == 7 * layers
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from waiting import wait_until
 
 from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.engine.replicas import replica_config, start_replicas
+from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
@@ -28,13 +27,6 @@ pytestmark = pytest.mark.slow
 
 def _request(seed: int, steps: int = 1) -> GenerationRequest:
     return GenerationRequest(prompt="waves on a beach", width=128, height=64, duration_s=4, steps=steps, seed=seed)
-
-
-def test_cpu_threads_are_shared_between_replicas(tiny_checkpoint):
-    config = EngineConfig(model=tiny_checkpoint, device="cpu", data_parallel_size=2)
-    assert replica_config(config, cpu_count=8).threads == 4
-    assert replica_config(replace(config, threads=3), cpu_count=8).threads == 3  # --threads is per rank
-    assert replica_config(replace(config, data_parallel_size=1), cpu_count=8).threads == 0
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from h3serve.media.mp4 import write_mp4
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
-from h3serve.offload.startup import plan_for_engine
 from h3serve.rank.local import LocalEngine
+from h3serve.rank.placement import plan_for_engine
 from h3serve.request import GenerationRequest, MediaRef
 
 MODES = {

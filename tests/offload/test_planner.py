@@ -306,7 +306,7 @@ def test_parse_bytes_refuses(text):
 def test_plan_for_engine_plans_the_default_canvas_of_the_largest_task(tiny_checkpoint, tiny_layout):
     from h3serve.config import EngineConfig
     from h3serve.offload.report import format_plan
-    from h3serve.offload.startup import plan_for_engine
+    from h3serve.rank.placement import plan_for_engine
 
     config = EngineConfig(model=tiny_checkpoint, device="cpu", offload=MODULE)
     plan = plan_for_engine(config, device_memory=None)

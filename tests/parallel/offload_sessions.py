@@ -14,8 +14,8 @@ from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
-from h3serve.offload.startup import plan_for_engine
 from h3serve.rank.local import LocalEngine
+from h3serve.rank.placement import plan_for_engine
 
 STAGED = frozenset({"text_encoder", "vae", "audio_vae"})  # what the legacy layerwise flags also stage
 

@@ -9,6 +9,7 @@ import pytest
 
 from h3serve.config import ConfigError
 from h3serve.engine.args import add_engine_args, engine_config_from_args
+from h3serve.rank.startup import check_engine
 
 # Every flag of the reference's launch-recipe table (§5) and its "related flags" list.
 RECIPE = (
@@ -81,18 +82,18 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
     ],
 )
 def test_what_cannot_apply_is_refused_with_the_fix(parallel_checkpoint, line, message):
-    with pytest.raises(ConfigError, match=message):
-        engine_config_from_args(_parse(line + " --device cpu"), parallel_checkpoint)
+    with pytest.raises(ConfigError, match=message):  # in the parent, else in the rank's start-up check (torch)
+        check_engine(engine_config_from_args(_parse(line + " --device cpu"), parallel_checkpoint))
 
 
 def test_compile_flags_become_engine_fields(parallel_checkpoint):
     config = engine_config_from_args(_parse("--device cpu"), parallel_checkpoint)
-    assert config.compile_mode() is None and config.compile_dynamic  # CPU: eager unless a granularity is named
+    assert config.compile_mode("cpu") is None and config.compile_dynamic  # CPU: eager unless a granularity is named
     line = "--device cpu --diffusion-compile-granularity regional --no-diffusion-compile-dynamic"
     config = engine_config_from_args(_parse(line), parallel_checkpoint)
-    assert config.compile_mode() == "regional" and not config.compile_dynamic
+    assert config.compile_mode("cpu") == "regional" and not config.compile_dynamic
     config = engine_config_from_args(_parse(line + " --enforce-eager"), parallel_checkpoint)
-    assert config.compile_mode() is None
+    assert config.compile_mode("cpu") is None
 
 
 def test_cache_flags_become_the_server_profile(parallel_checkpoint):

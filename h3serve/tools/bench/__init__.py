@@ -166,6 +166,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     from h3serve.checkpoint_layout import CheckpointError
     from h3serve.errors import ConfigError
     from h3serve.model.transformer import H3TransformerConfig
+    from h3serve.rank.startup import resolve_device, resolve_dtype
     from h3serve.tools.bench.dit_forward import MODES, DitBenchSpec, run_dit_bench, summary
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
@@ -191,6 +192,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
                 "threads, quantization)"
             )
         engine = matrix.engines[0].config(Path("."))
+        device = resolve_device(engine)
         if engine.threads:
             import torch
 
@@ -204,8 +206,8 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
             height=shape.height,
             num_frames=shape.num_frames,
             text_rows=args.text_rows,
-            device=engine.resolved_device(),
-            dtype=engine.resolved_dtype(),
+            device=device,
+            dtype=resolve_dtype(engine, device),
             model=model,
             random_config=None if model else H3TransformerConfig(num_layers=args.dit_layers),
             modes=modes,

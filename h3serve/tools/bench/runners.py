@@ -25,8 +25,9 @@ from h3serve.media.mp4 import EncoderOptions
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.report import plan_json
-from h3serve.offload.startup import device_memory_of, plan_for_engine
 from h3serve.rank.local import LocalEngine
+from h3serve.rank.placement import device_memory_of, plan_for_engine
+from h3serve.rank.startup import resolve_device, resolve_dtype
 from h3serve.request import GenerationRequest
 from h3serve.tools.bench.flops import ForwardShape
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs, timed_stages
@@ -60,7 +61,8 @@ class H3Runner:
 
     def __init__(self, config: EngineConfig, tasks: tuple[str, ...]):
         self.config = config
-        self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
+        self.device = resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
         self.local = LocalEngine(config) if config.world_size == 1 else None
         self.engine: LocalEngine | Executor = self.local or Executor(config)
 
@@ -120,7 +122,8 @@ class DiffusersRunner:
     def __init__(self, config: EngineConfig, tasks: tuple[str, ...]):
         if config.world_size != 1:
             raise ValueError("--peer diffusers runs in one process; use it with single-rank engine configs")
-        self.device, self.dtype = config.resolved_device(), config.resolved_dtype()
+        self.device = resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
         self.defaults = read_layout(config.model, config.dits).defaults()
         self.pipes = {t: load_reference_pipeline(config.model, t, self.dtype, self.device) for t in tasks}
         self._forwards = 0

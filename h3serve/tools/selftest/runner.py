@@ -26,12 +26,14 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
 
 def run(args: argparse.Namespace) -> list[Outcome]:
     from h3serve.engine.args import engine_config_from_args
+    from h3serve.rank.startup import check_engine
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
     model = Path(args.model) if args.model else ensure_tiny_checkpoint("tiny")
     config = engine_config_from_args(args, model)
+    setup = check_engine(config)
     ctx = Context(
-        device=config.resolved_device(), dtype=config.resolved_dtype(), attention=config.attention_roles(),
+        device=setup.device, dtype=setup.dtype, attention=setup.attention,
         compile=not config.enforce_eager, model=model, engine_config=config,
         budget_s=args.budget_s,
     )

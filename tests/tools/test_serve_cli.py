@@ -11,11 +11,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from api_servers import free_port
 from fake_executor import FakeExecutor
 from waiting import wait_until
 
-from h3serve.api import serve_cli
 from h3serve.api.config import ServerConfig
 from h3serve.api.data_lock import DataDirBusy, DataDirLock
 from h3serve.api.http_server import H3Server
@@ -24,6 +22,7 @@ from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.request import GenerationRequest
+from h3serve.tools import serve_cli
 from h3serve.validate import validate
 
 # Only logged (the engine is a fake); one replica.
@@ -56,7 +55,7 @@ def engines(monkeypatch) -> list[RecordedExecutor]:
 
 
 def config(data_dir: Path) -> ServerConfig:
-    return ServerConfig(served_model_name="tiny", data_dir=data_dir, port=free_port()).validate()
+    return ServerConfig(served_model_name="tiny", data_dir=data_dir, port=0).validate()  # never bound: run is a fake
 
 
 def one_line_error(capsys) -> str:
@@ -135,10 +134,11 @@ def test_shut_down_requeues_the_running_job_before_the_store_closes(tmp_path):
     "module, forbidden",
     [
         ("h3serve.api.app", "torch"),  # the API process never loads the model's stack
-        ("h3serve.api.serve_cli", "h3serve.cli"),  # no upward import (and no cycle) from api to the CLI
+        ("h3serve.tools.serve_cli", "torch"),  # `h3serve serve`'s process is the API process
+        ("h3serve.tools.serve_cli", "h3serve.cli"),  # no upward import (and no cycle) to the CLI
     ],
 )
-def test_api_modules_import_without(module, forbidden):
+def test_serve_modules_import_without(module, forbidden):
     code = f"import sys, {module}; assert {forbidden!r} not in sys.modules, 'imported {forbidden}'"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -13,8 +13,9 @@ import torch
 from h3serve.config import ConfigError, EngineConfig
 from h3serve.offload.config import OffloadConfig
 from h3serve.offload.plan import GiB
-from h3serve.offload.startup import placement_for_engine, plan_for_engine
+from h3serve.offload.startup import longest_pass
 from h3serve.rank.local import LocalEngine
+from h3serve.rank.placement import long_request_refusal, placement_for_engine, plan_for_engine
 
 CPU = torch.device("cpu")
 AUTO_DLO = OffloadConfig(
@@ -83,9 +84,17 @@ def test_serve_engine_refuses_at_start_up_not_at_the_first_request(tiny_checkpoi
         Executor(_config(tiny_checkpoint, device_memory=64 * 2**20))
 
 
+def test_a_flag_only_the_rank_can_check_is_refused_at_start_up_as_that_config_error(tiny_checkpoint):
+    # The API process cannot tell which attention kernels this device has (torch): the rank's start-up check
+    # refuses it before loading, and the executor raises it as the ConfigError, message unchanged.
+    from h3serve.engine.executor import Executor
+
+    with pytest.raises(ConfigError, match="^--diffusion-attention-backend FLASH_ATTN: needs a CUDA device; available"):
+        Executor(_config(tiny_checkpoint, attention_backend="FLASH_ATTN"))
+
+
 def test_long_request_verdict_before_it_starts(tiny_checkpoint):
     """A 30 s one-pass request needs ~6x the activations of 5 s: refused on a device the default request fits."""
-    from h3serve.offload.startup import long_request_refusal, longest_pass
     from h3serve.request import GenerationRequest
     from h3serve.validate import validate
 
@@ -97,6 +106,9 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
     assert long_request_refusal(config, full, None) is None  # no device size: no verdict
     ordinary = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=15))
     assert long_request_refusal(config, ordinary, 3 * GiB // 2) is None  # not long: the start-up plan covers it
-    windows = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=60, long_video=True,
-                                         long_video_mode="continuation"))
+    windows = validate(
+        GenerationRequest(
+            prompt="x", width=96, height=64, duration_s=60, long_video=True, long_video_mode="continuation"
+        )
+    )
     assert longest_pass(windows).num_frames == 277 and long_request_refusal(config, windows, 3 * GiB // 2) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from h3serve.errors import ConfigError
-from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
+from h3serve.tools.cli_util import EXIT_ERROR, EXIT_USAGE, fail, model_dir
 
 if TYPE_CHECKING:
     from h3serve.api.config import ServerConfig
@@ -206,9 +206,9 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)
     try:
         executors = start_replicas(engine_config, rendezvous, Executor)
-    except (EngineError, ConfigError) as e:
+    except (EngineError, ConfigError) as e:  # a flag the ranks' start-up check refused is a usage error
         store.close()
-        return fail(str(e), EXIT_ERROR)
+        return fail(str(e), EXIT_USAGE if isinstance(e, ConfigError) else EXIT_ERROR)
     manager = None
     try:
         manager = JobManager(
