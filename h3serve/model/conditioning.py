@@ -100,9 +100,10 @@ def normalize_video_reference(
 
 
 class StreamingVideoNormalizer:
-    """`normalize_video_reference`'s frames computed while the clip decodes (an `intake.FrameReducer`): each
-    source frame is resized as it arrives and kept once with its hold count, so a 4K clip never sits in memory at
-    4K. The result equals `resample_frames_to_24fps(frames, fps)[:num_frames]` resized frame by frame."""
+    """`normalize_video_reference`'s frames computed while the clip decodes (a `FrameReducer` of
+    h3serve.media.video_intake): each source frame is resized as it arrives and kept once with its hold count, so a
+    4K clip never sits in memory at 4K. The result equals `resample_frames_to_24fps(frames, fps)[:num_frames]`
+    resized frame by frame."""
 
     def __init__(self, fps: float, width: int, height: int, num_frames: int, short_edge: int, max_pixels: int):
         self.scale = limits.FPS / fps

@@ -22,6 +22,9 @@ from h3serve.model import keys as dit_keys
 from h3serve.model import vae_keys
 from h3serve.native_config import DIT_NAMES
 from h3serve.tools import tiny_checkpoint as tiny
+from h3serve.tools.tiny_components import build_components
+from h3serve.tools.tiny_files import file_lock, make_readable, quiet_progress_bars, replace_dir
+from h3serve.tools.tiny_presets import Preset, check_seed, get_preset
 
 MARKER = tiny.MARKER_FILE
 _TRANSFORMERS_PARTS = ("text_encoder", "tokenizer", "processor")
@@ -149,7 +152,7 @@ def write_audio_vae(model, folder: Path) -> None:
     _write_json(folder / "config.json", wrapper)
 
 
-def _model_index(partition: str, tasks: list[str], spec: tiny.Preset, shifts: dict[str, float]) -> dict:
+def _model_index(partition: str, tasks: list[str], spec: Preset, shifts: dict[str, float]) -> dict:
     return {
         "_class_name": "MiniMaxH3Pipeline",
         "_minimax_h3": {
@@ -173,9 +176,9 @@ def _model_index(partition: str, tasks: list[str], spec: tiny.Preset, shifts: di
 
 def build_native_checkpoint(out_dir: str | Path, seed: int = 0, preset: str = "tiny") -> Path:
     """Write the native-layout tiny checkpoint into `out_dir` (absent or empty) and return its path."""
-    spec = tiny._get_preset(preset)
-    seed = tiny._check_seed(seed)
-    return _write_native(Path(out_dir), tiny._build_components(spec, seed), spec, tiny._marker(preset, seed))
+    spec = get_preset(preset)
+    seed = check_seed(seed)
+    return _write_native(Path(out_dir), build_components(spec, seed), spec, tiny.marker_of(preset, seed))
 
 
 def native_from_modular(modular_dir: str | Path, out_dir: str | Path) -> Path:
@@ -200,10 +203,10 @@ def native_from_modular(modular_dir: str | Path, out_dir: str | Path) -> Path:
         "scheduler": MiniMaxH3Scheduler.from_pretrained(src / "scheduler"),
         "audio_scheduler": MiniMaxH3Scheduler.from_pretrained(src / "audio_scheduler"),
     }
-    return _write_native(Path(out_dir), parts, tiny._get_preset(marker["preset"]), marker)
+    return _write_native(Path(out_dir), parts, get_preset(marker["preset"]), marker)
 
 
-def _write_native(out: Path, parts: dict, spec: tiny.Preset, marker: dict) -> Path:
+def _write_native(out: Path, parts: dict, spec: Preset, marker: dict) -> Path:
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"refusing to build a checkpoint into non-empty directory {out}")
     shifts = {"video": float(parts["scheduler"].config.shift), "audio": float(parts["audio_scheduler"].config.shift)}
@@ -216,11 +219,11 @@ def _write_native(out: Path, parts: dict, spec: tiny.Preset, marker: dict) -> Pa
         if isinstance(parts[name], Path):  # the same transformers folders as the modular layout: copied verbatim
             shutil.copytree(parts[name], fl2va / name)
         else:
-            with tiny._quiet_progress_bars():
+            with quiet_progress_bars():
                 parts[name].save_pretrained(str(fl2va / name))
     _write_json(fl2va / "model_index.json", _model_index("fl2va", ["t2va", "fl2va"], spec, shifts))
     _write_json(ref2va / "model_index.json", _model_index("ref2va", ["ref2va"], spec, shifts))
-    tiny._make_readable(out)
+    make_readable(out)
     _write_json(out / MARKER, {**marker, "layout": "native"})
     return out
 
@@ -228,7 +231,7 @@ def _write_native(out: Path, parts: dict, spec: tiny.Preset, marker: dict) -> Pa
 def ensure_native_checkpoint(preset: str = "tiny", seed: int = 0) -> Path:
     """The cached native checkpoint of `preset`/`seed` (beside the modular one), built first if needed."""
     target = tiny.default_checkpoint_dir(preset, seed).with_name(f"{preset}-seed{seed}-native")
-    marker = {**tiny._marker(preset, seed), "layout": "native"}
+    marker = {**tiny.marker_of(preset, seed), "layout": "native"}
 
     def complete() -> bool:
         try:
@@ -239,13 +242,13 @@ def ensure_native_checkpoint(preset: str = "tiny", seed: int = 0) -> Path:
     if complete():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tiny._file_lock(target.parent / f".{target.name}.lock"):
+    with file_lock(target.parent / f".{target.name}.lock"):
         if complete():  # another process built it while this one waited
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
             build_native_checkpoint(staging / "c", seed=seed, preset=preset)
-            tiny._replace_dir(staging / "c", target)
+            replace_dir(staging / "c", target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -1,0 +1,105 @@
+"""The tiny checkpoints' sizes: one `Preset` per name (its DiT and canvas), the VAEs' and the text stack's tiny
+configs, shared by every preset (spec §10)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+EOS_TOKEN = "<|endoftext|>"
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+TEXT_LAYERS = 51  # the pipeline reads hidden_states[50] and needs more than 50 decoder layers
+TEXT_HIDDEN = 32
+PROCESSOR_SIZE = {"shortest_edge": 1024, "longest_edge": 4096}
+PROCESSOR_MEAN_STD = (0.5, 0.5, 0.5)
+AUDIO_OUTPUT_GAIN = 0.02
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one checkpoint preset: the DiT config and the pipeline's canvas config values."""
+
+    transformer: Mapping[str, Any]
+    canvas_short_edge: int
+    canvas_max_pixels: int
+    reference_image_short_edge: int
+
+
+# 4 heads: TP2 x Ulysses 2 fits; 6 blocks: resident-layer counts 0, 1, all-but-2 and all are distinct.
+_TINY_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
+    {
+        "num_attention_heads": 4,
+        "attention_head_dim": 32,
+        "hidden_size": 48,
+        "num_layers": 6,
+        "num_refiner_layers": 1,
+        "ffn_dim": 64,
+        "in_channels": 24,
+        "audio_in_channels": 32,
+        "text_dim": TEXT_HIDDEN,
+        "freq_dim": 32,
+        "time_embed_hidden_dim": 48,
+        "time_embed_dim": 24,
+        "rope_freq_dim": 4,
+    }
+)
+
+_CPU_BENCH_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
+    {
+        **_TINY_TRANSFORMER,
+        "num_attention_heads": 8,
+        "attention_head_dim": 64,
+        "hidden_size": 512,
+        "num_layers": 4,
+        "ffn_dim": 1408,
+        "rope_freq_dim": 8,
+    }
+)
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(_TINY_TRANSFORMER, canvas_short_edge=64, canvas_max_pixels=64 * 128, reference_image_short_edge=64),
+    "cpu-bench": Preset(
+        _CPU_BENCH_TRANSFORMER, canvas_short_edge=256, canvas_max_pixels=448 * 256, reference_image_short_edge=256
+    ),
+}
+
+VAE_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {
+        "latent_channels": 24,
+        "block_out_channels": (8,) * 6,
+        "layers_per_block": 1,
+        "norm_num_groups": 4,
+        "decoder_num_layers": 1,
+        "decoder_num_attention_heads": 2,
+        "decoder_attention_head_dim": 16,
+        "decoder_ffn_mult": 2,
+    }
+)
+
+AUDIO_VAE_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {
+        "encoder_dim": 4,
+        "encoder_rates": (2, 4, 4, 5, 5),
+        "latent_dim": 64,
+        "latent_channels": 32,
+        "num_attention_heads": 2,
+        "decoder_dim": 128,
+        "resblock_kernel_sizes": (3,),
+        "resblock_dilation_sizes": ((1, 3),),
+    }
+)
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}") from None
+
+
+def check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    return seed
