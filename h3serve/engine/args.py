@@ -41,7 +41,14 @@ ULYSSES_MODES = ("strict", "advanced_uaa")
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Declare the engine flags (device, parallel layout, vLLM-Omni recipe compatibility) on `parser`."""
-    g = parser.add_argument_group("engine")
+    _add_device_args(parser.add_argument_group("engine"))
+    _add_parallel_args(parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)"))
+    recipe = parser.add_argument_group("vLLM-Omni recipe compatibility")
+    _add_kernel_args(recipe)
+    _add_weight_args(recipe)
+
+
+def _add_device_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16")
     g.add_argument("--threads", type=int, default=0, help="CPU threads per rank (0: torch default)")
@@ -62,7 +69,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="sidecar files of the default schedules' AdaLN modulations, written once, read at later start-ups",
     )
 
-    p = parser.add_argument_group("parallelism (one rank process per GPU; gloo on CPU, NCCL on CUDA)")
+
+def _add_parallel_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--num-gpus", type=int, default=0,
                    help="ranks in all (default: tensor-parallel · ulysses · ring · data-parallel); more than "
                         "tensor-parallel · ulysses · ring makes the remainder data-parallel replicas")
@@ -90,7 +98,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "video is decoded first (same bytes)",
     )
 
-    r = parser.add_argument_group("vLLM-Omni recipe compatibility")
+
+def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
+    """Compile, attention and cache flags (and the recipe flags h3serve accepts as they are)."""
     r.add_argument("--omni", action="store_true", help="accepted: h3serve always serves video + audio")
     r.add_argument("--trust-remote-code", action="store_true", help="accepted: h3serve runs no checkpoint code")
     r.add_argument("--enforce-eager", action="store_true", help="never torch.compile the DiT")
@@ -124,6 +134,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
         '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
     )
+
+
+def _add_weight_args(r: argparse._ArgumentGroup) -> None:
+    """Offload, quantization, adapter and start-up flags."""
     r.add_argument("--enable-cpu-offload", action="store_true")
     r.add_argument("--enable-layerwise-offload", action="store_true")
     r.add_argument("--enable-distributed-layerwise-offload", action="store_true")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         return _default(EncoderOptions, name)
 
     p = sub.add_parser("serve", help="serve the OpenAI-compatible /v1/videos API")
+    _add_server_args(p, server)
+    _add_limit_args(p, server, encoder)
+    add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
+    p.set_defaults(func=cmd_serve)
+
+
+def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -> None:
+    """Where to serve and where the jobs are kept."""
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="checkpoint folder (default: the tiny checkpoint, built on first use)")
     p.add_argument("--host", default=server("host"), help="address to bind (default %(default)s)")
@@ -72,6 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between expiry sweeps (default %(default)g)")
     p.add_argument("--poll-after-ms", type=int, default=server("poll_after_ms"),
                    help="openai-poll-after-ms on retrieve (default %(default)s)")
+
+
+def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], encoder: Callable[[str], Any]) -> None:
+    """Request and connection limits, timeouts, the MP4 encoder."""
     p.add_argument("--allow-private-media-urls", action="store_true",
                    help="let media URLs reach loopback, private and link-local addresses")
     p.add_argument("--media-fetch-timeout", type=float, default=server("media_fetch_timeout_s"),
@@ -100,8 +113,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
                    help="AAC bitrate in bit/s (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
-    p.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
