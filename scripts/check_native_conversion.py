@@ -7,13 +7,16 @@ CONVERTER is diffusers' `scripts/convert_minimax_h3_to_diffusers.py` (fetched fr
 not in the wheel and not vendored here). The script has no flag for a model's sizes: its tiny "test" constants
 are set to the tiny checkpoint's sizes, its fp32 prefix list to every key (the tiny checkpoint is all float32)
 and its hard-coded 32 kHz audio-VAE constants to the tiny ones; its conversion code runs unchanged. FL2VA is
-converted whole (`main`), the Ref2VA DiT with the script's own `convert_transformer`.
+converted whole (`main`), the Ref2VA DiT with the script's own `convert_transformer`; the native block's canvas
+settings, which the script does not carry, are written into the converted pipeline config. T2VA, FL2VA and Ref2VA
+(one reference image) are then compared, their inputs built as the suite's parity tests build them.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint_layout import read_json, read_layout
 from h3serve.model.conditioning import normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
@@ -33,6 +36,7 @@ from h3serve.tools.tiny_native import build_native_checkpoint
 from h3serve.validate import GenerationPlan, validate
 
 PROMPT = "A red fox trots through fresh snow at dawn."
+CANVAS_KEYS = ("canvas_short_edge", "canvas_max_pixels", "reference_image_short_edge")
 
 
 def _converter(path: Path):
@@ -68,6 +72,19 @@ def convert(converter: Path, native: Path, out: Path) -> None:
     conv.write_transformer_config(str(ref_out), conv.MINIMAX_H3_TEST_TRANSFORMER_CONFIG, "0.42.1")
     for name in ("text_encoder", "tokenizer", "processor"):  # the script converts neither: same format in both
         shutil.copytree(native / "FL2VA" / name, out / name)
+    carry_canvas(native, out)
+
+
+def carry_canvas(native: Path, out: Path) -> None:
+    """The canvas settings of the native `_minimax_h3` block into the converted pipeline config.
+
+    The script writes none (diffusers then uses the release's: short edge 768, 1,032,192 pixels, reference images
+    at 2048); the tiny checkpoint's are smaller, and a Ref2VA reference image is scaled by them."""
+    block = read_json(native / "FL2VA" / "model_index.json")["_minimax_h3"]
+    index_path = out / "modular_model_index.json"
+    index = read_json(index_path)
+    index.update({key: block[key] for key in CANVAS_KEYS})
+    index_path.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def compare_weights(native: Path, converted: Path) -> int:
