@@ -2,7 +2,7 @@
 
 `cfg[x]=1` -> {"cfg": {"x": "1"}};  `tags[]=a, tags[]=b` -> {"tags": ["a", "b"]};
 `refs[][url]=u1, refs[][url]=u2` -> {"refs": [{"url": "u1"}, {"url": "u2"}]};  `a[0]=x, a[1]=y` -> {"a": ["x", "y"]};
-a plain key sent twice (`a=1, a=2`) -> {"a": ["1", "2"]}. Leaves stay strings: the field parsers coerce them.
+a plain key sent twice (`a=1, a=2`) -> {"a": ["1", "2"]}. Leaves stay strings: the request model coerces them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Typed readers for request values that arrive as form strings (multipart, urlencoded) or JSON values.
+"""Bounded JSON parsing for request bodies and form fields, and the readers of the values the request model does
+not type itself (JSON text in a form field, objects, media URLs).
 
 Each raises `APIError` 400 naming the field, so a client learns which value was wrong and why.
 """
@@ -6,16 +7,11 @@ Each raises `APIError` 400 naming the field, so a client learns which value was 
 from __future__ import annotations
 
 import json
-import math
-import re
 from typing import Any
 
 from h3serve import limits
 from h3serve.api.errors import APIError, bad_request
 
-# Digits an integer field may have: far above any seed (2**64 has 20), far below Python's 4,300-digit limit.
-MAX_INT_DIGITS = 40
-_INT = re.compile(rf"^[+-]?\d{{1,{MAX_INT_DIGITS}}}$")
 # Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust
 # the stack of json.loads or of any code that walks a value recursively.
 MAX_NESTING = 32
@@ -111,32 +107,6 @@ def as_text(value: Any, param: str) -> str:
     return value
 
 
-def as_int(value: Any, param: str) -> int:
-    value = _single(value, param)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INT.match(value.strip()):
-        return int(value.strip())
-    raise bad_request(f"{param}: must be an integer, got {preview(value)}", param)
-
-
-def as_number(value: Any, param: str) -> float:
-    value = _single(value, param)
-    number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    if number is None or not math.isfinite(number):
-        raise bad_request(f"{param}: must be a finite number, got {preview(value)}", param)
-    return number
-
-
 def as_json(value: Any, param: str) -> Any:
     """A structured value: already structured (JSON body, bracketed form keys) or JSON text in a form field."""
     if isinstance(value, str):
@@ -152,12 +122,6 @@ def as_object(value: Any, param: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request(f"{param}: must be a JSON object, got {type(value).__name__}", param)
     return value
-
-
-def as_int_list(value: Any, param: str) -> tuple[int, ...]:
-    value = as_json(value, param)
-    items = value if isinstance(value, list) else [value]
-    return tuple(as_int(v, f"{param}[{i}]") for i, v in enumerate(items))
 
 
 def reject_unknown(names: list[str], known_hint: str | None = None) -> None:

@@ -19,6 +19,7 @@ The other create fields (num_inference_steps, seed, size, extra_params, ...) wor
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from typing import Any
@@ -31,22 +32,23 @@ from h3serve.api.body import RequestBody, read_body
 from h3serve.api.coerce import as_json
 from h3serve.api.context import ServerContext
 from h3serve.api.errors import APIError, bad_request, not_found
+from h3serve.api.media_fields import MediaSource, media_sources
 from h3serve.api.media_inputs import store_media
-from h3serve.api.request_fields import MASK_FIELDS, MediaSource, ParsedFields, parse_fields
+from h3serve.api.request_model import VideoCreateFields
+from h3serve.api.request_reader import read_request_fields
 from h3serve.api.submission import ensure_capacity, queue_request, with_lora
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import GenerationPlan, RequestError, resolve_long_video_mode, resolve_task
+from h3serve.validate import RequestError, resolve_long_video_mode, resolve_task
 
 VIDEO_FIELD = "video"
 REMIX_NOISE = 0.85  # a long video's remix: the latent-mask level over the whole clip (1 = generate, 0 = keep)
 
 
-def remix_of_long(parsed: ParsedFields, source: Job) -> dict[str, Any]:
+def remix_of_long(given: GenerationRequest, source: Job) -> dict[str, Any]:
     """A remix of a source longer than 15 s: its plan (mode, length, windows, seed) with the MP4 as a whole-clip
     latent-mask edit at REMIX_NOISE; what the remix request gives wins."""
-    given = parsed.values
     original = source.request
     try:
         mode = resolve_long_video_mode(original, resolve_task(original))
@@ -58,7 +60,7 @@ def remix_of_long(parsed: ParsedFields, source: Job) -> dict[str, Any]:
     duration_s = (source.num_frames - limits.VAE_FRAMES_PER_CHUNK + 1) / limits.FPS
     out: dict[str, Any] = {"long_video": True, "long_video_mode": mode or "full",
                            "video_noise_mask": REMIX_NOISE, "audio_noise_mask": REMIX_NOISE}
-    if "duration_s" not in given and "num_frames" not in given:
+    if given.duration_s is None and given.num_frames is None:
         out["duration_s"] = duration_s
     if original.seed is not None:
         out["seed"] = original.seed
@@ -66,7 +68,7 @@ def remix_of_long(parsed: ParsedFields, source: Job) -> dict[str, Any]:
         for name in ("continuation_window_frames", "continuation_overlap_frames"):
             if getattr(original, name) is not None:
                 out[name] = getattr(original, name)
-    return {**out, **{k: v for k, v in given.items() if k in out}}
+    return {k: v if getattr(given, k) is None else getattr(given, k) for k, v in out.items()}
 
 
 def completed_job(ctx: ServerContext, video_id: str, param: str = "video_id") -> Job:
@@ -92,22 +94,21 @@ def _copy_output(ctx: ServerContext, source: Job, job_id: str) -> MediaRef:
     return MediaRef(path=dest, name=source.id, kind="video")
 
 
-def _source_defaults(parsed: ParsedFields, source: Job | None) -> dict[str, Any]:
-    """Size, seconds and steps from the source job unless the request gives them."""
+def _with_source_defaults(given: GenerationRequest, source: Job | None) -> GenerationRequest:
+    """`given` with the size, seconds and steps of the source job where the request does not give them."""
     if source is None:
-        return {}
-    values = parsed.values
+        return given
     out: dict[str, Any] = {}
-    if not {"width", "height", "aspect_ratio", "short_edge"} & set(values):
+    if all(getattr(given, name) is None for name in ("width", "height", "aspect_ratio", "short_edge")):
         out["width"], out["height"] = (int(v) for v in source.size.split("x"))
-    if "duration_s" not in values and "num_frames" not in values:
+    if given.duration_s is None and given.num_frames is None:
         out["duration_s"] = source.duration_s if source.request.long_video else float(source.seconds)
         for name in ("long_video", "long_video_mode"):
-            if getattr(source.request, name) is not None:
+            if getattr(given, name) is None and getattr(source.request, name) is not None:
                 out[name] = getattr(source.request, name)
-    if "steps" not in values and source.request.steps is not None:
+    if given.steps is None and source.request.steps is not None:
         out["steps"] = source.request.steps
-    return out
+    return dataclasses.replace(given, **out)
 
 
 def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | None]:
@@ -128,11 +129,19 @@ def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | No
     raise bad_request('video: must be a video file or {"id": "<a completed video id>"}', VIDEO_FIELD)
 
 
+# What a route makes of the request's own fields, the source video and (given by id) its job: the request to
+# queue and how validation errors name its video.
+Aliases = dict[str, str]
+Build = Callable[[GenerationRequest, MediaRef | None, Job | None], tuple[GenerationRequest, Aliases]]
+# The job's `seconds` from the request model and the source job (None: the planned duration).
+Label = Callable[[VideoCreateFields, Job | None], str | None]
+
+
 async def _submit(
     request: Request,
     ctx: ServerContext,
-    build: Callable[[ParsedFields, MediaRef | None, Job | None], tuple[GenerationRequest, dict[str, str]]],
-    seconds_label: Callable[[ParsedFields, GenerationPlan, Job | None], str],
+    build: Build,
+    seconds_label: Label,
     video_id: str | None = None,
     takes_video: bool = True,
 ) -> Job:
@@ -141,10 +150,11 @@ async def _submit(
         await ensure_capacity(ctx)
         body = await read_body(request, ctx.config.max_body_bytes)
         rest, given = _split_video(body) if takes_video else (body, None)
-        parsed = await run_in_threadpool(parse_fields, rest)
-        if parsed.media:
-            raise bad_request(f"{parsed.media[0].field}: this route takes only `video` as media",
-                              parsed.media[0].field)
+        fields = await run_in_threadpool(read_request_fields, rest)
+        sources = await run_in_threadpool(media_sources, rest)
+        lora = fields.lora_field()
+        if sources:
+            raise bad_request(f"{sources[0].field}: this route takes only `video` as media", sources[0].field)
         if takes_video and given is None:
             raise bad_request('video: is required (a video file or {"id": ...})', VIDEO_FIELD, "missing_field")
         source_id = video_id if video_id is not None else given if isinstance(given, str) else None
@@ -152,16 +162,11 @@ async def _submit(
             completed_job, ctx, source_id, "video_id" if video_id else VIDEO_FIELD)
         job_id = new_job_id()
         try:
-            video: MediaRef | None = None
-            if source is not None:
-                video = await run_in_threadpool(_copy_output, ctx, source, job_id)
-            elif isinstance(given, MediaSource):
-                folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
-                video = (await store_media((given,), folder, ctx.fetcher))[0].ref
-            generation_request, aliases = build(parsed, video, source)
-            generation_request = with_lora(generation_request, parsed.lora, ctx)
-            return await queue_request(job_id, generation_request, {**parsed.aliases, **aliases},
-                                       lambda plan: seconds_label(parsed, plan, source), ctx)
+            video = await _source_video(ctx, job_id, source, given)
+            generation_request, aliases = build(fields.to_request(), video, source)
+            generation_request = with_lora(generation_request, lora, ctx)
+            return await queue_request(job_id, generation_request, {**fields.client_names(), **aliases},
+                                       seconds_label(fields, source), ctx)
         except BaseException:
             await run_in_threadpool(ctx.manager.files.remove, job_id)
             raise
@@ -169,46 +174,56 @@ async def _submit(
         await request.close()
 
 
-def _label(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> str:
-    return parsed.seconds or (source.seconds if source is not None else f"{plan.duration_s:g}")
+async def _source_video(ctx: ServerContext, job_id: str, source: Job | None, given: MediaSource | str | None
+                        ) -> MediaRef | None:
+    """The job's source video in its inputs: the completed job's MP4 copied, or the uploaded file stored."""
+    if source is not None:
+        return await run_in_threadpool(_copy_output, ctx, source, job_id)
+    if isinstance(given, MediaSource):
+        folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
+        return (await store_media((given,), folder, ctx.fetcher))[0].ref
+    return None
+
+
+def _label(fields: VideoCreateFields, source: Job | None) -> str | None:
+    return fields.seconds_label() or (source.seconds if source is not None else None)
 
 
 async def remix(request: Request, ctx: ServerContext, video_id: str) -> Job:
-    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
+    def build(given: GenerationRequest, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, Aliases]:
         assert source is not None  # a remix always has its source job
-        values = {**_source_defaults(parsed, source), **parsed.values}
+        values = _with_source_defaults(given, source)
         if source.num_frames / limits.FPS <= limits.MEDIA_CLIP_MAX_S:  # fits a Ref2VA video reference
-            values.setdefault("task", "ref2va")
-            generation = GenerationRequest(**values, references=(video,), remixed_from_video_id=video_id)
+            task = values.task or "ref2va"
+            generation = dataclasses.replace(values, task=task, references=(video,), remixed_from_video_id=video_id)
             return generation, {"references[0]": "video_id"}
-        values = {**values, **remix_of_long(parsed, source)}
-        generation = GenerationRequest(**values, source_video=video, remixed_from_video_id=video_id)
+        generation = dataclasses.replace(values, **remix_of_long(given, source), source_video=video,
+                                         remixed_from_video_id=video_id)
         return generation, {"source_video": "video_id"}
 
     return await _submit(request, ctx, build, _label, video_id=video_id, takes_video=False)
 
 
 async def edit(request: Request, ctx: ServerContext) -> Job:
-    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
-        values = {**_source_defaults(parsed, source), **parsed.values}
-        if any(name in values for name in MASK_FIELDS):
-            return GenerationRequest(**values, source_video=video), {"source_video": VIDEO_FIELD}
-        values.setdefault("task", "ref2va")
-        return GenerationRequest(**values, references=(video,)), {"references[0]": VIDEO_FIELD}
+    def build(given: GenerationRequest, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, Aliases]:
+        values = _with_source_defaults(given, source)
+        if values.video_noise_mask is not None or values.audio_noise_mask is not None:
+            return dataclasses.replace(values, source_video=video), {"source_video": VIDEO_FIELD}
+        task = values.task or "ref2va"
+        return dataclasses.replace(values, task=task, references=(video,)), {"references[0]": VIDEO_FIELD}
 
     return await _submit(request, ctx, build, _label)
 
 
 async def extend(request: Request, ctx: ServerContext) -> Job:
-    def build(parsed: ParsedFields, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, dict[str, str]]:
-        if "duration_s" not in parsed.values:
+    def build(given: GenerationRequest, video: MediaRef, source: Job | None) -> tuple[GenerationRequest, Aliases]:
+        if given.duration_s is None:
             raise bad_request("seconds: is required (the length of the new part)", "seconds", "missing_field")
-        values = {**_source_defaults(parsed, source), **parsed.values}
-        values.update(long_video=True, long_video_mode="continuation")
-        return GenerationRequest(**values, extend_video=video), {"extend_video": VIDEO_FIELD}
+        values = dataclasses.replace(_with_source_defaults(given, source), long_video=True,
+                                     long_video_mode="continuation")
+        return dataclasses.replace(values, extend_video=video), {"extend_video": VIDEO_FIELD}
 
-    def total_seconds(parsed: ParsedFields, plan: GenerationPlan, source: Job | None) -> str:
-        return f"{plan.duration_s:g}"  # the source and the new part together
+    def total_seconds(fields: VideoCreateFields, source: Job | None) -> None:
+        return None  # the planned duration: the source and the new part together
 
     return await _submit(request, ctx, build, total_seconds)
-

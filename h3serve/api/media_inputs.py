@@ -20,7 +20,7 @@ from starlette.datastructures import UploadFile
 
 from h3serve import limits
 from h3serve.api.errors import APIError
-from h3serve.api.request_fields import SOURCE_FIELDS, MediaSource
+from h3serve.api.media_fields import SOURCE_FIELDS, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES
 from h3serve.media.raw import atomic_output

@@ -1,24 +1,39 @@
-"""The create request's scalar fields as one pydantic model: it types and range-checks (coerces form strings,
-refuses out-of-range values) and it is where the OpenAPI schema comes from, so the two cannot drift.
+"""The create request's fields as one pydantic model: it types and range-checks (coerces form strings, refuses
+out-of-range values), it is where the OpenAPI schema comes from, so the two cannot drift, and it yields the one
+`GenerationRequest` (`to_request`) that every entry point builds.
 
 What a schema cannot say is listed in `CROSS_FIELD_RULES`: those are the only 400s a schema-valid request can get
-(checked by a schemathesis test). Field names follow vLLM-Omni; media fields are read separately (request_fields).
+(checked by a schemathesis test). Field names follow vLLM-Omni: `extra_params` keys win over top-level fields, and
+`extra_params.target` over `extra_params` (`ALIASES`). Media files are read separately (media_fields) and placed
+on the request by media_routing.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from h3serve import limits
-from h3serve.api.coerce import as_json, preview
-from h3serve.api.errors import APIError
+from h3serve.adapters.catalog import LoraField, parse_lora_field
+from h3serve.api.coerce import as_json
+from h3serve.api.errors import bad_request
 from h3serve.canvas import SHORT_EDGE_MODES
+from h3serve.errors import RequestError
 from h3serve.names import AudioMode, LongVideoMode, Quality, Task
+from h3serve.request import GenerationRequest
 
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_SIZE_PATTERN = r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$"
 
 _MIN_EDGE = limits.SPATIAL_MULTIPLE
 _MAX_EDGE = limits.MAX_EDGE  # ModelDefaults.max_edge may be smaller: a documented rule
@@ -163,7 +178,7 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     seconds: Seconds | None = Field(
         None, description="4 to 15 (30 or 300 with long_video); snapped up to a 17n+5 frame count"
     )
-    size: Annotated[str, Field(pattern=r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$")] | None = Field(
+    size: Annotated[str, Field(pattern=_SIZE_PATTERN)] | None = Field(
         None, description="WIDTHxHEIGHT; each edge floored to a multiple of 32 (1280x720 -> 1280x704)"
     )
     width: Edge | None = None
@@ -187,74 +202,109 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     )
     extra_params: ExtraParams | None = None
     lora: LoraObject | None = Field(None, description="a LoRA adapter for this request (applied unmerged)")
+    # Masks arrive as JSON values, JSON text or JSON files; the reader parses them (edit_mask.parse_mask_json).
+    # The create body's schema leaves them out (the edit route's documents them).
+    video_noise_mask: SkipJsonSchema[Any] = None
+    audio_noise_mask: SkipJsonSchema[Any] = None
+    _seconds_sent: str | None = PrivateAttr(None)
 
     @field_validator("extra_params", "lora", mode="before")
     @classmethod
     def _json_text(cls, value: Any, info: Any) -> Any:
         return as_json(value, info.field_name)  # a form field carries the object as JSON text
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_seconds_as_sent(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """The job reports `seconds` as the client wrote it ("4.0" stays "4.0")."""
+        fields = handler(data)
+        sent = data.get("seconds") if isinstance(data, dict) else None
+        fields._seconds_sent = sent.strip() if isinstance(sent, str) else None
+        return fields
 
-SCALAR_FIELDS = tuple(VideoCreateFields.model_fields)
-_EXAMPLES = {"size": "1344x768 (WIDTHxHEIGHT)", "aspect_ratio": "16:9 (W:H), a number such as 1.7778, or auto"}
+    def to_request(self) -> GenerationRequest:
+        """The request these fields describe, without media (`media_routing.place_media` adds the files): each
+        value from where it wins, lists as tuples, a numeric ratio as text, `size` as the edges on the grid."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in _PLAIN}
+        for name, places in ALIASES.items():
+            found = self._first(places)
+            if found is not None:
+                values[name] = tuple(found[1]) if isinstance(found[1], list) else found[1]
+        if isinstance(values.get("aspect_ratio"), float):  # a JSON number is a ratio as well (1.7778)
+            values["aspect_ratio"] = repr(values["aspect_ratio"])
+        if self.size is not None:  # WIDTHxHEIGHT (the field's pattern)
+            values["width"], values["height"] = (_on_grid(int(edge)) for edge in re.split("[xX]", self.size))
+        else:
+            values["width"], values["height"] = (None if v is None else _on_grid(v) for v in (self.width, self.height))
+        return GenerationRequest(**values)
+
+    def client_names(self) -> dict[str, str]:
+        """How validation errors name a given field ("steps", "width") -> the field the client sent it in."""
+        names = {_ERROR_NAMES.get(name, name): found[0] for name, places in ALIASES.items()
+                 if (found := self._first(places)) is not None}
+        if self.size is not None:
+            names.update(width="size", height="size")
+        return names
+
+    def seconds_label(self) -> str | None:
+        """The requested duration for the job's `seconds`: `seconds` as sent, else the winning duration's value;
+        None when no duration is given."""
+        found = self._first(ALIASES["duration_s"])
+        if found is None:
+            return None
+        if found[0] == "seconds" and self._seconds_sent is not None:
+            return self._seconds_sent
+        return f"{found[1]:g}"
+
+    def frame_indices(self) -> tuple[int, ...] | None:
+        """Where FL2VA keyframe images go (0 first, -1 last), if the request says."""
+        found = self._first(FRAME_INDICES)
+        if found is None:
+            return None
+        return tuple(found[1]) if isinstance(found[1], list) else (found[1],)
+
+    def lora_field(self) -> LoraField | None:
+        """The `lora` object with vLLM-Omni's aliases resolved (400 when two of them disagree)."""
+        try:
+            return None if self.lora is None else parse_lora_field(self.lora.model_dump(exclude_unset=True))
+        except RequestError as e:
+            raise bad_request(str(e), e.field) from None
+
+    def _first(self, places: tuple[str, ...]) -> tuple[str, Any] | None:
+        """The first (dotted field name, value) of `places` that the client gave."""
+        for place in places:
+            value: Any = self
+            for part in place.split("."):
+                value = getattr(value, part, None) if value is not None else None
+            if value is not None:
+                return place, value
+        return None
 
 
-def _bounds(loc: tuple[Any, ...]) -> str | None:
-    """'between A and B' from the schema of the field at `loc`, for range errors."""
-    schema: dict[str, Any] = VideoCreateFields.model_json_schema()
-    node: dict[str, Any] = schema
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        node = node.get("properties", {}).get(part) or node
-        node = schema["$defs"].get(node.get("$ref", "").split("/")[-1], node) if "$ref" in node else node
-        for option in node.get("anyOf", ()):
-            option = schema["$defs"].get(option.get("$ref", "").split("/")[-1], option) if "$ref" in option else option
-            if "minimum" in option or "exclusiveMinimum" in option or "properties" in option:
-                node = option
-    lo, hi = node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum")
-    return None if lo is None or hi is None else f"between {lo:g} and {hi:g}"
+MASK_FIELDS = ("video_noise_mask", "audio_noise_mask")
+SCALAR_FIELDS = tuple(name for name in VideoCreateFields.model_fields if name not in MASK_FIELDS)
+_TARGET, _EXTRA = "extra_params.target.", "extra_params."
+# GenerationRequest fields a client may give in several places (or under another name), the winner first.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "duration_s": (f"{_TARGET}duration_seconds", f"{_EXTRA}duration_seconds", f"{_EXTRA}duration", "seconds"),
+    "aspect_ratio": (f"{_TARGET}aspect_ratio", f"{_EXTRA}aspect_ratio", "aspect_ratio"),
+    "short_edge": (f"{_TARGET}short_edge", f"{_EXTRA}short_edge", "short_edge"),
+    "steps": ("num_inference_steps",),
+    "flow_shift": (f"{_EXTRA}flow_shift", "flow_shift"),
+    "audio_flow_shift": (f"{_EXTRA}audio_flow_shift",),
+    "task": (f"{_EXTRA}task",),
+    **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
+}
+FRAME_INDICES = (f"{_TARGET}frame_indices", f"{_EXTRA}frame_indices", f"{_EXTRA}frame_index")
+_PLAIN = ("prompt", "num_frames", "seed", "quality", *MASK_FIELDS)  # one place, the request's own name
+_ERROR_NAMES = {"duration_s": "duration"}  # how validation errors name a request field, where that differs
 
 
-def _shown(raw: Any) -> str:
-    """The offending value as the client wrote it: a form field's "500" reads 500, not '500'."""
-    if isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()):
-        text = raw.strip()
-        return text if len(text) <= 40 else f"{text[:37]}..."
-    return preview(raw)
+def _on_grid(pixels: int) -> int:
+    """An explicit edge floored to the model's grid, as vLLM-Omni does (the OpenAI SDK's 1280x720 becomes
+    1280x704); the job's `size` reports what is generated. Below one grid step the value is left for validation
+    to refuse."""
+    step = limits.SPATIAL_MULTIPLE
+    return pixels - pixels % step if pixels >= step else pixels
 
 
-def _message(error: dict[str, Any]) -> str:
-    value = _shown(error.get("input"))
-    kind = error["type"]
-    if error["loc"] == ("prompt",) and kind in ("string_too_short", "string_pattern_mismatch"):
-        return "must not be empty"
-    if kind.startswith("int_") and kind != "int_from_float" or kind == "int_from_float":
-        return f"must be an integer, got {value}"
-    if kind in ("float_parsing", "float_type", "finite_number"):
-        return f"must be a finite number, got {value}"
-    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-        bounds = _bounds(tuple(error["loc"]))
-        return f"must be {bounds}, got {value}" if bounds else f"{error['msg'].lower()}, got {value}"
-    if kind == "string_pattern_mismatch":
-        example = _EXAMPLES.get(str(error["loc"][-1]), "the documented form")
-        return f"must look like {example}, got {value}"
-    return f"{error['msg'][0].lower()}{error['msg'][1:]}, got {value}"
-
-
-def coerce_fields(fields: dict[str, Any]) -> dict[str, Any]:
-    """The scalar fields typed and range-checked (unset ones left out); 400 naming the first bad field."""
-    try:
-        model = VideoCreateFields.model_validate({k: v for k, v in fields.items() if k in SCALAR_FIELDS})
-    except ValidationError as e:
-        # Union members each report; the most specific error is the one with the longest location.
-        error = max(e.errors(), key=lambda err: len([p for p in err["loc"] if isinstance(p, str)]))
-        param = ".".join(str(p) for p in error["loc"] if not _is_union_tag(p))
-        raise APIError(400, f"{param}: {_message(error)}", "invalid_value", param) from None
-    return model.model_dump(exclude_unset=True)
-
-
-def _is_union_tag(part: Any) -> bool:
-    """pydantic names union members in error locations (`list[...]`, `literal[...]`): not field names."""
-    return isinstance(part, str) and (
-        "[" in part or part in ("int", "float", "str", "bool") or part.startswith("constrained-")
-    )

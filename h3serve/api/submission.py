@@ -1,4 +1,5 @@
-"""Create a job from an HTTP request: body -> fields -> stored media -> GenerationRequest -> plan -> queue.
+"""Create a job from an HTTP request: body -> the request model -> stored media -> GenerationRequest -> the job
+manager, which plans, admits, records and queues it.
 
 Every failure before the job is queued is a 4xx naming the field, and removes whatever the request had
 already stored. Blocking work (file copies, SQLite, media checks) runs in the thread pool, never on the loop.
@@ -17,17 +18,18 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.api.body import read_body
 from h3serve.api.context import ServerContext
 from h3serve.api.errors import APIError, bad_request, from_request_error
+from h3serve.api.media_fields import media_sources
 from h3serve.api.media_inputs import store_media
-from h3serve.api.request_builder import build_request, media_aliases
-from h3serve.api.request_fields import ParsedFields, parse_fields
+from h3serve.api.media_routing import media_aliases, place_media
+from h3serve.api.request_model import VideoCreateFields
+from h3serve.api.request_reader import read_request_fields
 from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.job_types import QueueFull, ShuttingDown
-from h3serve.engine.submission import prepare_job
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError
 from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, RequestError
+from h3serve.validate import RequestError
 
 Wait = Callable[[Callable[[], Awaitable[Job]]], Awaitable[Job]]
 
@@ -43,12 +45,11 @@ def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
     )
 
 
-def _seconds_label(parsed: ParsedFields, plan: GenerationPlan) -> str:
-    """The job's `seconds`: as requested, else what `num_frames` gives, else the default duration."""
-    if parsed.seconds is not None:
-        return parsed.seconds
-    if "num_frames" in parsed.values:
-        return f"{plan.duration_s:g}"
+def _seconds_label(fields: VideoCreateFields) -> str | None:
+    """The job's `seconds`: as requested, else what `num_frames` gives (None: the plan's), else the default."""
+    label = fields.seconds_label()
+    if label is not None or fields.num_frames is not None:
+        return label
     return f"{limits.DEFAULT_DURATION_S:g}"
 
 
@@ -64,41 +65,41 @@ async def ensure_capacity(ctx: ServerContext, sync: bool = False) -> None:
         raise _queue_error(e) from None
 
 
+def check_model(fields: VideoCreateFields, ctx: ServerContext) -> None:
+    """`model`, if given, names the served model (else 400 `model_not_found`)."""
+    if fields.model is not None and fields.model != ctx.config.served_model_name:
+        raise bad_request(f"model: this server runs {ctx.config.served_model_name!r}, got {fields.model!r}", "model",
+                          "model_not_found")
+
+
 async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: Deadline | None = None) -> Job:
-    """Parse, store, validate and queue one request. Raises `APIError` with the right status. A sync request
+    """Parse, store and queue one request. Raises `APIError` with the right status. A sync request
     (`deadline`: its deadline, started when the job is ready to queue) waits for a queue slot until then."""
     try:
         await ensure_capacity(ctx, sync)  # before spending time on uploads
         body = await read_body(request, ctx.config.max_body_bytes)
-        parsed = await run_in_threadpool(parse_fields, body)  # JSON text in form fields, long strings: CPU work
-        if parsed.model is not None and parsed.model != ctx.config.served_model_name:
-            raise bad_request(
-                f"model: this server runs {ctx.config.served_model_name!r}, got {parsed.model!r}", "model",
-                "model_not_found",
-            )
+        fields = await run_in_threadpool(read_request_fields, body)  # JSON text in form fields, long strings
+        sources = await run_in_threadpool(media_sources, body)
+        lora = fields.lora_field()
+        check_model(fields, ctx)
         job_id = new_job_id()
         wait = None
         if sync and deadline is not None:
             async def wait(attempt: Callable[[], Awaitable[Job]]) -> Job:
                 return await ctx.sync_line.enter(attempt, deadline.start(), request.is_disconnected)
         try:
-            return await _create(job_id, parsed, ctx, sync, wait)
+            media = []
+            if sources:
+                folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
+                media = await store_media(sources, folder, ctx.fetcher)
+            generation_request = with_lora(place_media(fields.to_request(), media, fields.frame_indices()), lora, ctx)
+            aliases = {**fields.client_names(), **media_aliases(generation_request, media)}
+            return await queue_request(job_id, generation_request, aliases, _seconds_label(fields), ctx, sync, wait)
         except BaseException:
             await run_in_threadpool(ctx.manager.files.remove, job_id)
             raise
     finally:
         await request.close()  # closes the spooled upload files
-
-
-async def _create(job_id: str, parsed: ParsedFields, ctx: ServerContext, sync: bool, wait: Wait | None) -> Job:
-    media = []
-    if parsed.media:
-        folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
-        media = await store_media(parsed.media, folder, ctx.fetcher)
-    generation_request = with_lora(build_request(parsed, media), parsed.lora, ctx)
-    aliases = {**parsed.aliases, **media_aliases(generation_request, media)}
-    return await queue_request(job_id, generation_request, aliases, lambda plan: _seconds_label(parsed, plan), ctx,
-                               sync, wait)
 
 
 def with_lora(generation_request: GenerationRequest, field: LoraField | None, ctx: ServerContext) -> GenerationRequest:
@@ -118,19 +119,26 @@ async def queue_request(
     job_id: str,
     generation_request: GenerationRequest,
     aliases: dict[str, str],
-    seconds_label: Callable[[GenerationPlan], str],
+    seconds: str | None,
     ctx: ServerContext,
     sync: bool = False,
     wait: Wait | None = None,
 ) -> Job:
-    """Have the engine plan, admit and record the job (4xx naming the client's field), then queue it. Media must
-    be stored already.
+    """Have the job manager plan, admit, record and queue the request (4xx naming the client's field, per
+    `aliases`). Media must be stored already. `seconds`: the job's `seconds` (None: the planned duration).
     `wait`: how a sync request waits for a queue slot (SyncLine.enter); None: a full queue is 429 at once."""
+    manager = ctx.manager
     try:
-        job, plan = await run_in_threadpool(
-            prepare_job, ctx.manager, job_id, generation_request, model_name=ctx.config.served_model_name,
-            max_request_cost=ctx.config.max_request_cost, seconds_label=seconds_label, sync=sync,
-        )
+        if wait is None:
+            return await run_in_threadpool(manager.submit, generation_request, job_id=job_id, seconds=seconds,
+                                           sync=sync)
+        prepared = await run_in_threadpool(manager.prepare, generation_request, job_id=job_id, seconds=seconds,
+                                           sync=sync)
+
+        async def attempt() -> Job:
+            return await run_in_threadpool(manager.enqueue, prepared)
+
+        return await wait(attempt)
     except RequestError as e:
         raise from_request_error(e, aliases) from None
     except MediaError as e:
@@ -138,11 +146,5 @@ async def queue_request(
         raise bad_request(f"{param} ({e.file!r}): {e.message}; limit: {e.limit}", param, "invalid_media") from None
     except TooCostly as e:
         raise bad_request(str(e), None, "request_too_costly") from None
-
-    async def attempt() -> Job:
-        return await run_in_threadpool(ctx.manager.submit, job, plan)
-
-    try:
-        return await (attempt() if wait is None else wait(attempt))
     except (QueueFull, ShuttingDown) as e:
         raise _queue_error(e) from None

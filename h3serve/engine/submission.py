@@ -1,13 +1,13 @@
-"""From a request to a job record: planning, admission and the record, owned by the engine.
+"""From a request to a queued job's record: planning, admission by cost and the record, owned by the engine.
 
 The API process only parses the request and answers; what a request becomes (its plan, whether its cost is
-admitted, the job that is queued) is decided here, the same for every route that makes a job.
+admitted, the job that is queued) is decided here, by `JobManager.submit`, the same for every route and the CLI's
+tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
 
 from h3serve.engine.admission import check_cost, default_max_cost
 from h3serve.engine.planning import plan_request
@@ -16,29 +16,37 @@ from h3serve.request import GenerationRequest
 from h3serve.validate import GenerationPlan, ModelDefaults
 
 
-class Planner(Protocol):
-    """What `prepare_job` reads of the job manager: the model's defaults, the tasks it serves, its clock."""
+@dataclass(frozen=True)
+class Admission:
+    """What the job manager admits: the model name its jobs carry and the cost limit (None: the checkpoint's)."""
 
-    defaults: ModelDefaults
-    tasks: tuple[str, ...]
+    model_name: str
+    max_request_cost: float | None = None
 
-    def clock(self) -> float: ...
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A planned and admitted request's job record, ready to queue."""
+
+    job: Job
+    plan: GenerationPlan
 
 
 def prepare_job(
-    manager: Planner,
-    job_id: str,
     request: GenerationRequest,
+    defaults: ModelDefaults,
+    tasks: tuple[str, ...],
+    admission: Admission,
     *,
-    model_name: str,
-    max_request_cost: float | None,
-    seconds_label: Callable[[GenerationPlan], str],
+    job_id: str,
+    created_at: int,
+    seconds: str | None = None,
     sync: bool = False,
-) -> tuple[Job, GenerationPlan]:
-    """Plan `request` (`RequestError` / `MediaError` naming the field), admit its cost (`TooCostly`; `None`: the
-    checkpoint's default limit) and build its job record, ready for `JobManager.submit`."""
-    plan = plan_request(request, manager.defaults, manager.tasks)
-    check_cost(plan, max_request_cost or default_max_cost(manager.defaults, plan.long_video_mode))
-    job = Job.planned(job_id, model_name, request, plan, seconds_label(plan), created_at=int(manager.clock()),
-                      sync=sync)
-    return job, plan
+) -> PreparedJob:
+    """Plan `request` (`RequestError` / `MediaError` naming the field), admit its cost (`TooCostly`) and build its
+    job record. `seconds`: the job's `seconds` as the client asked (None: the planned duration)."""
+    plan = plan_request(request, defaults, tasks)
+    check_cost(plan, admission.max_request_cost or default_max_cost(defaults, plan.long_video_mode))
+    label = seconds if seconds is not None else f"{plan.duration_s:g}"
+    job = Job.planned(job_id, admission.model_name, request, plan, label, created_at=created_at, sync=sync)
+    return PreparedJob(job, plan)

@@ -226,6 +226,8 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             executors,
             store,
             files,
+            model_name=server_config.served_model_name,
+            max_request_cost=server_config.max_request_cost,
             max_queue=server_config.max_queue,
             output_ttl_s=server_config.output_ttl_s or None,
             sweep_interval_s=server_config.sweep_interval_s,

@@ -28,7 +28,8 @@ def fake_server(tmp_path_factory) -> FakeServer:
     executor = FakeExecutor(step_s=0.01)
     store = SQLiteJobStore(config.store_path)
     files = JobFiles(config.jobs_dir)
-    manager = JobManager(executor, store, files, max_queue=config.max_queue, output_ttl_s=3600,
+    manager = JobManager(executor, store, files, model_name=config.served_model_name, max_queue=config.max_queue,
+                         output_ttl_s=3600,
                          encoder_options=EncoderOptions(preset="ultrafast"))
     server = uvicorn.Server(uvicorn.Config(create_app(config, manager, store), host="127.0.0.1", port=config.port,
                                            log_level="warning"))

@@ -383,7 +383,7 @@ def test_health_and_metrics_show_each_replica(tmp_path):
     config = ServerConfig(served_model_name="tiny", data_dir=tmp_path).validate()
     store = SQLiteJobStore(config.store_path)
     replicas = [FakeExecutor(), FakeExecutor()]
-    manager = JobManager(replicas, store, JobFiles(config.jobs_dir))
+    manager = JobManager(replicas, store, JobFiles(config.jobs_dir), model_name=config.served_model_name)
     try:
         with TestClient(create_app(config, manager, store)) as client:
             replicas[1].closed = True  # its ranks are gone: the other replica still serves

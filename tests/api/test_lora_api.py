@@ -44,7 +44,7 @@ def app(tmp_path, lora_root):
         config = ServerConfig(served_model_name="tiny", data_dir=tmp_path).validate()
         store = SQLiteJobStore(config.store_path)
         executor = FakeExecutor()
-        manager = JobManager(executor, store, JobFiles(config.jobs_dir))
+        manager = JobManager(executor, store, JobFiles(config.jobs_dir), model_name=config.served_model_name)
         stores.append(store)
         return TestClient(create_app(config, manager, store, lora=catalog)), executor
 

@@ -13,20 +13,35 @@ from h3serve.api.body import RequestBody, _json_object
 from h3serve.api.brackets import BracketError, unflatten
 from h3serve.api.coerce import MAX_NESTING
 from h3serve.api.errors import APIError
+from h3serve.api.media_fields import MediaSource, media_sources
 from h3serve.api.media_inputs import StoredMedia
-from h3serve.api.request_builder import build_request, media_aliases
-from h3serve.api.request_fields import MediaSource, parse_fields
+from h3serve.api.media_routing import media_aliases, place_media
+from h3serve.api.request_model import VideoCreateFields
+from h3serve.api.request_reader import read_request_fields
 from h3serve.engine.planning import plan_request
 from h3serve.names import TASKS
 from h3serve.request import GenerationRequest, MediaRef
 
 
-def parse(**fields):
-    return parse_fields(RequestBody(fields))
+def parse(**fields) -> VideoCreateFields:
+    """The request model read from a body, its media fields read too (as the routes do)."""
+    body = RequestBody(fields)
+    parsed = read_request_fields(body)
+    media_sources(body)
+    parsed.lora_field()
+    return parsed
+
+
+def build_request(parsed: VideoCreateFields, media: list[StoredMedia]) -> GenerationRequest:
+    return place_media(parsed.to_request(), media, parsed.frame_indices())
 
 
 def request_of(**fields) -> GenerationRequest:
     return build_request(parse(**fields), [])
+
+
+def sources_of(**fields) -> tuple[MediaSource, ...]:
+    return media_sources(RequestBody(fields))
 
 
 def rejected(**fields) -> APIError:
@@ -121,15 +136,16 @@ def test_canvas_fields_as_vllm_omni_clients_send_them():
 
 def test_size_sets_width_and_height_and_names_itself_in_errors():
     parsed = parse(prompt="p", size="1344x768")
-    assert (parsed.values["width"], parsed.values["height"]) == (1344, 768)
-    assert parsed.aliases["width"] == parsed.aliases["height"] == "size"
+    assert (parsed.to_request().width, parsed.to_request().height) == (1344, 768)
+    assert parsed.client_names()["width"] == parsed.client_names()["height"] == "size"
     assert rejected(prompt="p", size="big").param == "size"
 
 
 def test_seconds_label_is_kept_as_sent():
-    assert parse(prompt="p", seconds="8").seconds == "8"
-    assert parse(prompt="p", extra_params={"duration": 4.5}).seconds == "4.5"
-    assert parse(prompt="p").seconds is None
+    assert parse(prompt="p", seconds="8").seconds_label() == "8"
+    assert parse(prompt="p", seconds="4.0").seconds_label() == "4.0"
+    assert parse(prompt="p", extra_params={"duration": 4.5}).seconds_label() == "4.5"
+    assert parse(prompt="p").seconds_label() is None
 
 
 @pytest.mark.parametrize(
@@ -147,6 +163,14 @@ def test_seconds_label_is_kept_as_sent():
 )
 def test_ill_typed_values_are_400_naming_the_field(fields, param):
     assert rejected(prompt="p", **fields).param == param
+
+
+def test_a_json_null_is_not_given_for_options_and_refused_for_values():
+    assert request_of(prompt="p", seconds=None, aspect_ratio=None, long_video=None) == GenerationRequest(prompt="p")
+    error = rejected(prompt="p", seed=None)
+    assert (error.param, error.message) == ("seed", "seed: must be an integer, got None")
+    assert rejected(prompt="p", extra_params={"task": None}).param == "extra_params.task"
+    assert request_of(prompt="p", size="128x64", width=None).width == 128
 
 
 def test_missing_prompt():
@@ -173,11 +197,10 @@ def test_vllm_fields_without_meaning_here_are_refused_with_the_reason():
 def test_url_reference_forms():
     url = "https://example.com/cat.png"
     for value in ({"image_url": url}, f'{{"image_url": "{url}"}}', url, [{"image_url": url}]):
-        media = parse(prompt="p", input_reference=value).media
+        media = sources_of(prompt="p", input_reference=value)
         assert [(m.field, m.kind, m.url) for m in media] == [("input_reference", "image", url)]
-    media = parse(prompt="p", video_reference=[{"video_url": "https://a/1.mp4"}, {"video_url": "https://a/2.mp4"}])
-    assert [(m.field, m.kind) for m in media.media] == [("video_reference[0]", "video"),
-                                                        ("video_reference[1]", "video")]
+    media = sources_of(prompt="p", video_reference=[{"video_url": "https://a/1.mp4"}, {"video_url": "https://a/2.mp4"}])
+    assert [(m.field, m.kind) for m in media] == [("video_reference[0]", "video"), ("video_reference[1]", "video")]
     assert "file_id" in rejected(prompt="p", image_reference={"file_id": "file_1"}).message
     assert rejected(prompt="p", audio_reference={"image_url": url}).param == "audio_reference"
 
@@ -287,11 +310,11 @@ def test_masks_from_json_text_values_and_uploads():
 
     request = request_of(prompt="p", video_noise_mask="[[0.5, 1]]", audio_mode="lock_source")
     assert request.video_noise_mask == [[0.5, 1]] and request.audio_mode == "lock_source"
-    assert parse(prompt="p", extra_params={"audio_mode": "native"}).values["audio_mode"] == "native"
-    body = RequestBody({"prompt": "p", "audio_noise_mask": [0, 0.5]})
-    assert parse_fields(body).values["audio_noise_mask"] == [0, 0.5]
+    assert request_of(prompt="p", extra_params={"audio_mode": "native"}).audio_mode == "native"
+    assert request_of(prompt="p", audio_noise_mask=[0, 0.5]).audio_noise_mask == [0, 0.5]
     upload = UploadFile(io.BytesIO(b"0.25"), size=4, filename="mask.json")
-    assert parse_fields(RequestBody({"prompt": "p"}, {"video_noise_mask": [upload]})).values["video_noise_mask"] == 0.25
+    body = RequestBody({"prompt": "p"}, {"video_noise_mask": [upload]})
+    assert read_request_fields(body).to_request().video_noise_mask == 0.25
 
 
 def test_mask_and_audio_mode_errors_name_the_field():
@@ -314,9 +337,8 @@ def test_sources_are_routed_to_their_fields_not_the_references(tmp_path):
 
 
 def test_list_options_as_json_lists_repeated_fields_and_sdk_brackets():
-    assert parse_fields(RequestBody({"prompt": "p", "continuation_prompts": ["a", "b"]})).values[
-        "continuation_prompts"] == ("a", "b")
+    assert request_of(prompt="p", continuation_prompts=["a", "b"]).continuation_prompts == ("a", "b")
     pairs = [("prompt", "p"), ("start_time_seconds[]", "1.5"), ("start_time_seconds[]", "0")]
-    assert parse_fields(RequestBody(unflatten(pairs))).values["start_time_seconds"] == (1.5, 0.0)
+    assert read_request_fields(RequestBody(unflatten(pairs))).to_request().start_time_seconds == (1.5, 0.0)
     assert request_of(prompt="p", start_time_seconds="2").start_time_seconds == 2.0
     assert rejected(prompt="p", start_time_seconds="-1").param == "start_time_seconds"

@@ -27,7 +27,8 @@ def serve(tmp_path, pin: PinnedSchedule | None):
     store = SQLiteJobStore(config.store_path)
     executor = FakeExecutor(step_s=0.001)
     executor.defaults = dataclasses.replace(TINY_DEFAULTS, pinned_schedule=pin)
-    manager = JobManager(executor, store, JobFiles(config.jobs_dir), encoder_options=EncoderOptions(preset="ultrafast"))
+    manager = JobManager(executor, store, JobFiles(config.jobs_dir), model_name=config.served_model_name,
+                         encoder_options=EncoderOptions(preset="ultrafast"))
     return TestClient(create_app(config, manager, store)), executor, store
 
 

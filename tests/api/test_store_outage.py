@@ -30,7 +30,8 @@ def _allow_connections(url: str, allowed: bool) -> None:
 def test_an_unreachable_job_database_is_503_then_service_resumes(postgres_url, tmp_path):
     store = open_job_store(postgres_url)
     config = ServerConfig(served_model_name="tiny", data_dir=tmp_path, job_store=postgres_url).validate()
-    manager = JobManager(FakeExecutor(), store, JobFiles(tmp_path / "jobs"))  # not started: no runner claims
+    # Not started: no runner claims.
+    manager = JobManager(FakeExecutor(), store, JobFiles(tmp_path / "jobs"), model_name="tiny")
     request = GenerationRequest(prompt="waves", width=128, height=64, duration_s=4, steps=1)
     job = store.insert(Job.planned(new_job_id(), "tiny", request, validate(request, manager.defaults), "4", 0))
     client = TestClient(create_app(config, manager, store))

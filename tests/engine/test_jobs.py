@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ from PIL import Image
 from waiting import wait_until
 
 from h3serve.api.metrics import Metrics
+from h3serve.engine.admission import TooCostly
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
 from h3serve.engine.job_types import QueueFull
 from h3serve.engine.jobs import JobManager
@@ -20,7 +22,7 @@ from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.validate import RequestError
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast")
 
@@ -42,7 +44,8 @@ def env(tmp_path):
 
     def make(executor=None, **kw) -> JobManager:
         kw.setdefault("encoder_options", FAST_ENCODE)
-        manager = JobManager(executor or FakeExecutor(), store, files, **kw)
+        kw.setdefault("max_request_cost", math.inf)  # the manager's own behaviour, not admission (tests/api)
+        manager = JobManager(executor or FakeExecutor(), store, files, model_name="tiny", **kw)
         managers.append(manager)
         return manager
 
@@ -54,9 +57,7 @@ def env(tmp_path):
 
 def submit(manager: JobManager, seed: int = 1, steps: int = 2, prompt: str = "waves", **kw) -> Job:
     request = GenerationRequest(prompt=prompt, width=128, height=64, duration_s=4, steps=steps, seed=seed)
-    plan = validate(request, manager.defaults)
-    job = Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=int(manager.clock()), **kw)
-    return manager.submit(job, plan)
+    return manager.submit(request, seconds="4", **kw)
 
 
 def finished(store, job_id):
@@ -117,6 +118,22 @@ def test_progress_is_stored_at_every_step_and_status_follows_the_executor(env):
     assert updates[0] == {"status": "in_progress"}
     assert progress == [25, 50, 75, 99, 100]
     assert store.get(job.id).completions == 1
+
+
+def test_submit_plans_admits_and_records_the_request(env):
+    """The manager, not its caller, plans the request, admits its cost and builds the job record."""
+    make, store, _ = env
+    manager = make(max_request_cost=None)  # the checkpoint's default limit
+    job = manager.submit(GenerationRequest(prompt="waves", width=128, height=64, num_frames=100, seed=3))
+    assert (job.model, job.size, job.num_frames, job.status) == ("tiny", "128x64", 107, "queued")
+    assert job.seconds == f"{107 / 24:g}" and store.get(job.id) is not None  # no label given: the plan's duration
+    assert manager.submit(GenerationRequest(prompt="waves", width=128, height=64), seconds="5").seconds == "5"
+    with pytest.raises(RequestError) as e:
+        manager.submit(GenerationRequest(prompt="waves", width=128, height=64, steps=0))
+    assert e.value.field == "steps"
+    with pytest.raises(TooCostly, match="over this server's limit"):
+        manager.submit(GenerationRequest(prompt="waves", width=128, height=64, duration_s=15, steps=200))
+    assert store.count_queued() == 2  # what was refused left no record
 
 
 def test_queue_is_bounded(env):

@@ -10,15 +10,14 @@ import pytest
 from fake_executor import FakeExecutor
 from waiting import wait_until
 
-from h3serve.engine import jobs as jobs_module
+from h3serve.engine import job_outcome
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
-from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
-from h3serve.validate import validate
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast", threads=1)
 
@@ -39,8 +38,8 @@ class HeldWrites:
 
 @pytest.fixture
 def held(monkeypatch) -> HeldWrites:
-    writes = HeldWrites(jobs_module.write_artifacts)
-    monkeypatch.setattr(jobs_module, "write_artifacts", writes)
+    writes = HeldWrites(job_outcome.write_artifacts)
+    monkeypatch.setattr(job_outcome, "write_artifacts", writes)
     return writes
 
 
@@ -50,7 +49,8 @@ def make(tmp_path):
 
     def build(name: str, **kw) -> JobManager:
         store = SQLiteJobStore(tmp_path / f"{name}.sqlite3")
-        manager = JobManager(FakeExecutor(), store, JobFiles(tmp_path / name), encoder_options=FAST_ENCODE, **kw)
+        manager = JobManager(FakeExecutor(), store, JobFiles(tmp_path / name), model_name="tiny",
+                             encoder_options=FAST_ENCODE, **kw)
         made.append((manager, store))
         manager.start()
         return manager
@@ -63,8 +63,7 @@ def make(tmp_path):
 
 def submit(manager: JobManager, seed: int) -> Job:
     request = GenerationRequest(prompt="waves", width=128, height=64, duration_s=4, steps=2, seed=seed)
-    plan = validate(request, manager.defaults)
-    return manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=0), plan)
+    return manager.submit(request, seconds="4")
 
 
 def status(manager: JobManager, job: Job) -> str | None:

@@ -11,19 +11,17 @@ from h3serve.engine.job_types import QueueFull
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.files import JobFiles
-from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.request import GenerationRequest
-from h3serve.validate import validate
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast")
 
 
 def submit(manager: JobManager, seed: int = 1, steps: int = 2, prompt: str = "waves") -> Job:
     request = GenerationRequest(prompt=prompt, width=128, height=64, duration_s=4, steps=steps, seed=seed)
-    plan = validate(request, manager.defaults)
-    return manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=int(manager.clock())), plan)
+    return manager.submit(request, seconds="4")
 
 
 def finished(store, job_id):
@@ -42,7 +40,7 @@ def servers(postgres_url, tmp_path):
         kw.setdefault("lease_s", 1.5)
         kw.setdefault("poll_s", 0.05)
         store = open_job_store(postgres_url)
-        manager = JobManager(executor or FakeExecutor(), store, JobFiles(tmp_path / "jobs"), **kw)
+        manager = JobManager(executor or FakeExecutor(), store, JobFiles(tmp_path / "jobs"), model_name="tiny", **kw)
         made.append((manager, store))
         return manager
 
@@ -55,7 +53,8 @@ def servers(postgres_url, tmp_path):
 def test_replicas_run_jobs_side_by_side_and_a_failure_stays_in_its_replica(tmp_path):
     store = SQLiteJobStore(tmp_path / "jobs.sqlite3")
     replicas = [FakeExecutor(step_s=0.05), FakeExecutor(step_s=0.05)]
-    manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), encoder_options=FAST_ENCODE, poll_s=0.05)
+    manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), model_name="tiny", encoder_options=FAST_ENCODE,
+                         poll_s=0.05)
     manager.start()
     try:
         jobs = [submit(manager, seed=s, steps=7, prompt=FAIL_PROMPT if s == 2 else "waves") for s in range(1, 5)]

@@ -14,7 +14,7 @@ from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.files import JobFiles
-from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
@@ -52,14 +52,14 @@ def test_replicas_match_a_single_engine_byte_for_byte(replicas, tiny_checkpoint)
 
 def test_a_rank_killed_in_one_replica_fails_only_its_job(replicas, tmp_path):
     store = SQLiteJobStore(tmp_path / "jobs.sqlite3")
-    manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), encoder_options=EncoderOptions("ultrafast"),
+    manager = JobManager(replicas, store, JobFiles(tmp_path / "jobs"), model_name="tiny",
+                         encoder_options=EncoderOptions("ultrafast"),
                          poll_s=0.05)
     manager.start()
     try:
         def submit(seed: int, steps: int) -> Job:
             request = _request(seed, steps)
-            plan = validate(request, manager.defaults)
-            return manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=0), plan)
+            return manager.submit(request, seconds="4")
 
         doomed = submit(1, 200)
         status = wait_until(lambda: next((r for r in manager.replicas() if r.job_id == doomed.id), None),

@@ -77,6 +77,8 @@ def serve(
         executor,
         store,
         JobFiles(server_config.jobs_dir),
+        model_name=server_config.served_model_name,
+        max_request_cost=server_config.max_request_cost,
         max_queue=server_config.max_queue,
         encoder_options=EncoderOptions(preset="ultrafast"),
         job_timeout_s=server_config.job_timeout_s,

@@ -3,6 +3,7 @@ jobs, and the shutdown order that keeps the running job (a fake engine stands in
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import subprocess
@@ -19,11 +20,9 @@ from h3serve.api.data_lock import DataDirBusy, DataDirLock
 from h3serve.api.http_server import H3Server
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
-from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.request import GenerationRequest
 from h3serve.tools import serve_cli
-from h3serve.validate import validate
 
 # Only logged (the engine is a fake); one replica.
 ENGINE_CONFIG = SimpleNamespace(model=Path("tiny"), device="cpu", data_parallel_size=1, lora_paths=(), lora_dir=None)
@@ -115,11 +114,10 @@ def test_a_server_that_fails_after_the_engine_started_closes_it(tmp_path, engine
 def test_shut_down_requeues_the_running_job_before_the_store_closes(tmp_path):
     store = SQLiteJobStore(tmp_path / "jobs.sqlite3")
     executor = FakeExecutor(step_s=0.02, ignore_cancel=True)  # a step longer than the lifespan waits for
-    manager = JobManager(executor, store, JobFiles(tmp_path / "jobs"))
+    manager = JobManager(executor, store, JobFiles(tmp_path / "jobs"), model_name="tiny", max_request_cost=math.inf)
     manager.start()
     request = GenerationRequest(prompt="waves", width=128, height=64, duration_s=4, steps=200)
-    plan = validate(request, manager.defaults)
-    job = manager.submit(Job.planned(new_job_id(), "tiny", request, plan, "4", created_at=0), plan)
+    job = manager.submit(request, seconds="4")
     wait_until(lambda: store.get(job.id).progress >= 1, what="the job to run")
     manager.close(timeout_s=0.1)  # the app's lifespan gives up waiting
     serve_cli.shut_down(manager, executor, store)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import statistics
 import tempfile
 import time
@@ -21,12 +22,11 @@ from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.files import JobFiles
-from h3serve.jobstore.records import FINISHED, Job, new_job_id
+from h3serve.jobstore.records import FINISHED
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.request import GenerationRequest
-from h3serve.validate import validate
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 
@@ -57,8 +57,7 @@ def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_
     ids = []
     for seed in range(seed0, seed0 + count):
         request = GenerationRequest(prompt=PROMPT, width=128, height=64, duration_s=4, steps=steps, seed=seed)
-        plan = validate(request, manager.defaults)
-        ids.append(manager.submit(Job.planned(new_job_id(), "bench", request, plan, "4", int(time.time())), plan).id)
+        ids.append(manager.submit(request, seconds="4").id)
     deadline = time.monotonic() + timeout_s
     while True:
         jobs = [manager.store.get(i) for i in ids]
@@ -85,7 +84,9 @@ def _server(model: Path, layout: Layout, jobs: int, threads: int, log: Callable[
     try:
         with tempfile.TemporaryDirectory(prefix="h3serve-bench-") as tmp:
             store = SQLiteJobStore(Path(tmp) / "jobs.sqlite3")
-            manager = JobManager(executors, store, JobFiles(Path(tmp) / "jobs"), max_queue=jobs + replicas,
+            # No cost limit: the bench measures throughput, whatever it is asked to run.
+            manager = JobManager(executors, store, JobFiles(Path(tmp) / "jobs"), model_name="bench",
+                                 max_request_cost=math.inf, max_queue=jobs + replicas,
                                  encoder_options=EncoderOptions(), poll_s=0.02, overlap_output=layout.overlap)
             manager.start()
             try:

@@ -1,4 +1,4 @@
-"""Assemble the `GenerationRequest` from the typed fields and the stored media.
+"""Place a request's stored media on its `GenerationRequest`: keyframes, references or edit sources.
 
 Where each file goes (`keyframes_requested` decides):
 - `extra_params.task` fl2va: every file is a keyframe image, whatever field it came in;
@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from h3serve.api.errors import bad_request
+from h3serve.api.media_fields import SOURCE_FIELDS
 from h3serve.api.media_inputs import StoredMedia
-from h3serve.api.request_fields import SOURCE_FIELDS, ParsedFields
 from h3serve.request import GenerationRequest, MediaRef
 
 FIRST, LAST = 0, -1
@@ -30,16 +30,18 @@ def keyframes_requested(task: str | None, media: list[StoredMedia]) -> bool:
     return bool(media) and all(m.source.field == KEYFRAME_FIELD for m in media)
 
 
-def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef | None, MediaRef | None]:
+def _keyframes(
+    media: list[StoredMedia], frame_indices: tuple[int, ...] | None
+) -> tuple[MediaRef | None, MediaRef | None]:
     for m in media:
         if m.kind != "image":
             found = f"a {m.kind} file" if m.kind else "not a recognisable image"
-            raise bad_request(f"{m.source.field}: fl2va takes images only (keyframes); this is {found}",
-                              m.source.field)
+            raise bad_request(f"{m.source.field}: fl2va takes images only (keyframes); this is {found}", m.source.field)
     if len(media) > 2:
-        raise bad_request(f"fl2va takes at most 2 images (first and last keyframe), got {len(media)}",
-                          media[2].source.field)
-    indices = parsed.frame_indices or ((FIRST,) if len(media) == 1 else (FIRST, LAST))
+        raise bad_request(
+            f"fl2va takes at most 2 images (first and last keyframe), got {len(media)}", media[2].source.field
+        )
+    indices = frame_indices or ((FIRST,) if len(media) == 1 else (FIRST, LAST))
     if len(indices) != len(media) or len(set(indices)) != len(indices) or not set(indices) <= {FIRST, LAST}:
         raise bad_request(
             f"frame_indices: must be [0], [-1] or [0, -1], one index per keyframe image ({len(media)} given), "
@@ -50,18 +52,20 @@ def _keyframes(parsed: ParsedFields, media: list[StoredMedia]) -> tuple[MediaRef
     return by_index.get(FIRST), by_index.get(LAST)
 
 
-def build_request(parsed: ParsedFields, media: list[StoredMedia]) -> GenerationRequest:
+def place_media(
+    request: GenerationRequest, media: list[StoredMedia], frame_indices: tuple[int, ...] | None
+) -> GenerationRequest:
+    """`request` (without media yet) with each stored file in its place; 400 naming the field on a file that
+    cannot go there. `frame_indices`: the request's, for FL2VA keyframes."""
     sources = {m.source.field: m.ref for m in media if m.source.field in SOURCE_FIELDS}
-    if sources:
-        media = [m for m in media if m.source.field not in SOURCE_FIELDS]
-        parsed = dataclasses.replace(parsed, values={**parsed.values, **sources})
-    if keyframes_requested(parsed.values.get("task"), media):
-        image, last_image = _keyframes(parsed, media) if media else (None, None)
-        return GenerationRequest(**parsed.values, image=image, last_image=last_image)
-    if parsed.frame_indices is not None:
-        raise bad_request("frame_indices: only fl2va keyframe images take frame indices",
-                          "extra_params.frame_indices")
-    return GenerationRequest(**parsed.values, references=tuple(m.ref for m in media))
+    media = [m for m in media if m.source.field not in SOURCE_FIELDS]
+    request = dataclasses.replace(request, **sources)
+    if keyframes_requested(request.task, media):
+        image, last_image = _keyframes(media, frame_indices) if media else (None, None)
+        return dataclasses.replace(request, image=image, last_image=last_image)
+    if frame_indices is not None:
+        raise bad_request("frame_indices: only fl2va keyframe images take frame indices", "extra_params.frame_indices")
+    return dataclasses.replace(request, references=tuple(m.ref for m in media))
 
 
 def media_aliases(request: GenerationRequest, media: list[StoredMedia]) -> dict[str, str]:

@@ -1,0 +1,107 @@
+"""What validation produces: the checkpoint's `ModelDefaults` it reads and the `GenerationPlan` it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from h3serve import geometry, limits
+from h3serve.edit_mask import LatentMask
+from h3serve.long_video import Window
+from h3serve.request import MediaRef
+from h3serve.schedule import PinnedSchedule
+
+if TYPE_CHECKING:
+    from h3serve.adapters.catalog import AdapterChoice
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """Per-checkpoint defaults (read from the checkpoint, never hard-coded by callers)."""
+
+    canvas_short_edge: int = 768
+    canvas_max_pixels: int = 1_032_192
+    reference_image_short_edge: int = 2048
+    flow_shift: float = 12.0
+    audio_flow_shift: float = 3.0
+    max_edge: int = limits.MAX_EDGE
+    pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (h3serve/schedule.py)
+    fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """A validated request with every default resolved: exactly what the pipeline runs."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int  # 17n + 5
+    steps: int  # denoiser forwards (N + 1 sigma points)
+    seed: int
+    flow_shift: float
+    audio_flow_shift: float
+    task: str = "t2va"
+    image: MediaRef | None = None
+    last_image: MediaRef | None = None
+    references: tuple[MediaRef, ...] = ()
+    quality: str | None = None  # DiT block cache policy (h3serve.accel.cache.profile_for)
+    long_video_mode: str | None = None  # None (<= 15 s), full (one pass) or continuation (windows)
+    windows: tuple[Window, ...] = ()  # continuation: the windows, in order
+    window_prompts: tuple[str, ...] = ()  # continuation: the text each window's encoder reads
+    # Latent-mask editing: the sources and the canonical masks (video (T, H, W), audio (2, A); 1 = generate).
+    source_video: MediaRef | None = None
+    source_audio: MediaRef | None = None  # an edit's audio source, or lock_source's driving audio
+    video_mask: LatentMask | None = None
+    audio_mask: LatentMask | None = None
+    audio_mode: str = "native"
+    extend_video: MediaRef | None = None  # an extension's source: window 0 (windows[0].end frames) is this video
+    start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
+    lora: AdapterChoice | None = None  # the request's LoRA adapter (h3serve.adapters), applied unmerged
+    pinned_positions: tuple[float, ...] | None = None  # sigma positions before the shift (len steps + 1); None: uniform
+
+    @property
+    def continuation(self) -> bool:
+        return self.long_video_mode == "continuation"
+
+    @property
+    def forwards(self) -> int:
+        """Denoiser forwards the request runs, which its progress counts: `steps` per generated window (an
+        extension's window 0 is its source video, not generated)."""
+        if not self.continuation:
+            return self.steps
+        return self.steps * (len(self.windows) - (self.extend_video is not None))
+
+    @property
+    def edit(self) -> bool:
+        """Latent-mask editing (an all-1 mask is dropped, so a plan with none is plain generation)."""
+        return self.video_mask is not None or self.audio_mask is not None
+
+    @property
+    def keyframes(self) -> tuple[MediaRef, ...]:
+        """FL2VA keyframes in packed order (first, then last)."""
+        return tuple(k for k in (self.image, self.last_image) if k is not None)
+
+    @property
+    def anchors(self) -> tuple[str, ...]:
+        return tuple(a for a, k in (("first", self.image), ("last", self.last_image)) if k is not None)
+
+    @property
+    def duration_s(self) -> float:
+        return self.num_frames / limits.FPS
+
+    @property
+    def latent_frames(self) -> int:
+        return geometry.latent_frames(self.num_frames)
+
+    @property
+    def latent_height(self) -> int:
+        return geometry.latent_edge(self.height)
+
+    @property
+    def latent_width(self) -> int:
+        return geometry.latent_edge(self.width)
+
+    @property
+    def audio_latents(self) -> int:
+        return geometry.audio_latents(self.num_frames)

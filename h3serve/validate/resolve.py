@@ -1,0 +1,173 @@
+"""`validate`: one `GenerationRequest` in, one `GenerationPlan` out, every default resolved; with the rules of
+the canvas, the schedule (steps and shifts, under an adapter's pinned schedule), the seed, prompt and quality."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from h3serve import limits
+from h3serve.canvas import CanvasError, resolve_canvas
+from h3serve.errors import RequestError
+from h3serve.names import QUALITIES
+from h3serve.request import GenerationRequest
+from h3serve.schedule import resolve_pinned_shift, resolve_steps
+from h3serve.validate.inputs import (
+    driving_audio_split,
+    resolve_edit,
+    resolve_extension,
+    resolve_start_times,
+    resolve_task,
+)
+from h3serve.validate.length import resolve_continuation, resolve_frames, resolve_long_video_mode
+from h3serve.validate.plan import GenerationPlan, ModelDefaults
+
+
+def validate(
+    request: GenerationRequest,
+    defaults: ModelDefaults = ModelDefaults(),  # noqa: B008 (frozen)
+    keyframe_size: tuple[int, int] | None = None,
+    extend_frames: int | None = None,
+) -> GenerationPlan:
+    """Check every rule and resolve every default. Raises `RequestError` on the first violation.
+
+    `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
+    unless the request gives a size or an aspect ratio. `extend_frames`: the 24 fps frame count of an
+    extension's source video (measured by the caller).
+    """
+    request = driving_audio_split(request)
+    task = resolve_task(request)
+    defaults = _adapter_pin(request, task, defaults)
+    mode = resolve_long_video_mode(request, task)
+    height, width = _resolve_size(request, defaults, task, keyframe_size)
+    num_frames = resolve_frames(request, mode)
+    quality = _check_quality(request.quality)
+    source_frames = resolve_extension(request, mode, extend_frames)
+    if source_frames:  # the output is the source followed by the new part (a whole number of 17-frame chunks)
+        num_frames = source_frames + num_frames - limits.VAE_LATENTS_PER_CHUNK
+        if num_frames / limits.FPS > limits.MAX_CONTINUATION_DURATION_S:
+            raise RequestError(
+                "duration",
+                f"the source ({source_frames / limits.FPS:.2f} s) and the extension together must be at "
+                f"most {limits.MAX_CONTINUATION_DURATION_S:g} s, got {num_frames / limits.FPS:.2f} s",
+            )
+    windows, prompts = resolve_continuation(request, mode, num_frames, quality, source_frames)
+    masks = resolve_edit(request, mode, num_frames, height, width)
+    pin = defaults.pinned_schedule
+    steps, flow_shift, audio_flow_shift = _resolve_schedule(request, defaults)
+    return GenerationPlan(
+        task=task,
+        image=request.image,
+        last_image=request.last_image,
+        references=tuple(request.references),
+        prompt=_check_prompt(request.prompt),
+        width=width,
+        height=height,
+        num_frames=num_frames,
+        steps=steps,
+        seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
+        flow_shift=flow_shift,
+        audio_flow_shift=audio_flow_shift,
+        quality=quality,
+        long_video_mode=mode,
+        windows=windows,
+        window_prompts=prompts,
+        source_video=request.source_video,
+        source_audio=request.source_audio,
+        video_mask=masks[0],
+        audio_mask=masks[1],
+        audio_mode=request.audio_mode or "native",
+        extend_video=request.extend_video,
+        start_times=resolve_start_times(request, task),
+        lora=request.lora,
+        pinned_positions=None if pin is None else pin.positions,
+    )
+
+
+def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:
+    """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
+    contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
+    if defaults.fused_adapter is not None:
+        from h3serve.adapters.fasth3 import TASKS
+
+        if task not in TASKS:
+            raise RequestError(
+                "task",
+                f"this server fuses the FastH3 adapter {defaults.fused_adapter}, which serves "
+                f"{', '.join(TASKS)} only, not {task}",
+            )
+        if request.lora is not None:
+            raise RequestError(
+                "lora",
+                f"this server fuses the FastH3 adapter {defaults.fused_adapter}; a per-request "
+                "LoRA cannot run on top of it",
+            )
+    if request.lora is None or request.lora.turbo is None:
+        return defaults
+    from h3serve.adapters.turbo import turbo_pin
+
+    return dataclasses.replace(defaults, pinned_schedule=turbo_pin(request.lora.turbo, request.lora.name, task))
+
+
+def _resolve_schedule(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, float, float]:
+    """(steps, flow_shift, audio_flow_shift): the forward count and both shifts, under any pinned schedule."""
+    pin = defaults.pinned_schedule
+    steps = resolve_steps(request.steps, pin)
+    pinned = [resolve_pinned_shift(name, getattr(request, name), pin) for name in ("flow_shift", "audio_flow_shift")]
+    flow_shift = (
+        pinned[0] if pinned[0] is not None else _check_shift("flow_shift", request.flow_shift, defaults.flow_shift)
+    )
+    audio = (
+        pinned[1]
+        if pinned[1] is not None
+        else _check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift)
+    )
+    return steps, flow_shift, audio
+
+
+def _check_quality(quality: str | None) -> str | None:
+    if quality not in (None, *QUALITIES):
+        raise RequestError("quality", f"must be one of {', '.join(QUALITIES)}, got {quality!r}")
+    return quality
+
+
+def _check_prompt(prompt: object) -> str:
+    if not isinstance(prompt, str):
+        raise RequestError("prompt", "must be a string")
+    if not prompt.strip():
+        raise RequestError("prompt", "must not be empty")
+    if len(prompt) > limits.MAX_PROMPT_CHARS:
+        raise RequestError("prompt", f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}")
+    return prompt
+
+
+def _check_int(field: str, value: object, lo: int, hi: int, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(field, f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise RequestError(field, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _check_shift(field: str, value: object, default: float) -> float:
+    if value is None:
+        return float(default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(field, f"must be a finite number, got {value!r}")
+    if not 0 < value <= limits.MAX_FLOW_SHIFT:
+        raise RequestError(field, f"must be greater than 0 and at most {limits.MAX_FLOW_SHIFT:g}, got {value:g}")
+    return float(value)
+
+
+def _resolve_size(
+    request: GenerationRequest, defaults: ModelDefaults, task: str, keyframe_size: tuple[int, int] | None
+) -> tuple[int, int]:
+    """(height, width) by the canvas rule (h3serve/canvas.py)."""
+    try:
+        return resolve_canvas(
+            defaults, task, request.width, request.height, request.aspect_ratio, request.short_edge, keyframe_size
+        )
+    except CanvasError as e:
+        raise RequestError(e.field, e.message) from None
