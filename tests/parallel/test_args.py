@@ -75,6 +75,7 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
         ("-dac '[1]'", "expected a JSON object"),
         ("--task-type t2v", "choose from: auto, combined, t2va, fl2va, ref2va"),
         ("--diffusion-compile-granularity everything", "choose from: regional, full"),
+        ("--diffusion-compile-backend tvm", "choose from: inductor, aot_eager, eager"),
         ("--diffusion-compile-granularity full --usp 2", "incompatible with sequence parallelism and offload"),
         ("--diffusion-compile-granularity full --enable-layerwise-offload", "use 'regional' compilation instead"),
         ("--cfg-parallel-size 2", "CFG-distilled"),
@@ -92,6 +93,9 @@ def test_compile_flags_become_engine_fields(parallel_checkpoint):
     line = "--device cpu --diffusion-compile-granularity regional --no-diffusion-compile-dynamic"
     config = engine_config_from_args(_parse(line), parallel_checkpoint)
     assert config.compile_mode("cpu") == "regional" and not config.compile_dynamic
+    assert config.compile_backend == "inductor"
+    config = engine_config_from_args(_parse(line + " --diffusion-compile-backend eager"), parallel_checkpoint)
+    assert config.compile_backend == "eager"  # Dynamo capture only (tests/api/test_lora_live.py counts graphs)
     config = engine_config_from_args(_parse(line + " --enforce-eager"), parallel_checkpoint)
     assert config.compile_mode("cpu") is None
 
