@@ -11,30 +11,21 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
-from PIL import Image
 
 from h3serve import limits
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
 from h3serve.model.conditioning import (
-    ImageReference,
     Presentation,
     Reference,
-    VideoReference,
     encode_audio_condition,
     encode_visual_condition,
-    image_pixels,
-    reference_audio,
-    reference_kind,
-    sample_condition_frames,
-    video_condition_pixels,
 )
 from h3serve.model.continuation import ContinuationMixin
+from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
     ReferenceBlock,
-    build_keyframe_layout,
-    build_reference_layout,
     patchify,
     unpatchify,
 )
@@ -57,9 +48,7 @@ from h3serve.model.pipeline_types import (
 from h3serve.model.scheduler import FlowSchedule, scale_noise
 from h3serve.model.step_times import StepTimes, step_times
 from h3serve.model.streaming import SourceHead, stream_decode
-from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.transformer import H3Transformer, PackedLayout
-from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
 from h3serve.validate import GenerationPlan
 
 
@@ -165,18 +154,10 @@ class H3Pipeline(ContinuationMixin):
         clean[:, : source.shape[1]] = source
         return clean, source.shape[1]
 
-    def _sample(
-        self,
-        plan: GenerationPlan,
-        enc: Encoded,
-        dit: H3Transformer | None,
-        target: Target,
-        seed: int,
-        clock: StageClock,
-        on_step: StepCallback | None,
-        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
+    def _initial_rows(
+        self, enc: Encoded, target: Target, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(video rows, audio rows) at the first step, conditions noised, and the target's (video, audio) noise."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
         # Conditions may arrive on the host (VAE encodes) or on the device (a continuation window's guide is the
         # previous window's output): each is mixed with its noise on the device, never across devices.
@@ -201,6 +182,22 @@ class H3Pipeline(ContinuationMixin):
         )
         video_rows = torch.cat([*condition_rows, patchify(video_noise).to(self.device)])
         audio_rows = torch.cat([r.to(self.device) for r in (*enc.audio_rows, audio_noise)])
+        return video_rows, audio_rows, video_noise, audio_noise
+
+    def _sample(
+        self,
+        plan: GenerationPlan,
+        enc: Encoded,
+        dit: H3Transformer | None,
+        target: Target,
+        seed: int,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
+        video_rows, audio_rows, video_noise, audio_noise = self._initial_rows(enc, target, seed)
+        channels = self.components.vae.config.latent_channels
         for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
             if edit is not None:
                 edit.set_anchor(noise)
@@ -261,99 +258,13 @@ class H3Pipeline(ContinuationMixin):
             media = self.encode_reference_media(cond.references, clock)
             target = Target.of(plan)
             return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
-        return self._encode_keyframes(plan, cond.keyframes, cond.anchors, clock)
-
-    def _encode_keyframes(
-        self, plan: GenerationPlan, keyframes: list[Image.Image], anchors: tuple[str, ...], clock: StageClock
-    ) -> Encoded:
-        """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
-        text = Presentation(self.components.text.tokenizer)
-        vision: dict[str, torch.Tensor] = {}
-        visual: list[torch.Tensor] = []
-        if keyframes:
-            with clock("vision_encode"):
-                vision = self._image_inputs(keyframes)
-            for k, grid in enumerate(vision["image_grid_thw"]):
-                text.text(f"<Picture {k + 1}>: ")
-                text.vision(IMAGE_PAD, num_vision_tokens(grid, self.components.vision_config.merge_size))
-            with clock("vae_encode"):
-                visual = [
-                    encode_visual_condition(self.components.vae, image_pixels(k).to(self.device)) for k in keyframes
-                ]
-        text.text(plan.prompt)
-        with clock("text_encode"):
-            text_states = self.components.text.encode(text.ids, vision)
-        layout = build_keyframe_layout(
-            torch.tensor(text.tags),
-            plan.latent_frames,
-            plan.latent_height,
-            plan.latent_width,
-            plan.audio_latents,
-            anchors,
-        )
-        return Encoded(text.ids, text_states, layout, visual, [])
+        return keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
 
     def encode_reference_media(self, refs: list[Reference], clock: StageClock) -> ReferenceMedia:
-        """Ref2VA references encoded once per request: labels numbered per modality (a soundtrack's label before
-        its video's), vision inputs, condition latents and their layout blocks."""
-        merge = self.components.vision_config.merge_size
-        with clock("vision_encode"):
-            images = [r.image for r in refs if isinstance(r, ImageReference)]
-            vision = self._image_inputs(images) if images else {}
-            video_blocks: list[tuple[int, list[float]]] = []  # (tokens per block, block timestamps) per video
-            video_inputs = []
-            for r in refs:
-                if isinstance(r, VideoReference):
-                    frames, stamps = sample_condition_frames(r.frames)
-                    inputs = preprocess_video(np.stack(frames), self.components.vision_config)
-                    grid = inputs["video_grid_thw"][0]
-                    video_blocks.append((int(grid[1]) * int(grid[2]) // merge**2, stamps))
-                    video_inputs.append(inputs)
-            if video_inputs:
-                vision["pixel_values_videos"] = torch.cat([v["pixel_values_videos"] for v in video_inputs])
-                vision["video_grid_thw"] = torch.cat([v["video_grid_thw"] for v in video_inputs])
-
-        text = Presentation(self.components.text.tokenizer)
-        counts = {"image": 0, "video": 0, "audio": 0}
-        for r in refs:
-            if reference_audio(r) is not None:
-                counts["audio"] += 1
-                text.text(f"<Audio {counts['audio']}>: ")
-            if isinstance(r, ImageReference):
-                counts["image"] += 1
-                text.text(f"<Picture {counts['image']}>: ")
-                text.vision(IMAGE_PAD, num_vision_tokens(vision["image_grid_thw"][counts["image"] - 1], merge))
-            elif isinstance(r, VideoReference):
-                counts["video"] += 1
-                text.text(f"<Video {counts['video']}>: ")
-                tokens, stamps = video_blocks[counts["video"] - 1]
-                for stamp in stamps:
-                    text.text(f"<{stamp:.1f} seconds>")
-                    text.vision(VIDEO_PAD, tokens)
-
-        visual, audio_rows, blocks = [], [], []
-        with clock("vae_encode"):
-            for r in refs:
-                kind, audio_latents = reference_kind(r), 0
-                wave = reference_audio(r)
-                if wave is not None:
-                    audio_rows.append(encode_audio_condition(self.components.audio_vae, wave))
-                    audio_latents = audio_rows[-1].shape[0] // limits.AUDIO_CHANNELS
-                if kind == "audio":
-                    blocks.append(ReferenceBlock(kind, audio_latents=audio_latents))
-                    continue
-                pixels = image_pixels(r.image) if kind == "image" else video_condition_pixels(r.frames)
-                visual.append(encode_visual_condition(self.components.vae, pixels.to(self.device)))
-                f, h, w = visual[-1].shape[2:]
-                blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
-        return ReferenceMedia(text.ids, text.tags, vision, visual, audio_rows, blocks)
+        return reference_media(self.components, self.device, refs, clock)
 
     def _presentation(self, media: ReferenceMedia, prompt: str) -> Presentation:
-        """The references' labels and vision blocks, then the prompt."""
-        text = Presentation(self.components.text.tokenizer)
-        text.ids, text.tags = list(media.ids), list(media.tags)
-        text.text(prompt)
-        return text
+        return presentation(self.components, media, prompt)
 
     def _reference_encoded(
         self,
@@ -365,32 +276,7 @@ class H3Pipeline(ContinuationMixin):
         media_origin: float | None = None,
         time_offset: float = 0.0,
     ) -> Encoded:
-        with clock("text_encode"):
-            text_states = self.components.text.encode(text.ids, media.vision)
-        blocks, visual, audio_rows = list(media.blocks), list(media.visual), list(media.audio_rows)
-        if guide is not None:
-            block, latents = guide
-            blocks.append(block)
-            visual.append(latents.video)
-            audio_rows.append(latents.audio_rows())
-        layout = build_reference_layout(
-            torch.tensor(text.tags),
-            blocks,
-            target.latent_frames,
-            target.latent_height,
-            target.latent_width,
-            target.audio_latents,
-            media_origin=media_origin,
-            time_offset=time_offset,
-        )
-        return Encoded(text.ids, text_states, layout, visual, audio_rows)
-
-    def _image_inputs(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
-        per_image = [preprocess_image(img, self.components.vision_config) for img in images]
-        return {
-            "pixel_values": torch.cat([p["pixel_values"] for p in per_image]),
-            "image_grid_thw": torch.cat([p["image_grid_thw"] for p in per_image]),
-        }
+        return reference_encoded(self.components, media, text, target, clock, guide, media_origin, time_offset)
 
     # -- sampling and decoding -------------------------------------------------------------------------------
 

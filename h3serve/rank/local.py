@@ -39,9 +39,10 @@ from h3serve.validate import GenerationPlan, RequestError
 class LocalEngine:
     """Loads the checkpoint once, then validates and runs requests."""
 
-    def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1):
+    def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1, setup: RankDevice | None = None):
+        """`setup`: the rank's start-up check, when its caller ran it already (the worker does, first thing)."""
         self.config = config.validate()
-        setup = check_engine(config)  # what only torch can check: the device, its kernels
+        setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule

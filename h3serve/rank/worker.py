@@ -125,7 +125,7 @@ def _start(rank: int, world: int, init_method: str, config: EngineConfig, events
         if world > 1:
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
-        return LocalEngine(config, rank=rank, world_size=world)
+        return LocalEngine(config, rank=rank, world_size=world, setup=setup)
     except Exception as e:
         if rank == 0:
             events.put(Fatal(f"{type(e).__name__}: {e}"))
