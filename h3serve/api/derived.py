@@ -36,7 +36,7 @@ from h3serve.api.media_fields import MediaSource, media_sources
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_model import VideoCreateFields
 from h3serve.api.request_reader import read_request_fields
-from h3serve.api.submission import ensure_capacity, queue_request, with_lora
+from h3serve.api.submission import check_model, ensure_capacity, queue_request, with_lora
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
@@ -153,6 +153,7 @@ async def _submit(
         fields = await run_in_threadpool(read_request_fields, rest)
         sources = await run_in_threadpool(media_sources, rest)
         lora = fields.lora_field()
+        check_model(fields, ctx)
         if sources:
             raise bad_request(f"{sources[0].field}: this route takes only `video` as media", sources[0].field)
         if takes_video and given is None:

@@ -102,6 +102,20 @@ def test_model_is_the_served_name_or_absent(client, fake_server):
     assert repr(listed) in message and "sora-2" in message
 
 
+def test_remix_edit_and_extend_check_the_model_too(client, fake_server, tmp_path):
+    """The create route's rule holds on the routes that make a job from another video (the body is read first:
+    a wrong name is refused before the source is looked up)."""
+    listed = fake_server.config.served_model_name
+    job, _ = generated(client, tmp_path, {"prompt": "p"})
+    remix = f"/v1/videos/{job['id']}/remix"
+    assert_error(client.post(remix, json={"prompt": "q", "model": "sora-2"}), 400, "model_not_found", "model")
+    for route in ("/v1/videos/edits", "/v1/videos/extensions"):
+        form = multipart({"prompt": "q", "model": "sora-2", "video": json.dumps({"id": job["id"]})})
+        assert_error(client.post(route, files=form), 400, "model_not_found", "model")
+    accepted = client.post(remix, json={"prompt": "q", "model": listed, **STEPS})
+    assert accepted.status_code == 200, accepted.text
+
+
 def test_the_openapi_description_states_the_canvas_rule(client):
     schema = json.dumps(client.get("/openapi.json").json())
     assert "aspect_ratio must describe the same canvas after the flooring" in schema
