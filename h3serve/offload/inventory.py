@@ -14,61 +14,24 @@ offload streams): DiT `token_refiner.refiner_blocks` and `transformer_blocks`; t
 
 from __future__ import annotations
 
-import copy
-import json
 import math
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from h3serve import limits
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
-from h3serve.checkpoint_files import weight_keys
-from h3serve.checkpoint_layout import CheckpointError, read_layout, safetensors_files
-from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.offload.model_configs import RELEASED, checkpoint_configs, released_configs
 from h3serve.offload.plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
-from h3serve.parallel.degrees import ModelDims, ParallelDegrees, read_model_dims
+from h3serve.parallel.degrees import ModelDims, ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN, checkpoint_module_names
+from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
 
-RELEASED = "released"
 ADALN_GROUP = RESIDENT_GROUP  # transformer_blocks: each holds one adaln_proj
 ADALN_OUT = "norm_out.linear."
-AUDIO_LATENT_CHANNELS = 32
-
-# Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.
-RELEASED_TEXT_CONFIG = {
-    "vocab_size": 151936,
-    "hidden_size": 5120,
-    "intermediate_size": 25600,
-    "num_hidden_layers": 64,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "rope_parameters": {
-        "rope_type": "default",
-        "rope_theta": 5_000_000.0,
-        "mrope_section": [24, 20, 20],
-        "mrope_interleaved": True,
-    },
-}
-RELEASED_VISION_CONFIG = {
-    "depth": 27,
-    "hidden_size": 1152,
-    "intermediate_size": 4304,
-    "num_heads": 16,
-    "patch_size": 16,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 5120,
-    "num_position_embeddings": 2304,
-    "deepstack_visual_indexes": [8, 16, 24],
-}
-
 
 Stored = dict[str, bool] | None  # module name -> per-channel scales, of linears a checkpoint stores in FP8
 
@@ -173,9 +136,6 @@ class Inventory:
 
 # ------------------------------------------------------------------------------------------------------------
 # Byte counting on meta modules
-# ------------------------------------------------------------------------------------------------------------
-
-
 def _size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -337,96 +297,9 @@ def text_encoder_bytes(
 
 # ------------------------------------------------------------------------------------------------------------
 # Sources: a checkpoint folder's configs, or the released architecture
-# ------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Configs:
-    dits: dict[str, H3TransformerConfig]
-    vae: dict
-    audio_vae: dict
-    text: object  # transformers Qwen3VLConfig, truncated to the loaded layers
-    stored: dict[str, dict[str, bool]] = field(default_factory=dict)  # component -> linears stored in FP8
-
-
-def _truncated(config):
-    config = copy.deepcopy(config)
-    total = config.text_config.num_hidden_layers
-    if total <= limits.TEXT_ENCODER_LAYER:
-        raise CheckpointError(
-            f"the text encoder has {total} layers; MiniMax-H3 needs more than {limits.TEXT_ENCODER_LAYER}"
-        )
-    config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1  # as checkpoint.load_text_conditioner
-    return config
-
-
-def _released_configs(dits: tuple[str, ...]) -> _Configs:
-    from transformers import Qwen3VLConfig
-
-    text = Qwen3VLConfig(
-        text_config=RELEASED_TEXT_CONFIG, vision_config=RELEASED_VISION_CONFIG, tie_word_embeddings=False
-    )
-    zeros, ones = [0.0] * AUDIO_LATENT_CHANNELS, [1.0] * AUDIO_LATENT_CHANNELS
-    return _Configs(
-        dits={name: H3TransformerConfig() for name in dits},
-        vae={},
-        audio_vae={"latents_mean": zeros, "latents_std": ones},
-        text=_truncated(text),
-    )
-
-
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path} ({e})") from None
-
-
-def _checkpoint_configs(root: Path, dits: tuple[str, ...]) -> _Configs:
-    from transformers import AutoConfig
-
-    layout = read_layout(root, dits)
-    present = [d for d in dits if layout.has(d)]
-    if not present:
-        raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
-    text = _truncated(AutoConfig.from_pretrained(layout.component("text_encoder")))
-    return _Configs(
-        dits={d: H3TransformerConfig.from_dict(layout.component_config(d)) for d in present},
-        vae=layout.component_config("vae"),
-        audio_vae=layout.component_config("audio_vae"),
-        text=text,
-        stored={name: _stored_fp8(layout.component(name), name, text) for name in (*present, "text_encoder")},
-    )
-
-
-def _stored_fp8(folder: Path, name: str, text_config) -> dict[str, bool]:
-    """The linears a component's files store in FP8 (from the headers): they load as FP8 whatever the flags."""
-    from h3serve.accel.quantize import stored_fp8
-
-    files = safetensors_files(folder)
-    if name == "text_encoder":
-        return stored_fp8(files, checkpoint_module_names(text_config.text_config.num_hidden_layers))
-    native = native_keys.is_native_key_set(weight_keys(files))
-    return stored_fp8(files, native_keys.native_module_names if native else None)
-
-
 def text_holders(degrees: ParallelDegrees) -> tuple[int, ...]:
     """Ranks that hold text-encoder weights: the first N under text-encoder TP N > 1, else rank 0 alone."""
     return tuple(range(degrees.text_encoder_tp)) if degrees.text_encoder_tp > 1 else (0,)
-
-
-def model_dims(source: str | Path, dits: tuple[str, ...]) -> ModelDims:
-    """The sizes the parallel degrees must divide, before any model is built (a bad degree cannot shard)."""
-    if source != RELEASED:
-        return read_model_dims(Path(source), dits)
-    cfg = H3TransformerConfig()
-    return ModelDims(
-        dit_heads=cfg.num_attention_heads,
-        dit_ffn=cfg.ffn_dim,
-        dit_hidden=cfg.hidden_size,
-        text_heads=RELEASED_TEXT_CONFIG["num_attention_heads"],
-        text_kv_heads=RELEASED_TEXT_CONFIG["num_key_value_heads"],
-    )
 
 
 def build_inventory(
@@ -445,7 +318,7 @@ def build_inventory(
     """
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
-    configs = _released_configs(dits) if source == RELEASED else _checkpoint_configs(Path(source), dits)
+    configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits)
     # One DiT build per distinct config: the two released DiTs share one architecture.
     built: dict[str, ComponentBytes] = {}
 

@@ -109,7 +109,8 @@ def build_plan(args: argparse.Namespace):
     from h3serve.engine.args import adaln_memo, device_memory, layout_fields, offload_config, quantization
     from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
-    from h3serve.offload.inventory import RELEASED, build_inventory, model_dims
+    from h3serve.offload.inventory import RELEASED, build_inventory
+    from h3serve.offload.model_configs import model_dims
     from h3serve.offload.planner import Runtime
     from h3serve.offload.startup import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
