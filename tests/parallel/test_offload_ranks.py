@@ -58,7 +58,7 @@ def test_every_rank_places_every_stage_as_planned(ranks, name):
         # The LoRA host cache and the AdaLN memo's store (planned at its --adaln-memo bound) belong to their
         # runtimes and fill as requests come, not to the placement (tests/offload/test_adapter_bytes, test_planner).
         planned = {c: n for c, n in got["planned_host_bytes"].items() if c not in (ADAPTERS, ADALN_MEMO)}
-        assert got["planned_host_bytes"].get(ADALN_MEMO, DEFAULT_ADALN_MEMO_BYTES) == DEFAULT_ADALN_MEMO_BYTES
+        assert got["planned_host_bytes"][ADALN_MEMO] == DEFAULT_ADALN_MEMO_BYTES  # every case runs the memo
         if name.startswith("dlo_allgather"):  # each tensor of a gathered block keeps its alignment: < 64 B of padding
             host = got["host_bytes"]
             assert planned.keys() == host.keys()
