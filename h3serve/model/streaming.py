@@ -64,4 +64,5 @@ def stream_decode(
                 frames[: given.shape[0]] = given
             writer.write(frames)
             done += frames.shape[0]
+            del piece, frames  # a view of the clip: dropped, so the clip is freed before the next one decodes
     return GenerationResult.decoded(None, audio, (video_latents, audio_latents), clock.durations, cache, num_frames)

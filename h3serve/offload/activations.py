@@ -22,10 +22,11 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   video twice (chunks and their concatenation) in es, or the pipeline's fp32 post-processing (the video in es
   plus two fp32 copies [T, H, W, 3]), whichever is larger; plus one tile's decoder working set (fp32 residual
   stream, 8·width + 3·ffn per token). Ranks that only decode their share hold their own units twice (the
-  gather's send buffer). Streamed (`--decode-mode stream`, the default) only one temporal clip is alive: its
-  tiles (and gather buffers), the stitched clip twice [3, 28, H, W] in es (rows and their concatenation), one
-  blended piece [3, 17, H, W] in es and its fp32 post-processing (two temporaries) before it leaves as uint8;
-  the other ranks hold one clip's share of units twice.
+  gather's send buffer). Streamed (`--decode-mode stream`, the default) only one temporal clip is alive: on one
+  rank one tile at a time (the decoder's output and its unpatchified copy) stitched in place into the clip
+  [3, 28, H, W] in es (h3serve.model.tile_stitch), with patch parallel the clip's gathered tiles; the previous
+  clip's 5-frame tail in es; one frame's fp32 post-processing (two temporaries) before it leaves as uint8; the
+  other ranks hold one clip's share of units twice.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
 The runtime overhead (context, NCCL, compile, allocator reserve) is h3serve.offload.overhead's.
@@ -44,6 +45,7 @@ from h3serve.parallel.degrees import ParallelDegrees
 HIDDEN_STATES_KEPT = limits.TEXT_ENCODER_LAYER + 2  # embeddings + 51 layer outputs
 VAE_CLIP_LATENTS = 7  # one temporal decode chunk: 5 latents + 2 overlap -> 28 frames
 VAE_TEMPORAL_RATIO = 4
+VAE_FRAME_OVERLAP = 5  # a clip's tail frames, kept to cross-fade into the next clip
 AUDIO_WIDEST = 12_800  # samples·channels per latent at BigVGAN's widest (anti-aliased) stage
 VISION_MERGE = 32  # Qwen3-VL: 16-px patches merged 2x2 -> one token per 32x32 pixels
 PRESENTATION_TOKENS = 8  # "<Picture k>: " label and the vision start/end tokens
@@ -155,9 +157,12 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
     # With patch parallel the stitching rank also holds its own units and the gather's send buffer.
     gathered = units * unit * (1 + (2 / d.vae_patch_parallel if d.vae_patch_parallel > 1 else 0))
     if shape.streamed_decode:
-        clip = 3 * clip_frames * shape.width * shape.height
-        piece = 3 * limits.VAE_FRAMES_PER_CHUNK * shape.width * shape.height
-        return int(gathered + 2 * clip * es + piece * (es + 2 * 4)) + working
+        frame = 3 * shape.width * shape.height
+        # One rank decodes the clip's tiles one by one (a tile and its unpatchified copy); patch parallel
+        # gathers them all on the stitching rank first.
+        tiles_alive = gathered if d.vae_patch_parallel > 1 else 2 * unit
+        clip_and_tail = (clip_frames + VAE_FRAME_OVERLAP) * frame * es
+        return int(tiles_alive + clip_and_tail + 2 * frame * 4) + working
     return int(max(gathered + 2 * video * es, video * es + 2 * video * 4)) + working
 
 

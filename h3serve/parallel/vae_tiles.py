@@ -15,28 +15,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.model.tile_stitch import stitch, tile_grid
 from h3serve.parallel.comm import group_rank, group_size
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _tile_grid(vae: nn.Module, z: torch.Tensor) -> tuple[list[tuple[slice, slice]], int, list[int], list[int]]:
-    """Latent-space tile windows of one clip (row-major), the number of tile columns and the pixel overlaps."""
-    ratio = vae.spatial_compression_ratio
-    if not vae.use_tiling:
-        return [(slice(None), slice(None))], 1, [], []
-    ys, y_lens, y_overlaps = vae._split_tiles(
-        z.shape[-2] * ratio, vae.tile_sample_min_height, vae.tile_sample_min_overlap_height
-    )
-    xs, x_lens, x_overlaps = vae._split_tiles(
-        z.shape[-1] * ratio, vae.tile_sample_min_width, vae.tile_sample_min_overlap_width
-    )
-    windows = [
-        (slice(i // ratio, i // ratio + h // ratio), slice(j // ratio, j // ratio + w // ratio))
-        for i, h in zip(ys, y_lens, strict=True)
-        for j, w in zip(xs, x_lens, strict=True)
-    ]
-    return windows, len(xs), y_overlaps, x_overlaps
 
 
 class TileParallelDecode:
@@ -55,20 +37,17 @@ class TileParallelDecode:
         return decode
 
     def decode_clip(self, z: torch.Tensor) -> torch.Tensor | None:
-        """One temporal clip, its tiles spread over the ranks: rank 0 gets the stitched clip (the VAE's own
-        `_decode_clip` result, bit for bit), the other ranks None once they have sent their tiles."""
+        """One temporal clip, its tiles spread over the ranks: rank 0 gets the clip stitched in place (the VAE's
+        own `_decode_clip` result, bit for bit), the other ranks None once they have sent their tiles."""
         vae = self.vae
         z = z.contiguous()
         if self.group is not None:  # every rank tiles rank 0's latents
             dist.broadcast(z, src=dist.get_global_rank(self.group, 0), group=self.group)
-        windows, columns, y_overlaps, x_overlaps = _tile_grid(vae, z)
+        windows, columns, y_overlaps, x_overlaps = tile_grid(vae, z)
         tiles = self._decode_tiles([z], windows)
         if not tiles:
             return None
-        if not vae.use_tiling:
-            return tiles[0]
-        rows = [tiles[r : r + columns] for r in range(0, len(windows), columns)]
-        return vae._stitch_tiles(rows, y_overlaps, x_overlaps)
+        return stitch(tiles, columns, y_overlaps, x_overlaps)
 
     def _decode_tiles(self, clips: list[torch.Tensor], windows: list[tuple[slice, slice]]) -> list[torch.Tensor]:
         """Decode this rank's share of the units; rank 0 gets all of them in unit order, other ranks none."""
@@ -125,7 +104,7 @@ class TileParallelDecode:
             z[:, :, i * tokens_chunk_size : i * tokens_chunk_size + tokens_chunk_size + vae.token_overlap]
             for i in range(num_chunks)
         ]
-        windows, columns, y_overlaps, x_overlaps = _tile_grid(vae, clips_in[0])
+        windows, columns, y_overlaps, x_overlaps = tile_grid(vae, clips_in[0])
         tiles = self._decode_tiles(clips_in, windows)
         if not tiles:
             b, _, _, h, w = z.shape
