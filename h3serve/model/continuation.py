@@ -15,6 +15,7 @@ import torch
 from h3serve import limits
 from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import Presentation
+from h3serve.model.encode_inputs import reference_encoded
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import ReferenceBlock
 from h3serve.model.pipeline_types import (
@@ -44,7 +45,7 @@ class EditSource:
 class ContinuationMixin:
     """`H3Pipeline`'s continuation methods. They use the pipeline's own encoding, sampling and decoding
     (`encode_reference_media`, `encode_source_frames`, `padded_audio_latents`, `_presentation`,
-    `_reference_encoded`, `_sample`, `_decode`, `_schedules`)."""
+    `_sample`, `_decode`, `_schedules`)."""
 
     def _generate_continuation(
         self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None, sink: FrameSink | None = None
@@ -80,8 +81,9 @@ class ContinuationMixin:
             else:
                 offset = sum(v.shape[2] for v in kept_video) - window.overlap_latent_frames
                 edits = self.window_edits(plan, cond, window, offset, edit_source, clock)
-                video, audio = self.run_window(plan, window, media, texts[window.index], media_origin, guide, clock,
-                                               progress, edits)
+                video, audio = self.run_window(
+                    plan, window, media, texts[window.index], media_origin, guide, clock, progress, edits
+                )
             kept_video.append(video[:, :, window.overlap_latent_frames :])
             kept_audio.append(audio[:, :, window.overlap_audio_latents :])
             if window.index + 1 < len(plan.windows):
@@ -120,7 +122,12 @@ class ContinuationMixin:
         return source
 
     def window_edits(
-        self, plan: GenerationPlan, cond: Conditioning, window: Window, latent_offset: int, source: EditSource,
+        self,
+        plan: GenerationPlan,
+        cond: Conditioning,
+        window: Window,
+        latent_offset: int,
+        source: EditSource,
         clock: StageClock,
     ) -> tuple[MaskedTarget | None, MaskedTarget | None]:
         """One window's slice of the request's latent-mask edit: its frames of the source video, VAE-encoded, and
@@ -178,6 +185,8 @@ class ContinuationMixin:
         if guide is not None:
             _, _, frames, h, w = guide.video.shape
             extra = (ReferenceBlock("latent_guide", frames, h, w, guide.audio.shape[2]), guide)
-        enc = self._reference_encoded(media, text, target, clock, extra, media_origin, window.temporal_offset)
+        enc = reference_encoded(
+            self.components, media, text, target, clock, extra, media_origin, window.temporal_offset
+        )
         seed = window_seed(plan.seed, window.index)
         return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)

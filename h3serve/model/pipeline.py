@@ -25,7 +25,6 @@ from h3serve.model.encode_inputs import keyframes_encoded, presentation, referen
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
     Layout,
-    ReferenceBlock,
     patchify,
     unpatchify,
 )
@@ -37,7 +36,6 @@ from h3serve.model.pipeline_types import (
     FrameSink,
     GenerationResult,
     H3Components,
-    LatentGuide,
     NoHooks,
     ReferenceMedia,
     StageClock,
@@ -257,7 +255,7 @@ class H3Pipeline(ContinuationMixin):
         if cond.references:
             media = self.encode_reference_media(cond.references, clock)
             target = Target.of(plan)
-            return self._reference_encoded(media, self._presentation(media, plan.prompt), target, clock)
+            return reference_encoded(self.components, media, self._presentation(media, plan.prompt), target, clock)
         return keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
 
     def encode_reference_media(self, refs: list[Reference], clock: StageClock) -> ReferenceMedia:
@@ -265,18 +263,6 @@ class H3Pipeline(ContinuationMixin):
 
     def _presentation(self, media: ReferenceMedia, prompt: str) -> Presentation:
         return presentation(self.components, media, prompt)
-
-    def _reference_encoded(
-        self,
-        media: ReferenceMedia,
-        text: Presentation,
-        target: Target,
-        clock: StageClock,
-        guide: tuple[ReferenceBlock, LatentGuide] | None = None,
-        media_origin: float | None = None,
-        time_offset: float = 0.0,
-    ) -> Encoded:
-        return reference_encoded(self.components, media, text, target, clock, guide, media_origin, time_offset)
 
     # -- sampling and decoding -------------------------------------------------------------------------------
 

@@ -16,24 +16,18 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from h3serve.model import keys as dit_keys
 from h3serve.model import vae_keys
 from h3serve.native_config import DIT_NAMES
 from h3serve.tools import tiny_checkpoint as tiny
 from h3serve.tools.tiny_components import build_components
-from h3serve.tools.tiny_files import file_lock, make_readable, quiet_progress_bars, replace_dir
+from h3serve.tools.tiny_files import file_lock, make_readable, quiet_progress_bars, replace_dir, write_json
 from h3serve.tools.tiny_presets import Preset, check_seed, get_preset
 
 MARKER = tiny.MARKER_FILE
 _TRANSFORMERS_PARTS = ("text_encoder", "tokenizer", "processor")
 _DIT_FILES = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _save(tensors: dict, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -66,8 +60,8 @@ def write_dit(model, folder: Path) -> None:
     for name, tensors in zip(_DIT_FILES, shards, strict=True):
         _save(tensors, folder / name)
     weight_map = {k: _DIT_FILES[int(k in second)] for k in sorted(native)}
-    _write_json(folder / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
-    _write_json(folder / "config.json", _dit_config(model))
+    write_json(folder / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    write_json(folder / "config.json", _dit_config(model))
 
 
 def write_video_vae(model, folder: Path) -> None:
@@ -103,7 +97,7 @@ def write_video_vae(model, folder: Path) -> None:
             "eps": c.decoder_norm_eps,
         },
     }
-    _write_json(folder / "source" / "config.json", source)
+    write_json(folder / "source" / "config.json", source)
     wrapper = {
         "_class_name": "MiniMaxH3VideoVAE",
         "source_path": "source",
@@ -116,7 +110,7 @@ def write_video_vae(model, folder: Path) -> None:
         "vae_tile_size": model.tile_sample_min_height,
         "vae_tile_overlap_min": model.tile_sample_min_overlap_height,
     }
-    _write_json(folder / "config.json", wrapper)
+    write_json(folder / "config.json", wrapper)
 
 
 def write_audio_vae(model, folder: Path) -> None:
@@ -138,7 +132,7 @@ def write_audio_vae(model, folder: Path) -> None:
         "resblock_kernel_sizes": list(c.resblock_kernel_sizes),
         "resblock_dilation_sizes": [list(d) for d in c.resblock_dilation_sizes],
     }
-    _write_json(folder / "metadata.json", {"metadata": {"kwargs": kwargs}})
+    write_json(folder / "metadata.json", {"metadata": {"kwargs": kwargs}})
     wrapper = {
         "_class_name": "MiniMaxH3AudioVAE",
         "output_channel": 2,
@@ -149,7 +143,7 @@ def write_audio_vae(model, folder: Path) -> None:
         "latents_mean": list(c.latents_mean),
         "latents_std": list(c.latents_std),
     }
-    _write_json(folder / "config.json", wrapper)
+    write_json(folder / "config.json", wrapper)
 
 
 def _model_index(partition: str, tasks: list[str], spec: Preset, shifts: dict[str, float]) -> dict:
@@ -221,10 +215,10 @@ def _write_native(out: Path, parts: dict, spec: Preset, marker: dict) -> Path:
         else:
             with quiet_progress_bars():
                 parts[name].save_pretrained(str(fl2va / name))
-    _write_json(fl2va / "model_index.json", _model_index("fl2va", ["t2va", "fl2va"], spec, shifts))
-    _write_json(ref2va / "model_index.json", _model_index("ref2va", ["ref2va"], spec, shifts))
+    write_json(fl2va / "model_index.json", _model_index("fl2va", ["t2va", "fl2va"], spec, shifts))
+    write_json(ref2va / "model_index.json", _model_index("ref2va", ["ref2va"], spec, shifts))
     make_readable(out)
-    _write_json(out / MARKER, {**marker, "layout": "native"})
+    write_json(out / MARKER, {**marker, "layout": "native"})
     return out
 
 
