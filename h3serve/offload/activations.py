@@ -29,6 +29,9 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   other ranks hold one clip's share of units twice.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
+  Streamed, the soundtrack decodes in windows (h3serve.model.audio_windows): A is one window's latents,
+  WINDOW_LATENTS + 2·RELEASED_AUDIO_HALO + 15 (the far end moved out by A mod 16) at most, and at most A;
+  the whole [2, 800·A] fp32 output is counted besides.
 The runtime overhead (context, NCCL, compile, allocator reserve) is h3serve.offload.overhead's.
 """
 
@@ -38,6 +41,7 @@ import math
 from dataclasses import dataclass
 
 from h3serve import geometry, limits
+from h3serve.model.audio_windows import ALIGNMENT, WINDOW_LATENTS
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.inventory import Inventory, TextShape, VaeShape
 from h3serve.parallel.degrees import ParallelDegrees
@@ -47,6 +51,7 @@ VAE_CLIP_LATENTS = 7  # one temporal decode chunk: 5 latents + 2 overlap -> 28 f
 VAE_TEMPORAL_RATIO = 4
 VAE_FRAME_OVERLAP = 5  # a clip's tail frames, kept to cross-fade into the next clip
 AUDIO_WIDEST = 12_800  # samples·channels per latent at BigVGAN's widest (anti-aliased) stage
+RELEASED_AUDIO_HALO = 48  # halo_latents() of the released audio VAE (checked on the meta device by a test)
 VISION_MERGE = 32  # Qwen3-VL: 16-px patches merged 2x2 -> one token per 32x32 pixels
 PRESENTATION_TOKENS = 8  # "<Picture k>: " label and the vision start/end tokens
 
@@ -167,7 +172,12 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
 
 
 def audio_decode(shape: RequestShape) -> int:
-    return 8 * AUDIO_WIDEST * (shape.audio_rows // limits.AUDIO_CHANNELS) * limits.AUDIO_CHANNELS * 4
+    latents = shape.audio_rows // limits.AUDIO_CHANNELS
+    if not shape.streamed_decode:
+        return 8 * AUDIO_WIDEST * latents * limits.AUDIO_CHANNELS * 4
+    window = min(latents, WINDOW_LATENTS + 2 * RELEASED_AUDIO_HALO + ALIGNMENT - 1)
+    output = limits.AUDIO_CHANNELS * 800 * latents * 4
+    return 8 * AUDIO_WIDEST * window * limits.AUDIO_CHANNELS * 4 + output
 
 
 def stage_activations(inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str) -> int:

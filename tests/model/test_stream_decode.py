@@ -12,6 +12,7 @@ import torch
 from h3serve.engine.stream_output import Mp4Sink
 from h3serve.media import mp4
 from h3serve.media.mp4 import EncoderOptions, write_mp4
+from h3serve.model import audio_windows
 from h3serve.model.pipeline_types import Conditioning, StageClock
 from h3serve.model.stream_decode import decode_chunks, decoded_frames, rgb8
 from h3serve.model.streaming import SourceHead, stream_decode
@@ -34,8 +35,12 @@ def test_chunks_concatenate_to_the_vaes_own_decode(tiny_pipeline, latent_frames,
     pipeline, _ = tiny_pipeline
     vae = pipeline.components.vae
     z = torch.randn((1, 24, latent_frames, *latent_hw), generator=torch.Generator().manual_seed(latent_frames))
-    saved = (vae.tile_sample_min_height, vae.tile_sample_min_width,
-             vae.tile_sample_min_overlap_height, vae.tile_sample_min_overlap_width)
+    saved = (
+        vae.tile_sample_min_height,
+        vae.tile_sample_min_width,
+        vae.tile_sample_min_overlap_height,
+        vae.tile_sample_min_overlap_width,
+    )
     try:
         if tiles:
             vae.enable_tiling(*tiles)
@@ -69,17 +74,21 @@ def test_a_nan_frame_is_refused_with_its_index():
         rgb8(x, first_frame=10)
 
 
-def _both_ways(pipeline, plan, tmp_path, monkeypatch, cond=None, head=None) -> tuple[bytes, bytes, object]:
+def _both_ways(
+    pipeline, plan, tmp_path, monkeypatch, cond=None, head=None, reuse_audio=True
+) -> tuple[bytes, bytes, object]:
     """The plan decoded whole then written by `write_mp4`, and its latents streamed into an `Mp4Sink` (the
-    pipeline's streamed decode after denoising; `generate(..., sink=...)` ends in the same call). The soundtrack
-    is the same `decode_audio` call either way: the streamed pass reuses the full pass's (the slowest stage)."""
+    pipeline's streamed decode after denoising; `generate(..., sink=...)` ends in the same call). With
+    `reuse_audio` the streamed pass reuses the full pass's soundtrack (the slowest stage), else it decodes its
+    own in windows."""
     with torch.no_grad():
         full = pipeline.generate(plan, cond)
     write_mp4(tmp_path / "full.mp4", full.video.numpy(), full.audio.numpy(), options=FAST)
     sink = Mp4Sink(tmp_path / "stream.mp4", FAST)
     clock = StageClock(pipeline.device)
     # (An extension's source soundtrack is laid over it again: the same samples, so the same array.)
-    monkeypatch.setattr(pipeline, "decode_audio", lambda latents: full.audio.clone())
+    if reuse_audio:
+        monkeypatch.setattr(pipeline, "decode_audio", lambda latents, windowed=False: full.audio.clone())
     with torch.no_grad():
         streamed = stream_decode(pipeline, full.video_latents, full.audio_latents, clock, None, sink, head)
     assert streamed.video is None and streamed.num_frames == full.num_frames == plan.num_frames
@@ -89,17 +98,35 @@ def _both_ways(pipeline, plan, tmp_path, monkeypatch, cond=None, head=None) -> t
 
 
 def test_streamed_mp4_has_the_full_decodes_bytes(tiny_pipeline, tmp_path, monkeypatch):
+    """The real windowed soundtrack: 178 audio latents (4 s and its frame padding) in windows of 64 latents
+    (halo 16, far ends out by 178 mod 16 = 2; the last one short)."""
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(prompt="a fox", width=64, height=32, steps=2, seed=4, duration_s=4), defaults)
-    full, streamed, _ = _both_ways(pipeline, plan, tmp_path, monkeypatch)
+    monkeypatch.setattr(audio_windows, "WINDOW_LATENTS", 64)
+    avae, lengths = pipeline.components.audio_vae, []
+    decode = avae.decode
+    monkeypatch.setattr(avae, "decode", lambda z, **kw: lengths.append(z.shape[-1]) or decode(z, **kw))
+    full, streamed, _ = _both_ways(pipeline, plan, tmp_path, monkeypatch, reuse_audio=False)
+    assert lengths == [178, 82, 98, 66]  # the whole decode, then windows [0, 82), [48, 146), [112, 178)
     assert full == streamed
 
 
 def test_extension_streams_its_source_frames_and_soundtrack(tiny_pipeline, tmp_path, monkeypatch):
     pipeline, defaults = tiny_pipeline
-    plan = validate(GenerationRequest(
-        prompt="on", width=32, height=32, steps=2, duration_s=4, long_video=True, long_video_mode="continuation",
-        extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video")), defaults, extend_frames=150)
+    plan = validate(
+        GenerationRequest(
+            prompt="on",
+            width=32,
+            height=32,
+            steps=2,
+            duration_s=4,
+            long_video=True,
+            long_video_mode="continuation",
+            extend_video=MediaRef(Path("/s.mp4"), "s.mp4", "video"),
+        ),
+        defaults,
+        extend_frames=150,
+    )
     frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
     wave = torch.from_numpy(np.random.default_rng(3).uniform(-0.5, 0.5, (2, 32_000 * 5)).astype(np.float32))
     cond = Conditioning(extend_video=frames, extend_audio=wave)
