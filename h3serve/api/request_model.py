@@ -88,6 +88,8 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "video": "edits and extensions take one `video`: a video file or {\"id\": ...} of a completed video of this "
     "server (an unknown id is 404, an unfinished one 409), and no other media field",
     "required": "a remix or an edit needs a prompt, an extension also `seconds` (code missing_field)",
+    "form_json": "in a form, extra_params is JSON text, and continuation_prompts sent as one value starting with `[` "
+    "is read as a JSON list: either must then parse (code invalid_json)",
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "

@@ -20,25 +20,22 @@ Each term rounds up, so the bound is conservative by a few samples per operator.
 latents, rounded up to a multiple of `ALIGNMENT`, so every window starts at a multiple of `ALIGNMENT` latents and
 thus at the same phase of every stage's polyphase upsampling and of the CPU kernels' vector blocking.
 
-Bit identity on the CPU needs two more things, both measured (a released-structure decoder differed in the last
-bits otherwise): (1) oneDNN's convolutions pick their blocking from the whole shape (the gemm convolution splits
-its reduction, the strided deconvolution blocks its width by a heuristic), so a window's length changes the
-summation order; `native_convolutions` runs the decode on ATen's own kernels, whose order per output does not
-depend on the length, and both decode paths use it. (2) Those kernels copy each channel group to a fresh buffer,
-so batch item 1 starts 4·L bytes in and MKL's gemm handles the unaligned head differently: every window's length
-is kept congruent to the whole length modulo `ALIGNMENT` latents, so every stage's L keeps the whole decode's
-alignment. On a GPU the identity is not established (cuDNN's algorithm is also chosen per shape).
+Both decode modes decode the soundtrack this way, so the streamed and the full MP4 hold the same bits by
+construction, on any device. A soundtrack of at most `2·WINDOW_LATENTS` latents (6.4 s) is decoded whole, as
+diffusers does, since its whole decode holds no more than two windows would.
 
-Window size, measured on the tiny audio VAE at A=1198 (30 s; RSS added, fresh process): whole 307-345 MB;
-256-latent windows 177 MB at 1.08x the time, 128-latent windows 117 MB at 1.16x: 128 is the default.
+How exact the windows are, measured (tests/model/test_audio_windows.py): on ATen's native CPU convolutions the
+windows give the whole decode's bits. That needs every window's length congruent to the whole length modulo
+`ALIGNMENT` (those kernels copy each channel group to a fresh buffer, so batch item 1 starts 4·L bytes in, and
+MKL's gemm treats an unaligned head differently): the far end of every window moves out by A mod `ALIGNMENT`.
+oneDNN's convolutions, the CPU default, choose their blocking from the whole shape, so there a window differs
+from the whole decode in the last bits (about 1e-5 at most, measured on the tiny audio VAE); cuDNN also chooses
+its algorithm per shape. The windowing itself is exact; the kernels' summation order is not length-invariant.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -100,18 +97,6 @@ def halo_latents(audio_vae: nn.Module, alignment: int = ALIGNMENT) -> int:
     return math.ceil(math.ceil(reach / hop) / alignment) * alignment
 
 
-@contextmanager
-def native_convolutions(device: torch.device) -> Iterator[None]:
-    """On the CPU, ATen's native convolutions instead of oneDNN's for the block (see the module docstring)."""
-    if device.type != "cpu":
-        yield
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="TF32 acceleration on top of oneDNN")
-        with torch.backends.mkldnn.flags(enabled=False):
-            yield
-
-
 def decode_windows(
     audio_vae: nn.Module, z: torch.Tensor, core_latents: int | None = None, halo: int | None = None
 ) -> torch.Tensor:
@@ -119,15 +104,16 @@ def decode_windows(
 
     Each window decodes `core_latents` (default `WINDOW_LATENTS`, a multiple of `ALIGNMENT`) latents of output
     plus `halo` (default `halo_latents(audio_vae)`) on each side where the sequence has them, its far end moved
-    out by A mod `ALIGNMENT` (see the module docstring). Run it, and the whole decode it is compared with, inside
-    `native_convolutions`."""
+    out by A mod `ALIGNMENT` (see the module docstring); up to `2·core_latents` latents, one whole decode."""
     core_latents = WINDOW_LATENTS if core_latents is None else core_latents
     if core_latents <= 0 or core_latents % ALIGNMENT:
         raise ValueError(f"core_latents must be a positive multiple of {ALIGNMENT}, got {core_latents}")
-    halo = halo_latents(audio_vae) if halo is None else halo
     length = z.shape[-1]
+    if length <= 2 * core_latents:
+        return audio_vae.decode(z, return_dict=False)[0]
+    halo = halo_latents(audio_vae) if halo is None else halo
     hop = math.prod(stage[0].stride[0] for stage in audio_vae.decoder.ups)
-    out: torch.Tensor | None = None
+    out = None
     for start in range(0, length, core_latents):
         end = min(start + core_latents, length)
         lo, hi = max(start - halo, 0), min(end + halo + length % ALIGNMENT, length)
@@ -136,6 +122,4 @@ def decode_windows(
             out = wave.new_empty((*wave.shape[:-1], hop * length))
         out[..., hop * start : hop * end] = wave[..., hop * (start - lo) : hop * (end - lo)]
         del wave
-    if out is None:
-        raise ValueError("no audio latents to decode")
     return out

@@ -14,7 +14,7 @@ import torch
 
 from h3serve import limits
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
-from h3serve.model.audio_windows import decode_windows, native_convolutions
+from h3serve.model.audio_windows import decode_windows
 from h3serve.model.conditioning import (
     Presentation,
     Reference,
@@ -348,13 +348,11 @@ class H3Pipeline(ContinuationMixin):
         x = x.float().mul_(pix_std).add_(pix_mean).clamp_(0, 1)
         return x[0].permute(1, 2, 3, 0).contiguous()
 
-    def decode_audio(self, latents: torch.Tensor, windowed: bool = False) -> torch.Tensor:
-        """Normalised latents [2, 32, A] -> stereo waveform [2, 800·A] fp32 in [-1, 1]: decoded whole, or with
-        `windowed` in bounded latent windows (h3serve.model.audio_windows), the same bits either way."""
+    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents [2, 32, A] -> stereo waveform [2, 800·A] fp32 in [-1, 1], decoded in bounded latent
+        windows (h3serve.model.audio_windows) in both decode modes."""
         avae = self.components.audio_vae
         mean = torch.tensor(avae.config.latents_mean, device=self.device).view(1, -1, 1)
         std = torch.tensor(avae.config.latents_std, device=self.device).view(1, -1, 1)
-        z = latents.to(self.device) * std + mean
-        with native_convolutions(z.device):
-            wave = decode_windows(avae, z) if windowed else avae.decode(z, return_dict=False)[0]  # [2, 1, N]
+        wave = decode_windows(avae, latents.to(self.device) * std + mean)  # [2, 1, N]
         return wave.float()[:, 0]

@@ -45,9 +45,9 @@ def stream_decode(
     sink: FrameSink,
     head: SourceHead | None = None,
 ) -> GenerationResult:
-    """Decode the soundtrack in windows, open `sink` with it, then feed it the video's uint8 frames clip by clip."""
+    """Decode the soundtrack, open `sink` with it, then feed it the video's uint8 frames clip by clip."""
     with clock("audio_decode"):
-        audio = pipe.decode_audio(audio_latents, windowed=True).cpu()
+        audio = pipe.decode_audio(audio_latents).cpu()
     if head is not None:
         head.overlay_audio(audio)
     vae = pipe.components.vae

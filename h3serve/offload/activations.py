@@ -29,9 +29,9 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   other ranks hold one clip's share of units twice.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
-  Streamed, the soundtrack decodes in windows (h3serve.model.audio_windows): A is one window's latents,
-  WINDOW_LATENTS + 2·RELEASED_AUDIO_HALO + 15 (the far end moved out by A mod 16) at most, and at most A;
-  the whole [2, 800·A] fp32 output is counted besides.
+  Both decode modes decode the soundtrack in windows (h3serve.model.audio_windows): A is one window's
+  latents, WINDOW_LATENTS + 2·RELEASED_AUDIO_HALO + 15 (the far end moved out by A mod 16), or A itself up to
+  2·WINDOW_LATENTS (decoded whole); the whole [2, 800·A] fp32 output is counted besides.
 The runtime overhead (context, NCCL, compile, allocator reserve) is h3serve.offload.overhead's.
 """
 
@@ -173,9 +173,7 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
 
 def audio_decode(shape: RequestShape) -> int:
     latents = shape.audio_rows // limits.AUDIO_CHANNELS
-    if not shape.streamed_decode:
-        return 8 * AUDIO_WIDEST * latents * limits.AUDIO_CHANNELS * 4
-    window = min(latents, WINDOW_LATENTS + 2 * RELEASED_AUDIO_HALO + ALIGNMENT - 1)
+    window = latents if latents <= 2 * WINDOW_LATENTS else WINDOW_LATENTS + 2 * RELEASED_AUDIO_HALO + ALIGNMENT - 1
     output = limits.AUDIO_CHANNELS * 800 * latents * 4
     return 8 * AUDIO_WIDEST * window * limits.AUDIO_CHANNELS * 4 + output
 

@@ -36,6 +36,7 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "edit": ("invalid_value", r"source_video|source_audio|noise_mask|driving audio|start_time_seconds"),
     "video": ("invalid_value", r"^video: |this route takes only `video`"),
     "required": ("missing_field", r"is required"),
+    "form_json": ("invalid_json", r"invalid JSON"),
     "lora": ("invalid_value", r"^lora"),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}

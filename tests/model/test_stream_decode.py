@@ -88,7 +88,7 @@ def _both_ways(
     clock = StageClock(pipeline.device)
     # (An extension's source soundtrack is laid over it again: the same samples, so the same array.)
     if reuse_audio:
-        monkeypatch.setattr(pipeline, "decode_audio", lambda latents, windowed=False: full.audio.clone())
+        monkeypatch.setattr(pipeline, "decode_audio", lambda latents: full.audio.clone())
     with torch.no_grad():
         streamed = stream_decode(pipeline, full.video_latents, full.audio_latents, clock, None, sink, head)
     assert streamed.video is None and streamed.num_frames == full.num_frames == plan.num_frames
@@ -98,8 +98,8 @@ def _both_ways(
 
 
 def test_streamed_mp4_has_the_full_decodes_bytes(tiny_pipeline, tmp_path, monkeypatch):
-    """The real windowed soundtrack: 178 audio latents (4 s and its frame padding) in windows of 64 latents
-    (halo 16, far ends out by 178 mod 16 = 2; the last one short)."""
+    """The real soundtrack, decoded in the same windows by both modes: 178 audio latents (4 s and its frame
+    padding) in windows of 64 latents (halo 16, far ends out by 178 mod 16 = 2; the last one short)."""
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(prompt="a fox", width=64, height=32, steps=2, seed=4, duration_s=4), defaults)
     monkeypatch.setattr(audio_windows, "WINDOW_LATENTS", 64)
@@ -107,7 +107,7 @@ def test_streamed_mp4_has_the_full_decodes_bytes(tiny_pipeline, tmp_path, monkey
     decode = avae.decode
     monkeypatch.setattr(avae, "decode", lambda z, **kw: lengths.append(z.shape[-1]) or decode(z, **kw))
     full, streamed, _ = _both_ways(pipeline, plan, tmp_path, monkeypatch, reuse_audio=False)
-    assert lengths == [178, 82, 98, 66]  # the whole decode, then windows [0, 82), [48, 146), [112, 178)
+    assert lengths == [82, 98, 66] * 2  # windows [0, 82), [48, 146), [112, 178), full then streamed
     assert full == streamed
 
 

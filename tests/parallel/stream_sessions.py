@@ -60,7 +60,7 @@ def _case(rank: int, world: int, checkpoint: Path, layout: dict, offload: Offloa
         write_mp4(folder / "full.mp4", full.video.numpy(), full.audio.numpy(), options=FAST)
         out["full"] = (folder / "full.mp4").read_bytes()
     # The soundtrack is the same `decode_audio` call either way (the slowest stage on one thread): reused.
-    pipe.decode_audio = lambda latents, windowed=False: full.audio.clone()
+    pipe.decode_audio = lambda latents: full.audio.clone()
     sink = Mp4Sink(folder / "streamed.mp4", FAST) if rank == 0 else DiscardSink()
     clock = StageClock(pipe.device, pipe.hooks)
     with torch.no_grad(), pipe.hooks.request(plan.task):
