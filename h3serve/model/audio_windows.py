@@ -1,4 +1,4 @@
-"""The audio VAE's BigVGAN decode in bounded latent windows, bit-identical to the whole decode.
+"""The audio VAE's BigVGAN decode in bounded latent windows, with the whole decode's values.
 
 The decoder (`dec_in_proj`, `conv_pre`, transposed-conv upsamplers, AMP residual blocks of dilated convolutions
 behind anti-aliased SnakeBeta activations, `activation_post`, `conv_post`, clamp) is fully convolutional: every
@@ -40,7 +40,9 @@ import math
 import torch
 from torch import nn
 
-WINDOW_LATENTS = 128  # latents of output per window (3.2 s at 40 latents/s): measured, see the module docstring
+# Latents of output per window (3.2 s at 40 latents/s): at 30 s on the tiny audio VAE +117 MB of RSS against
+# +307-345 MB whole (256: +177 MB), for 1.16-1.44x the time (docs/benchmarks.md).
+WINDOW_LATENTS = 128
 ALIGNMENT = 16  # window starts and the halo are multiples of this many latents
 
 
