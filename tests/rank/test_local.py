@@ -40,8 +40,10 @@ def test_default_engine_loads_both_dits_and_runs_fl2va(tiny_checkpoint, keyframe
 
 
 def test_a_long_request_the_device_cannot_hold_is_refused_before_it_runs(tiny_checkpoint, monkeypatch):
-    """The server path: the engine puts a 30 s one-pass request to the planner (1.5 GiB device) before any step."""
-    engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, device_memory=3 * 2**30 // 2))
+    """The server path: the engine puts a 30 s one-pass request to the planner (1.5 GiB device) before any step
+    (with the full decode, which holds the whole video: streamed, the same request fits, see test_placement)."""
+    config = EngineConfig(model=tiny_checkpoint, threads=1, device_memory=3 * 2**30 // 2, decode_mode="full")
+    engine = LocalEngine(config)
     monkeypatch.setattr(engine.pipeline, "generate", lambda *a, **k: pytest.fail("the request ran"))
     full = engine.plan(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
     with pytest.raises(RequestError, match=r"long_video_mode: this server cannot run .* longest pass \(736 frames"):

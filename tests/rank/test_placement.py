@@ -94,14 +94,17 @@ def test_a_flag_only_the_rank_can_check_is_refused_at_start_up_as_that_config_er
 
 
 def test_long_request_verdict_before_it_starts(tiny_checkpoint):
-    """A 30 s one-pass request needs ~6x the activations of 5 s: refused on a device the default request fits."""
+    """With the full decode a 30 s one-pass request needs ~6x the activations of 5 s (the whole video is held):
+    refused on a device the default request fits. Streamed (the default), the video decodes one clip and the
+    soundtrack one window at a time, so the same request fits there."""
     from h3serve.request import GenerationRequest
     from h3serve.validate import validate
 
-    config = EngineConfig(model=tiny_checkpoint)
+    config = EngineConfig(model=tiny_checkpoint, decode_mode="full")
     full = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
     message = long_request_refusal(config, full, 3 * GiB // 2)  # ~1 GiB of activations + 1 GiB headroom
     assert message and "longest pass (736 frames at 96x64)" in message and "on a 1.50 GiB device" in message
+    assert long_request_refusal(EngineConfig(model=tiny_checkpoint), full, 3 * GiB // 2) is None
     assert long_request_refusal(config, full, 4 * GiB) is None
     assert long_request_refusal(config, full, None) is None  # no device size: no verdict
     ordinary = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=15))
