@@ -82,12 +82,17 @@ def _amp_shrink(block: nn.Module) -> int:
     return total
 
 
+def _hop(decoder: nn.Module) -> int:
+    """Output samples per latent: the product of the upsamplers' strides (800 on H3)."""
+    return math.prod(stage[0].stride[0] for stage in decoder.ups)
+
+
 def halo_latents(audio_vae: nn.Module, alignment: int = ALIGNMENT) -> int:
     """Latents each side of a window that cover the decoder's reach (see the module docstring), rounded up to a
     multiple of `alignment`. Reads only module attributes and buffer shapes: works on the meta device."""
     dec = audio_vae.decoder
     ups = [stage[0] for stage in dec.ups]
-    hop = math.prod(up.stride[0] for up in ups)
+    hop = _hop(dec)
     per = dec.num_kernels
     scale = hop  # final output samples per sample of the current stage
     reach = (_conv_shrink(audio_vae.dec_in_proj) + _conv_shrink(dec.conv_pre)) * scale
@@ -114,7 +119,7 @@ def decode_windows(
     if length <= 2 * core_latents:
         return audio_vae.decode(z, return_dict=False)[0]
     halo = halo_latents(audio_vae) if halo is None else halo
-    hop = math.prod(stage[0].stride[0] for stage in audio_vae.decoder.ups)
+    hop = _hop(audio_vae.decoder)
     out = None
     for start in range(0, length, core_latents):
         end = min(start + core_latents, length)
