@@ -2,9 +2,11 @@
 
 Two kernel paths, chosen per engine at start-up (`select_kernel`):
   weight_only  the weight is dequantised into the compute dtype just before the GEMM (per layer, per call):
-               any device, so CPU runs and tests it; exactly `F.linear(x, dequantize_fp8(w, s, dtype), bias)`.
+               any device, so CPU runs and tests it; exactly `F.linear(x, dequantize_fp8(w, s, dtype), bias)`,
+               the weight being q · s in float32 rounded once to the compute dtype.
   fp8_gemm     dynamic per-call activation scales (per row with per-channel weights, one per call with a
                per-tensor weight), activations cast to FP8 and one `torch._scaled_mm` on FP8 tensor cores.
+Both apply the float32 weight scales in float32: neither rounds a scale to the compute dtype.
 
 `Fp8Linear` is a plain module (`in_features`, `out_features`, `weight`, `weight_scale`, `bias`, `forward(x)`), so
 a LoRA wrapper can wrap it like an `nn.Linear`. The tensor-parallel variants live beside their `nn.Linear` twins
@@ -54,9 +56,11 @@ def quantize_fp8(
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """q · scale in `dtype`: e4m3 values are exact in bf16/fp16/fp32, so the one temporary is the result (2 bytes
-    a weight in bf16, not a float32 copy); the scale is rounded to `dtype` first (exact in float32)."""
-    return q.to(dtype).mul_(scale.to(dtype))
+    """q · scale computed in float32 and rounded once to `dtype`, the rule `fp8_gemm` follows too (its float32
+    scales multiply the float32 accumulator). The e4m3 values are exact in bf16/fp16, so the one temporary is the
+    result (2 bytes a weight in bf16, not a float32 copy): the in-place multiply by the float32 scale promotes
+    each element to float32 and rounds on the store (rounding the scale to `dtype` first would round twice)."""
+    return q.to(dtype).mul_(scale.float())
 
 
 def scaled_mm_fits(in_features: int, out_features: int) -> bool:

@@ -59,8 +59,49 @@ def test_weight_only_forward_is_dequantise_then_gemm_bit_for_bit(dtype, per_chan
     layer = Fp8Linear(96, 64, True, per_channel, dtype)
     layer.weight.data, layer.weight_scale, layer.bias.data = q, scale, b.to(dtype)
     x = torch.randn(3, 7, 96).to(dtype)
-    expected = F.linear(x, q.to(dtype) * scale.to(dtype), b.to(dtype))  # written out here, not shared
+    expected = F.linear(x, (q.float() * scale).to(dtype), b.to(dtype))  # written out here, not shared
     assert torch.equal(layer(x), expected)
+
+
+def _off_grid_scales(q: torch.Tensor) -> torch.Tensor:
+    """Per-row float32 scales that bf16 cannot hold (8 significant bits): rounding them first would show."""
+    rows = torch.arange(q.shape[0], dtype=torch.float32)[:, None]
+    return (1.0 + rows * 2.0**-12 + 2.0**-20) * 2.0**-7
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_weight_scale_is_applied_in_float32_and_rounded_once(dtype):
+    """Defect 8 of issue 29: the weight-only path rounded the float32 scale to bf16 before multiplying (two
+    roundings; the GEMM path applies float32 scales). The dequantised weight is q · s in float32, rounded once."""
+    q, _ = quantize_fp8(_weights("random"), True)
+    scale = _off_grid_scales(q)
+    assert not torch.equal(scale.to(dtype).float(), scale)  # the scales really are off the bf16/fp16 grid
+    got = dequantize_fp8(q, scale, dtype)
+    assert got.dtype == dtype
+    assert torch.equal(got, (q.float() * scale).to(dtype))
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_weight_only_and_fp8_gemm_agree_in_bf16_within_rounding(per_channel):
+    """One rule for both kernel paths: activations that FP8 holds exactly (each row's maximum 448, so the
+    activation scale is 1) leave the weight as the only difference, q · s in float32, which the weight-only path
+    rounds once to bf16 and the GEMM path keeps in its float32 accumulator: the results agree within bf16's
+    rounding of the result and of the weight."""
+    g = torch.Generator().manual_seed(3)
+    q, _ = quantize_fp8(_weights("random"), per_channel)
+    scale = _off_grid_scales(q) if per_channel else torch.full((1, 1), 3.0e-4 + 2.0**-30)
+    grid = torch.randn(6, 96, generator=g).mul(40).clamp(-FP8_MAX, FP8_MAX).to(FP8).float()
+    grid[:, 0] = FP8_MAX
+    x = grid.to(torch.bfloat16)
+    weight_only = Fp8Linear(96, 64, False, per_channel, torch.bfloat16, "weight_only")
+    weight_only.weight.data, weight_only.weight_scale = q, scale
+    exact = grid.double() @ (q.double() * scale.double()).t()  # the product both paths approximate
+    gemm = fp8_gemm(x, q, scale, torch.bfloat16).double()
+    wo = weight_only(x).double()
+    # bf16 keeps 8 significant bits: half an ulp of the output, plus the weight's rounding summed over |x|·|w|
+    bound = exact.abs() * 2.0**-8 + (grid.abs().double() @ (q.double() * scale.double()).abs().t()) * 2.0**-9
+    assert bool(((gemm - exact).abs() <= bound).all())
+    assert bool(((wo - exact).abs() <= bound).all())
 
 
 def test_fp8_gemm_quantises_activations_per_call():
