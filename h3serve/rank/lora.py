@@ -219,22 +219,28 @@ class ServedDit:
 
 
 class LRU:
-    """A bounded least-recently-used map; `get_or_make` builds a missing value and evicts the oldest."""
+    """A bounded least-recently-used map; `get_or_make` evicts the oldest, then builds a missing value."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, on_evict: Callable[[object, object], None] | None = None):
         if capacity < 1:
             raise ValueError(f"an adapter cache holds at least 1 entry, got {capacity}")
         self.capacity = capacity
         self.items: OrderedDict = OrderedDict()
+        self.on_evict = on_evict  # (key, value): drop any other reference, so the memory really is freed
 
     def get_or_make(self, key, make: Callable[[], object]):
         if key in self.items:
             self.items.move_to_end(key)
             return self.items[key]
+        # Evict before building: building first holds capacity + 1 values at once (one adapter too many on the
+        # device, where the bound is what the planner counted).
+        while len(self.items) >= self.capacity:
+            old_key, old = self.items.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(old_key, old)
+            del old
         value = make()
         self.items[key] = value
-        while len(self.items) > self.capacity:
-            self.items.popitem(last=False)
         return value
 
 
@@ -256,7 +262,7 @@ class LoraRuntime:
     ):
         self.tp = tp
         self.host = LRU(max_cpu_loras)
-        self.device = LRU(max_loras)
+        self.device = LRU(max_loras, self._evicted)
         self.slot_rank = slot_rank
         self.loads = {"host": 0, "device": 0}
         self.writer: FactorWriter | None = None
@@ -305,6 +311,17 @@ class LoraRuntime:
                 wrapper.lora_a, wrapper.lora_b = a, b
         served.scale.value.fill_(0.0 if host is None else choice.scale * host.unit_scale)
         self.active[dit_name] = None if choice is None else choice.name
+
+    def _evicted(self, key: tuple[str, str], tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """A device-cache entry left the cache: a DiT whose wrappers still point at it goes back to the zero
+        factors (scale 0, no adapter), or those factors would stay resident beside the next upload."""
+        served = self.dits[key[0]]
+        if served.offloaded or not tensors or served.wrappers[0].lora_a is not tensors[0][0]:
+            return
+        for wrapper, (a, b) in zip(served.wrappers, served.null, strict=True):
+            wrapper.lora_a, wrapper.lora_b = a, b
+        served.scale.value.fill_(0.0)
+        self.active[key[0]] = None
 
     def _upload(self, served: ServedDit, host: HostFactors) -> list[tuple[torch.Tensor, torch.Tensor]]:
         self.loads["device"] += 1

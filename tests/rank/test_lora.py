@@ -136,6 +136,57 @@ def test_lru_caches_are_bounded(adapters):
     assert list(runtime.device.items) == [("transformer", str(adapters["a"]))]
 
 
+@pytest.mark.parametrize("max_loras", [1, 2])
+def test_the_device_cache_never_holds_more_than_max_loras_adapters(adapters, tmp_path, monkeypatch, max_loras):
+    """Defect 7 of issue 29: the device cache built the new adapter before evicting the oldest, so max_loras + 1
+    were resident at once. Every upload is tracked by weak references; when one is built, at most max_loras - 1
+    earlier ones may still be alive (cache entries or tensors a wrapper still points at)."""
+    import gc
+    import weakref
+
+    from h3serve.rank import lora
+
+    cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
+    paths = dict(adapters, c=write_peft_adapter(tmp_path / "c", cfg, rank=4, alpha=4.0, seed=3))
+    uploads: list[list[weakref.ref]] = []
+    alive_at_build: list[int] = []
+    build = lora.device_factors
+
+    def tracked(*args, **kwargs):
+        gc.collect()
+        alive_at_build.append(sum(1 for refs in uploads if any(r() is not None for r in refs)))
+        out = build(*args, **kwargs)
+        uploads.append([weakref.ref(t) for pair in out for t in pair])
+        return out
+
+    monkeypatch.setattr(lora, "device_factors", tracked)
+    served = _model()
+    runtime = LoraRuntime({"transformer": served}, slot_rank=4, max_cpu_loras=4, max_loras=max_loras)
+    inputs = _inputs()
+    for name in ("a", "b", "c", "a", "b"):
+        runtime.activate("transformer", _choice(paths[name], name, 1.0, 4, 1.0))
+        assert runtime.active["transformer"] == name
+        _run(served, inputs)  # the wrappers serve the adapter just activated
+    assert len(alive_at_build) == 5  # every switch missed the cache: each one built an adapter
+    assert max(alive_at_build) + 1 <= max_loras
+    gc.collect()
+    assert sum(1 for refs in uploads if any(r() is not None for r in refs)) == max_loras
+
+
+def test_an_evicted_adapter_still_active_returns_its_dit_to_zero_factors(adapters):
+    """With one device slot, activating a second DiT's adapter evicts the first DiT's: that DiT then serves no
+    adapter (zero factors, scale 0) rather than keeping the evicted factors resident."""
+    first, second = _model(), _model()
+    runtime = LoraRuntime({"transformer": first, "transformer_ref": second}, slot_rank=4, max_loras=1)
+    inputs = _inputs()
+    reference = _run(copy.deepcopy(first), inputs)
+    runtime.activate("transformer", _choice(adapters["a"], "a", 1.0, 4, 8.0))
+    runtime.activate("transformer_ref", _choice(adapters["b"], "b", 1.0, 4, 2.0))
+    assert list(runtime.device.items) == [("transformer_ref", str(adapters["b"]))]
+    assert runtime.active == {"transformer": None, "transformer_ref": "b"}
+    assert all(torch.equal(x, y) for x, y in zip(_run(first, inputs), reference, strict=True))
+
+
 @pytest.mark.slow
 def test_switching_adapter_or_scale_never_recompiles(adapters):
     torch._dynamo.reset()
