@@ -10,6 +10,8 @@ The whole text encoder (loaded by transformers) is quantised in place by `quanti
 Tensor parallelism: a shard's scales are the rows of the one-rank scales. A row-split linear (input features
 split) and, per tensor, every split linear take the maxima over the whole weight (one MAX all-reduce per
 tensor, in the same key order on every rank), so each shard holds exactly its slice of the one-rank FP8 weight.
+The maxima are reduced on a device the group's backend serves (`collective_device`): a component kept in host
+memory quantises on the CPU, and an NCCL group takes CUDA tensors only.
 """
 
 from __future__ import annotations
@@ -130,6 +132,37 @@ def _needs_whole_amax(layer: Fp8Linear, sharded: bool) -> bool:
     return sharded and (layer.sums_partials or not layer.per_channel)
 
 
+# The device types each backend's collectives take (gloo's CUDA support is partial: it is given host tensors).
+_BACKEND_DEVICES = {"nccl": ("cuda",), "gloo": ("cpu",), "mpi": ("cpu",), "ucc": ("cpu", "cuda"), "xccl": ("xpu",)}
+
+
+def backend_device_types(backend: str) -> tuple[str, ...]:
+    """The device types a process group's backend string serves: "nccl", or a per-device map like
+    "cpu:gloo,cuda:nccl"."""
+    if ":" in backend:
+        return tuple(pair.split(":", 1)[0] for pair in backend.split(","))
+    return _BACKEND_DEVICES.get(backend, ("cpu",))
+
+
+def collective_device(group: ProcessGroup | None, device: torch.device) -> torch.device:
+    """Where a collective over `group` can take a tensor living on `device`: `device` itself when the group's
+    backend serves its type, else the device the backend serves (NCCL: this rank's current GPU)."""
+    served = backend_device_types(str(dist.get_backend(group)))
+    if device.type in served:
+        return device
+    if "cuda" in served:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(served[0])
+
+
+def _whole_amax(amax: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
+    """The MAX of `amax` over `group`, on `amax`'s device (a few bytes each way when the two differ)."""
+    where = collective_device(group, amax.device)
+    reduced = amax.to(where)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group)
+    return reduced.to(amax.device)
+
+
 def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: Sharding | None = None) -> Tensors:
     """The weight stream with every quantised layer's weight replaced by (FP8 weight, its scale)."""
     for name, tensor in tensors:
@@ -147,7 +180,7 @@ def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: Shardi
         weight = tensor.to(device)
         amax = weight_amax(weight, layer.per_channel)
         if tp is not None and _needs_whole_amax(layer, tp.style(module_name) is not None):
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=tp.group)
+            amax = _whole_amax(amax, tp.group)
         q, scale = quantize_fp8(weight, layer.per_channel, amax)
         del weight
         yield name, q
@@ -206,7 +239,7 @@ def quantize_in_place(
         weight = linear.weight.to(device)
         amax = weight_amax(weight, quant.per_channel)
         if tp is not None and _needs_whole_amax(layer, tp.style(name) is not None):
-            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=tp.group)
+            amax = _whole_amax(amax, tp.group)
         q, scale = quantize_fp8(weight, quant.per_channel, amax)
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = scale
