@@ -218,8 +218,9 @@ class Executor:
     # -- requests --------------------------------------------------------------------------------------------
 
     def cancel(self, seq: int) -> None:
-        """Ask the ranks to stop job `seq` at its next denoise step; if that takes more than `cancel_grace_s`
-        (one step running away), `generate` restarts the ranks instead."""
+        """Ask the ranks to stop job `seq` at its next denoise step (several ranks: the one after, see
+        h3serve.rank.worker.CancelVote); if that takes more than `cancel_grace_s` (one step running away),
+        `generate` restarts the ranks instead."""
         self._cancel.value = seq
         self._cancel_requested = (seq, time.monotonic())
 

@@ -49,6 +49,8 @@ class LocalEngine:
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
+        elif self.device.type == "cuda":  # --device cuda:N in this process (no worker set it): no context on GPU 0
+            torch.cuda.set_device(self.device)
         if rank == 0:
             for line in start_up_notices(config, self.device):  # what `auto` turned out to mean
                 print(line, file=sys.stderr)

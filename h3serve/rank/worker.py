@@ -40,16 +40,48 @@ def _broadcast_object(obj, rank: int, world: int):
     return box[0]
 
 
-def _cancel_requested(cancel_value, seq: int, rank: int, world: int, device: torch.device) -> bool:
-    """Rank 0 reads the shared flag; the decision is broadcast so that every rank stops at the same step.
+class CancelVote:
+    """Whether the ranks stop job `seq` now: rank 0 reads the parent's shared flag, every rank obeys its decision.
 
-    One rank decides alone: no device tensor, no host<->device round trip and synchronisation per step."""
-    requested = rank == 0 and cancel_value.value == seq
-    if world == 1:
-        return requested
-    flag = torch.tensor([int(requested)], device=device)
-    dist.broadcast(flag, src=0)
-    return bool(flag.item())
+    One rank decides alone. With several, rank 0's decision at step i is broadcast at step i and obeyed by every
+    rank at step i + 1 (so all stop at the same step, one step after rank 0 saw the flag): a step never waits
+    for its own broadcast. On CUDA the broadcast lands in pinned host memory behind an event that the next step
+    waits for, so the host stays at most one step ahead of the device instead of draining it every step (the
+    old `.item()` emptied the device's queue before the next step could be enqueued)."""
+
+    def __init__(self, cancel_value, seq: int, rank: int, world: int, device: torch.device):
+        self.cancel_value, self.seq, self.rank, self.world, self.device = cancel_value, seq, rank, world, device
+        self.pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def __call__(self) -> bool:
+        requested = self.rank == 0 and self.cancel_value.value == self.seq
+        if self.world == 1:
+            return requested
+        decided = self._collect()
+        self._post(requested)
+        return decided
+
+    def _post(self, requested: bool) -> None:
+        """Broadcast rank 0's decision on the communication device; no host<->device synchronisation."""
+        flag = torch.full((1,), int(requested), dtype=torch.int32, device=self.device)  # a fill: no upload
+        dist.broadcast(flag, src=0)
+        if self.device.type != "cuda":
+            self.pending = (flag, None)
+            return
+        host = flag.to("cpu", non_blocking=True)  # into pinned memory, queued after the broadcast
+        ready = torch.cuda.Event(blocking=True)  # the wait sleeps instead of spinning a core
+        ready.record()
+        self.pending = (host, ready)
+
+    def _collect(self) -> bool:
+        """The previous step's decision (False at the first step): its copy finished long ago, as a rule."""
+        if self.pending is None:
+            return False
+        host, ready = self.pending
+        self.pending = None
+        if ready is not None:
+            ready.synchronize()
+        return bool(host[0])
 
 
 def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "") -> Failed:
@@ -109,6 +141,18 @@ def _refuse(error: ConfigError, rank: int, events) -> NoReturn:
     raise SystemExit(1) from None
 
 
+def rank_gpu(device: torch.device, rank: int, world: int, local_rank: int | None) -> int | None:
+    """The GPU this rank process works on (None off CUDA): its local rank (a replica's slice of the node), else
+    its rank in a multi-rank group, else the N of a single rank's `--device cuda:N` (0 for plain `cuda`).
+    Without setting it, a single rank on cuda:N would open a stray context on GPU 0 and register its pinned
+    host memory against device 0."""
+    if device.type != "cuda":
+        return None
+    if local_rank is not None:
+        return local_rank
+    return rank if world > 1 else device.index or 0
+
+
 def _start(rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None):
     """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group, the weights. A rank that
     cannot start exits, after rank 0 reported why (the parent turns the report into a start-up error)."""
@@ -120,8 +164,9 @@ def _start(rank: int, world: int, init_method: str, config: EngineConfig, events
         _refuse(e, rank, events)
     try:
         cuda = setup.device.type == "cuda"
-        if cuda and (world > 1 or local_rank):  # before any CUDA work: NCCL and every allocation of this rank
-            torch.cuda.set_device(rank if local_rank is None else local_rank)  # go to its own GPU (replica slice)
+        gpu = rank_gpu(setup.device, rank, world, local_rank)
+        if gpu is not None:  # before any CUDA work: NCCL, every allocation and pinned buffer go to this GPU
+            torch.cuda.set_device(gpu)
         if world > 1:
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
@@ -137,10 +182,12 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
     from h3serve.engine.stream_output import DiscardSink, Mp4Sink
     from h3serve.media.raw import write_raw
 
+    cancelled = CancelVote(cancel_value, job.seq, rank, world, comm_device)
+
     def on_step(done: int, total: int) -> None:
         if rank == 0:
             events.put(Progress(job.seq, done, total))
-        if _cancel_requested(cancel_value, job.seq, rank, world, comm_device):
+        if cancelled():
             raise _CancelledHere
 
     sink = None

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from rank_sessions import plan_for
+from rank_sessions import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import EngineError, Executor
@@ -48,6 +48,28 @@ def test_killed_rank_fails_request_then_recovers(executor, single_node_output):
     again = executor.generate(plan_for(executor.defaults))
     np.testing.assert_array_equal(again.video, single_node_output.video)
     np.testing.assert_array_equal(again.audio, single_node_output.audio)
+
+
+def test_a_cancelled_job_stops_every_rank_at_one_step_and_the_ranks_serve_on(executor, single_node_output):
+    """The ranks vote on cancellation one step behind rank 0 (no per-step device drain): they still leave the
+    job at the same step, so no collective is left unpaired and the next job runs on the same ranks."""
+    from h3serve.engine.executor import Cancelled
+    from h3serve.request import GenerationRequest
+    from h3serve.validate import validate
+
+    restarts, handle, seen = executor.restarts, {}, []
+    plan = validate(GenerationRequest(prompt=PROMPT, steps=12, seed=1, duration_s=4), executor.defaults)
+
+    def cancel_on_first_step(done: int, total: int) -> None:
+        seen.append(done)
+        executor.cancel(handle["seq"])
+
+    with pytest.raises(Cancelled, match="was cancelled$"):
+        executor.generate(plan, on_progress=cancel_on_first_step, on_start=lambda seq: handle.update(seq=seq))
+    assert seen and max(seen) < 12 and executor.restarts == restarts
+    again = executor.generate(plan_for(executor.defaults))
+    assert executor.restarts == restarts
+    np.testing.assert_array_equal(again.video, single_node_output.video)
 
 
 def test_two_nodes_through_rendezvous_match_one_node(parallel_checkpoint, single_node_output):
