@@ -8,7 +8,10 @@ attention core are `torch.compiler.disable` islands (h3serve.parallel.comm / seq
 graph-breaks there instead of tracing process-group calls.
 
 Compilation is lazy (the first forward of each shape): a failure there falls back to eager for every compiled
-module, with one warning line, and the step is recomputed eagerly.
+module, with one warning line, and the step is recomputed eagerly, but only when the failed call issued no
+collective: the graph after a graph break compiles once the collective before it ran, and re-running the whole
+call eagerly would issue that collective twice on this rank, out of step with the others. Such a failure fails
+the job instead (the executor then restarts the ranks, which compile nothing in flight).
 """
 
 from __future__ import annotations
@@ -22,6 +25,24 @@ from torch import nn
 
 GRANULARITIES = ("regional", "full")
 Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor" in service, others in tests
+
+
+class CollectiveCount:
+    """Collectives this process has issued; h3serve.parallel's helpers count each one as they issue it."""
+
+    issued: int = 0
+
+
+COLLECTIVES = CollectiveCount()
+
+
+def count_collective() -> None:
+    """Called by every collective helper (eager, outside any graph) as it issues a collective."""
+    COLLECTIVES.issued += 1
+
+
+class CompileFailedMidCall(RuntimeError):
+    """A compiled call failed after it had issued a collective: it cannot be re-run eagerly (see module doc)."""
 
 
 @dataclass
@@ -52,12 +73,18 @@ def _guarded(
     def forward(*args: Any, **kwargs: Any) -> Any:
         if state.failed:
             return eager(*args, **kwargs)
+        issued = COLLECTIVES.issued
         try:
             return compiled(*args, **kwargs)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # compile errors surface on a shape's first call, under many exception types
             state.fall_back(e)
+            if COLLECTIVES.issued != issued:  # the other ranks are past them: an eager re-run would not pair up
+                raise CompileFailedMidCall(
+                    f"torch.compile failed after {name} of {type(module).__name__} had issued "
+                    f"{COLLECTIVES.issued - issued} collective(s); the request fails rather than re-run them"
+                ) from e
             return eager(*args, **kwargs)
 
     setattr(module, name, forward)

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from h3serve.accel.compile import count_collective
+
 # torch 2.13 renamed all_gather_into_tensor (now deprecated); older releases only have the old name.
 _all_gather_single = dist.all_gather_single if hasattr(dist, "all_gather_single") else dist.all_gather_into_tensor
 
@@ -27,6 +29,7 @@ def group_rank(group: ProcessGroup | None) -> int:
 def all_reduce_(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """In-place sum over the group."""
     if group is not None:
+        count_collective()
         dist.all_reduce(x, group=group)
     return x
 
@@ -43,6 +46,7 @@ def all_reduce_wide(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor
     dtypes are summed in place, as `all_reduce_`."""
     if group is None:
         return x
+    count_collective()
     if x.dtype not in HALF:
         dist.all_reduce(x, group=group)
         return x
@@ -54,6 +58,7 @@ def all_reduce_wide(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor
 @torch.compiler.disable
 def gather_into(out: torch.Tensor, x: torch.Tensor, group: ProcessGroup) -> None:
     """Every member's `x` into one flat `out` ([n·numel], group-rank order): one collective, no temporary."""
+    count_collective()
     _all_gather_single(out, x, group=group)
 
 
@@ -64,6 +69,7 @@ def all_gather_dim(x: torch.Tensor, dim: int, group: ProcessGroup | None) -> tor
     if n == 1:
         return x
     dim = dim % x.dim()
+    count_collective()
     out = torch.empty((n, *x.shape), dtype=x.dtype, device=x.device)
     _all_gather_single(out.flatten(0, 1), x.contiguous(), group=group)  # the backends want [n·d0, ...]
     return out.movedim(0, dim).flatten(dim, dim + 1)
@@ -74,6 +80,7 @@ def all_to_all(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """Exchange equal chunks along dim 0: chunk i goes to member i; the result's chunk j came from member j."""
     if group_size(group) == 1:
         return x
+    count_collective()
     x = x.contiguous()
     out = torch.empty_like(x)  # from the contiguous x: empty_like would keep a permuted input's strides
     dist.all_to_all_single(out, x, group=group)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from h3serve.accel.attention import PartialFn
+from h3serve.accel.compile import count_collective
 
 
 def merge_partial(
@@ -35,6 +36,7 @@ def post_exchange(
 ) -> list[dist.Work]:
     """One ring step: post the send of `send` to global rank `send_to` and the receive of `recv` from `recv_from`;
     the caller waits on the returned works."""
+    count_collective()
     ops = [dist.P2POp(dist.isend, send, send_to, group), dist.P2POp(dist.irecv, recv, recv_from, group)]
     return dist.batch_isend_irecv(ops)
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from small_dit import SMALL_DIT, random_small_dit
+from torch import nn
 
-from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.accel.compile import CompileFailedMidCall, CompileState, compile_transformer
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer
+from h3serve.parallel.comm import all_reduce_
 
 _model = random_small_dit
 
@@ -55,3 +58,68 @@ def test_a_compile_failure_falls_back_to_eager_with_one_warning():
             assert torch.equal(ours, theirs)
     assert len(lines) == 1 and "no compiler here" in lines[0] and "running the DiT eagerly" in lines[0]
     assert all("second line" not in line for line in lines)
+
+
+class _TpBlock(nn.Module):
+    """A block with a tensor-parallel all-reduce between two linears: a compiled call graph-breaks there."""
+
+    def __init__(self, group: object):
+        super().__init__()
+        self.group = group
+        self.first, self.second = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(all_reduce_(self.first(x), self.group)).relu()
+
+
+def _dit_of(block: nn.Module) -> nn.Module:
+    dit = nn.Module()
+    dit.transformer_blocks = nn.ModuleList([block])
+    dit.token_refiner = nn.Module()
+    dit.token_refiner.refiner_blocks = nn.ModuleList()
+    return dit
+
+
+def _fail_on_graph(n: int):
+    """A backend whose n-th graph (1-based) fails to compile; the others run as traced."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        if len(graphs) == n:
+            raise RuntimeError(f"graph {n} does not compile")
+        return gm.forward
+
+    return backend
+
+
+def test_a_compile_failure_past_a_collective_fails_instead_of_re_running_it(monkeypatch):
+    """Defect 9 of issue 29: the graph after the all-reduce compiles only once the all-reduce ran; its failure
+    used to re-run the whole block eagerly, so this rank issued the all-reduce twice while its peers, compiled
+    fine, had moved on: the collective sequences diverged. Now the call fails (the job fails, the ranks restart)."""
+    issued: list[torch.Tensor] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda x, group=None, **kwargs: issued.append(x))
+    torch._dynamo.reset()
+    block = _TpBlock(group=object())
+    lines: list[str] = []
+    compile_transformer(_dit_of(block), "regional", True, CompileState(log=lines.append), backend=_fail_on_graph(2))
+    with pytest.raises(CompileFailedMidCall, match="1 collective"):
+        block(torch.randn(3, 8))
+    assert len(issued) == 1  # the one all-reduce the peers pair it with, never a second
+    assert len(lines) == 1 and "graph 2 does not compile" in lines[0]
+    block(torch.randn(3, 8))  # the next call (a later job on this process) runs eagerly
+    assert len(issued) == 2
+
+
+def test_a_compile_failure_before_any_collective_still_falls_back(monkeypatch):
+    issued: list[torch.Tensor] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda x, group=None, **kwargs: issued.append(x))
+    torch._dynamo.reset()
+    block = _TpBlock(group=object())
+    expected = _TpBlock(group=object())
+    expected.load_state_dict(block.state_dict())
+    state = CompileState(log=lambda line: None)
+    compile_transformer(_dit_of(block), "regional", True, state, backend=_fail_on_graph(1))
+    x = torch.randn(3, 8)
+    assert torch.equal(block(x), expected(x))
+    assert len(issued) == 2  # one per call: the failed compiled attempt issued none
