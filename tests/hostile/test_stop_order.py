@@ -222,3 +222,31 @@ def test_each_step_ends_before_the_next_begins_with_delays_injected(tmp_path, mo
     removed = [t for t, name in timeline.events if name == "a sync job removed"]
     assert len(removed) == 2 and max(removed) < closed
     assert all(t <= closed for t, name in timeline.events if name == "store call")  # nothing after the close
+
+
+def test_a_request_the_server_had_to_cancel_ends_before_the_store_closes(tmp_path, monkeypatch):
+    """Step 2 skipped (no waiter answered): uvicorn cancels the /sync request, which answers JSON 503 and then
+    removes its job in a slow store call. The stop waits for that call before the store closes."""
+    timeline = Timeline()
+    delete = JobManager.delete
+
+    def slow_delete(self: JobManager, job_id: str) -> bool:
+        time.sleep(CANCEL_LANDS_S + 1.0)  # outlasts the lifespan's wait for the run
+        try:
+            return delete(self, job_id)
+        finally:
+            timeline.add("a sync job removed")
+
+    monkeypatch.setattr(JobManager, "answer_waiters", lambda self, **kw: None)
+    monkeypatch.setattr(JobManager, "delete", slow_delete)
+    with server(tmp_path, timeline) as running:
+        thread, answer = post_in_thread(f"{running.url}/v1/videos/sync", SYNC_BODY, timeline, "answered")
+        wait_until(lambda: running.manager.book.active, what="the job to run")
+        running.stop()
+        thread.join(30)
+        assert running.stopped.wait(30)
+        wait_until(lambda: "a sync job removed" in timeline.names(), what="the removal")
+    assert_shutting_down(answer["response"])  # by LastResort: the request was cancelled
+    closed = timeline.at("close the store")
+    assert timeline.at("a sync job removed") < closed
+    assert all(t <= closed for t, name in timeline.events if name == "store call")
