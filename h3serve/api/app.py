@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp
 
 import h3serve
 from h3serve.adapters.catalog import LoraCatalog
@@ -16,12 +17,20 @@ from h3serve.api.body_limit import BodySizeLimit
 from h3serve.api.config import ServerConfig
 from h3serve.api.context import ServerContext
 from h3serve.api.errors import install_error_handlers
+from h3serve.api.last_resort import LastResort
 from h3serve.api.metrics import Metrics
 from h3serve.api.routes import system, videos, web
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.protocol import JobStore
+
+
+class H3App(FastAPI):
+    """FastAPI with `LastResort` outside all of its middleware: no path answers uvicorn's plain-text 500."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return LastResort(super().build_middleware_stack())
 
 
 def create_app(
@@ -54,7 +63,7 @@ def create_app(
         finally:
             await run_in_threadpool(manager.close)
 
-    app = FastAPI(
+    app = H3App(
         title="h3serve",
         version=h3serve.__version__,
         summary="OpenAI-compatible video API for MiniMax-H3 (joint video + audio)",

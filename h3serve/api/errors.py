@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
-from h3serve.jobstore.errors import StoreUnavailable
+from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.validate import RequestError
 
 log = logging.getLogger("h3serve.api")
@@ -129,6 +129,13 @@ async def _store_unavailable(request: Request, exc: StoreUnavailable) -> JSONRes
                           headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
 
+async def _store_closed(request: Request, exc: StoreClosed) -> JSONResponse:
+    # A request the shutdown stopped waiting for, reaching the store after it closed: the server is going away.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "The server is shutting down; retry later.", "shutting_down",
+                          headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "Internal server error.", "internal_error")
@@ -140,4 +147,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StoreUnavailable, _store_unavailable)
+    app.add_exception_handler(StoreClosed, _store_closed)
     app.add_exception_handler(Exception, _unexpected)

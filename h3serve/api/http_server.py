@@ -6,9 +6,10 @@
 - Past `max_connections` open connections a new one gets a JSON 503 `too_many_connections` and is closed at
   once, so file descriptors stay free for the jobs (spool files, the store, the ranks' pipes).
 - Malformed requests (e.g. `Content-Length: -1`) get the JSON error envelope, not uvicorn's plain text.
-- SIGTERM/SIGINT: stop accepting, let the running job finish within `shutdown_grace_s` (else cancel it back
-  into the queue), answer waiting /sync clients 503 `shutting_down`, then return normally so the caller's
-  clean-up runs (uvicorn would re-raise the signal and kill the process before it).
+- SIGTERM/SIGINT, in a strict order: stop taking work (no connection, no job), let the running job finish within
+  `shutdown_grace_s` (else cancel it back into the queue), answer every /sync waiter (503 `shutting_down`),
+  wait for the requests to end, then return normally so the caller's clean-up runs and closes the store last
+  (uvicorn would re-raise the signal and kill the process before it).
 """
 
 from __future__ import annotations
@@ -179,12 +180,30 @@ class H3Server(uvicorn.Server):
             self._captured_signals.clear()  # handled: run() returns and the caller's clean-up runs
 
     async def shutdown(self, sockets: Any = None) -> None:
+        """Stop in a strict order: take no more work, answer every waiter, and only then let `run` return (the
+        caller closes the store after it)."""
         for server in self.servers:  # no new connections while the running job gets its grace period
             server.close()
+        # No new job, the grace period, the running jobs cancelled, every /sync waiter woken (it answers 503).
         await asyncio.to_thread(self.manager.drain, self.grace_s)
+        # uvicorn waits `timeout_graceful_shutdown` for the responses, cancels the requests still running
+        # (`LastResort` answers them 503), then runs the lifespan's shutdown (the manager's close).
         await super().shutdown(sockets)
+        await self._wait_for_requests(REQUEST_EXIT_S)
+
+    async def _wait_for_requests(self, timeout_s: float) -> None:
+        """Wait for the cancelled requests to end. They may still be in a store call (a thread the cancel does not
+        interrupt); left running, `asyncio.run` would cancel them again, abandon that thread and return, and the
+        caller would close the store under it."""
+        tasks = set(self.server_state.tasks)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            if pending:
+                log.warning("%d request(s) still running %g s after they were cancelled", len(pending), timeout_s)
 
 
+# How long the shutdown waits for the requests it cancelled to end (a store call in flight) before returning.
+REQUEST_EXIT_S = 5.0
 # Descriptors the server needs besides its connections: spool and media files, SQLite, the ranks' pipes, libraries.
 RESERVED_FDS = 256
 

@@ -133,29 +133,43 @@ class JobManager:
         self.join(timeout_s)
 
     def stop(self) -> None:
-        """Stop taking jobs and ask the running ones to stop; returns at once. Idempotent.
+        """Stop taking jobs, ask the running ones to stop and answer every waiter; returns at once. Idempotent.
 
         From here on a run that ends in `Cancelled` or `EngineError` (its ranks killed by `executor.close`)
-        puts its job back in the queue instead of failing it."""
+        puts its job back in the queue instead of failing it. The waiters are answered now, not when their runs
+        let go: a cancel lands only at the next step (up to `Executor.cancel_grace_s`), longer than the HTTP
+        server waits for its requests before cancelling them. A waiter then finds its job unfinished."""
         with self.book.cond:
-            self.book.stopping = True
+            self.stop_taking_work()
             for active in self.book.active.values():
                 if active.seq is not None:
                     self.executors[active.replica].cancel(active.seq)
-            self.book.cond.notify_all()
+            self.answer_waiters()
         self.book.stop_background.set()
 
-    def drain(self, grace_s: float) -> bool:
-        """Graceful stop: take no more jobs, release /sync waiters of queued jobs (they answer 'shutting down'),
-        give the running jobs `grace_s` to finish, then `stop` (cancelling them back into the queue). True if
-        nothing was left running."""
-        deadline = time.monotonic() + grace_s
+    def stop_taking_work(self) -> None:
+        """The first step of every stop: no job is queued or claimed from here on (`ShuttingDown`). Idempotent."""
         with self.book.cond:
             self.book.stopping = True
-            running = {a.job_id for a in self.book.held()}
-            for job_id in [j for j in self.book.done if j not in running]:  # they stay queued for the next start
+            self.book.cond.notify_all()
+
+    def answer_waiters(self, *, keep_held: bool = False) -> None:
+        """Wake every waiter of this server's jobs (`done_event`), after `stop_taking_work` so that no new one
+        comes. `keep_held`: not those of the jobs still held (running, or their output being written)."""
+        with self.book.cond:
+            held = {a.job_id for a in self.book.held()} if keep_held else set()
+            for job_id in [j for j in self.book.done if j not in held]:
                 self.book.finish_waiters(job_id)
             self.book.cond.notify_all()
+
+    def drain(self, grace_s: float) -> bool:
+        """Graceful stop, in order: take no more jobs, answer the waiters of queued jobs (they stay queued for
+        the next start), give the running jobs `grace_s` to finish, then `stop` (cancelling them back into the
+        queue and answering every remaining waiter). True if nothing was left running."""
+        deadline = time.monotonic() + grace_s
+        self.stop_taking_work()
+        self.answer_waiters(keep_held=True)
+        with self.book.cond:
             while self.book.held() and (left := deadline - time.monotonic()) > 0:
                 self.book.cond.wait(left)
             finished = not self.book.held()

@@ -10,3 +10,11 @@ class StoreUnavailable(ServerError, RuntimeError):
     call that raised; the next call tries to reconnect."""
 
     code = "store_unavailable"
+
+
+class StoreClosed(StoreUnavailable):
+    """The store was closed (the server is stopping): a call that comes after `close` (a request the shutdown
+    gave up waiting for) gets this, answered 503 like an unreachable database, never a driver error."""
+
+    def __init__(self) -> None:
+        super().__init__("the job store is closed: the server is stopping")

@@ -17,7 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from h3serve.jobstore import migrations
-from h3serve.jobstore.errors import StoreUnavailable
+from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.jobstore.sql import Row, SQLJobStore
 
 log = logging.getLogger("h3serve.store")
@@ -39,6 +39,7 @@ class PostgresJobStore(SQLJobStore):
         self.url = url
         self.connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
+        self._closed = False
         self._db: psycopg.Connection | None = None
         with self._lock:
             self._migrate()
@@ -67,12 +68,17 @@ class PostgresJobStore(SQLJobStore):
                 db.execute("INSERT INTO schema_version (version) VALUES (%s)", (migrations.LATEST,))
 
     def close(self) -> None:
+        """Close after the statement in flight, if any; every later call raises `StoreClosed` (rather than
+        reconnecting: nobody would close that connection)."""
         with self._lock:
+            self._closed = True
             if self._db is not None:
                 self._db.close()
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
+            if self._closed:
+                raise StoreClosed()
             try:
                 cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
                 return cursor.fetchall() if cursor.description else []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from h3serve.jobstore import migrations
+from h3serve.jobstore.errors import StoreClosed
 from h3serve.jobstore.sql import Row, SQLJobStore
 
 
@@ -23,6 +24,7 @@ class SQLiteJobStore(SQLJobStore):
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._closed = False
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -56,9 +58,13 @@ class SQLiteJobStore(SQLJobStore):
             raise
 
     def close(self) -> None:
+        """Close after the statement in flight, if any; every later call raises `StoreClosed`."""
         with self._lock:
+            self._closed = True
             self._db.close()
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._lock:
+            if self._closed:
+                raise StoreClosed()
             return self._db.execute(sql, tuple(params)).fetchall()

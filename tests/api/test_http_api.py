@@ -180,6 +180,22 @@ def test_errors_use_the_openai_envelope(client, fake_server):
     assert fake_server.files.job_ids() <= fake_server.store.ids()  # refused requests left no folders behind
 
 
+def test_limit_zero_is_an_empty_page_as_vllm_omni_answers(client, fake_server):
+    """vLLM-Omni (its tests assert it) answers `limit=0` with 200 and no data; has_more says whether any job is
+    listed (issue 30 item 5). Below 0 and above 100 stay 400."""
+    created = client.post("/v1/videos", json=REQUEST).json()
+    page = client.get("/v1/videos", params={"limit": 0})
+    assert page.status_code == 200, page.text
+    assert page.json() == {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": True}
+    after_last = client.get("/v1/videos", params={"limit": 0, "after": created["id"], "order": "asc"}).json()
+    assert (after_last["data"], after_last["has_more"]) == ([], False)  # nothing listed after the newest
+    assert_error(client.get("/v1/videos", params={"limit": -1}), 400, "invalid_value", "limit")
+    spec = httpx.get(f"{fake_server.url}/openapi.json").json()
+    limit = next(p for p in spec["paths"]["/v1/videos"]["get"]["parameters"] if p["name"] == "limit")
+    assert (limit["schema"]["minimum"], limit["schema"]["maximum"], limit["schema"]["default"]) == (0, 100, 20)
+    wait_finished(client, created["id"])
+
+
 def test_api_key_guards_every_v1_route(fake_server):
     with fake_server.client(key=None) as anonymous, fake_server.client(key="wrong") as wrong:
         for c in (anonymous, wrong):

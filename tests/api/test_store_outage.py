@@ -50,3 +50,16 @@ def test_an_unreachable_job_database_is_503_then_service_resumes(postgres_url, t
         _allow_connections(postgres_url, True)
     assert client.get(f"/v1/videos/{job.id}").json()["id"] == job.id  # reconnected, nothing lost
     store.close()
+
+
+def test_a_request_reaching_a_closed_store_is_503_shutting_down(tmp_path):
+    """Past the shutdown's wait for requests the store closes; one that comes later is told the server stops."""
+    store = open_job_store(tmp_path / "jobs.sqlite3")
+    config = ServerConfig(served_model_name="tiny", data_dir=tmp_path).validate()
+    manager = JobManager(FakeExecutor(), store, JobFiles(tmp_path / "jobs"), model_name="tiny")
+    client = TestClient(create_app(config, manager, store))
+    store.close()
+    for method, path in (("GET", f"/v1/videos/{new_job_id()}"), ("GET", "/v1/videos")):
+        response = client.request(method, path)
+        assert response.status_code == 503, (method, path, response.text)
+        assert response.json()["error"]["code"] == "shutting_down" and response.headers["retry-after"] == "5"

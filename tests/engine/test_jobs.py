@@ -14,7 +14,7 @@ from waiting import wait_until
 from h3serve.api.metrics import Metrics
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
-from h3serve.engine.job_types import QueueFull
+from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.engine.jobs import JobManager
 from h3serve.errors import INTERNAL_ERROR_MESSAGE
 from h3serve.jobstore.files import JobFiles
@@ -321,3 +321,38 @@ def test_done_event_wakes_a_waiter(env):
     event = manager.done_event(job.id)
     threading.Thread(target=lambda: event.wait(10) and woke.set(), daemon=True).start()
     assert woke.wait(10) and store.get(job.id).status == "completed"
+
+
+def test_drain_answers_every_waiter_before_the_cancelled_run_lets_go(env):
+    """Issue 32 item 8: a cancel lands only at the next step (on a busy host, later than the HTTP server waits
+    for its requests), so a stop must not leave the waiter of the running job waiting for the run."""
+    make, store, _ = env
+    executor = FakeExecutor(step_s=0.02, ignore_cancel=True)  # the run lets go only when its ranks are closed
+    manager = make(executor, max_queue=4)
+    manager.start()
+    running = submit(manager, steps=200, sync=True)
+    queued = submit(manager, seed=2, sync=True)
+    wait_until(lambda: store.get(running.id).progress >= 1, what="the job to run")
+    events = {job.id: manager.done_event(job.id) for job in (running, queued)}
+    assert not manager.drain(grace_s=0.05)  # the grace ran out with the job still running
+    assert all(event.is_set() for event in events.values())
+    assert manager.book.find(running.id) is not None  # answered while its run still holds it
+    assert store.get(running.id).status == "in_progress" and store.get(queued.id).status == "queued"
+    with pytest.raises(ShuttingDown):
+        submit(manager, seed=3)
+    executor.close()
+    assert manager.join(10)
+    assert (store.get(running.id).status, store.get(running.id).progress) == ("queued", 0)
+
+
+def test_stop_answers_the_waiter_of_a_running_job_at_once(env):
+    make, store, _ = env
+    manager = make(FakeExecutor(step_s=0.02, ignore_cancel=True))
+    manager.start()
+    job = submit(manager, steps=200, sync=True)
+    wait_until(lambda: store.get(job.id).progress >= 1, what="the job to run")
+    event = manager.done_event(job.id)
+    manager.stop()
+    assert event.is_set() and manager.done_event(job.id) is None
+    manager.executor.close()
+    assert manager.join(10)

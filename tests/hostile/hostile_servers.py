@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -110,3 +111,18 @@ def closed_by_server(sock: socket.socket, within_s: float) -> bytes | None:
     except ConnectionResetError:
         pass
     return received
+
+
+@contextlib.contextmanager
+def uvicorn_errors() -> Iterator[list[str]]:
+    """uvicorn's error lines ("Cancel 1 running task(s)", "Exception in ASGI application"); its logger does not
+    propagate to pytest's capture."""
+    lines: list[str] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)

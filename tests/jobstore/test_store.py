@@ -14,8 +14,9 @@ import pytest
 
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.codec import decode_request, encode_request
-from h3serve.jobstore.errors import StoreUnavailable
+from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.jobstore.migrations import LATEST
+from h3serve.jobstore.postgres import PostgresJobStore
 from h3serve.jobstore.records import Job, JobError, new_job_id
 from h3serve.request import GenerationRequest, MediaRef
 
@@ -59,6 +60,20 @@ def test_insert_get_update_delete(store):
     with pytest.raises(ValueError):
         store.update(job.id, id="video_other")
     assert store.delete(job.id) and not store.delete(job.id) and store.get(job.id) is None
+
+
+def test_a_call_after_close_raises_store_closed_and_reopens_nothing(target):
+    """A request the shutdown stopped waiting for may reach the store after it closed: a typed error the API
+    answers 503, never a driver error, and no connection opened again that nobody would close."""
+    store = open_job_store(target)
+    job = store.insert(make_job())
+    store.close()
+    for call in (lambda: store.get(job.id), lambda: store.delete(job.id), store.count_queued):
+        with pytest.raises(StoreClosed):
+            call()
+    if isinstance(store, PostgresJobStore):
+        assert store._db.closed  # not connected again: nobody would close that connection
+    store.close()  # idempotent
 
 
 def test_paging_in_both_orders_skips_sync_jobs(store):

@@ -134,7 +134,8 @@ async def _wait(ctx: ServerContext, request: Request, job_id: str, timeout_s: fl
 def list_videos(
     ctx: Context,
     after: Annotated[str | None, Query(description="id of the last job of the previous page")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    # 0 is allowed, as vLLM-Omni allows it: an empty page whose has_more says whether any job is listed.
+    limit: Annotated[int, Query(ge=0, le=100, description="jobs per page (0: none, only has_more)")] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoList:
     jobs, has_more = ctx.store.page(after, limit, order)
