@@ -1,4 +1,5 @@
-"""The names a request and a flag may take, defined once: tasks, task types, audio and long-video modes, quality.
+"""The names a request and a flag may take, defined once: tasks, task types, audio and long-video modes, quality,
+sample solvers.
 
 Leaf module. Each is a `Literal` (the pydantic request model and the type hints use it) and the tuple of its
 values (validation, CLI choices, OpenAPI enums and the web page's config derive from it).
@@ -26,3 +27,9 @@ LONG_VIDEO_MODES: tuple[str, ...] = get_args(LongVideoMode)
 
 Quality = Literal["lossless", "high"]  # the request field `quality`: DiT cache policy (h3serve.accel.cache)
 QUALITIES: tuple[str, ...] = get_args(Quality)
+
+# extra_params.sample_solver: euler (the reference's eta-0 Euler) or res_multistep (ComfyUI's second-order RES
+# multistep, h3serve.model.scheduler). Read case-insensitively, surrounding whitespace ignored (as vLLM-Omni does).
+SampleSolver = Literal["euler", "res_multistep"]
+SAMPLE_SOLVERS: tuple[str, ...] = get_args(SampleSolver)
+DEFAULT_SAMPLE_SOLVER: SampleSolver = "euler"

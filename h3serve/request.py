@@ -46,6 +46,7 @@ class GenerationRequest:
     duration_s: float | None = None
     num_frames: int | None = None  # alternative to duration_s; snapped up to 17n + 5
     steps: int | None = None  # num_inference_steps: N denoiser forwards (N + 1 sigma points; diffusers' N + 1)
+    sample_solver: str | None = None  # euler | res_multistep (any case, spaces ignored); None: euler
     seed: int | None = None
     flow_shift: float | None = None  # video sigma shift (checkpoint default 12)
     audio_flow_shift: float | None = None  # audio sigma shift (checkpoint default 3)

@@ -313,3 +313,38 @@ def test_start_time_seconds_only_for_ref2va():
     assert ok(references=(ref, ref), start_time_seconds=(0, 2)).start_times == (0.0, 2.0)
     assert "trims Ref2VA reference videos; this request is t2va" in bad("start_time_seconds", start_time_seconds=1)
     assert "must be seconds >= 0" in bad("start_time_seconds", references=(ref,), start_time_seconds=-1)
+
+
+def test_sample_solver_is_read_case_insensitively_and_refused_by_name():
+    assert validate(GenerationRequest(prompt="x")).sample_solver == "euler"
+    for sent, solver in (("euler", "euler"), (" RES_Multistep\t", "res_multistep"), ("EULER", "euler")):
+        assert validate(GenerationRequest(prompt="x", sample_solver=sent)).sample_solver == solver
+    for bad, message in (("heun", "must be one of euler, res_multistep, got 'heun'"), ("", "got ''"),
+                         ("res multistep", "got 'res multistep'"), (2, "must be a string")):
+        with pytest.raises(RequestError, match=message) as err:
+            validate(GenerationRequest(prompt="x", sample_solver=bad))
+        assert err.value.field == "sample_solver"
+
+
+def test_sample_solver_under_a_few_step_adapter_is_euler_only():
+    """A Turbo LoRA or a fused FastH3 adapter was distilled for Euler steps on its pinned grid: res_multistep is
+    refused naming the field and the adapter; euler (or nothing) runs."""
+    import dataclasses
+
+    from h3serve.adapters.catalog import AdapterChoice
+    from h3serve.adapters.fasth3 import POSITIONS
+    from h3serve.adapters.turbo import parse_turbo_name
+    from h3serve.schedule import PinnedSchedule
+
+    turbo = AdapterChoice(name="turbo", path="/x.safetensors", scale=1.0, int_id=1, rank=8, alpha=8.0,
+                          turbo=parse_turbo_name("minimax_h3_fl2v_turbo_4step_v1.0.safetensors"))
+    fused = dataclasses.replace(ModelDefaults(), fused_adapter="fasth3.safetensors", pinned_schedule=PinnedSchedule(
+        owner="the fused FastH3 adapter fasth3.safetensors", positions=POSITIONS))
+    for request, defaults, owner in (
+        (GenerationRequest(prompt="x", lora=turbo), ModelDefaults(), "the 4-step Turbo adapter turbo"),
+        (GenerationRequest(prompt="x"), fused, "the fused FastH3 adapter fasth3.safetensors"),
+    ):
+        assert validate(dataclasses.replace(request, sample_solver="Euler"), defaults).sample_solver == "euler"
+        with pytest.raises(RequestError, match=f"{owner}.* with the euler solver only") as err:
+            validate(dataclasses.replace(request, sample_solver="res_multistep"), defaults)
+        assert err.value.field == "sample_solver"

@@ -44,10 +44,11 @@ from h3serve.model.pipeline_types import (
     StepCallback,
     Target,
 )
-from h3serve.model.scheduler import FlowSchedule, scale_noise
+from h3serve.model.scheduler import FlowSchedule, FlowSolver, scale_noise
 from h3serve.model.step_times import StepTimes, step_times
 from h3serve.model.streaming import SourceHead, stream_decode
 from h3serve.model.transformer import H3Transformer, PackedLayout
+from h3serve.names import DEFAULT_SAMPLE_SOLVER
 from h3serve.validate import GenerationPlan
 
 
@@ -207,7 +208,8 @@ class H3Pipeline(ContinuationMixin):
         schedules = self._schedules(plan)
         with clock("denoise"):
             video_rows, audio_rows = self.denoise(
-                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits
+                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits,
+                solver=plan.sample_solver,
             )
         clock.steps += len(schedules[0])
         layout = enc.layout
@@ -286,13 +288,15 @@ class H3Pipeline(ContinuationMixin):
         audio_rows: torch.Tensor,  # [Na, 32] fp32, reference rows first
         on_step: StepCallback | None = None,
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
+        solver: str = DEFAULT_SAMPLE_SOLVER,  # names.SAMPLE_SOLVERS
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampling loop. Only target rows are stepped; condition rows stay as given.
+        """The sampling loop. Only target rows are stepped; condition rows stay as given. Each modality has its
+        own solver state on its own schedule.
 
-        Everything a step reads that is not a latent (timesteps, row indices, sigmas) moves to the device once,
-        before the loop: a step issues no host -> device copy and no synchronisation."""
+        Everything a step reads that is not a latent (timesteps, row indices, sigmas, solver weights) moves to
+        the device once, before the loop: a step issues no host -> device copy and no synchronisation."""
         times = step_times(schedules, layout, edits, self.device)
-        video_sched, audio_sched = (s.to(self.device) for s in schedules)
+        video_solver, audio_solver = (FlowSolver(s, solver, self.device) for s in schedules)
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
@@ -309,15 +313,15 @@ class H3Pipeline(ContinuationMixin):
             v_vel, a_vel = transformer(
                 video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed, step_mod
             )
-            for sched, rows, model_in, vel, n, edit in (
-                (video_sched, video_rows, video_in, v_vel, nv, video_edit),
-                (audio_sched, audio_rows, audio_in, a_vel, na, audio_edit),
+            for step, rows, model_in, vel, n, edit in (
+                (video_solver, video_rows, video_in, v_vel, nv, video_edit),
+                (audio_solver, audio_rows, audio_in, a_vel, na, audio_edit),
             ):
                 if edit is None:
-                    rows[n:] = sched.step(vel[0, n:], i, rows[n:])
-                else:  # the Euler step starts from the un-blended state, towards the restored clean estimate
-                    t = sched.timesteps[i].to(rows.device, rows.dtype)
-                    rows[n:] = sched.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
+                    rows[n:] = step.step(vel[0, n:], i, rows[n:])
+                else:  # the step starts from the un-blended state, towards the restored clean estimate
+                    t = step.schedule.timesteps[i].to(rows.device, rows.dtype)
+                    rows[n:] = step.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
             if on_step is not None:
                 on_step(i + 1, total)
         return video_rows, audio_rows

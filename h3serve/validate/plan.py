@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from h3serve import geometry, limits
 from h3serve.edit_mask import LatentMask
 from h3serve.long_video import Window
+from h3serve.names import DEFAULT_SAMPLE_SOLVER, SampleSolver
 from h3serve.request import MediaRef
 from h3serve.schedule import PinnedSchedule
 
@@ -59,6 +60,7 @@ class GenerationPlan:
     start_times: tuple[float, ...] = ()  # Ref2VA reference video trims (one for all, or one per video reference)
     lora: AdapterChoice | None = None  # the request's LoRA adapter (h3serve.adapters), applied unmerged
     pinned_positions: tuple[float, ...] | None = None  # sigma positions before the shift (len steps + 1); None: uniform
+    sample_solver: SampleSolver = DEFAULT_SAMPLE_SOLVER  # each modality's sampler (h3serve.model.scheduler)
 
     @property
     def continuation(self) -> bool:

@@ -1,17 +1,19 @@
 """`validate`: one `GenerationRequest` in, one `GenerationPlan` out, every default resolved; with the rules of
-the canvas, the schedule (steps and shifts, under an adapter's pinned schedule), the seed, prompt and quality."""
+the canvas, the schedule (steps, shifts and solver, under an adapter's pinned schedule), the seed, prompt and
+quality."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import cast
 
 from h3serve import limits
 from h3serve.canvas import CanvasError, resolve_canvas
 from h3serve.errors import RequestError
-from h3serve.names import QUALITIES
+from h3serve.names import DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
 from h3serve.request import GenerationRequest
-from h3serve.schedule import resolve_pinned_shift, resolve_steps
+from h3serve.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
 from h3serve.validate.inputs import (
     driving_audio_split,
     resolve_edit,
@@ -55,6 +57,7 @@ def validate(
     masks = resolve_edit(request, mode, num_frames, height, width)
     pin = defaults.pinned_schedule
     steps, flow_shift, audio_flow_shift = _resolve_schedule(request, defaults)
+    sample_solver = resolve_sample_solver(request.sample_solver, pin)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -81,6 +84,7 @@ def validate(
         start_times=resolve_start_times(request, task),
         lora=request.lora,
         pinned_positions=None if pin is None else pin.positions,
+        sample_solver=sample_solver,
     )
 
 
@@ -123,6 +127,27 @@ def _resolve_schedule(request: GenerationRequest, defaults: ModelDefaults) -> tu
         else _check_shift("audio_flow_shift", request.audio_flow_shift, defaults.audio_flow_shift)
     )
     return steps, flow_shift, audio
+
+
+def resolve_sample_solver(value: object, pin: PinnedSchedule | None) -> SampleSolver:
+    """The solver a request runs: `euler` (default) or `res_multistep`, any case, surrounding spaces ignored.
+
+    Under a pinned schedule (a few-step adapter: Turbo, FastH3) only Euler: the student was distilled to land on
+    its pinned grid with Euler steps, and a second-order step extrapolates across its jumps."""
+    if value is None:
+        return DEFAULT_SAMPLE_SOLVER
+    if not isinstance(value, str):
+        raise RequestError("sample_solver", f"must be a string, one of {', '.join(SAMPLE_SOLVERS)}; got {value!r}")
+    name = value.strip().lower()
+    if name not in SAMPLE_SOLVERS:
+        raise RequestError("sample_solver", f"must be one of {', '.join(SAMPLE_SOLVERS)}, got {value!r}")
+    if pin is not None and name != DEFAULT_SAMPLE_SOLVER:
+        raise RequestError(
+            "sample_solver",
+            f"{pin.owner} runs its pinned {pin.forwards}-step schedule with the {DEFAULT_SAMPLE_SOLVER} solver "
+            f"only; omit the field or send {DEFAULT_SAMPLE_SOLVER}, got {value!r}",
+        )
+    return cast(SampleSolver, name)
 
 
 def _check_quality(quality: str | None) -> str | None:

@@ -30,7 +30,8 @@ class DeviceRecorder:
         self.guides: list[torch.device] = []
         run_window = pipeline.run_window
 
-        def denoise(schedules, dit, layout, text_states, video_rows, audio_rows, on_step=None, edits=(None, None)):
+        def denoise(schedules, dit, layout, text_states, video_rows, audio_rows, on_step=None, edits=(None, None),
+                    solver="euler"):
             self.denoised.append((video_rows.device, audio_rows.device))
             return video_rows, audio_rows
 
@@ -101,7 +102,7 @@ class _MetaDiT(torch.nn.Module):
         return video * 0, audio * 0
 
 
-def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits) -> int:
+def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits, solver: str = "euler") -> int:
     """How many host -> device copies, and device reads, one denoise loop of `steps` forwards issues."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -123,13 +124,14 @@ def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits) -> int:
     audio = torch.zeros(enc.layout.packed.audio_indices.numel(), 32, device=META)
     schedules = (FlowSchedule.shifted(steps, 12.0), FlowSchedule.shifted(steps, 3.0))
     with Count():
-        pipeline.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits)
+        pipeline.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits, solver=solver)
     return Count.copies
 
 
 def test_a_denoise_step_makes_no_host_to_device_copy(tiny_pipeline):
     """Timesteps, row indices and sigmas move to the device once per request (issue 24, defect 10): the copies a
-    loop makes do not grow with its steps, with or without a latent-mask edit's per-row timesteps."""
+    loop makes do not grow with its steps, with or without a latent-mask edit's per-row timesteps, with either
+    solver."""
     from h3serve.model.latent_edit import audio_target
 
     loaded, defaults = tiny_pipeline
@@ -142,5 +144,6 @@ def test_a_denoise_step_makes_no_host_to_device_copy(tiny_pipeline):
     edit = audio_target(torch.randn(rows, 32), grid)
     edit.set_anchor(torch.randn(rows, 32))
     for edits in ((None, None), (None, edit)):
-        few, many = (_host_to_device_copies(pipeline, enc, steps, edits) for steps in (2, 6))
-        assert few == many > 0, edits
+        for solver in ("euler", "res_multistep"):  # RES weights go to the device with the sigmas
+            few, many = (_host_to_device_copies(pipeline, enc, steps, edits, solver) for steps in (2, 6))
+            assert few == many > 0, (edits, solver)

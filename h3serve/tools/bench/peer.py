@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from h3serve.names import DEFAULT_SAMPLE_SOLVER
 from h3serve.validate import GenerationPlan
 from h3serve.weights import realign
 
@@ -62,6 +63,9 @@ def reference_inputs(plan: GenerationPlan, images: dict[str, Image.Image] | None
     """
     if plan.pinned_positions is not None:
         raise ValueError("the diffusers peer runs the uniform grid only: a pinned schedule cannot be reproduced")
+    if plan.sample_solver != DEFAULT_SAMPLE_SOLVER:
+        raise ValueError(f"the diffusers peer steps with {DEFAULT_SAMPLE_SOLVER} only: a {plan.sample_solver} plan "
+                         "cannot be reproduced")
     kwargs: dict[str, Any] = dict(
         prompt=plan.prompt,
         height=plan.height,
