@@ -30,7 +30,7 @@ from h3serve.api.coerce import as_json
 from h3serve.api.errors import bad_request
 from h3serve.canvas import SHORT_EDGE_MODES
 from h3serve.errors import RequestError
-from h3serve.names import AudioMode, LongVideoMode, Quality, Task
+from h3serve.names import DEFAULT_SAMPLE_SOLVER, SAMPLE_SOLVERS, AudioMode, LongVideoMode, Quality, Task
 from h3serve.request import GenerationRequest
 
 _SIZE_PATTERN = r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$"
@@ -63,6 +63,15 @@ CANVAS_RULE = (
     "size. Without a size: the canvas for the ratio (the request's, else the keyframe's for FL2VA, else 16:9)."
 )
 Edge = Annotated[int, Field(ge=_MIN_EDGE, le=_MAX_EDGE)]
+# A solver name in any case with surrounding whitespace (vLLM-Omni trims and lower-cases it): a pattern rather than
+# an enum, so that the schema admits exactly what the server accepts; validation normalises it.
+SolverName = Annotated[str, Field(pattern=rf"^\s*(?i:{'|'.join(SAMPLE_SOLVERS)})\s*$")]
+SOLVER_RULE = (
+    f"the sampler: {DEFAULT_SAMPLE_SOLVER} (default) or res_multistep (ComfyUI's second-order RES multistep, one "
+    "solver state per modality on its own sigmas; its first step and the step to sigma 0 are Euler, so 1 or 2 steps "
+    f"equal {DEFAULT_SAMPLE_SOLVER}); any case, surrounding spaces ignored. A few-step adapter (Turbo LoRA, fused "
+    f"FastH3) runs {DEFAULT_SAMPLE_SOLVER} only"
+)
 FrameIndex = Literal[0, -1]
 
 # 400s a schema-valid request can still get: rules between fields, or about this server and its checkpoint.
@@ -93,7 +102,7 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
-    "and the tasks it serves",
+    f"and the tasks it serves, and runs extra_params.sample_solver {DEFAULT_SAMPLE_SOLVER} only",
 }
 
 
@@ -151,6 +160,7 @@ class ExtraParams(LongVideoFields, EditOptions):
     frame_indices: Annotated[list[FrameIndex], Field(min_length=1, max_length=2)] | FrameIndex | None = None
     frame_index: FrameIndex | None = None
     target: Target | None = None
+    sample_solver: SolverName | None = Field(None, description=SOLVER_RULE, examples=list(SAMPLE_SOLVERS))
 
 
 AdapterText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
@@ -295,6 +305,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "flow_shift": (f"{_EXTRA}flow_shift", "flow_shift"),
     "audio_flow_shift": (f"{_EXTRA}audio_flow_shift",),
     "task": (f"{_EXTRA}task",),
+    "sample_solver": (f"{_EXTRA}sample_solver",),
     **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
 }
 FRAME_INDICES = (f"{_TARGET}frame_indices", f"{_EXTRA}frame_indices", f"{_EXTRA}frame_index")

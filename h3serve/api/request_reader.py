@@ -5,8 +5,8 @@ num_inference_steps, flow_shift, seed, user, num_outputs_per_prompt, quality, lo
 and editing options (also accepted in extra_params, which wins), the masks (JSON values, JSON text or JSON files),
 and the media fields (media_fields). `extra_params` keys win over top-level fields (as in vLLM-Omni): task,
 duration, duration_seconds, aspect_ratio, short_edge, flow_shift, audio_flow_shift, frame_indices, frame_index,
-and `target` {duration_seconds, aspect_ratio, short_edge, frame_indices}. The canvas rule is h3serve/canvas.py.
-Anything else is refused with a 400 that names it; so is a field sent twice.
+sample_solver (extra_params only) and `target` {duration_seconds, aspect_ratio, short_edge, frame_indices}. The
+canvas rule is h3serve/canvas.py. Anything else is refused with a 400 that names it; so is a field sent twice.
 """
 
 from __future__ import annotations

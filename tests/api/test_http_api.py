@@ -20,6 +20,7 @@ from h3serve.api.config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
+from h3serve.names import SAMPLE_SOLVERS
 
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
@@ -195,6 +196,15 @@ def test_limit_zero_is_an_empty_page_as_vllm_omni_answers(client, fake_server):
     assert (limit["schema"]["minimum"], limit["schema"]["maximum"], limit["schema"]["default"]) == (0, 100, 20)
     wait_finished(client, created["id"])
 
+
+def test_sample_solver_reaches_the_plan_and_a_bad_one_is_a_400_naming_it(client, fake_server):
+    for form in ({"json": {**REQUEST, "extra_params": {"sample_solver": " RES_multistep"}}},
+                 {"data": {**REQUEST, "extra_params[sample_solver]": "res_multistep"}}):
+        job = wait_finished(client, client.post("/v1/videos", **form).json()["id"])
+        assert job["status"] == "completed"
+        assert fake_server.executor.plans[-1].sample_solver == "res_multistep"
+    bad = client.post("/v1/videos", json={**REQUEST, "extra_params": {"sample_solver": "dpm++"}})
+    assert_error(bad, 400, "invalid_value", "extra_params.sample_solver")
 
 def test_api_key_guards_every_v1_route(fake_server):
     with fake_server.client(key=None) as anonymous, fake_server.client(key="wrong") as wrong:
@@ -391,6 +401,10 @@ def test_openapi_and_web_page(fake_server):
         steps = content["schema"]["properties"]["num_inference_steps"]
         assert "denoiser forwards" in steps["description"] and "N + 1" in steps["description"]
         assert (steps["minimum"], steps["maximum"]) == (1, 200)
+    solver = create["requestBody"]["content"]["application/json"]["schema"]["properties"]["extra_params"][
+        "properties"]["sample_solver"]
+    assert solver["examples"] == list(SAMPLE_SOLVERS) and "res_multistep" in solver["pattern"]
+    assert "euler (default)" in solver["description"]
     page = httpx.get(fake_server.url + "/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "/v1/videos" in page.text
 

@@ -84,6 +84,10 @@ def test_models_list_the_adapters_and_requests_carry_them_to_the_engine(app):
         assert plans[2].steps == 4 and plans[2].flow_shift == 12.0  # the Turbo contract's 4 forwards
         bad = client.post("/v1/videos", json={"prompt": "x", "lora": {"name": "turbo"}, "num_inference_steps": 50})
         assert bad.status_code == 400 and "4-step Turbo adapter" in bad.json()["error"]["message"]
+        res = {"prompt": "x", "lora": {"name": "turbo"}, "extra_params": {"sample_solver": "res_multistep"}}
+        bad = client.post("/v1/videos", json=res).json()["error"]
+        assert bad["param"] == "extra_params.sample_solver" and "4-step Turbo adapter" in bad["message"]
+        assert "euler solver only" in bad["message"]
 
 
 def test_paths_outside_the_root_are_refused_before_any_read(app, lora_root, monkeypatch):

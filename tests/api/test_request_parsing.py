@@ -274,6 +274,21 @@ def test_quality_selects_the_cache_policy_and_is_checked_by_the_schema():
     assert error.param == "quality" and "'lossless' or 'high'" in str(error)
 
 
+def test_sample_solver_in_extra_params_any_case_in_json_forms_and_brackets():
+    """extra_params.sample_solver: euler or res_multistep, case-insensitive and trimmed (as vLLM-Omni reads it)."""
+    assert request_of(prompt="p").sample_solver is None
+    for extra in ({"sample_solver": " RES_Multistep "}, json.dumps({"sample_solver": "res_multistep"})):
+        request = request_of(prompt="p", extra_params=extra)
+        assert plan_request(request, TINY_DEFAULTS).sample_solver == "res_multistep"
+    bracketed = request_of(**unflatten([("prompt", "p"), ("extra_params[sample_solver]", "EULER")]))
+    assert plan_request(bracketed, TINY_DEFAULTS).sample_solver == "euler"
+    for bad, message in (("heun", "must look like euler or res_multistep (any case), got 'heun'"),
+                         (3, "got 3"), ("", "got ''")):
+        error = rejected(prompt="p", extra_params={"sample_solver": bad})
+        assert error.param == "extra_params.sample_solver" and message in error.message, error.message
+    assert rejected(prompt="p", sample_solver="euler").param == "sample_solver"  # extra_params only, as vLLM-Omni
+
+
 # -- long video options ---------------------------------------------------------------------------------------
 
 
