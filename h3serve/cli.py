@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from h3serve.names import AUDIO_MODES, LONG_VIDEO_MODES, TASKS
+from h3serve.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
 from h3serve.tools import bench, compare, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
@@ -53,6 +53,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="default 42")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
     p.add_argument("--audio-flow-shift", type=float, help="audio sigma shift (default: the checkpoint's, 3)")
+    p.add_argument(
+        "--sample-solver", metavar="{" + ",".join(SAMPLE_SOLVERS) + "}",
+        help=f"sampler (any case; default {DEFAULT_SAMPLE_SOLVER}): res_multistep is ComfyUI's second-order RES "
+        "multistep (its first step and the step to sigma 0 are Euler); a few-step adapter runs euler only",
+    )
     p.add_argument("--image", metavar="FIRST", help="FL2VA first keyframe (image file)")
     p.add_argument("--last-image", metavar="LAST", help="FL2VA last keyframe (image file)")
     for kind in ("image", "video", "audio"):
@@ -124,6 +129,7 @@ def _request_from_args(args: argparse.Namespace):
         seed=args.seed,
         flow_shift=args.flow_shift,
         audio_flow_shift=args.audio_flow_shift,
+        sample_solver=args.sample_solver,
         task=args.task,
         image=_media(args.image, "image"),
         last_image=_media(args.last_image, "image"),

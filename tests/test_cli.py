@@ -109,6 +109,7 @@ def test_raw_arrays_are_what_went_into_the_mp4(outputs):
         (["--aspect-ratio", "5:1"], "aspect_ratio"),
         (["--image", "/nonexistent.png"], "image"),
         (["--flow-shift", "1e6"], "flow_shift: must be greater than 0 and at most 100"),
+        (["--sample-solver", "heun"], "sample_solver: must be one of euler, res_multistep, got 'heun'"),
         (["--crf", "99"], "crf"),
         (["--long-video", "--duration", "31"], "duration: must be between 4 and 30 seconds (long_video_mode=full)"),
         (["--video-noise-mask", "[0.5"], "--video-noise-mask: contains invalid JSON or is nested too deeply"),
@@ -134,3 +135,14 @@ def test_unwritable_output_is_refused_before_generating(tiny_checkpoint, tmp_pat
     r = _run("generate", "x", "-o", str(tmp_path / "missing" / "o.mp4"), "--model", str(tiny_checkpoint))
     assert r.returncode != 0 and "--output: folder" in r.stderr and "does not exist" in r.stderr
     assert "denoise" not in r.stderr  # refused before any weight was read
+
+
+def test_sample_solver_flag_reaches_the_request():
+    from h3serve.cli import _request_from_args, build_parser
+    from h3serve.validate import validate
+
+    args = build_parser().parse_args(["generate", "x", "-o", "o.mp4", "--sample-solver", " RES_Multistep"])
+    assert validate(_request_from_args(args)).sample_solver == "res_multistep"
+    args = build_parser().parse_args(["generate", "x", "-o", "o.mp4"])
+    request = _request_from_args(args)
+    assert request.sample_solver is None and validate(request).sample_solver == "euler"
