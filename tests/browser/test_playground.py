@@ -435,6 +435,17 @@ def test_long_video_continuation_from_the_page(page, live):
     assert httpx.delete(f"{live.url}/v1/videos/{job['id']}", headers=HEADERS).status_code == 200
 
 
+def test_the_solver_select_lists_the_servers_solvers_and_sends_the_choice(page, live):
+    """The select offers /web/config's solvers (euler first, the default, which the request leaves out); the
+    chosen res_multistep travels as extra_params.sample_solver and is shown with the result."""
+    names = httpx.get(f"{live.url}/web/config").json()["names"]["sample_solvers"]
+    assert page.locator("#sample_solver option").all_text_contents() == names == ["euler", "res_multistep"]
+    expect(page.get_by_label("Solver")).to_have_value("euler")
+    fill(page, "a paper boat on a puddle", {**FAST, "#steps": "3"})
+    page.get_by_label("Solver").select_option("res_multistep")
+    generate_and_wait(page)
+    expect(page.locator("#params")).to_contain_text('extra_params.sample_solver"res_multistep"')
+
 def test_extend_a_result(page, live):
     """The result's Extend button: POST /v1/videos/extensions with the shown job's id; the new job is the source
     (4 s, 107 frames) followed by 102 more frames, and the page follows it to the end."""

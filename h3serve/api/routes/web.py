@@ -18,7 +18,7 @@ from h3serve import limits
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS
-from h3serve.names import AUDIO_MODES, LONG_VIDEO_MODES, TASKS
+from h3serve.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -57,10 +57,12 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "audio_flow_shift": d.audio_flow_shift,
             "steps": limits.DEFAULT_STEPS if d.pinned_schedule is None else d.pinned_schedule.forwards,
             "seed": limits.DEFAULT_SEED,
+            "sample_solver": DEFAULT_SAMPLE_SOLVER,
             "duration_s": limits.DEFAULT_DURATION_S,
             "aspect_ratio": "{}:{}".format(*limits.DEFAULT_ASPECT_RATIO),
         },
-        "names": {"tasks": TASKS, "audio_modes": AUDIO_MODES, "long_video_modes": LONG_VIDEO_MODES},
+        "names": {"tasks": TASKS, "audio_modes": AUDIO_MODES, "long_video_modes": LONG_VIDEO_MODES,
+                  "sample_solvers": SAMPLE_SOLVERS},
         "limits": {
             "fps": limits.FPS,
             "frames_per_chunk": limits.VAE_FRAMES_PER_CHUNK,

@@ -1,4 +1,4 @@
-// The create form: task picker, prompt, duration, canvas, steps, seed and shifts. It builds one request
+// The create form: task picker, prompt, duration, canvas, steps, seed, shifts and solver. It builds one request
 // description that the submission, the history and the curl / Python snippets all share, so the snippets
 // reproduce exactly what was sent.
 import { apiJson } from "./api.js";
@@ -16,6 +16,7 @@ const FIELD_OF_PARAM = {
   aspect_ratio: "aspect_ratio", "extra_params.aspect_ratio": "aspect_ratio", size: "size", width: "size",
   height: "size", num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift",
   "extra_params.flow_shift": "flow_shift", "extra_params.audio_flow_shift": "audio_flow_shift",
+  "extra_params.sample_solver": "sample_solver",
   "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
   "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
   "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
@@ -42,6 +43,10 @@ export class CreateForm {
     $("seed").value = d.seed;
     $("flow_shift").value = d.flow_shift;
     $("audio_flow_shift").value = d.audio_flow_shift;
+    for (const name of config.names.sample_solvers) {  // the server's solvers; the default first
+      $("sample_solver").append(Object.assign(document.createElement("option"), { value: name, textContent: name }));
+    }
+    $("sample_solver").value = d.sample_solver;
     $("width").max = $("height").max = d.max_edge;
     const canvas = canvasForAspect(...parseAspect(d.aspect_ratio), d, config.limits);
     [$("width").value, $("height").value] = [canvas.width, canvas.height];  // "explicit size" starts there
@@ -111,7 +116,8 @@ export class CreateForm {
     $("canvas-info").textContent = canvas.problem || `${canvas.width}×${canvas.height} px (${canvas.source})`;
     const turbo = this.adapter()?.turbo;
     $("lora-info").textContent = turbo ? `${turbo.forwards} forwards, its own shifts (${turbo.tasks.join(", ")})` : "";
-    for (const id of ["steps", "flow_shift", "audio_flow_shift"]) $(id).disabled = Boolean(turbo);
+    // A Turbo adapter pins its steps and shifts and runs Euler only: the request leaves them out.
+    for (const id of ["steps", "flow_shift", "audio_flow_shift", "sample_solver"]) $(id).disabled = Boolean(turbo);
   }
 
   // The canvas the server will use, by the same rules: explicit size, else the aspect ratio's canvas (the
@@ -146,6 +152,8 @@ export class CreateForm {
     const { files, extra } = this.inputs.files(task);
     const audioShift = $("audio_flow_shift").value.trim();
     if (audioShift) extra.audio_flow_shift = Number(audioShift);
+    const solver = $("sample_solver").value;
+    if (solver && solver !== this.config.defaults.sample_solver) extra.sample_solver = solver;
     const mode = $("long-mode").value;
     if (mode) Object.assign(extra, { long_video: true, long_video_mode: mode });
     if (mode === "continuation" && windowPrompts().length) extra.continuation_prompts = windowPrompts();
@@ -159,6 +167,7 @@ export class CreateForm {
         delete fields.num_inference_steps;
         delete fields.flow_shift;
         delete extra.audio_flow_shift;
+        delete extra.sample_solver;
       }
     }
     return { task, fields, extra, files };
