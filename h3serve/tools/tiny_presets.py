@@ -58,10 +58,34 @@ _CPU_BENCH_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
     }
 )
 
+# The released DiT's width (hidden 5,376, 56 heads, FFN 14,336, its time embedding) with 2 blocks and 1 refiner
+# block, beside the tiny VAEs and text stack: whole requests whose step time and allocator peak are a full-width
+# DiT's, for `h3serve bench --gpu-acceptance` on a GPU (about 2 x 7.8 GB of fp32 files; not for CPU tests).
+_GPU_ACCEPT_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
+    {
+        "num_attention_heads": 56,
+        "attention_head_dim": 128,
+        "hidden_size": 5376,
+        "num_layers": 2,
+        "num_refiner_layers": 1,
+        "ffn_dim": 14336,
+        "in_channels": 24,
+        "audio_in_channels": 32,
+        "text_dim": TEXT_HIDDEN,
+        "freq_dim": 256,
+        "time_embed_hidden_dim": 5376,
+        "time_embed_dim": 2688,
+        "rope_freq_dim": 16,
+    }
+)
+
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(_TINY_TRANSFORMER, canvas_short_edge=64, canvas_max_pixels=64 * 128, reference_image_short_edge=64),
     "cpu-bench": Preset(
         _CPU_BENCH_TRANSFORMER, canvas_short_edge=256, canvas_max_pixels=448 * 256, reference_image_short_edge=256
+    ),
+    "gpu-accept": Preset(
+        _GPU_ACCEPT_TRANSFORMER, canvas_short_edge=768, canvas_max_pixels=1344 * 768, reference_image_short_edge=768
     ),
 }
 

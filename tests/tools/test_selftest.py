@@ -140,3 +140,32 @@ def test_the_planner_verdict_reads_the_selftests_engine_flags(monkeypatch):
     streamed, data = released_verdict(torch.device("cuda"), offload)
     assert "does not fit" in resident and streamed.startswith("released H3 with these flags on GPUs of this size: fits")
     assert data["fits"] and data["peak"] < 141 << 30
+
+
+def test_the_layerwise_peak_is_checked_against_the_planners_figure_not_a_negative_one(tiny_checkpoint, tmp_path):
+    """Issue 29 item 2. The old prediction was `resident peak - every streamed block + two slots`, where the
+    resident peak was measured above a baseline that already held the shared weights dict (so it was the forward's
+    activations alone): at the GPU selftest's size that is negative, and every GPU would fail the check. The
+    prediction is now the planner's denoise tensors for that DiT alone, streamed (what `h3serve plan` counts)."""
+    import torch
+
+    from h3serve.offload import activations
+    from h3serve.offload.activations import RequestShape
+    from h3serve.offload.inventory import dit_bytes
+    from h3serve.parallel.degrees import ParallelDegrees
+    from h3serve.tools.selftest.core import CPU_DIT, GPU_DIT
+    from h3serve.tools.selftest.planner import layerwise_stage
+
+    stage = layerwise_stage(GPU_DIT, torch.bfloat16, (448, 256, 22), 64, "cuda")
+    dit = dit_bytes("transformer", GPU_DIT, torch.bfloat16)
+    blocks = [b for g in dit.groups for b in g.block_bytes]
+    acts = activations.denoise(GPU_DIT, ParallelDegrees(), RequestShape(448, 256, 22, "t2va", 64), 2)
+    # The planner's rule: the non-block weights, two slots of the largest block, the block activations.
+    assert stage.tensor_bytes == dit.base_bytes + 2 * max(blocks) + acts
+    old = acts - sum(blocks) + 2 * max(blocks)  # the old formula, its resident figure at most the activations
+    assert old < 0 < stage.tensor_bytes
+    # The CPU run reports the same planner figure for its reduced width (the allocator peak is CUDA's only).
+    code, got = _selftest(tmp_path, tiny_checkpoint, "memory")
+    layerwise = got["memory.offload_paths"]["data"]["layerwise"]
+    assert code == 0
+    assert layerwise["predicted"] == layerwise_stage(CPU_DIT, torch.float32, (64, 64, 22), 64, "cpu").tensor_bytes

@@ -12,6 +12,7 @@ import pytest
 import torch
 from diffusers import ModularPipeline
 
+from h3serve.model.transformer import H3TransformerConfig
 from h3serve.tools import tiny_checkpoint as tc
 from h3serve.tools.tiny_checkpoint import (
     PRESETS,
@@ -94,7 +95,12 @@ def test_config_values(checkpoint: Path) -> None:
 
 
 def test_presets() -> None:
-    assert set(PRESETS) == {"tiny", "cpu-bench"}
+    assert set(PRESETS) == {"tiny", "cpu-bench", "gpu-accept"}
+    # gpu-accept: the released DiT's width (every field but the block counts and the tiny text stack's width)
+    released = H3TransformerConfig()
+    gpu = PRESETS["gpu-accept"].transformer
+    differ = {k for k, v in gpu.items() if getattr(released, k) != v}
+    assert differ == {"num_layers", "num_refiner_layers", "text_dim"} and gpu["num_layers"] == 2
     bench = PRESETS["cpu-bench"]
     assert (bench.canvas_short_edge, bench.canvas_max_pixels, bench.reference_image_short_edge) == (
         256,

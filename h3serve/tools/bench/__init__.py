@@ -96,6 +96,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="FP8 block mode: the error one random-weight DiT block of --preset adds in FP8 vs float32",
     )
     p.add_argument("--block-rows", type=int, default=2048, help="FP8 block mode: packed rows (default 2048)")
+    p.add_argument(
+        "--gpu-acceptance",
+        action="store_true",
+        help="the first command on a GPU: the selftest and every GPU row of docs/benchmarks.md, within 8 minutes",
+    )
+    p.add_argument("--json", metavar="OUT", help="GPU-acceptance mode: write the JSON record to OUT")
+    p.add_argument("--table", metavar="OUT.md", help="GPU-acceptance mode: write the Markdown table to OUT.md")
+    p.add_argument(
+        "--budget-s", type=float, help="GPU-acceptance mode: seconds for every row together (default 480)"
+    )
+    p.add_argument(
+        "--selftest-only",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="GPU-acceptance mode: pass --only PREFIX to the selftest row (repeatable; default: every check)",
+    )
     p.set_defaults(func=cmd_bench)
 
 
@@ -108,7 +125,7 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds", "block_rows")
+_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds", "block_rows", "selftest_only")
 _DIT_FLAGS = ("text_rows", "dit_modes")  # always set (defaults): recorded in DiT-forward mode only
 
 
@@ -255,7 +272,33 @@ def cmd_fp8_block(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpu_acceptance(args: argparse.Namespace) -> int:
+    """`--gpu-acceptance`: every GPU row, budgeted (see `h3serve.tools.bench.acceptance`). Exit 0 when no row
+    failed (skipped rows do not fail it), 1 otherwise; the JSON and the table are written either way."""
+    import json
+
+    from h3serve.tools.bench import acceptance
+
+    budget = acceptance.GLOBAL_BUDGET_S if args.budget_s is None else args.budget_s
+    if budget <= 0:
+        print("error: --budget-s must be > 0", file=sys.stderr)
+        return EXIT_USAGE
+    cuda, name = acceptance.device()
+    ctx = acceptance.Context(cuda, name, Path(args.out) if args.out else _default_out(), budget,
+                             tuple(args.selftest_only), log=lambda line: print(line, file=sys.stderr))
+    record = acceptance.run(ctx)
+    text = acceptance.table(record)
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    if args.table:
+        Path(args.table).write_text(text, encoding="utf-8")
+    print(text)
+    return 0 if record["verdict"].startswith("OK") else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.gpu_acceptance:
+        return cmd_gpu_acceptance(args)
     if args.replicas:
         return cmd_throughput(args)
     if args.fp8_block:

@@ -26,3 +26,24 @@ def released_verdict(device: torch.device, engine_args: argparse.Namespace | Non
     word = "fits" if plan.fits else f"does not fit ({plan.shortfall_bytes / 2**30:.1f} GiB short; see h3serve plan)"
     figure = f"released H3 with these flags on GPUs of this size: {word}, peak {peak / 2**30:.1f} GiB per GPU"
     return figure, {"peak": peak, "fits": plan.fits}
+
+
+def layerwise_stage(cfg, dtype: torch.dtype, shape: tuple[int, int, int], text_rows: int, device_type: str):
+    """The planner's denoise stage (`StagePlan`) for the selftest's few-block DiT streamed block by block, the
+    DiT alone on the device (no encoder, no VAE, no other DiT): what `h3serve plan` would say for a checkpoint
+    holding only this DiT. AdaLN memo off: the selftest's bare forward computes its modulations inside the
+    blocks, so the projections stream with them (no AdaLN slot, no modulations)."""
+    from dataclasses import replace
+
+    from h3serve.offload.activations import RequestShape
+    from h3serve.offload.config import OffloadConfig
+    from h3serve.offload.inventory import RELEASED, build_inventory, dit_bytes
+    from h3serve.offload.planner import Runtime, plan_placement
+
+    # The released inventory supplies the text and VAE shapes the other stages read; its components are dropped.
+    released = build_inventory(RELEASED, dits=("transformer",), device_type=device_type, dtype=dtype)
+    inv = replace(released, ranks=({"transformer": dit_bytes("transformer", cfg, dtype)},), dits={"transformer": cfg})
+    width, height, frames = shape
+    request = RequestShape(width, height, frames, "t2va", prompt_tokens=text_rows)
+    plan = plan_placement(inv, OffloadConfig(streamed=frozenset({"dit"})), request, runtime=Runtime(memo=False))
+    return plan.ranks[0].stage("denoise")
