@@ -26,7 +26,7 @@ def _all_error_classes() -> set[type]:
 
 
 # Control flow, not errors: a selftest check signals its verdict with these; they never leave the selftest runner.
-VERDICT_SIGNALS = {"h3serve.tools.selftest.core.Skip", "h3serve.tools.selftest.core.Failed"}
+VERDICT_SIGNALS = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.Failed"}
 
 
 def test_every_exception_class_of_the_package_is_on_the_hierarchy():

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from h3serve.errors import ServerError
+
 GRANULARITIES = ("regional", "full")
 Backend = str | Callable[..., Any]  # a torch.compile backend: "inductor" in service, others in tests
 
@@ -41,7 +43,7 @@ def count_collective() -> None:
     COLLECTIVES.issued += 1
 
 
-class CompileFailedMidCall(RuntimeError):
+class CompileFailedMidCall(ServerError, RuntimeError):
     """A compiled call failed after it had issued a collective: it cannot be re-run eagerly (see module doc)."""
 
 

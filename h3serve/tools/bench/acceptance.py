@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h3serve.tools.verdicts import Failed, Skip
+
 GLOBAL_BUDGET_S = 480.0  # the issue's 8 minutes on one H200
 SCHEMA = "h3serve.gpu-acceptance/1"
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
@@ -48,14 +50,6 @@ OFFLOAD_ENGINES = {  # name -> engine options beyond device and dtype (one bench
     "layerwise": {"offload": {"mode": "layer", "components": ["dit"]}},
     "cpu-offload": {"offload": {"mode": "module", "components": ["dit", "text_encoder", "vae", "audio_vae"]}},
 }
-
-
-class Skip(Exception):
-    """A row that cannot run here; the message says why."""
-
-
-class Failed(Exception):
-    """A row whose result is wrong; the message says what."""
 
 
 @dataclass

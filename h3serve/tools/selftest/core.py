@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from h3serve.model.transformer import H3TransformerConfig
+from h3serve.tools.verdicts import Failed, Skip
 
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
 # CPU: a reduced width (the mechanisms, in seconds); CUDA: the released width, a few blocks.
@@ -32,14 +33,6 @@ class Outcome:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-class Skip(Exception):
-    """Raised by a check that cannot apply here; the message says why."""
-
-
-class Failed(Exception):
-    """Raised by a check whose result is wrong; the message says what and the fix."""
 
 
 @dataclass
