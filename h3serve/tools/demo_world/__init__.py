@@ -1,0 +1,1 @@
+"""A deterministic procedural audio-visual demo world (one coloured object, one tone) and checks that measure it."""
