@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from h3serve.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
-from h3serve.tools import bench, compare, plan_cli, probe_cli, selftest, serve_cli
+from h3serve.tools import bench, compare, demo_cli, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
 
@@ -370,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     plan_cli.register(sub)
     selftest.register(sub)
+    demo_cli.register(sub)
     return parser
 
 

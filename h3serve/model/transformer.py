@@ -70,7 +70,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     c = cos[:, :half].to(x.dtype)[None, :, None, :]
     s = sin[:, :half].to(x.dtype)[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:rot_dim]
-    if torch.compiler.is_compiling():  # inductor fuses this form into one kernel; `out=` views would graph-break
+    # Inductor fuses this form into one kernel (`out=` views would graph-break), and autograd (the demo trainer)
+    # cannot differentiate `out=`: the same products and sums, so the same values.
+    if torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled()):
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, x[..., rot_dim:]), dim=-1)
     out = torch.empty_like(x)
     torch.sub(x1 * c, x2 * s, out=out[..., :half])

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from h3serve.tools.tiny_presets import AUDIO_OUTPUT_GAIN, AUDIO_VAE_CONFIG, VAE_CONFIG, Preset
+from h3serve.tools.tiny_presets import AUDIO_OUTPUT_GAIN, Preset
 from h3serve.tools.tiny_text import build_processor, build_text_encoder, build_tokenizer
 from h3serve.tools.tiny_weights import construct, generator_for, latent_stats, randomize_
 
@@ -21,8 +21,8 @@ def build_components(spec: Preset, seed: int) -> dict[str, Any]:
     return {
         "transformer": _build_transformer(spec, generator_for(seed, "transformer")),
         "transformer_ref": _build_transformer(spec, generator_for(seed, "transformer_ref")),
-        "vae": _build_vae(generator_for(seed, "vae")),
-        "audio_vae": _build_audio_vae(generator_for(seed, "audio_vae")),
+        "vae": _build_vae(spec, generator_for(seed, "vae")),
+        "audio_vae": _build_audio_vae(spec, generator_for(seed, "audio_vae")),
         "text_encoder": build_text_encoder(tokenizer, generator_for(seed, "text_encoder")),
         "tokenizer": tokenizer,
         "processor": build_processor(tokenizer),
@@ -39,25 +39,27 @@ def _build_transformer(spec: Preset, generator: Generator) -> nn.Module:
     return model.eval()
 
 
-def _build_vae(generator: Generator) -> nn.Module:
+def _build_vae(spec: Preset, generator: Generator) -> nn.Module:
     from diffusers import AutoencoderKLMiniMaxH3
 
-    mean, std = latent_stats(generator, VAE_CONFIG["latent_channels"])
-    model = construct(AutoencoderKLMiniMaxH3, **VAE_CONFIG, latents_mean=mean, latents_std=std)
+    config = spec.vae_config
+    mean, std = latent_stats(generator, config["latent_channels"])
+    model = construct(AutoencoderKLMiniMaxH3, **config, latents_mean=mean, latents_std=std)
     randomize_(model, generator)
     return model.eval()
 
 
-def _build_audio_vae(generator: Generator) -> nn.Module:
+def _build_audio_vae(spec: Preset, generator: Generator) -> nn.Module:
     import warnings
 
     import torch
     from diffusers import AutoencoderKLMiniMaxH3Audio
 
-    mean, std = latent_stats(generator, AUDIO_VAE_CONFIG["latent_channels"])
+    config = spec.audio_vae_config
+    mean, std = latent_stats(generator, config["latent_channels"])
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*weight_norm.*is deprecated", category=FutureWarning)
-        model = construct(AutoencoderKLMiniMaxH3Audio, **AUDIO_VAE_CONFIG, latents_mean=mean, latents_std=std)
+        model = construct(AutoencoderKLMiniMaxH3Audio, **config, latents_mean=mean, latents_std=std)
     randomize_(model, generator)
     # The random BigVGAN stack amplifies: its output has std ~10 before the [-1, 1] clamp. Shrink the last conv so
     # that decoded audio stays mostly unclamped (std ~0.1-0.4) and parity tests compare real values.

@@ -21,6 +21,7 @@ from h3serve.tools.tiny_checkpoint import (
     ensure_tiny_checkpoint,
     load_processor,
 )
+from h3serve.tools.tiny_presets import VAE_CONFIG
 
 COMPONENTS = (
     "audio_scheduler",
@@ -95,7 +96,7 @@ def test_config_values(checkpoint: Path) -> None:
 
 
 def test_presets() -> None:
-    assert set(PRESETS) == {"tiny", "cpu-bench", "gpu-accept"}
+    assert set(PRESETS) == {"tiny", "cpu-bench", "gpu-accept", "demo"}
     # gpu-accept: the released DiT's width (every field but the block counts and the tiny text stack's width)
     released = H3TransformerConfig()
     gpu = PRESETS["gpu-accept"].transformer
@@ -110,6 +111,8 @@ def test_presets() -> None:
     assert bench.transformer["hidden_size"] == 512 and bench.transformer["num_layers"] == 4
     for preset in PRESETS.values():
         assert preset.transformer["attention_head_dim"] >= 6 * preset.transformer["rope_freq_dim"]
+    # demo: its own (trainable) VAE sizes; the others share the tiny random ones
+    assert PRESETS["demo"].vae_config["decoder_num_layers"] == 3 and PRESETS["tiny"].vae_config is VAE_CONFIG
 
 
 def test_size(checkpoint: Path) -> None:

@@ -1,0 +1,1 @@
+"""Training the demo checkpoint from scratch on the demo world (`h3serve train-demo`)."""

@@ -1,0 +1,216 @@
+"""`h3serve train-demo`: the demo checkpoint from scratch, in stages, with a progress bar and a loss plot.
+
+1. a random checkpoint of the `demo` preset (the released architecture, tiny); its Qwen3-VL text encoder stays
+   frozen at its seed (rounded to float16 first, so the shipped encoder is the one the DiTs trained with);
+2. the video and audio VAEs as autoencoders on the demo world, then their latent statistics;
+3. examples laid out by the pipeline's own first stage (T2VA, FL2VA with first/last/both keyframes, Ref2VA with a
+   reference image and optionally a reference sound, continuation windows);
+4. `transformer` (T2VA + FL2VA) and `transformer_ref` (Ref2VA + continuation) with H3's flow-matching objective;
+5. the checkpoint written in the diffusers modular layout at half precision (the DiTs' fp32-policy modules stay
+   fp32), with `training.json` (the recipe and the final losses) and `losses.png` beside the weights.
+Step counts are fixed by the recipe, not by a clock, so the same command gives the same weights on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from h3serve.checkpoint_layout import read_layout
+from h3serve.model.transformer import H3Transformer
+from h3serve.rank.checkpoint import load_components
+from h3serve.tools.demo_training.dit import train_dit
+from h3serve.tools.demo_training.examples import Clip, Example, ExampleBuilder, render
+from h3serve.tools.demo_training.vaes import Canvas, set_latent_stats, train_audio_vae, train_video_vae
+from h3serve.tools.demo_world import world
+from h3serve.tools.demo_world.grammar import all_t2va_attributes
+from h3serve.tools.tiny_checkpoint import MARKER_FILE, build_tiny_checkpoint
+from h3serve.tools.tiny_files import quiet_progress_bars, write_json
+
+PRESET = "demo"
+TRAINING_FILE = "training.json"
+LOSS_PLOT = "losses.png"
+CLIP_FRAMES = 107  # 4 s: the demo's length and a continuation window's
+CONTINUATION_FRAMES = 277  # three 107-frame windows with 22 frames of overlap
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the trained weights (with the seed)."""
+
+    video_vae_steps: int = 1400
+    audio_vae_steps: int = 800
+    t2va_clips: int = 240  # canonical starts, spread evenly over the 80 attribute combinations
+    fl2va_clips: int = 200  # random-start clips, each laid out with first, last and both keyframes
+    ref2va_clips: int = 160  # each laid out with and without a reference sound
+    continuation_clips: int = 30  # each gives three windows
+    dit_steps: int = 1500
+    ref_dit_steps: int = 1000
+    dit_batch: int = 4
+    seed: int = 0
+
+    def scaled(self, factor: float) -> Recipe:
+        """The same recipe with every count multiplied by `factor` (at least 1): CI's few-step runs."""
+        return Recipe(**{k: v if k == "seed" else max(1, round(v * factor)) for k, v in asdict(self).items()})
+
+
+Logger = Callable[[str, int, float], None]
+
+
+class Progress:
+    """One tqdm bar over every stage's steps; losses kept per stage for the plot."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = tqdm(total=total, disable=not enabled, unit="step", dynamic_ncols=True)
+        self.losses: dict[str, list[float]] = {}
+
+    def log(self, stage: str, step: int, loss: float) -> None:
+        self.losses.setdefault(stage, []).append(loss)
+        self.bar.set_description(stage)
+        self.bar.set_postfix(loss=f"{loss:.4f}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train_demo(
+    out: str | Path, recipe: Recipe = Recipe(), progress: bool = True, stages: Path | None = None
+) -> Path:
+    """Train the demo checkpoint into `out` (absent or empty) and return its path. With `stages`, the trained VAEs
+    are also saved there as soon as they are done (to inspect them while the DiTs train)."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"refusing to write the demo checkpoint into non-empty directory {out}")
+    started = time.monotonic()
+    canvas = Canvas()
+    with tempfile.TemporaryDirectory(prefix="h3serve-demo-") as tmp:
+        staging = build_tiny_checkpoint(Path(tmp) / "random", seed=recipe.seed, preset=PRESET)
+        _halve_text_encoder(staging)
+        components = load_components(read_layout(staging))
+        builder_steps = recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_steps + recipe.ref_dit_steps
+        bar = Progress(builder_steps, progress)
+        torch.manual_seed(recipe.seed)
+        train_video_vae(components.vae, recipe.video_vae_steps, canvas, recipe.seed, bar.log)
+        train_audio_vae(components.audio_vae, recipe.audio_vae_steps, recipe.seed + 1, bar.log)
+        set_latent_stats(components.vae, components.audio_vae, canvas, recipe.seed + 2)
+        if stages is not None:
+            with quiet_progress_bars():
+                components.vae.save_pretrained(Path(stages) / "vae")
+                components.audio_vae.save_pretrained(Path(stages) / "audio_vae")
+        defaults = read_layout(staging).defaults()
+        builder = ExampleBuilder(components, canvas.width, canvas.height, defaults.reference_image_short_edge)
+        bar.bar.set_description("examples")
+        plain, referenced = build_examples(builder, recipe, canvas)
+        train_dit(components.transformer, plain, recipe.dit_steps, recipe.seed + 3, bar.log, "transformer",
+                  batch=recipe.dit_batch)
+        train_dit(components.transformer_ref, referenced, recipe.ref_dit_steps, recipe.seed + 4, bar.log,
+                  "transformer_ref", batch=recipe.dit_batch)
+        bar.close()
+        out.mkdir(parents=True, exist_ok=True)
+        _write_checkpoint(staging, out, components)
+    minutes = (time.monotonic() - started) / 60
+    write_json(out / TRAINING_FILE, _training_record(recipe, bar.losses, minutes))
+    plot_losses(bar.losses, out / LOSS_PLOT)
+    return out
+
+
+def build_examples(builder: ExampleBuilder, recipe: Recipe, canvas: Canvas) -> tuple[list[Example], list[Example]]:
+    """(examples of `transformer`, examples of `transformer_ref`), in a fixed order for the seed."""
+    rng = np.random.default_rng(recipe.seed + 5)
+    plain: list[Example] = []
+    referenced: list[Example] = []
+    combinations = all_t2va_attributes()
+    for index in range(recipe.t2va_clips):
+        clip = _clip(rng, "t2va", canvas, CLIP_FRAMES, combinations[index * len(combinations) // recipe.t2va_clips])
+        plain.append(builder.keyframes(clip, ()))
+    for _ in range(recipe.fl2va_clips):
+        clip = _clip(rng, "fl2va", canvas, CLIP_FRAMES, world.random_attributes(rng))
+        plain.extend(builder.keyframes(clip, anchors) for anchors in (("first",), ("last",), ("first", "last")))
+    for _ in range(recipe.ref2va_clips):
+        clip = _clip(rng, "t2va", canvas, CLIP_FRAMES, world.random_attributes(rng))
+        referenced.extend(builder.references(clip, with_sound) for with_sound in (False, True))
+    for _ in range(recipe.continuation_clips):
+        clip = _clip(rng, "t2va", canvas, CONTINUATION_FRAMES, world.random_attributes(rng))
+        referenced.extend(builder.continuation(clip, CLIP_FRAMES))
+    return plain, referenced
+
+
+def _clip(rng: np.random.Generator, task: str, canvas: Canvas, frames: int, attrs) -> Clip:
+    return render(world.sample_scene(rng, task, canvas.width, canvas.height, frames, attrs))
+
+
+def _halve_text_encoder(checkpoint: Path) -> None:
+    """Round the frozen text encoder to float16 in place: what ships is exactly what the DiTs trained with."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    folder = checkpoint / "text_encoder"
+    model = Qwen3VLForConditionalGeneration.from_pretrained(folder, torch_dtype=torch.float16)
+    shutil.rmtree(folder)
+    with quiet_progress_bars():
+        model.save_pretrained(folder)
+
+
+def _write_checkpoint(staging: Path, out: Path, components) -> None:
+    """The modular checkpoint: untouched parts copied from the staging build, trained parts written half."""
+    for name in ("text_encoder", "tokenizer", "processor", "scheduler", "audio_scheduler"):
+        shutil.copytree(staging / name, out / name)
+    shutil.copy(staging / "modular_model_index.json", out / "modular_model_index.json")
+    with quiet_progress_bars():
+        for name, module in (("vae", components.vae), ("audio_vae", components.audio_vae)):
+            module.to(torch.float16).save_pretrained(out / name)
+            module.to(torch.float32)
+    for name in ("transformer", "transformer_ref"):
+        _save_dit(getattr(components, name), staging / name, out / name)
+    marker = json.loads((staging / MARKER_FILE).read_text(encoding="utf-8"))
+    write_json(out / MARKER_FILE, {**marker, "trained": True})
+
+
+def _save_dit(dit: H3Transformer, source: Path, folder: Path) -> None:
+    """diffusers keys (state-dict compatible), float16 except the modules the dtype policy keeps in fp32."""
+    folder.mkdir(parents=True)
+    shutil.copy(source / "config.json", folder / "config.json")
+    keep = set(H3Transformer.keep_in_fp32_modules)
+    state = {}
+    for key, value in dit.state_dict().items():
+        fp32 = bool(keep & set(key.split(".")))
+        state[key] = value.detach().to(torch.float32 if fp32 else torch.float16).contiguous()
+    save_file(state, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+
+
+def _training_record(recipe: Recipe, losses: dict[str, list[float]], minutes: float) -> dict:
+    final = {stage: float(np.mean(values[-max(1, len(values) // 20) :])) for stage, values in losses.items()}
+    return {"recipe": asdict(recipe), "minutes": round(minutes, 1), "final_losses": final,
+            "command": f"h3serve train-demo --out DIR --seed {recipe.seed}"}
+
+
+def plot_losses(losses: dict[str, list[float]], path: Path) -> None:
+    """One panel per stage, log scale, with a moving average."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, axes = plt.subplots(1, len(losses), figsize=(3.2 * len(losses), 2.6), squeeze=False)
+    for ax, (stage, values) in zip(axes[0], losses.items(), strict=True):
+        ax.plot(values, lw=0.5, alpha=0.4)
+        window = max(1, len(values) // 25)
+        smooth = np.convolve(values, np.ones(window) / window, mode="valid")
+        ax.plot(np.arange(len(smooth)) + window - 1, smooth, lw=1.2)
+        ax.set_yscale("log")
+        ax.set_title(stage, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

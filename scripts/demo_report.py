@@ -1,0 +1,54 @@
+"""The measured table of docs/demo_world.md: every task of the demo checkpoint over 10 seeds, right or wrong per check.
+
+    python scripts/demo_report.py --model DIR [--seeds 10] > table.md
+
+Runs on the CPU in the process (fp32), the same cases as tests/tools/test_demo_checkpoint.py (h3serve.tools.demo_eval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from pathlib import Path
+
+from h3serve.accel.quant_config import parse_quantization
+from h3serve.checkpoint_layout import read_layout
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.rank.checkpoint import load_components
+from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate
+from h3serve.tools.demo_model import DEMO_STEPS
+
+
+def rows(label: str, evaluator: DemoEvaluator, tasks: tuple[str, ...], seeds: range) -> list[str]:
+    out = []
+    for task in tasks:
+        started = time.perf_counter()
+        cases = evaluate(evaluator, task, seeds)
+        seconds = (time.perf_counter() - started) / len(cases)
+        wrong = Counter(name for case in cases for name, ok in case.checks.items() if not ok)
+        misses = ", ".join(f"{name} ×{count}" for name, count in sorted(wrong.items())) or "none"
+        right = sum(case.passed for case in cases)
+        out.append(f"| {task} | {label} | **{right} / {len(cases)}** | {misses} | {seconds:.1f} s |")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True, help="a checkpoint written by `h3serve train-demo`")
+    parser.add_argument("--seeds", type=int, default=10)
+    args = parser.parse_args()
+    layout = read_layout(args.model)
+    defaults = layout.defaults()
+    seeds = range(args.seeds)
+    base = H3Pipeline(load_components(layout))
+    fp8 = H3Pipeline(load_components(layout, quantization=parse_quantization("fp8", None)))
+    lines = ["| task | run | right (all checks) | failed checks | per case |", "|---|---|---|---|---|"]
+    lines += rows(f"fp32, {DEMO_STEPS} steps", DemoEvaluator(base, defaults), TASKS, seeds)
+    lines += rows("fp32, 4 steps", DemoEvaluator(base, defaults, steps=4), ("t2va",), seeds)
+    lines += rows(f"FP8 weights, {DEMO_STEPS} steps", DemoEvaluator(fp8, defaults), ("t2va",), seeds)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The demo trainers: each one's loss falls over a few steps, the examples are laid out exactly as the pipeline
+lays out a request, and `train-demo` writes a checkpoint that loads and generates (a smoke run at a tiny scale)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from h3serve.checkpoint_layout import read_layout
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.model.pipeline_types import Conditioning
+from h3serve.rank.checkpoint import load_components
+from h3serve.request import GenerationRequest
+from h3serve.tools.demo_training.dit import train_dit
+from h3serve.tools.demo_training.examples import ExampleBuilder, render
+from h3serve.tools.demo_training.run import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
+from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
+from h3serve.tools.demo_world import world
+from h3serve.tools.demo_world.grammar import Attributes
+from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
+from h3serve.validate import validate
+
+pytestmark = pytest.mark.slow
+
+ATTRS = Attributes("green", "square", "moving right", "low hum")
+
+
+@pytest.fixture(scope="module")
+def demo_random(tmp_path_factory):
+    """The demo preset with random weights: the trainers' starting point."""
+    path = build_tiny_checkpoint(tmp_path_factory.mktemp("demo") / "random", seed=0, preset="demo")
+    layout = read_layout(path)
+    return load_components(layout), layout.defaults()
+
+
+def falls(losses: list[float], k: int = 5) -> bool:
+    return float(np.mean(losses[-k:])) < 0.8 * float(np.mean(losses[:k]))
+
+
+def recorder():
+    losses: list[float] = []
+    return losses, lambda stage, step, loss: losses.append(loss)
+
+
+def test_video_vae_loss_falls(demo_random):
+    components, _ = demo_random
+    losses, log = recorder()
+    train_video_vae(components.vae, 30, Canvas(), seed=0, log=log)
+    assert len(losses) == 30 and falls(losses), losses
+
+
+def test_audio_vae_loss_falls(demo_random):
+    components, _ = demo_random
+    losses, log = recorder()
+    train_audio_vae(components.audio_vae, 30, seed=0, log=log)
+    assert len(losses) == 30 and falls(losses), losses
+
+
+def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_random):
+    components, defaults = demo_random
+    builder = ExampleBuilder(components, 128, 64, defaults.reference_image_short_edge)
+    clip = render(world.sample_scene(np.random.default_rng(0), "fl2va", 128, 64, 107, ATTRS))
+    t2va, fl2va = builder.keyframes(clip, ()), builder.keyframes(clip, ("first", "last"))
+
+    # The pipeline's own first stage on the same request: the same text states and the same packed rows.
+    plan = validate(GenerationRequest(prompt=t2va.prompt, duration_s=4, steps=1, seed=0), defaults)
+    encoded = H3Pipeline(components).encode(plan, Conditioning())
+    assert torch.equal(encoded.text_states, t2va.text_states)
+    for field in ("token_tags", "position_ids", "video_indices", "audio_indices", "text_indices"):
+        assert torch.equal(getattr(encoded.layout.packed, field), getattr(t2va.layout.packed, field))
+    assert t2va.video.shape == (32 * 2 * 4, 96) and t2va.audio.shape == (2 * 178, 32)
+    assert fl2va.conditions.shape == (2 * 2 * 4, 96)  # two keyframes, one latent frame each
+    assert fl2va.layout.num_video_condition_rows == 16
+
+    windows = builder.continuation(render(world.sample_scene(np.random.default_rng(1), "t2va", 128, 64, 277,
+                                                             ATTRS)), 107)
+    assert [e.kind for e in windows] == ["plain", "continuation", "continuation"]
+    assert windows[1].conditions.shape[0] == 7 * 2 * 4  # the 22-frame guide: 7 latent frames
+    assert torch.equal(windows[1].conditions, windows[0].video[-7 * 8 :])  # the previous window's last latents
+
+    losses, log = recorder()
+    train_dit(components.transformer, [t2va, fl2va, windows[0]], 40, seed=0, log=log, name="t", batch=1, lr=3e-3)
+    assert falls(losses, 8), losses
+
+
+def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
+    recipe = Recipe().scaled(0.004)
+    out = train_demo(tmp_path / "demo", recipe, progress=False)
+    assert (out / LOSS_PLOT).stat().st_size > 1000 and (out / TRAINING_FILE).is_file()
+    layout = read_layout(out)
+    pipeline = H3Pipeline(load_components(layout))
+    plan = validate(GenerationRequest(prompt="a red ball bouncing, with a high beep", duration_s=4, steps=1,
+                                      seed=0), layout.defaults())
+    result = pipeline.generate(plan)
+    assert tuple(result.video.shape) == (107, 64, 128, 3) and torch.isfinite(result.audio).all()
+    with pytest.raises(FileExistsError):
+        train_demo(out, recipe, progress=False)
