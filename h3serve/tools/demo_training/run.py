@@ -50,6 +50,7 @@ class Recipe:
 
     video_vae_steps: int = 1400
     audio_vae_steps: int = 800
+    latent_stat_clips: int = 48  # 22-frame clips the latent statistics are measured on
     t2va_clips: int = 240  # canonical starts, spread evenly over the 80 attribute combinations
     fl2va_clips: int = 200  # random-start clips, each laid out with first, last and both keyframes
     ref2va_clips: int = 160  # each laid out with and without a reference sound
@@ -103,7 +104,7 @@ def train_demo(
         torch.manual_seed(recipe.seed)
         train_video_vae(components.vae, recipe.video_vae_steps, canvas, recipe.seed, bar.log)
         train_audio_vae(components.audio_vae, recipe.audio_vae_steps, recipe.seed + 1, bar.log)
-        set_latent_stats(components.vae, components.audio_vae, canvas, recipe.seed + 2)
+        set_latent_stats(components.vae, components.audio_vae, canvas, recipe.seed + 2, recipe.latent_stat_clips)
         if stages is not None:
             with quiet_progress_bars():
                 components.vae.save_pretrained(Path(stages) / "vae")
