@@ -44,8 +44,7 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check_demo(args: argparse.Namespace) -> int:
-    import numpy as np
-
+    from h3serve.media.mp4 import rgb8
     from h3serve.tools.compare import decode_mp4
     from h3serve.tools.demo_world.checks import verdict_t2va
     from h3serve.tools.demo_world.grammar import parse_prompt
@@ -57,8 +56,7 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
     if not Path(args.video).is_file():
         return fail(f"video: no such file {args.video}")
     clip = decode_mp4(args.video)
-    video = np.round(clip.video * 255).astype(np.uint8)
-    verdict = verdict_t2va(video, clip.audio, attrs)
+    verdict = verdict_t2va(rgb8(clip.video), clip.audio, attrs)
     if args.json:
         print(json.dumps({"passed": verdict.passed, "checks": verdict.checks}))
     else:
