@@ -12,7 +12,7 @@ from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
 from h3serve.request import GenerationRequest
-from h3serve.tools.demo_training.dit import train_dit
+from h3serve.tools.demo_training.dit import EMA, draw_base, layout_groups, train_dit, training_init_
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
 from h3serve.tools.demo_training.run import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
 from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
@@ -79,9 +79,38 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert windows[1].conditions.shape[0] == 7 * 2 * 4  # the 22-frame guide: 7 latent frames
     assert torch.equal(windows[1].conditions, windows[0].video[-7 * 8 :])  # the previous window's last latents
 
+    # Same prompt, same layout: one batch; keyframes change the layout.
+    other = builder.keyframes(render(world.sample_scene(np.random.default_rng(5), "fl2va", 128, 64, 107, ATTRS)), ())
+    groups = layout_groups([t2va, fl2va, other, windows[1]])
+    assert [[id(e) for e in g] for g in groups] == [[id(t2va), id(other)], [id(fl2va)], [id(windows[1])]]
+
+    # The training initialisation starts every block as the identity and the velocity at zero.
+    dit = components.transformer_ref
+    training_init_(dit)
+    timestep, rows = t2va.layout.row_timesteps(0.5, 0.5)
+    video, audio = dit(t2va.video[None], t2va.audio[None], dit.embed_text(t2va.text_states), timestep, rows,
+                       t2va.layout.packed)
+    assert not video.any() and not audio.any()
+
     losses, log = recorder()
-    train_dit(components.transformer, [t2va, fl2va, windows[0]], 40, seed=0, log=log, name="t", batch=1, lr=3e-3)
+    train_dit(dit, [t2va, other, fl2va, windows[0]], 40, seed=0, log=log, name="t", batch=2, lr=3e-3, warmup=5)
     assert falls(losses, 8), losses
+    assert not dit.training and not any(p.requires_grad for p in dit.parameters())
+
+
+def test_ema_and_the_base_position_draw():
+    module = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        module.weight.zero_()
+    ema = EMA(module, decay=0.5)
+    with torch.no_grad():
+        module.weight.fill_(1.0)
+    ema.update(module, step=100)  # decay 0.5: halfway to the new weights
+    ema.copy_to(module)
+    assert torch.equal(module.weight, torch.full((2, 2), 0.5))
+    bases = np.array([draw_base(np.random.default_rng(seed)) for seed in range(2000)])
+    assert bases.min() >= 0.0 and bases.max() <= 1.0
+    assert 0.3 < np.mean(bases >= 0.9) < 0.45  # the top tenth gets its uniform share plus HIGH_NOISE_SHARE
 
 
 def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
