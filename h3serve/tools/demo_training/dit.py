@@ -150,8 +150,7 @@ def train_dit(
 ) -> None:
     """AdamW over `steps` optimizer steps, linear warm-up then a cosine to a tenth of `lr`; each step draws a
     layout group (weighted by its size), `batch` of its examples (with replacement) and one base position
-    (`draw_base`). The
-    EMA weights are left in `dit`."""
+    (`draw_base`). The EMA weights are left in `dit`."""
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     groups = layout_groups(examples)
