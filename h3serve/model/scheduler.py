@@ -16,6 +16,11 @@ import torch
 from h3serve.names import SAMPLE_SOLVERS
 
 
+def shift_sigma(base: float | torch.Tensor, shift: float) -> float | torch.Tensor:
+    """The released ladder's σ at base position `base` (a float or a tensor): s·b / (1 + (s - 1)·b)."""
+    return shift * base / (1 + (shift - 1) * base)
+
+
 @dataclass(frozen=True)
 class FlowSchedule:
     sigmas: torch.Tensor  # [N + 1] fp32, strictly decreasing, ending at 0
@@ -31,12 +36,12 @@ class FlowSchedule:
             raise ValueError(f"steps counts denoiser forwards and must be >= 1, got {steps}")
         if positions is None:
             base = torch.linspace(1.0, 0.0, int(steps) + 1, dtype=torch.float32)
-            sigmas = torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
+            sigmas = torch.unique_consecutive(shift_sigma(base, shift))
         else:
             if len(positions) != steps + 1:
                 raise ValueError(f"{len(positions)} pinned positions do not make {steps} forwards")
             base = torch.tensor(positions, dtype=torch.float32)
-            sigmas = shift * base / (1 + (shift - 1) * base)
+            sigmas = shift_sigma(base, shift)
             if not bool((sigmas[1:] < sigmas[:-1]).all()):
                 raise ValueError(f"pinned positions {positions} collapse under shift {shift} in fp32")
         return cls(sigmas=sigmas, timesteps=1.0 - sigmas[:-1])

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from h3serve import limits
-from h3serve.model.scheduler import scale_noise
+from h3serve.model.scheduler import scale_noise, shift_sigma
 from h3serve.model.transformer import H3Transformer
 from h3serve.tools.demo_training.examples import Example
 
@@ -33,11 +33,6 @@ LossLog = Callable[[str, int, float], None]
 # batches is drawn from the top of the ladder instead.
 HIGH_NOISE_SHARE = 0.3
 HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
-
-
-def shifted(base: float, shift: float) -> float:
-    """The released schedule's σ for base position `base` (h3serve.model.scheduler.FlowSchedule.shifted)."""
-    return shift * base / (1 + (shift - 1) * base)
 
 
 @torch.no_grad()
@@ -89,7 +84,7 @@ def batch_loss(
     """The velocity MSE of a batch of same-layout examples at one base position (video and audio rows weighted
     alike, each averaged over its own rows)."""
     layout = items[0].layout
-    sigma_v, sigma_a = shifted(base, video_shift), shifted(base, audio_shift)
+    sigma_v, sigma_a = shift_sigma(base, video_shift), shift_sigma(base, audio_shift)
     video = torch.stack([e.video for e in items])  # [B, Nv, C·4]
     audio = torch.stack([e.audio for e in items])  # [B, 2·A, 32]
     eps_v = torch.randn(video.shape, generator=generator)
