@@ -9,6 +9,12 @@ and `Layout.row_times` lay them out. The loss is the velocity MSE on the generat
 Examples whose packed layouts are equal (same prompt length, same conditions) run as one batch: one forward of B
 rows costs ~0.6x of B forwards of one on the CPU. The DiT starts from a training initialisation (adaLN-Zero, zero
 output heads), and the weights kept are an exponential moving average of the trained ones.
+
+Training runs in two phases. The first (`prior_share` of the steps) draws every batch from the top of the ladder,
+where x_t holds nothing of the clip: the DiT learns which clip the prompt asks for (the object's colour, where it is
+in every latent frame, the pitch) before it learns to denoise, which it learns quickly. Trained on the whole ladder
+from the start, the DiT learns to read the clip from x_t first and its prediction at σ ≈ 1 hardly follows the
+prompt (docs/demo_world.md, runs S-S4).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ LossLog = Callable[[str, int, float], None]
 # batches is drawn from the top of the ladder instead.
 HIGH_NOISE_SHARE = 0.3
 HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
+PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ_a >= 0.92 (shift 3)
 
 
 @torch.no_grad()
@@ -105,8 +112,11 @@ def batch_loss(
     return video_loss + audio_loss
 
 
-def draw_base(rng: np.random.Generator) -> float:
-    """A base position: uniform, or with probability HIGH_NOISE_SHARE from the ladder's top HIGH_NOISE_SPAN."""
+def draw_base(rng: np.random.Generator, prior: bool = False) -> float:
+    """A base position: in the prior phase from the ladder's top PRIOR_SPAN; otherwise uniform, or with probability
+    HIGH_NOISE_SHARE from its top HIGH_NOISE_SPAN."""
+    if prior:
+        return 1.0 - PRIOR_SPAN * float(rng.random())
     if rng.random() < HIGH_NOISE_SHARE:
         return 1.0 - HIGH_NOISE_SPAN * float(rng.random())
     return float(rng.random())
@@ -142,10 +152,11 @@ def train_dit(
     lr: float = 2e-3,
     ema_decay: float = 0.995,
     warmup: int = 50,
+    prior_share: float = 0.0,
 ) -> None:
     """AdamW over `steps` optimizer steps, linear warm-up then a cosine to a tenth of `lr`; each step draws a
     layout group (weighted by its size), `batch` of its examples (with replacement) and one base position
-    (`draw_base`). The EMA weights are left in `dit`."""
+    (`draw_base`, the first `prior_share` of the steps in the prior phase). The EMA weights are left in `dit`."""
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     groups = layout_groups(examples)
@@ -153,6 +164,7 @@ def train_dit(
     dit.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(dit.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema = EMA(dit, ema_decay)
+    prior_steps = round(prior_share * steps)
     for step in range(steps):
         progress = step / max(1, steps - 1)
         scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
@@ -160,7 +172,7 @@ def train_dit(
             group["lr"] = lr * scale
         chosen = groups[int(rng.choice(len(groups), p=weights / weights.sum()))]
         items = [chosen[int(i)] for i in rng.integers(len(chosen), size=batch)]
-        loss = batch_loss(dit, items, generator, draw_base(rng))
+        loss = batch_loss(dit, items, generator, draw_base(rng, prior=step < prior_steps))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
         optimizer.step()

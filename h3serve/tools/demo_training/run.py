@@ -42,8 +42,9 @@ PRESET = "demo"
 TRAINING_FILE = "training.json"
 LOSS_PLOT = "losses.png"
 CLIP_FRAMES = 107  # 4 s: the demo's length and a continuation window's
-# 2.3 s (17·3 + 5): a third of the tokens and ~2.5x cheaper a step. Most DiT examples are short: the prompt's
-# colour, pitch and motion are the same at any length, and the long ones teach the demo's own positions.
+# 2.3 s (17·3 + 5): a third of the tokens and ~2.5x cheaper a step. The prompt's colour, pitch and motion are the
+# same at any length, but the demo's later frames are only in the long ones: trained on 70 % short clips, the object
+# faded into blocks after ~1 s of a 4 s clip (docs/demo_world.md, run S3), so about half the examples are long.
 SHORT_CLIP_FRAMES = 56
 CONTINUATION_FRAMES = 277  # three 107-frame windows with 22 frames of overlap
 
@@ -55,21 +56,23 @@ class Recipe:
     video_vae_steps: int = 1400
     audio_vae_steps: int = 800
     latent_stat_clips: int = 48  # 22-frame clips the latent statistics are measured on
-    t2va_clips: int = 80  # canonical starts, spread evenly over the 80 attribute combinations
-    t2va_short_clips: int = 240
+    t2va_clips: int = 120  # canonical starts, spread evenly over the 80 attribute combinations
+    t2va_short_clips: int = 160
     fl2va_clips: int = 60  # random-start clips, each laid out with first, last and both keyframes
-    fl2va_short_clips: int = 160
+    fl2va_short_clips: int = 100
     ref2va_clips: int = 60  # each laid out with and without a reference sound
-    ref2va_short_clips: int = 100
+    ref2va_short_clips: int = 80
     continuation_clips: int = 12  # each gives three windows
-    dit_steps: int = 2400
-    ref_dit_steps: int = 1200
+    dit_steps: int = 1800
+    ref_dit_steps: int = 700
     dit_batch: int = 8
+    prior_share: float = 0.4  # of each DiT's steps, at the top of the noise ladder (dit.train_dit)
     seed: int = 0
 
     def scaled(self, factor: float) -> Recipe:
         """The same recipe with every count multiplied by `factor` (at least 1): CI's few-step runs."""
-        return Recipe(**{k: v if k == "seed" else max(1, round(v * factor)) for k, v in asdict(self).items()})
+        return Recipe(**{k: v if k == "seed" or isinstance(v, float) else max(1, round(v * factor))
+                         for k, v in asdict(self).items()})
 
 
 Logger = Callable[[str, int, float], None]
@@ -122,12 +125,12 @@ def train_demo(
         plain, referenced = build_examples(builder, recipe, canvas)
         training_init_(components.transformer)
         train_dit(components.transformer, plain, recipe.dit_steps, recipe.seed + 3, bar.log, "transformer",
-                  batch=recipe.dit_batch)
+                  batch=recipe.dit_batch, prior_share=recipe.prior_share)
         # Ref2VA and continuation start from what T2VA/FL2VA learned (the world, the motions, the sounds): the
         # second DiT only has to learn to take the colour, the pitch and the start from its reference rows.
         components.transformer_ref.load_state_dict(components.transformer.state_dict())
         train_dit(components.transformer_ref, referenced, recipe.ref_dit_steps, recipe.seed + 4, bar.log,
-                  "transformer_ref", batch=recipe.dit_batch)
+                  "transformer_ref", batch=recipe.dit_batch, prior_share=recipe.prior_share)
         bar.close()
         out.mkdir(parents=True, exist_ok=True)
         _write_checkpoint(staging, out, components)

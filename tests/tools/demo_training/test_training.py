@@ -111,6 +111,8 @@ def test_ema_and_the_base_position_draw():
     bases = np.array([draw_base(np.random.default_rng(seed)) for seed in range(2000)])
     assert bases.min() >= 0.0 and bases.max() <= 1.0
     assert 0.3 < np.mean(bases >= 0.9) < 0.45  # the top tenth gets its uniform share plus HIGH_NOISE_SHARE
+    prior = np.array([draw_base(np.random.default_rng(seed), prior=True) for seed in range(200)])
+    assert prior.min() >= 0.8 and prior.max() <= 1.0 and prior.std() > 0.04
 
 
 def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
