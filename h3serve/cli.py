@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from h3serve.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
+from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
 from h3serve.tools import bench, compare, demo_cli, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
@@ -41,7 +41,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", required=True, help="output .mp4 path")
     p.add_argument("--model", help="checkpoint folder (default: the tiny checkpoint, built on first use)")
     p.add_argument("--aspect-ratio", help="W:H (16:9), a number (1.7778) or auto; beside --width/--height it must "
-                   "agree with them (h3serve/canvas.py)")
+                   "agree with them (h3serve/rules/canvas.py)")
     p.add_argument("--short-edge", type=int, help="canvas mode 768 (the checkpoint's canvas) or 1440")
     p.add_argument("--width", type=int, help="multiple of 32; with --height")
     p.add_argument("--height", type=int, help="multiple of 32")
@@ -110,13 +110,13 @@ class _AppendReference(argparse.Action):
 
 
 def _media(path: str | None, kind: str | None = None):
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     return None if path is None else MediaRef(path=Path(path), name=path, kind=kind)
 
 
 def _request_from_args(args: argparse.Namespace):
-    from h3serve.request import GenerationRequest
+    from h3serve.rules.request import GenerationRequest
 
     return GenerationRequest(
         prompt=args.prompt,
@@ -165,8 +165,8 @@ def _with_lora(request, args: argparse.Namespace, config):
 
 def _mask(text: str | None, flag: str):
     """A mask from JSON text, or from a file holding it (a value that does not start like JSON is a path)."""
-    from h3serve.edit_mask import MaskError, parse_mask_json
-    from h3serve.validate import RequestError
+    from h3serve.rules.edit_mask import MaskError, parse_mask_json
+    from h3serve.rules.validate import RequestError
 
     if text is None:
         return None
@@ -198,14 +198,14 @@ def _check_writable(flag: str, path: str | None) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.adapters.serving import engine_defaults
-    from h3serve.checkpoint_layout import read_layout
+    from h3serve.checkpoint.resolver import read_layout
     from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
     from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.rank.placement import device_memory_of, long_request_refusal
     from h3serve.rank.startup import check_engine
-    from h3serve.request import tasks_served
+    from h3serve.rules.request import tasks_served
 
     # Everything that can be refused is refused here, before a weight is read.
     try:

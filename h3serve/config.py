@@ -17,11 +17,11 @@ from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, lora_enabled
-from h3serve.checkpoint_layout import CheckpointError, read_layout
+from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
-from h3serve.names import TASK_TYPES
 from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
+from h3serve.rules.names import TASK_TYPES
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
 DTYPES = ("float32", "bfloat16", "float16")

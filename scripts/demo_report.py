@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from h3serve.accel.quant_config import parse_quantization
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.rank.checkpoint import load_components
 from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate

@@ -13,7 +13,7 @@ import argparse
 import matplotlib
 import numpy as np
 
-from h3serve import limits
+from h3serve.rules import limits
 from h3serve.tools.compare import decode_mp4
 from h3serve.tools.demo_model import DEMO_PROMPT
 

@@ -28,7 +28,7 @@ def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
-    from h3serve.checkpoint_layout import read_layout
+    from h3serve.checkpoint.resolver import read_layout
     from h3serve.model.pipeline import H3Pipeline
     from h3serve.rank.checkpoint import load_components
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from h3serve import geometry, limits
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.output import GenerationOutput
-from h3serve.names import TASKS
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules import geometry, limits
+from h3serve.rules.names import TASKS
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 TINY_DEFAULTS = ModelDefaults(canvas_short_edge=64, canvas_max_pixels=64 * 128)
 FAIL_PROMPT = "please fail"  # a rank raised: EngineError

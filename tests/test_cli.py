@@ -139,7 +139,7 @@ def test_unwritable_output_is_refused_before_generating(tiny_checkpoint, tmp_pat
 
 def test_sample_solver_flag_reaches_the_request():
     from h3serve.cli import _request_from_args, build_parser
-    from h3serve.validate import validate
+    from h3serve.rules.validate import validate
 
     args = build_parser().parse_args(["generate", "x", "-o", "o.mp4", "--sample-solver", " RES_Multistep"])
     assert validate(_request_from_args(args)).sample_solver == "res_multistep"

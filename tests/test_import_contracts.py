@@ -16,4 +16,4 @@ def test_import_contracts_hold():
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "3 kept, 0 broken" in run.stdout
+    assert "5 kept, 0 broken" in run.stdout

@@ -10,9 +10,9 @@ import h3serve.api
 import h3serve.engine
 import h3serve.jobstore
 
-LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint_layout", "h3serve.request", "h3serve.validate",
-          "h3serve.limits", "h3serve.geometry", "h3serve.long_video", "h3serve.edit_mask", "h3serve.cli",
-          "h3serve.tools.plan_cli", "h3serve.tools.serve_cli"]
+LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint.resolver", "h3serve.rules.request",
+          "h3serve.rules.validate", "h3serve.rules.limits", "h3serve.rules.geometry", "h3serve.rules.long_video",
+          "h3serve.rules.edit_mask", "h3serve.cli", "h3serve.tools.plan_cli", "h3serve.tools.serve_cli"]
 
 
 def _parent_modules() -> list[str]:

@@ -14,7 +14,7 @@ from h3serve.accel.quant_config import QuantizationConfig, fp8_gemm_refusal
 def dit_linear_names(folder: Path) -> list[str]:
     """The linear layers of the DiT whose config is in `folder` (built on the meta device)."""
     from h3serve.accel.quantize import linear_names
-    from h3serve.checkpoint_layout import read_json
+    from h3serve.checkpoint.resolver import read_json
     from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 
     with torch.device("meta"):
@@ -26,8 +26,8 @@ def text_linear_names(folder: Path) -> list[str]:
     """The linear layers of the truncated `Qwen3VLModel` the text conditioner loads (meta device)."""
     from transformers import AutoConfig, Qwen3VLModel
 
-    from h3serve import limits
     from h3serve.accel.quantize import linear_names
+    from h3serve.rules import limits
 
     config = AutoConfig.from_pretrained(folder)
     config.text_config.num_hidden_layers = min(config.text_config.num_hidden_layers, limits.TEXT_ENCODER_LAYER + 1)

@@ -30,7 +30,7 @@ from torch.distributed import ProcessGroup
 
 from h3serve.accel.fp8 import FP8, Fp8Linear, Fp8Twin, quantize_fp8, weight_amax
 from h3serve.accel.quant_config import ComponentQuant
-from h3serve.weights import aligned
+from h3serve.checkpoint.weights import aligned
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Rename = Callable[[str], tuple[str, ...]]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import LoraFile, inspect_lora
-from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, TurboContract, check_key_format, parse_turbo_name, turbo_file_in
+from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, check_key_format, parse_turbo_name, turbo_file_in
 from h3serve.errors import ConfigError, RequestError
+from h3serve.rules.adapter_choice import AdapterChoice
 
 DEFAULT_SLOT_RANK = 128  # the released Turbo files' rank: what an allow-listed directory may bring
 SCALE_LIMIT = 10.0
@@ -33,25 +34,6 @@ class LoraField:
     path: str | None = None
     scale: float | None = None
     int_id: int | None = None
-
-
-@dataclass(frozen=True)
-class AdapterChoice:
-    """A resolved adapter for one request: the file to read, the request scale, what the file promises."""
-
-    name: str
-    path: str  # the .safetensors file
-    scale: float  # the request's scale; the layers use scale · alpha / rank
-    int_id: int
-    rank: int
-    alpha: float
-    turbo: TurboContract | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict) -> AdapterChoice:
-        """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
-        turbo = data.get("turbo")
-        return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo)})
 
 
 def adapter_file(path: Path) -> Path:

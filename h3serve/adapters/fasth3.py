@@ -21,7 +21,6 @@ MANIFEST = "adapter_manifest.json"
 # Its pinned schedule: sigma positions before the checkpoint's shifts, 4 forwards, text-to-video+audio only.
 POSITIONS = (0.999, 0.749, 0.5, 0.25, 0.0)
 FORWARDS = 4
-TASKS = ("t2va",)
 _LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 

@@ -6,17 +6,28 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.peft import target_shapes
-
-if TYPE_CHECKING:
-    from h3serve.config import EngineConfig
-    from h3serve.validate import ModelDefaults
+from h3serve.rules.defaults import ModelDefaults
 
 DITS = ("transformer", "transformer_ref")
+
+
+class AdapterFlags(Protocol):
+    """The engine flags this module reads (`h3serve.config.EngineConfig` has them)."""
+
+    model: Path
+    dit_adapter: str | None
+    lora_paths: tuple[tuple[str, str], ...]
+    lora_dir: str | None
+    lora_scale: float
+    max_lora_rank: int | None
+
+    @property
+    def dits(self) -> tuple[str, ...]: ...
 
 
 def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
@@ -28,23 +39,23 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
     raise AdapterError(f"{model}: none of the DiTs {', '.join(dits)} has a config.json")
 
 
-def engine_defaults(config: EngineConfig, defaults: ModelDefaults) -> ModelDefaults:
+def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefaults:
     """The checkpoint's request defaults under a fused FastH3 adapter: its pinned schedule, T2VA only."""
     if config.dit_adapter is None:
         return defaults
     from h3serve.adapters.fasth3 import POSITIONS, adapter_path
-    from h3serve.schedule import PinnedSchedule
+    from h3serve.rules.schedule import PinnedSchedule
 
     name = adapter_path(config.dit_adapter).name
     pin = PinnedSchedule(owner=f"the fused FastH3 adapter {name}", positions=POSITIONS)
     return dataclasses.replace(defaults, pinned_schedule=pin, fused_adapter=name)
 
 
-def lora_enabled(config: EngineConfig) -> bool:
+def lora_enabled(config: AdapterFlags) -> bool:
     return bool(config.lora_paths) or config.lora_dir is not None
 
 
-def catalog_for(config: EngineConfig, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
+def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
     """The engine's adapter catalog (None without --lora-path/--lora-dir); `AdapterError` on a bad adapter."""
     if not lora_enabled(config):
         return None

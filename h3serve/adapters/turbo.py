@@ -8,33 +8,14 @@ otherwise, the audio shift 3. Alpha comes from the metadata, else LightX2V's def
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError
-from h3serve.errors import RequestError
-from h3serve.schedule import PinnedSchedule
+from h3serve.rules.adapter_choice import TurboContract
 
 TURBO_NAME = re.compile(r"^minimax_h3_(fl2v|ref2v)_turbo_(\d+)step_v(\d+\.\d+)(_768p)?(_bf16)?\.safetensors$")
 TURBO_DEFAULT_ALPHA = 8.0
 KEY_FORMATS = (None, "minimax-h3-diffusers")
-_TASKS = {"fl2v": ("t2va", "fl2va"), "ref2v": ("ref2va",)}
-
-
-@dataclass(frozen=True)
-class TurboContract:
-    """What a Turbo file's name promises: the tasks it serves, its forward count and its shifts."""
-
-    file_name: str
-    family: str  # fl2v | ref2v
-    forwards: int
-    version: str
-    flow_shift: float
-    audio_flow_shift: float = 3.0
-
-    @property
-    def tasks(self) -> tuple[str, ...]:
-        return _TASKS[self.family]
 
 
 def parse_turbo_name(name: str) -> TurboContract | None:
@@ -61,16 +42,3 @@ def check_key_format(contract: TurboContract, metadata: dict[str, str]) -> None:
     fmt = metadata.get("key_format")
     if fmt not in KEY_FORMATS:
         raise AdapterError(f"{contract.file_name}: metadata key_format {fmt!r}; expected minimax-h3-diffusers")
-
-
-def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
-    """The schedule a request naming a Turbo adapter runs: the contract's forward count and shifts (a request may
-    omit or restate them; h3serve.schedule refuses others). `RequestError` on a task the artifact does not serve."""
-    if task not in contract.tasks:
-        raise RequestError("lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}")
-    return PinnedSchedule(
-        owner=f"the {contract.forwards}-step Turbo adapter {adapter} ({contract.file_name})",
-        steps=contract.forwards,
-        flow_shift=contract.flow_shift,
-        audio_flow_shift=contract.audio_flow_shift,
-    )

@@ -16,11 +16,11 @@ from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from h3serve import limits
 from h3serve.api.brackets import BracketError, base_name, unflatten
 from h3serve.api.coerce import parse_json
 from h3serve.api.errors import APIError, bad_request
 from h3serve.api.percent import form_pairs
+from h3serve.rules import limits
 
 MULTIPART = "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"

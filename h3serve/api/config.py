@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3serve import limits
 from h3serve.errors import ConfigError
 from h3serve.jobstore.postgres import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.rules import limits
 
 MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
 

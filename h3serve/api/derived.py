@@ -27,7 +27,6 @@ from typing import Any
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from h3serve import limits
 from h3serve.api.body import RequestBody, read_body
 from h3serve.api.coerce import as_json
 from h3serve.api.context import ServerContext
@@ -39,8 +38,9 @@ from h3serve.api.request_reader import read_request_fields
 from h3serve.api.submission import check_model, ensure_capacity, queue_request, with_lora
 from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import RequestError, resolve_long_video_mode, resolve_task
+from h3serve.rules import limits
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import RequestError, resolve_long_video_mode, resolve_task
 
 VIDEO_FIELD = "video"
 REMIX_NOISE = 0.85  # a long video's remix: the latent-mask level over the whole clip (1 = generate, 0 = keep)

@@ -18,7 +18,7 @@ from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
-from h3serve.validate import RequestError
+from h3serve.rules.validate import RequestError
 
 log = logging.getLogger("h3serve.api")
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from h3serve.api.coerce import preview
 from h3serve.api.errors import APIError
 from h3serve.api.request_model import VideoCreateFields
-from h3serve.names import SAMPLE_SOLVERS
+from h3serve.rules.names import SAMPLE_SOLVERS
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _EXAMPLES = {"size": "1344x768 (WIDTHxHEIGHT)", "aspect_ratio": "16:9 (W:H), a number such as 1.7778, or auto",

@@ -10,11 +10,11 @@ from typing import Any
 
 from starlette.datastructures import UploadFile
 
-from h3serve import limits
 from h3serve.api.body import RequestBody
 from h3serve.api.coerce import as_json, as_text
 from h3serve.api.errors import bad_request
-from h3serve.request import MediaKind
+from h3serve.rules import limits
+from h3serve.rules.request import MediaKind
 
 URL_PREFIXES = ("http://", "https://", "data:")
 

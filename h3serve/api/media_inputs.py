@@ -1,7 +1,7 @@
 """Store a request's media (uploads and URL downloads) as files in the job's input folder.
 
 The files live under the data dir, so a job that is re-run after a restart still finds them. The intake's
-per-file byte limits (`h3serve.limits.MAX_*_BYTES`) apply by the file's kind: read from its bytes when they
+per-file byte limits (`h3serve.rules.limits.MAX_*_BYTES`) apply by the file's kind: read from its bytes when they
 are recognisable, else what the field declares; a file of unknown kind gets the largest limit and is left
 to the media intake to reject.
 """
@@ -18,14 +18,14 @@ from typing import BinaryIO
 
 from starlette.datastructures import UploadFile
 
-from h3serve import limits
 from h3serve.api.errors import APIError
 from h3serve.api.media_fields import SOURCE_FIELDS, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES
 from h3serve.media.raw import atomic_output
 from h3serve.media.sniff import HEAD_BYTES, identify, read_head
-from h3serve.request import MediaKind, MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaKind, MediaRef
 
 BYTE_LIMITS: dict[MediaKind, int] = MAX_BYTES  # the intake's own per-kind limits, applied before it runs
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

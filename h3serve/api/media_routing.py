@@ -17,7 +17,7 @@ import dataclasses
 from h3serve.api.errors import bad_request
 from h3serve.api.media_fields import SOURCE_FIELDS
 from h3serve.api.media_inputs import StoredMedia
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.request import GenerationRequest, MediaRef
 
 FIRST, LAST = 0, -1
 KEYFRAME_FIELD = "input_reference"

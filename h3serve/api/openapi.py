@@ -6,10 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from h3serve import limits
 from h3serve.api.media_fields import URL_PREFIXES
 from h3serve.api.request_model import CROSS_FIELD_RULES, VideoCreateFields
 from h3serve.api.schemas import ErrorBody
+from h3serve.rules import limits
 
 _URL_PATTERN = "^\\s*(" + "|".join(URL_PREFIXES) + ")"  # the prefixes media_fields reads as URLs
 _URL = {"type": "string", "pattern": _URL_PATTERN, "description": "an http(s) URL or a data: URL"}

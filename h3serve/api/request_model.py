@@ -24,14 +24,14 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from h3serve import limits
 from h3serve.adapters.catalog import LoraField, parse_lora_field
 from h3serve.api.coerce import as_json
 from h3serve.api.errors import bad_request
-from h3serve.canvas import SHORT_EDGE_MODES
 from h3serve.errors import RequestError
-from h3serve.names import DEFAULT_SAMPLE_SOLVER, SAMPLE_SOLVERS, AudioMode, LongVideoMode, Quality, Task
-from h3serve.request import GenerationRequest
+from h3serve.rules import limits
+from h3serve.rules.canvas import SHORT_EDGE_MODES
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, SAMPLE_SOLVERS, AudioMode, LongVideoMode, Quality, Task
+from h3serve.rules.request import GenerationRequest
 
 _SIZE_PATTERN = r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$"
 
@@ -47,7 +47,7 @@ GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WI
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
 _RATIO_NUMBER = r"\d{1,3}(\.\d{1,6})?"
 # W:H (or WxH, W/H), one number (W/H), or auto/adaptive; a JSON number is a ratio too. The canvas rule is
-# h3serve/canvas.py (and CANVAS_RULE below, which the OpenAPI description states).
+# h3serve/rules/canvas.py (and CANVAS_RULE below, which the OpenAPI description states).
 Ratio = (
     Annotated[str, Field(pattern=rf"^\s*(?:(?i:auto|adaptive)|{_RATIO_NUMBER}(?:\s*[:xX/]\s*{_RATIO_NUMBER})?)\s*$")]
     | Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
@@ -118,7 +118,7 @@ class Target(_Strict):
 
 
 class LongVideoFields(_Strict):
-    """Long video options (h3serve/long_video.py), accepted at the top level and in extra_params."""
+    """Long video options (h3serve/rules/long_video.py), accepted at the top level and in extra_params."""
 
     long_video: bool | None = Field(None, description="allow up to 30 s (full) or 300 s (continuation)")
     long_video_mode: LongVideoMode | None = Field(

@@ -6,7 +6,7 @@ and editing options (also accepted in extra_params, which wins), the masks (JSON
 and the media fields (media_fields). `extra_params` keys win over top-level fields (as in vLLM-Omni): task,
 duration, duration_seconds, aspect_ratio, short_edge, flow_shift, audio_flow_shift, frame_indices, frame_index,
 sample_solver (extra_params only) and `target` {duration_seconds, aspect_ratio, short_edge, frame_indices}. The
-canvas rule is h3serve/canvas.py. Anything else is refused with a 400 that names it; so is a field sent twice.
+canvas rule is h3serve/rules/canvas.py. Anything else is refused with a 400 that names it; so is a field sent twice.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from h3serve import limits
 from h3serve.api.body import RequestBody
 from h3serve.api.coerce import as_object, reject_unknown
 from h3serve.api.errors import bad_request
 from h3serve.api.field_errors import field_error
 from h3serve.api.media_fields import MEDIA_FIELDS
 from h3serve.api.request_model import MASK_FIELDS, SCALAR_FIELDS, ExtraParams, Target, VideoCreateFields
-from h3serve.edit_mask import MaskError, parse_mask_json
+from h3serve.rules import limits
+from h3serve.rules.edit_mask import MaskError, parse_mask_json
 
 EXTRA_KEYS = tuple(ExtraParams.model_fields)
 TARGET_KEYS = tuple(Target.model_fields)

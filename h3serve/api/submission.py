@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from h3serve import limits
 from h3serve.adapters.catalog import LoraField
 from h3serve.api.body import read_body
 from h3serve.api.context import ServerContext
@@ -28,8 +27,9 @@ from h3serve.engine.admission import TooCostly
 from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError
-from h3serve.request import GenerationRequest
-from h3serve.validate import RequestError
+from h3serve.rules import limits
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import RequestError
 
 Wait = Callable[[Callable[[], Awaitable[Job]]], Awaitable[Job]]
 

@@ -12,10 +12,10 @@ video the model card offers passes by default too; `--max-request-cost` sets one
 
 from __future__ import annotations
 
-from h3serve import geometry, limits
 from h3serve.errors import ClientError
-from h3serve.long_video import max_duration_s
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules import geometry, limits
+from h3serve.rules.long_video import max_duration_s
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 COST_UNIT = 1e6
 DEFAULT_STEPS_FACTOR = 2  # the default limit allows twice the default number of steps at the largest canvas

@@ -29,7 +29,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ConfigError, ServerError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 ProgressCallback = Callable[[int, int], None]
 SPOOL_PREFIX = "h3serve-spool-"

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from h3serve.engine.job_types import JobListener, StartListener
-from h3serve.validate import GenerationPlan
+from h3serve.rules.validate import GenerationPlan
 
 
 @dataclass

@@ -9,13 +9,13 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from h3serve import limits
 from h3serve.engine.artifacts import discard_files, write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.job_book import ActiveJob
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.rules import limits
 
 if TYPE_CHECKING:
     from h3serve.engine.jobs import JobManager

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from h3serve.engine.job_outcome import job_error
 from h3serve.engine.planning import plan_request
 from h3serve.media.intake import MediaError
-from h3serve.validate import RequestError
+from h3serve.rules.validate import RequestError
 
 if TYPE_CHECKING:
     from h3serve.engine.jobs import JobManager

@@ -15,7 +15,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import plan_request
 from h3serve.jobstore.records import Job
 from h3serve.media.intake import MediaError
-from h3serve.validate import GenerationPlan, RequestError
+from h3serve.rules.validate import GenerationPlan, RequestError
 
 if TYPE_CHECKING:
     from h3serve.engine.jobs import JobManager

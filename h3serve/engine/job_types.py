@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 if TYPE_CHECKING:
     from h3serve.media.mp4 import EncoderOptions

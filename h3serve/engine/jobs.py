@@ -40,8 +40,8 @@ from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.request import GenerationRequest
-from h3serve.validate import ModelDefaults
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import ModelDefaults
 
 DEFAULT_RETRY_AFTER_S = 30
 DEFAULT_LEASE_S = 30.0  # a dead server's job is claimed again this long after its last renewal

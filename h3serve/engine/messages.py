@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from h3serve.media import intake
 from h3serve.media.source import check_source, frames_at_24fps
-from h3serve.request import GenerationRequest
-from h3serve.validate import (
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import (
     GenerationPlan,
     ModelDefaults,
     RequestError,

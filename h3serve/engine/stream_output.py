@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from h3serve import limits
 from h3serve.engine.artifacts import preview_indices, write_previews
 from h3serve.media.mp4 import EncoderOptions, Mp4Writer
+from h3serve.rules import limits
 
 
 class _PreviewKeeper:

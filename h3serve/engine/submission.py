@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from h3serve.engine.admission import check_cost, default_max_cost
 from h3serve.engine.planning import plan_request
 from h3serve.jobstore.records import Job
-from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 
 @dataclass(frozen=True)

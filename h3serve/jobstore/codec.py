@@ -10,9 +10,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from h3serve.adapters.catalog import AdapterChoice
 from h3serve.jobstore.records import Job, JobError
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.request import GenerationRequest, MediaRef
 
 log = logging.getLogger("h3serve.store")
 COLUMNS = tuple(f.name for f in fields(Job) if f.name != "seq")

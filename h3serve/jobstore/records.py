@@ -6,9 +6,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from h3serve import limits
-from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan
+from h3serve.rules import limits
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import GenerationPlan
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed"]
 JOB_STATUSES: tuple[JobStatus, ...] = get_args(JobStatus)

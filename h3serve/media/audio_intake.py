@@ -10,10 +10,10 @@ import av
 import numpy as np
 from av.audio.resampler import AudioResampler
 
-from h3serve import limits
 from h3serve.media.media_checks import ACCEPTED, check_clip_duration, inspect_file, reason, too_long
 from h3serve.media.media_errors import MediaDecodeError, MediaError, MediaFormatError
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 _AUDIO_CONTAINERS = {"wav": "wav", "mp3": "mp3"}
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from h3serve import limits
 from h3serve.media.media_checks import ACCEPTED, check_image_size, inspect_file, reason
 from h3serve.media.media_errors import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 _IMAGE_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "heif": "HEIF"}  # sniffed name -> PIL format
 

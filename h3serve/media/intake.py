@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from h3serve import limits
 from h3serve.media.audio_intake import AudioMedia, load_audio, resample_audio
 from h3serve.media.image_intake import ImageMedia, load_image
 from h3serve.media.media_checks import MAX_BYTES, inspect_file
@@ -33,7 +32,8 @@ from h3serve.media.media_errors import (
 )
 from h3serve.media.sniff import sniff
 from h3serve.media.video_intake import FrameReducer, ReduceVideo, VideoMedia, load_video
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 __all__ = [
     "MAX_BYTES",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
-from h3serve import limits
 from h3serve.media.media_errors import MediaDecodeError, MediaFormatError, MediaLimitError, one_line
 from h3serve.media.sniff import Format, Kind, identify, read_head
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 # Per-file byte limit by kind (the server applies it while storing uploads and downloads, too).
 MAX_BYTES: dict[Kind, int] = {

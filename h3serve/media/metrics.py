@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from h3serve import limits
+from h3serve.rules import limits
 
 _CHUNK_FRAMES = 16
 MEL_N_FFT = 1024

@@ -10,8 +10,8 @@ import av
 import numpy as np
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation
 
-from h3serve import limits
 from h3serve.media.raw import PathLike, atomic_output, validate_media
+from h3serve.rules import limits
 
 AAC_FRAME_SAMPLES = 1024
 AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)

@@ -16,10 +16,10 @@ import numpy as np
 from av.audio.resampler import AudioResampler
 from PIL import Image
 
-from h3serve import limits
 from h3serve.media.intake import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
 from h3serve.media.sniff import Kind, identify, read_head
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 _CONTAINERS = {"mp4": "mov", "wav": "wav", "mp3": "mp3"}
 ACCEPTED = {"video": "MP4/MOV (H.264/H.265)", "audio": "WAV or MP3"}

@@ -11,11 +11,11 @@ from typing import Protocol
 import av
 import numpy as np
 
-from h3serve import limits
 from h3serve.media.audio_intake import AudioCollector, AudioMedia, codec_name, max_clip_samples
 from h3serve.media.media_checks import ACCEPTED, check_aspect, check_clip_duration, inspect_file, reason, too_long
 from h3serve.media.media_errors import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 _VIDEO_CONTAINERS = {"mp4": "mov", "matroska": "matroska", "mpegts": "mpegts"}  # sniffed name -> FFmpeg demuxer
 _VIDEO_CODECS = {"h264": "H.264", "hevc": "H.265"}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve import geometry, limits
+from h3serve.rules import geometry, limits
 
 VIDEO_SAMPLE_FPS = 2.0  # the conditioner reads reference videos at 2 fps
 TEMPORAL_PATCH = 2  # ... and merges sampled frames in pairs

@@ -1,4 +1,4 @@
-"""Long video by continuation (windows planned in `h3serve.long_video`), mixed into `H3Pipeline`.
+"""Long video by continuation (windows planned in `h3serve.rules.long_video`), mixed into `H3Pipeline`.
 
 Each window is a Ref2VA pass over its own frames; the previous window's last overlap latents ride along as a
 latent guide on the RoPE positions of the window's first latents. A latent-mask edit (masks on the whole video's
@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from h3serve import limits
-from h3serve.long_video import Window, window_seed
 from h3serve.model.conditioning import Presentation
+from h3serve.model.decoder import SourceHead
 from h3serve.model.encode_inputs import reference_encoded
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import ReferenceBlock
@@ -28,8 +27,9 @@ from h3serve.model.pipeline_types import (
     StepCallback,
     Target,
 )
-from h3serve.model.streaming import SourceHead
-from h3serve.validate import GenerationPlan
+from h3serve.rules import limits
+from h3serve.rules.long_video import Window, window_seed
+from h3serve.rules.validate import GenerationPlan
 
 
 @dataclass

@@ -7,7 +7,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve import limits
 from h3serve.model.conditioning import (
     ImageReference,
     Presentation,
@@ -25,7 +24,8 @@ from h3serve.model.layout import ReferenceBlock, build_keyframe_layout, build_re
 from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, ReferenceMedia, StageClock, Target
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
-from h3serve.validate import GenerationPlan
+from h3serve.rules import limits
+from h3serve.rules.validate import GenerationPlan
 
 VideoBlocks = list[tuple[int, list[float]]]  # (tokens per block, block timestamps) per video reference
 

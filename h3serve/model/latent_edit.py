@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from h3serve import limits
 from h3serve.model.layout import patchify
 from h3serve.model.scheduler import scale_noise
+from h3serve.rules import limits
 
 MASK_QUANTUM = 256  # the model mask is rounded up to 1/256 (few distinct timesteps, never below the raw mask)
 

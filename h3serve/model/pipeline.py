@@ -12,9 +12,7 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-from h3serve import limits
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
-from h3serve.model.audio_windows import decode_windows
 from h3serve.model.conditioning import (
     Presentation,
     Reference,
@@ -22,6 +20,7 @@ from h3serve.model.conditioning import (
     encode_visual_condition,
 )
 from h3serve.model.continuation import ContinuationMixin
+from h3serve.model.decoder import Decoder, SourceHead
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import (
@@ -46,10 +45,10 @@ from h3serve.model.pipeline_types import (
 )
 from h3serve.model.scheduler import FlowSchedule, FlowSolver, scale_noise
 from h3serve.model.step_times import StepTimes, step_times
-from h3serve.model.streaming import SourceHead, stream_decode
 from h3serve.model.transformer import H3Transformer, PackedLayout
-from h3serve.names import DEFAULT_SAMPLE_SOLVER
-from h3serve.validate import GenerationPlan
+from h3serve.rules import limits
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
+from h3serve.rules.validate import GenerationPlan
 
 
 def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
@@ -78,6 +77,7 @@ class H3Pipeline(ContinuationMixin):
         self.hooks = hooks or NoHooks()
         self.cache = cache
         self.adaln = adaln
+        self.decoder = Decoder(components, self.device)
 
     @torch.no_grad()
     def generate(
@@ -238,16 +238,7 @@ class H3Pipeline(ContinuationMixin):
         head: SourceHead | None = None,
     ) -> GenerationResult:
         clock.durations["denoise_per_step"] = clock.durations["denoise"] / max(1, clock.steps)
-        if sink is not None:
-            return stream_decode(self, video_latents, audio_latents, clock, cache, sink, head)
-        # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
-        with clock("video_decode"):
-            video = self.decode_video(video_latents).cpu()
-        with clock("audio_decode"):
-            audio = self.decode_audio(audio_latents).cpu()
-        return GenerationResult.decoded(
-            video, audio, (video_latents, audio_latents), clock.durations, cache, video.shape[0]
-        )
+        return self.decoder.decode(video_latents, audio_latents, clock, cache, sink, head)
 
     # -- conditioning ----------------------------------------------------------------------------------------
 
@@ -334,29 +325,3 @@ class H3Pipeline(ContinuationMixin):
         name = "transformer_ref" if transformer is self.components.transformer_ref else "transformer"
         tags = layout.packed.token_tags
         return self.adaln.prepare(name, transformer, steps, tags, self.device, self.hooks.weights)
-
-    def denormalised_video(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised latents -> the VAE decoder's input, on the device and in its dtype."""
-        vae = self.components.vae
-        mean = torch.tensor(vae.config.latents_mean, device=self.device).view(1, -1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std, device=self.device).view(1, -1, 1, 1, 1)
-        return (latents.to(self.device) * std + mean).to(vae.post_quant_conv.weight.dtype)
-
-    def decode_video(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised latents [1, 24, F, lh, lw] -> frames [T, H, W, 3] fp32 in [0, 1] (tiled, chunked VAE)."""
-        x = self.components.vae.decode(self.denormalised_video(latents), return_dict=False)[0]  # [1, 3, T, H, W]
-        pix_mean = torch.tensor(limits.PIXEL_MEAN, device=self.device).view(1, -1, 1, 1, 1)
-        pix_std = torch.tensor(limits.PIXEL_STD, device=self.device).view(1, -1, 1, 1, 1)
-        # In place on the decoder's own output (a copy only if the VAE ran in bf16): the same values as
-        # `(x * std + mean).clamp(0, 1)` without two more frame-sized temporaries at the request's memory peak.
-        x = x.float().mul_(pix_std).add_(pix_mean).clamp_(0, 1)
-        return x[0].permute(1, 2, 3, 0).contiguous()
-
-    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised latents [2, 32, A] -> stereo waveform [2, 800·A] fp32 in [-1, 1], decoded in bounded latent
-        windows (h3serve.model.audio_windows) in both decode modes."""
-        avae = self.components.audio_vae
-        mean = torch.tensor(avae.config.latents_mean, device=self.device).view(1, -1, 1)
-        std = torch.tensor(avae.config.latents_std, device=self.device).view(1, -1, 1)
-        wave = decode_windows(avae, latents.to(self.device) * std + mean)  # [2, 1, N]
-        return wave.float()[:, 0]

@@ -21,8 +21,8 @@ from h3serve.model.layout import Layout, ReferenceBlock
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer
 from h3serve.model.vision_inputs import VisionProcessorConfig
-from h3serve.request import tasks_served
-from h3serve.validate import GenerationPlan
+from h3serve.rules.request import tasks_served
+from h3serve.rules.validate import GenerationPlan
 
 StepCallback = Callable[[int, int], None]  # (steps done, total); may raise to abort the request
 

@@ -2,7 +2,7 @@
 
 Conventions: t = 1 - sigma and t = 1 is clean; the model predicts a data-ward velocity (x0 = x_t + sigma·v).
 `steps` = N counts denoiser forwards (vLLM-Omni's meaning): N + 1 sigma points including the terminal 0, which
-is diffusers' MiniMaxH3Scheduler at `num_inference_steps = N + 1`, bit for bit. See h3serve/schedule.py.
+is diffusers' MiniMaxH3Scheduler at `num_inference_steps = N + 1`, bit for bit. See h3serve/rules/schedule.py.
 `FlowSolver` steps one modality on its own schedule, keeping what a multistep method needs between steps.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h3serve.names import SAMPLE_SOLVERS
+from h3serve.rules.names import SAMPLE_SOLVERS
 
 
 def shift_sigma(base: float | torch.Tensor, shift: float) -> float | torch.Tensor:

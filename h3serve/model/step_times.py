@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from h3serve import limits
 from h3serve.model.latent_edit import MaskedTarget
 from h3serve.model.layout import Layout, Role
 from h3serve.model.scheduler import FlowSchedule
+from h3serve.rules import limits
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from h3serve import limits
 from h3serve.model.tile_stitch import decode_clip
+from h3serve.rules import limits
 
 
 def _pad_frames(vae: nn.Module, latent_frames: int, pad_tokens: int, chunk: int) -> int:

@@ -40,11 +40,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from h3serve import geometry, limits
 from h3serve.model.audio_windows import ALIGNMENT, WINDOW_LATENTS
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.inventory import Inventory, TextShape, VaeShape
 from h3serve.parallel.degrees import ParallelDegrees
+from h3serve.rules import geometry, limits
 
 HIDDEN_STATES_KEPT = limits.TEXT_ENCODER_LAYER + 2  # embeddings + 51 layer outputs
 VAE_CLIP_LATENTS = 7  # one temporal decode chunk: 5 latents + 2 overlap -> 28 frames

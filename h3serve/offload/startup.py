@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from h3serve import geometry, limits
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import AUTO, OffloadConfig
 from h3serve.offload.inventory import Inventory
 from h3serve.offload.plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.planner import Runtime, plan_placement
-from h3serve.request import tasks_served
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules import geometry, limits
+from h3serve.rules.request import tasks_served
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 DEFAULT_HEADROOM = GiB  # kept free above the estimate: fragmentation the allocator cannot reuse, late kernels
 

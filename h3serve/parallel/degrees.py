@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from h3serve.checkpoint_layout import CheckpointError, read_layout
+from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.model.transformer_config import H3TransformerConfig
 

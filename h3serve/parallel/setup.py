@@ -112,8 +112,8 @@ class RankParallel:
         load_device = load_device or device
         from transformers import AutoConfig, AutoTokenizer
 
-        from h3serve import limits
         from h3serve.parallel.text_encoder import ParallelTextConditioner, load_text_encoder_shard
+        from h3serve.rules import limits
 
         if self.runs_encoder_whole:
             whole = load_whole(folder, tokenizer_folder, dtype, load_device)

@@ -18,10 +18,10 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from h3serve.accel.quantize import prepare_fp8, quantizing
-from h3serve.checkpoint_layout import CheckpointError, safetensors_files
+from h3serve.checkpoint.resolver import CheckpointError, safetensors_files
+from h3serve.checkpoint.weights import materialize
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.parallel.tensor_parallel import TensorParallel, iter_sharded
-from h3serve.weights import materialize
 
 # Names relative to `Qwen3VLModel`. HF's attention derives the head count from the projection's width
 # (`view(..., -1, head_dim)`), and heads and KV heads shrink by the same factor, so the GQA ratio is unchanged.

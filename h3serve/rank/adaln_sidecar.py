@@ -33,8 +33,8 @@ from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.scheduler import FlowSchedule
 from h3serve.model.step_times import step_times
 from h3serve.model.transformer import H3Transformer
-from h3serve.request import GenerationRequest
-from h3serve.validate import ModelDefaults, validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import ModelDefaults, validate
 
 FORMAT = "h3serve-adaln-sidecar-1"
 Log = Callable[[str], None]

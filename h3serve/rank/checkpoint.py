@@ -1,6 +1,7 @@
 """Loading an H3 checkpoint inside a rank process: the DiTs, VAEs, text conditioner and processor settings.
 
-Weights are never read whole (h3serve.weights); a sharded folder (`*.safetensors.index.json`) and a single file
+Weights are never read whole (h3serve.checkpoint.weights); a sharded folder (`*.safetensors.index.json`) and a single
+file
 load the same way; diffusers and native key names both work.
 """
 
@@ -13,17 +14,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from h3serve import native_config
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import load_stored_fp8, prepare_fp8, quantizing
-from h3serve.checkpoint_files import file_metadata, safetensors_header, weight_keys
-from h3serve.checkpoint_layout import CheckpointError, CheckpointLayout, read_json, safetensors_files
+from h3serve.checkpoint import native_config
+from h3serve.checkpoint.files import file_metadata, safetensors_header, weight_keys
+from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
+from h3serve.checkpoint.weights import iter_tensors, materialize, realign
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.rank import fasth3 as fuse_adapter
 from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
-from h3serve.weights import iter_tensors, materialize, realign
 
 if TYPE_CHECKING:
     from h3serve.parallel.setup import RankParallel
@@ -180,9 +181,9 @@ def load_text_conditioner(
     from transformers import AutoConfig, AutoTokenizer, Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
-    from h3serve import limits
     from h3serve.model.text_encoder import TextConditioner
     from h3serve.parallel.text_encoder import checkpoint_module_names
+    from h3serve.rules import limits
 
     config = AutoConfig.from_pretrained(folder)
     total = config.text_config.num_hidden_layers
@@ -284,7 +285,7 @@ def load_components(
         vae = load_native_video_vae(layout.component("vae"), dtype, where("vae"))
     else:
         vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
-        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.weights
+        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.checkpoint.weights
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
     if layout.is_native("audio_vae"):
         audio_vae = load_native_audio_vae(layout.component("audio_vae"), where("audio_vae"))

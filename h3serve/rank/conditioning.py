@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from h3serve import limits
 from h3serve.media import intake
 from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (
@@ -17,7 +16,8 @@ from h3serve.model.conditioning import (
     prepare_keyframes,
 )
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.validate import GenerationPlan, ModelDefaults
+from h3serve.rules import limits
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 
 def reference_audio_tensor(audio: intake.AudioMedia, max_seconds: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.adapters.serving import engine_defaults
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
@@ -32,8 +32,8 @@ from h3serve.rank.memory import PeakMemory
 from h3serve.rank.placement import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.rank.quantization import resolve_kernel
 from h3serve.rank.startup import RankDevice, check_engine, cpu_threads, start_up_notices
-from h3serve.request import GenerationRequest
-from h3serve.validate import GenerationPlan, RequestError
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import GenerationPlan, RequestError
 
 
 class LocalEngine:

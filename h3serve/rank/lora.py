@@ -31,11 +31,12 @@ from safetensors import safe_open
 from torch import nn
 
 from h3serve.accel.fp8 import Fp8Linear
-from h3serve.adapters.catalog import AdapterChoice, lora_file
+from h3serve.adapters.catalog import lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.model.transformer import H3Transformer
 from h3serve.parallel.comm import all_reduce_wide
 from h3serve.parallel.tensor_parallel import Fp8RowParallelLinear, RowParallelLinear, TensorParallel
+from h3serve.rules.adapter_choice import AdapterChoice
 
 
 class LoraScale(nn.Module):

@@ -1,7 +1,7 @@
 """The native MiniMaxAI VAEs loaded in place: no conversion pass and no second copy on disk.
 
 Parameters are created on the meta device and read tensor by tensor from the memory-mapped source file
-(h3serve.weights); buffers the modules compute themselves (the decoder's RoPE table) are built normally.
+(h3serve.checkpoint.weights); buffers the modules compute themselves (the decoder's RoPE table) are built normally.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from accelerate import init_empty_weights
 
-from h3serve import native_config
-from h3serve.checkpoint_files import CheckpointError
+from h3serve.checkpoint import native_config
+from h3serve.checkpoint.files import CheckpointError
+from h3serve.checkpoint.weights import iter_tensors, materialize
 from h3serve.model import vae_keys
-from h3serve.weights import iter_tensors, materialize
 
 
 def load_native_video_vae(folder: Path, dtype: torch.dtype, device: torch.device):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import torch
 
 from h3serve.adapters.serving import catalog_for
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.activations import RequestShape
@@ -20,7 +20,7 @@ from h3serve.offload.planner import Runtime
 from h3serve.offload.report import format_plan
 from h3serve.offload.startup import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
 from h3serve.rank.startup import resolve_device, resolve_dtype
-from h3serve.validate import GenerationPlan
+from h3serve.rules.validate import GenerationPlan
 
 
 def plan_for_engine(

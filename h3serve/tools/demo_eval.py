@@ -16,17 +16,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve import limits
-from h3serve.edit_mask import LatentMask
 from h3serve.media.mp4 import rgb8
 from h3serve.model.conditioning import AudioReference, normalize_image_reference
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.request import GenerationRequest
+from h3serve.rules import limits
+from h3serve.rules.edit_mask import LatentMask
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import ModelDefaults, validate
 from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_STEPS
 from h3serve.tools.demo_world import checks, world
 from h3serve.tools.demo_world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
-from h3serve.validate import ModelDefaults, validate
 
 TASKS = ("t2va", "fl2va", "ref2va", "continuation", "edit")
 CONTINUATION_WINDOW_FRAMES = 107

@@ -70,8 +70,8 @@ def _device(args: argparse.Namespace):
 def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
     """Request shapes to plan, checked by the request rules (placeholder media stand in for keyframes/references)."""
     from h3serve.offload.activations import RequestShape
-    from h3serve.request import GenerationRequest, MediaRef
-    from h3serve.validate import validate
+    from h3serve.rules.request import GenerationRequest, MediaRef
+    from h3serve.rules.validate import validate
 
     if args.task is not None and args.task not in tasks:
         raise ValueError(f"--task {args.task}: the loaded DiTs serve {', '.join(tasks)}; choose one of them")
@@ -104,17 +104,17 @@ def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
 
 def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
-    from h3serve.checkpoint_layout import read_layout
+    from h3serve.checkpoint.resolver import read_layout
     from h3serve.config import DECODE_MODES, EngineConfig
     from h3serve.engine.args import adaln_memo, device_memory, layout_fields, offload_config, quantization
-    from h3serve.names import TASK_TYPE_ALIASES
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory
     from h3serve.offload.model_configs import model_dims
     from h3serve.offload.planner import Runtime
     from h3serve.offload.startup import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
-    from h3serve.validate import ModelDefaults
+    from h3serve.rules.names import TASK_TYPE_ALIASES
+    from h3serve.rules.validate import ModelDefaults
 
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
@@ -152,10 +152,10 @@ def build_plan(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from h3serve.checkpoint_layout import CheckpointError
+    from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
     from h3serve.offload.report import format_plan, plan_json
-    from h3serve.validate import RequestError
+    from h3serve.rules.validate import RequestError
 
     try:
         plan, title = build_plan(args)

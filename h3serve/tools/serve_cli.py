@@ -117,7 +117,7 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.config import ServerConfig, default_data_dir
-    from h3serve.checkpoint_layout import CheckpointError
+    from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.engine.args import engine_config_from_args
     from h3serve.media.mp4 import EncoderOptions
 

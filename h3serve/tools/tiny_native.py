@@ -17,9 +17,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from h3serve.checkpoint.native_config import DIT_NAMES
 from h3serve.model import keys as dit_keys
 from h3serve.model import vae_keys
-from h3serve.native_config import DIT_NAMES
 from h3serve.tools import tiny_checkpoint as tiny
 from h3serve.tools.tiny_components import build_components
 from h3serve.tools.tiny_files import file_lock, make_readable, quiet_progress_bars, replace_dir, write_json
@@ -153,7 +153,7 @@ def _model_index(partition: str, tasks: list[str], spec: Preset, shifts: dict[st
             "partition": partition,
             "tasks": tasks,
             "sigma_shift_scales": shifts,
-            # h3serve: the tiny canvas (the release's defaults are h3serve.validate.ModelDefaults)
+            # h3serve: the tiny canvas (the release's defaults are h3serve.rules.validate.ModelDefaults)
             "canvas_short_edge": spec.canvas_short_edge,
             "canvas_max_pixels": spec.canvas_max_pixels,
             "reference_image_short_edge": spec.reference_image_short_edge,

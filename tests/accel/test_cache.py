@@ -18,8 +18,8 @@ from h3serve.accel.cache import (
     block_cache,
     profile_for,
 )
-from h3serve.request import GenerationRequest
-from h3serve.validate import RequestError, validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import RequestError, validate
 
 
 class AddBlock(nn.Module):

@@ -9,7 +9,7 @@ import pytest
 
 from h3serve.engine.args import add_engine_args, engine_config_from_args
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 
 def _engine(checkpoint, flags: str) -> LocalEngine:

@@ -13,11 +13,12 @@ from small_dit import SMALL_DIT
 from h3serve.adapters.catalog import LoraCatalog, LoraField, parse_lora_field
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import inspect_lora, target_shapes
-from h3serve.adapters.turbo import parse_turbo_name, turbo_pin
+from h3serve.adapters.turbo import parse_turbo_name
 from h3serve.model.transformer import H3TransformerConfig
-from h3serve.request import GenerationRequest
+from h3serve.rules.adapter_choice import turbo_pin
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import ModelDefaults, RequestError, validate
 from h3serve.tools.tiny_adapter import lora_tensors, write_peft_adapter, write_turbo_adapter
-from h3serve.validate import ModelDefaults, RequestError, validate
 
 CFG = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
 SHAPES = target_shapes(CFG)
@@ -165,7 +166,7 @@ def test_turbo_names_are_the_contract(root, tmp_path):
 
 def test_a_queued_requests_adapter_survives_the_job_store(root):
     from h3serve.jobstore.codec import decode_request, encode_request
-    from h3serve.request import GenerationRequest
+    from h3serve.rules.request import GenerationRequest
 
     catalog = LoraCatalog(SHAPES, {"turbo": str(root / "turbo")}, log=lambda s: None)
     request = GenerationRequest(prompt="x", lora=catalog.choose(LoraField(name="turbo", scale=0.25)))

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from small_dit import SMALL_DIT
 
-from h3serve.adapters.catalog import AdapterChoice
 from h3serve.adapters.fasth3 import POSITIONS
 from h3serve.adapters.serving import engine_defaults
 from h3serve.config import EngineConfig
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.schedule import shifted_sigmas
+from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.schedule import shifted_sigmas
+from h3serve.rules.validate import ModelDefaults, RequestError, validate
 from h3serve.tools.tiny_adapter import write_fasth3_adapter
-from h3serve.validate import ModelDefaults, RequestError, validate
 
 
 def test_the_pinned_sigmas_are_fasth3s():

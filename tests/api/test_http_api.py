@@ -20,7 +20,7 @@ from h3serve.api.config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
-from h3serve.names import SAMPLE_SOLVERS
+from h3serve.rules.names import SAMPLE_SOLVERS
 
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",

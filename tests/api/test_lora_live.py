@@ -20,7 +20,7 @@ from h3serve.engine.args import add_engine_args, engine_config_from_args
 from h3serve.engine.stream_output import Mp4Sink
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 pytestmark = pytest.mark.slow
 

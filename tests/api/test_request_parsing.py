@@ -19,8 +19,8 @@ from h3serve.api.media_routing import media_aliases, place_media
 from h3serve.api.request_model import VideoCreateFields
 from h3serve.api.request_reader import read_request_fields
 from h3serve.engine.planning import plan_request
-from h3serve.names import TASKS
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.names import TASKS
+from h3serve.rules.request import GenerationRequest, MediaRef
 
 
 def parse(**fields) -> VideoCreateFields:
@@ -123,7 +123,7 @@ def test_extra_params_win_over_top_level_fields_as_in_vllm_omni():
 
 def test_canvas_fields_as_vllm_omni_clients_send_them():
     """short_edge (top level, extra_params, target), numeric ratios as JSON numbers or text, auto (the values'
-    rule is h3serve/canvas.py); short_edge used to be refused as unsupported."""
+    rule is h3serve/rules/canvas.py); short_edge used to be refused as unsupported."""
     both = request_of(prompt="p", width="1344", height="768", extra_params={"aspect_ratio": "16:9", "short_edge": 768})
     assert (both.width, both.height, both.aspect_ratio, both.short_edge) == (1344, 768, "16:9", 768)
     assert request_of(prompt="p", extra_params={"target": {"short_edge": 1440}}).short_edge == 1440

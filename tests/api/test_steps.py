@@ -16,7 +16,7 @@ from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.schedule import PinnedSchedule
+from h3serve.rules.schedule import PinnedSchedule
 
 REQUEST = {"prompt": "waves", "size": "128x64", "seconds": "4"}
 FASTH3 = PinnedSchedule("adapter 'fasth3'", positions=(0.999, 0.749, 0.5, 0.25, 0.0))

@@ -13,8 +13,8 @@ from h3serve.engine.jobs import JobManager
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 
 def _allow_connections(url: str, allowed: bool) -> None:

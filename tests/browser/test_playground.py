@@ -321,8 +321,8 @@ def test_phone_width_keyboard_and_accessibility(browser, live, screenshots):
 
 
 def test_the_page_computes_frames_and_canvas_by_the_servers_rules(page):
-    """rules.js against h3serve.geometry, over every half second and many aspect ratios and checkpoints."""
-    from h3serve import geometry
+    """rules.js against h3serve.rules.geometry, over every half second and many aspect ratios and checkpoints."""
+    from h3serve.rules import geometry
 
     durations = [4 + i / 4 for i in range(45)] + [4.01, 5.0, 7.3, 14.99]
     aspects = [(16, 9), (9, 16), (1, 1), (4, 3), (21, 9), (4, 1), (1, 4), (2.35, 1), (512, 256), (1000, 999)]
@@ -375,7 +375,7 @@ MEDIA_CASES = {  # name -> reference files; each set is judged by the page and b
 
 def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
     from h3serve.media.intake import MediaError, check_references
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     sets = {}
     server = {}

@@ -12,8 +12,8 @@ import torch
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Cancelled, EngineError, Executor
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.request import GenerationRequest
-from h3serve.validate import RequestError
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import RequestError
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast")
 

@@ -17,7 +17,7 @@ from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast", threads=1)
 

@@ -19,8 +19,8 @@ from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import pytest
 
 from h3serve.jobstore.codec import decode_request
 from h3serve.jobstore.records import Job, new_job_id
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 BASE = {"size": "128x64", "num_inference_steps": 2, "seconds": "4"}
 SURROGATE_BODY = b'{"prompt":"\\ud800","size":"128x64","num_inference_steps":2,"seconds":"4"}'

@@ -10,12 +10,12 @@ from hostile_servers import serve
 from waiting import wait_until
 
 from h3serve.engine.admission import default_max_cost, request_cost
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 
 def test_the_cost_model_orders_the_issue_s_runaway_far_past_the_default_limit():
-    from h3serve.validate import ModelDefaults
+    from h3serve.rules.validate import ModelDefaults
 
     real = ModelDefaults()
     runaway = validate(GenerationRequest(prompt="x", width=4096, height=4096, duration_s=15, steps=200), real)
@@ -87,7 +87,7 @@ def test_health_reports_a_stuck_engine(tmp_path, stall_s):
 
 def test_the_default_limit_follows_the_long_video_mode():
     """What the long video modes offer at the largest canvas passes by default; the runaway still does not."""
-    from h3serve.validate import ModelDefaults
+    from h3serve.rules.validate import ModelDefaults
 
     real = ModelDefaults()
     big = {"prompt": "x", "width": 1792, "height": 1024, "steps": 50, "long_video": True}

@@ -13,8 +13,8 @@ import pytest
 from h3serve.media import intake
 from h3serve.model.conditioning import normalize_video_reference
 from h3serve.rank.conditioning import load_conditioning
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import ModelDefaults, validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import ModelDefaults, validate
 
 SOURCE = (1280, 720, 60, 4.0)  # width, height, fps, seconds
 DEFAULTS = ModelDefaults(canvas_short_edge=64, canvas_max_pixels=64 * 128)  # the tiny checkpoint's canvas

@@ -18,7 +18,7 @@ from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.jobstore.migrations import LATEST
 from h3serve.jobstore.postgres import PostgresJobStore
 from h3serve.jobstore.records import Job, JobError, new_job_id
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.request import GenerationRequest, MediaRef
 
 
 def make_job(created_at: int = 100, sync: bool = False, **request) -> Job:

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h3serve import limits
 from h3serve.media import intake
 from h3serve.media.intake import (
     AudioMedia,
@@ -24,7 +23,8 @@ from h3serve.media.intake import (
     ReferenceSetError,
     VideoMedia,
 )
-from h3serve.request import MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 
 pytestmark = pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs the ffmpeg CLI to build test media")
 

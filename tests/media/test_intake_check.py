@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from h3serve.media import intake
-from h3serve.request import MediaRef
+from h3serve.rules.request import MediaRef
 
 
 def _clip(path, seconds: float) -> MediaRef:

@@ -13,8 +13,8 @@ from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning, StageClock, Target
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 WIDE_ADALN = SMALL_DIT | {"hidden_size": 128, "num_attention_heads": 4, "time_embed_dim": 512}
 

@@ -15,8 +15,8 @@ import torch
 
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning, GenerationResult
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import validate
 
 META = torch.device("meta")
 

@@ -10,8 +10,8 @@ import torch
 
 from h3serve.model.conditioning import encode_audio_condition, encode_visual_condition
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import validate
 
 SRC_V, SRC_A = MediaRef(Path("/src.mp4"), "src.mp4", "video"), MediaRef(Path("/src.wav"), "src.wav", "audio")
 BASE = {"prompt": "a red ball", "width": 32, "height": 32, "duration_s": 4, "steps": 2, "seed": 3}

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from h3serve import geometry
 from h3serve.media.mp4 import write_mp4
 from h3serve.media.probe import check_output_contract, probe
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules import geometry
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 PROMPTS = ("dawn over the sea", "a boat appears", "night falls")
 
@@ -158,7 +158,7 @@ def test_lock_source_holds_the_driving_audio_across_windows(tiny_pipeline, monke
 
     from h3serve.model.conditioning import encode_audio_condition
     from h3serve.model.pipeline_types import Conditioning
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(
@@ -178,7 +178,7 @@ def test_extension_window_zero_is_the_source_and_its_tail_the_first_guide(tiny_p
 
     from h3serve.model.conditioning import encode_visual_condition
     from h3serve.model.pipeline_types import Conditioning
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     pipeline, defaults = tiny_pipeline
     plan = validate(GenerationRequest(
@@ -204,7 +204,7 @@ def test_a_continuation_edit_gives_each_window_its_slice_of_the_source(tiny_pipe
 
     from h3serve.model.conditioning import encode_audio_condition, encode_visual_condition
     from h3serve.model.pipeline_types import Conditioning
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     pipeline, defaults = tiny_pipeline
     rng = np.random.default_rng(3)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from diffusers import MiniMaxH3Scheduler
 
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 from h3serve.tools.bench.peer import diffusers_steps, run_reference
-from h3serve.validate import validate
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 

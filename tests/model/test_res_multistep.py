@@ -15,8 +15,8 @@ import torch
 from h3serve.model.conditioning import encode_visual_condition
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.model.scheduler import FlowSchedule, FlowSolver, res_multistep_weights
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import validate
 
 BASE = {"prompt": "a red ball", "width": 32, "height": 32, "duration_s": 4, "seed": 3}
 

@@ -13,11 +13,11 @@ from h3serve.engine.stream_output import Mp4Sink
 from h3serve.media import mp4
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.model import audio_windows
+from h3serve.model.decoder import SourceHead
 from h3serve.model.pipeline_types import Conditioning, StageClock
 from h3serve.model.stream_decode import decode_chunks, decoded_frames, rgb8
-from h3serve.model.streaming import SourceHead, stream_decode
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import validate
 
 FAST = EncoderOptions(preset="ultrafast", threads=1)
 
@@ -60,8 +60,8 @@ def test_rgb8_is_the_full_post_processing_then_the_writers_rounding(tiny_pipelin
     pipeline, _ = tiny_pipeline
     latents = torch.randn((1, 24, 7, 4, 6), generator=torch.Generator().manual_seed(3)) * 3  # values clamp
     with torch.no_grad():
-        full = pipeline.decode_video(latents).numpy()
-        pieces = list(decode_chunks(pipeline.components.vae, pipeline.denormalised_video(latents)))
+        full = pipeline.decoder.decode_video(latents).numpy()
+        pieces = list(decode_chunks(pipeline.components.vae, pipeline.decoder.denormalised_video(latents)))
     frames = np.concatenate([rgb8(p, 0).numpy() for p in pieces])
     assert np.array_equal(frames, mp4.rgb8(full))
     assert (frames == 0).any() and (frames == 255).any()  # the clamp is exercised at both ends
@@ -88,9 +88,9 @@ def _both_ways(
     clock = StageClock(pipeline.device)
     # (An extension's source soundtrack is laid over it again: the same samples, so the same array.)
     if reuse_audio:
-        monkeypatch.setattr(pipeline, "decode_audio", lambda latents: full.audio.clone())
+        monkeypatch.setattr(pipeline.decoder, "decode_audio", lambda latents: full.audio.clone())
     with torch.no_grad():
-        streamed = stream_decode(pipeline, full.video_latents, full.audio_latents, clock, None, sink, head)
+        streamed = pipeline.decoder.decode(full.video_latents, full.audio_latents, clock, None, sink, head)
     assert streamed.video is None and streamed.num_frames == full.num_frames == plan.num_frames
     assert torch.equal(streamed.audio, full.audio)
     assert set(clock.durations) == {"audio_decode", "video_decode"}

@@ -14,9 +14,9 @@ from h3serve.media.intake import AudioMedia
 from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.conditioning import reference_audio_tensor
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import validate
 from h3serve.tools.bench.peer import load_reference_pipeline
-from h3serve.validate import validate
 
 PROMPT = "The scene comes alive."
 STEPS, SEED = 2, 5  # 2 forwards: diffusers' num_inference_steps=3

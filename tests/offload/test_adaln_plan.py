@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3serve import limits
 from h3serve.model.adaln_memo import ForwardTimes, compute_entries, no_scope
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout
 from h3serve.model.scheduler import FlowSchedule
@@ -15,6 +14,7 @@ from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adaln import modulation_bytes
 from h3serve.offload.inventory import dit_bytes
+from h3serve.rules import limits
 
 
 def test_the_released_dit_is_39_percent_adaln():

@@ -8,13 +8,13 @@ import dataclasses
 
 from small_dit import SMALL_DIT
 
-from h3serve.adapters.catalog import AdapterChoice
 from h3serve.config import EngineConfig
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.adapters import ADAPTERS, lora_bytes, slot_elements
 from h3serve.offload.report import format_plan
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rank.placement import plan_for_engine
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.tools.tiny_adapter import write_peft_adapter
 
 

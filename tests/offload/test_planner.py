@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.config import OffloadConfig, OffloadError, parse_bytes

@@ -15,7 +15,6 @@ from h3serve.engine.stream_output import DiscardSink, Mp4Sink
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.model.pipeline_types import StageClock
 from h3serve.model.stream_decode import decode_chunks
-from h3serve.model.streaming import stream_decode
 from h3serve.offload.config import OffloadConfig
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.local import LocalEngine
@@ -60,11 +59,11 @@ def _case(rank: int, world: int, checkpoint: Path, layout: dict, offload: Offloa
         write_mp4(folder / "full.mp4", full.video.numpy(), full.audio.numpy(), options=FAST)
         out["full"] = (folder / "full.mp4").read_bytes()
     # The soundtrack is the same `decode_audio` call either way (the slowest stage on one thread): reused.
-    pipe.decode_audio = lambda latents: full.audio.clone()
+    pipe.decoder.decode_audio = lambda latents: full.audio.clone()
     sink = Mp4Sink(folder / "streamed.mp4", FAST) if rank == 0 else DiscardSink()
     clock = StageClock(pipe.device, pipe.hooks)
     with torch.no_grad(), pipe.hooks.request(plan.task):
-        streamed = stream_decode(pipe, full.video_latents, full.audio_latents, clock, None, sink)
+        streamed = pipe.decoder.decode(full.video_latents, full.audio_latents, clock, None, sink)
     out["streamed_frames"] = streamed.num_frames
     if rank == 0:
         out["streamed"] = (folder / "streamed.mp4").read_bytes()

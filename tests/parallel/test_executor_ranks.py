@@ -54,8 +54,8 @@ def test_a_cancelled_job_stops_every_rank_at_one_step_and_the_ranks_serve_on(exe
     """The ranks vote on cancellation one step behind rank 0 (no per-step device drain): they still leave the
     job at the same step, so no collective is left unpaired and the next job runs on the same ranks."""
     from h3serve.engine.executor import Cancelled
-    from h3serve.request import GenerationRequest
-    from h3serve.validate import validate
+    from h3serve.rules.request import GenerationRequest
+    from h3serve.rules.validate import validate
 
     restarts, handle, seen = executor.restarts, {}, []
     plan = validate(GenerationRequest(prompt=PROMPT, steps=12, seed=1, duration_s=4), executor.defaults)

@@ -12,7 +12,7 @@ import torch
 from rank_harness import run_ranks
 from rank_sessions import packed_length, pipeline_cases, plan_for
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 
 pytestmark = pytest.mark.slow
 

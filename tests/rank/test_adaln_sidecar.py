@@ -11,8 +11,8 @@ from h3serve.model.adaln_memo import AdaLNMemo
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning, StageClock, Target
 from h3serve.rank.adaln_sidecar import load_sidecars
-from h3serve.request import GenerationRequest
-from h3serve.validate import validate
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 
 STEPS = 3  # the "default" schedule these sidecars hold (the engine uses the default 50)
 

@@ -13,7 +13,7 @@ from PIL import Image
 from h3serve.engine.planning import plan_request
 from h3serve.model.layout import Role
 from h3serve.rank.conditioning import load_conditioning
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules.request import GenerationRequest, MediaRef
 
 
 @pytest.fixture(scope="module")

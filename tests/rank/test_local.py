@@ -8,8 +8,8 @@ from PIL import Image
 
 from h3serve.config import EngineConfig
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import RequestError
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import RequestError
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import Fp8Linear
 from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import quantize_in_place
-from h3serve.adapters.catalog import AdapterChoice
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.tools.tiny_adapter import write_peft_adapter
 
 _model = random_small_dit

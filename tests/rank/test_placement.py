@@ -97,8 +97,8 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
     """With the full decode a 30 s one-pass request needs ~6x the activations of 5 s (the whole video is held):
     refused on a device the default request fits. Streamed (the default), the video decodes one clip and the
     soundtrack one window at a time, so the same request fits there."""
-    from h3serve.request import GenerationRequest
-    from h3serve.validate import validate
+    from h3serve.rules.request import GenerationRequest
+    from h3serve.rules.validate import validate
 
     config = EngineConfig(model=tiny_checkpoint, decode_mode="full")
     full = validate(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))

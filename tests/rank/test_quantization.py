@@ -24,7 +24,7 @@ from h3serve.offload.inventory import build_inventory
 from h3serve.offload.runtime import tensor_bytes
 from h3serve.rank.checkpoint import load_transformer
 from h3serve.rank.local import LocalEngine
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 
 def _checkpoint_tensors(folder) -> dict[str, torch.Tensor]:
@@ -227,7 +227,7 @@ def _each_shard_reads_its_rows(folder, whole: nn.Module) -> None:
 
 
 def test_the_planner_counts_a_stored_fp8_checkpoint_without_the_flag(tiny_checkpoint, tmp_path):
-    from h3serve.checkpoint_layout import read_layout
+    from h3serve.checkpoint.resolver import read_layout
     from h3serve.rank.checkpoint import load_components
 
     stored = _stored_modular_checkpoint(tiny_checkpoint, tmp_path / "stored")

@@ -114,7 +114,7 @@ def test_model_dir_and_preset_together_are_refused(tiny_checkpoint, capsys):
 
 
 def test_resident_layers_leaving_one_streamed_block_is_refused(tiny_checkpoint, capsys):
-    from h3serve.checkpoint_layout import read_layout
+    from h3serve.checkpoint.resolver import read_layout
     from h3serve.model.transformer import H3TransformerConfig
 
     cfg = json.loads((read_layout(tiny_checkpoint).component("transformer") / "config.json").read_text())

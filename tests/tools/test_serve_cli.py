@@ -21,7 +21,7 @@ from h3serve.api.http_server import H3Server
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 from h3serve.tools import serve_cli
 
 # Only logged (the engine is a fake); one replica.

@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.cli import main
 from h3serve.rank.checkpoint import load_components
 

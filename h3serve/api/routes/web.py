@@ -1,7 +1,7 @@
 """The web playground at `/`: static files shipped in the package, plus the limits and defaults the page needs.
 
 The page is plain HTML, CSS and ES modules (no build step, no Node at run time). `/web/config` tells it the
-served model's defaults and the request rules (from `h3serve.limits`, defined once), so its client-side checks
+served model's defaults and the request rules (from `h3serve.rules.limits`, defined once), so its client-side checks
 and the canvas it shows follow the same numbers the server enforces.
 """
 
@@ -14,11 +14,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse
 
-from h3serve import limits
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.errors import APIError
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS
-from h3serve.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
+from h3serve.rules import limits
+from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]

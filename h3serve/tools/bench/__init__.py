@@ -180,7 +180,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from h3serve.accel.attention import AttentionBackendError
-    from h3serve.checkpoint_layout import CheckpointError
+    from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
     from h3serve.model.transformer import H3TransformerConfig
     from h3serve.rank.startup import resolve_device, resolve_dtype
@@ -305,13 +305,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_fp8_block(args)
     if args.dit_forward:
         return cmd_dit_forward(args)
-    from h3serve.checkpoint_layout import CheckpointError
+    from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
     from h3serve.media.intake import MediaError
+    from h3serve.rules.validate import RequestError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.bench.run import run_bench
     from h3serve.tools.bench.worker import BenchError
-    from h3serve.validate import RequestError
 
     overrides = {
         k: getattr(args, k)

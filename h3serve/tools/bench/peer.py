@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from PIL import Image
 
-from h3serve.names import DEFAULT_SAMPLE_SOLVER
-from h3serve.validate import GenerationPlan
-from h3serve.weights import realign
+from h3serve.checkpoint.weights import realign
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
+from h3serve.rules.validate import GenerationPlan
 
 _COMMON = ["text_encoder", "tokenizer", "scheduler", "audio_scheduler", "vae", "audio_vae"]
 COMPONENTS = {

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from h3serve import limits
 from h3serve.config import EngineConfig
-from h3serve.request import GenerationRequest, MediaRef
+from h3serve.rules import limits
+from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.tools.bench.matrix import SIDE, BenchMatrix, Case, EngineSpec, Shape
 from h3serve.tools.bench.worker import RunSpec, Worker
 
@@ -113,7 +113,7 @@ class _Bench:
 
     def check_up_front(self) -> None:
         """Every engine config and request is checked before any process starts."""
-        from h3serve.checkpoint_layout import read_layout
+        from h3serve.checkpoint.resolver import read_layout
         from h3serve.engine.planning import plan_request
 
         defaults = read_layout(self.model).defaults()

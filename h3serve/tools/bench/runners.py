@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.planning import plan_request
@@ -28,10 +28,10 @@ from h3serve.offload.report import plan_json
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import device_memory_of, plan_for_engine
 from h3serve.rank.startup import resolve_device, resolve_dtype
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import GenerationPlan
 from h3serve.tools.bench.flops import ForwardShape
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs, timed_stages
-from h3serve.validate import GenerationPlan
 
 ShapeOf = Callable[[tuple, dict], ForwardShape]
 

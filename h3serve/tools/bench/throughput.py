@@ -26,7 +26,7 @@ from h3serve.jobstore.records import FINISHED
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 

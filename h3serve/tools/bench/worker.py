@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from h3serve.config import EngineConfig
 from h3serve.errors import ServerError
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
 
 if TYPE_CHECKING:  # the parent never imports torch through this module
     from h3serve.tools.bench.flops import FlopCounter

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from h3serve import limits
 from h3serve.model.scheduler import scale_noise, shift_sigma
 from h3serve.model.transformer import H3Transformer
+from h3serve.rules import limits
 from h3serve.tools.demo_training.examples import Example
 
 LossLog = Callable[[str, int, float], None]

@@ -14,12 +14,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve import geometry, limits
-from h3serve.long_video import plan_windows
 from h3serve.model.conditioning import AudioReference, encode_audio_condition, normalize_image_reference
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.layout import Layout, ReferenceBlock, patchify
 from h3serve.model.pipeline_types import H3Components, LatentGuide, StageClock, Target
+from h3serve.rules import geometry, limits
+from h3serve.rules.long_video import plan_windows
 from h3serve.tools.demo_training.vaes import normalised_pixels
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import prompt_for

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.transformer import H3Transformer
 from h3serve.rank.checkpoint import load_components
 from h3serve.tools.demo_training.dit import train_dit, training_init_

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from h3serve import limits
+from h3serve.rules import limits
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import BACKGROUND_RGB, Attributes
 

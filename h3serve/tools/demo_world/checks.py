@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h3serve.limits import AUDIO_SAMPLE_RATE, FPS
+from h3serve.rules.limits import AUDIO_SAMPLE_RATE, FPS
 from h3serve.tools.demo_world.grammar import BACKGROUND_RGB, COLOR_RGB, Attributes
 from h3serve.tools.demo_world.world import horizontal_speed, object_size, vertical_speed
 

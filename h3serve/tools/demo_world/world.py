@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h3serve.limits import AUDIO_LATENTS_PER_SECOND, AUDIO_SAMPLE_RATE, FPS
+from h3serve.rules.limits import AUDIO_LATENTS_PER_SECOND, AUDIO_SAMPLE_RATE, FPS
 from h3serve.tools.demo_world.grammar import (
     BACKGROUND_RGB,
     COLOR_RGB,

@@ -9,12 +9,12 @@ import time
 
 import torch
 
-from h3serve import limits
 from h3serve.accel import attention
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.host_arena import pinned_bytes
 from h3serve.offload.runtime import _BlockStream, share_slots, streamed_blocks
 from h3serve.offload.units import HostUnit
+from h3serve.rules import limits
 from h3serve.tools.bench.dit_forward import DitBenchSpec, _ours, forward_inputs, load_weights
 from h3serve.tools.bench.flops import forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from h3serve.accel import attention
+from h3serve.checkpoint.weights import materialize
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.offload.activations import RequestShape
 from h3serve.parallel.degrees import ParallelDegrees
@@ -25,7 +26,6 @@ from h3serve.tools.bench.dit_forward import DitBenchSpec, _ours, forward_inputs,
 from h3serve.tools.selftest.collectives import USES, measure, message_bytes
 from h3serve.tools.selftest.core import Context, Failed, Skip
 from h3serve.tools.selftest.model_checks import rel_error, run_forward
-from h3serve.weights import materialize
 
 # Relative RMS error against one rank. fp32 (CPU): only the order of the sums differs (TP's split GEMMs, GEMMs
 # over fewer rows), about 1e-7. bf16 (GPU): TP2 rounds each partial product to bf16 before the fp32 sum, and

@@ -82,7 +82,7 @@ def _request(ctx: Context, request) -> tuple[str, dict]:
 def end_to_end(ctx: Context) -> tuple[str, dict]:
     """One tiny T2VA request through the real engine (the engine flags, the tiny checkpoint), written as an MP4
     and probed against the output contract."""
-    from h3serve.request import GenerationRequest
+    from h3serve.rules.request import GenerationRequest
 
     return _request(ctx, GenerationRequest(prompt="selftest: a lighthouse at dusk", width=64, height=64, steps=3,
                                            duration_s=4, seed=1))
@@ -90,7 +90,7 @@ def end_to_end(ctx: Context) -> tuple[str, dict]:
 
 def end_to_end_continuation(ctx: Context) -> tuple[str, dict]:
     """A two-window continuation (the second window is guided by the first one's latents, on the device)."""
-    from h3serve.request import GenerationRequest
+    from h3serve.rules.request import GenerationRequest
 
     return _request(ctx, GenerationRequest(
         prompt="selftest: waves", width=32, height=32, steps=1, duration_s=6, seed=2, long_video=True,

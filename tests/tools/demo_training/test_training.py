@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from h3serve.checkpoint_layout import read_layout
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
-from h3serve.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import validate
 from h3serve.tools.demo_training.dit import EMA, draw_base, layout_groups, train_dit, training_init_
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
 from h3serve.tools.demo_training.run import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
@@ -19,7 +20,6 @@ from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_vide
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import Attributes
 from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
-from h3serve.validate import validate
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from h3serve.limits import AUDIO_SAMPLE_RATE, FPS
+from h3serve.rules.limits import AUDIO_SAMPLE_RATE, FPS
 from h3serve.tools.demo_world.grammar import (
     BACKGROUND_RGB,
     COLOR_RGB,

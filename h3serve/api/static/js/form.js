@@ -27,7 +27,7 @@ const CONTROL_OF_FIELD = {
   size: "width", refs: "ref-input", task: null, long_video: "long-mode", continuation_prompts: "window-prompts",
   source_video: "source-video", video_noise_mask: "video-mask",
 };
-// The duration cap of each long video mode (h3serve/long_video.py).
+// The duration cap of each long video mode (h3serve/rules/long_video.py).
 const maxSeconds = (mode, limits) => ({
   full: limits.max_full_duration_s, continuation: limits.max_continuation_duration_s,
 })[mode] ?? limits.max_duration_s;

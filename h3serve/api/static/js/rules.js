@@ -1,4 +1,4 @@
-// The server's request rules, mirrored for instant feedback (h3serve/geometry.py and h3serve/validate/).
+// The server's request rules, mirrored for instant feedback (h3serve/rules/geometry.py and h3serve/rules/validate/).
 // The numbers come from /web/config; the server stays the authority and its own messages are shown too.
 
 // Python's round(): halves go to the even neighbour (geometry.resolve_canvas_size relies on it).

@@ -16,13 +16,10 @@ OpenAPI description state it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from h3serve import geometry, limits
 from h3serve.errors import ClientError
-
-if TYPE_CHECKING:
-    from h3serve.validate import ModelDefaults
+from h3serve.rules import geometry, limits
+from h3serve.rules.defaults import ModelDefaults
 
 AUTO_RATIOS = ("auto", "adaptive")
 SHORT_EDGE_MODES = (768, 1440)  # the model card's canvas modes; the first is the checkpoint's own canvas

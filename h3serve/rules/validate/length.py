@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-from h3serve import geometry, limits
 from h3serve.errors import RequestError
-from h3serve.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
-from h3serve.request import GenerationRequest
+from h3serve.rules import geometry, limits
+from h3serve.rules.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
+from h3serve.rules.request import GenerationRequest
 
 _CONTINUATION_FIELDS = ("continuation_window_frames", "continuation_overlap_frames", "continuation_prompts")
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h3serve import limits
 from h3serve.errors import ClientError
+from h3serve.rules import limits
 
 
 class MaskError(ClientError, ValueError):

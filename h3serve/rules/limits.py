@@ -67,7 +67,7 @@ REF_MAX_VIDEOS = 3
 REF_MAX_AUDIOS = 3
 REF_TOTAL_MAX_S = 15.0  # per modality: all reference video clips together; all reference audio clips together
 
-# Long video (h3serve/long_video.py). The limits: one pass up to 30 s (long_video_mode=full), windowed
+# Long video (h3serve/rules/long_video.py). The limits: one pass up to 30 s (long_video_mode=full), windowed
 # continuation up to 300 s. Windows and overlaps are frame counts on the 17n + 5 grid.
 MAX_FULL_DURATION_S = 30.0
 MAX_CONTINUATION_DURATION_S = 300.0

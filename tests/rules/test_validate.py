@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from h3serve import geometry
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import ModelDefaults, RequestError, validate
+from h3serve.rules import geometry
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import ModelDefaults, RequestError, validate
 
 
 def ok(**kw):
@@ -76,7 +76,7 @@ def test_aspect_ratio_field():
     bad("aspect_ratio", aspect_ratio="4.01:1")
     bad("aspect_ratio", aspect_ratio="1:4.01")
     bad("aspect_ratio", aspect_ratio="wide")
-    # Beside a size it must describe the same canvas (h3serve/canvas.py; it used to be refused outright).
+    # Beside a size it must describe the same canvas (h3serve/rules/canvas.py; it used to be refused outright).
     assert "conflicts with width/height" in bad("aspect_ratio", aspect_ratio="16:9", width=64, height=64)
 
 
@@ -132,7 +132,7 @@ def test_plan_derived_sizes():
 def _ref(name: str, kind=None):
     from pathlib import Path
 
-    from h3serve.request import MediaRef
+    from h3serve.rules.request import MediaRef
 
     return MediaRef(path=Path(f"/tmp/{name}"), name=name, kind=kind)
 
@@ -168,7 +168,7 @@ def test_keyframe_aspect_sets_the_canvas():
     assert validate(GenerationRequest(prompt="x"), keyframe_size=(9, 16)).width == 1344
 
 
-# -- long video (h3serve/long_video.py) ------------------------------------------------------------------------
+# -- long video (h3serve/rules/long_video.py) ------------------------------------------------------------------------
 
 
 def _cont(**kw):
@@ -230,7 +230,7 @@ def test_continuation_prompts_one_per_window_main_prompt_kept():
         prompt=long, duration_s=20, continuation_prompts=("a", long)))
 
 
-# -- latent-mask editing (h3serve/edit_mask.py) -----------------------------------------------------------------
+# -- latent-mask editing (h3serve/rules/edit_mask.py) -----------------------------------------------------------------
 
 SRC_V, SRC_A = MediaRef(Path("/src.mp4"), "src.mp4", "video"), MediaRef(Path("/src.wav"), "src.wav", "audio")
 EDIT = {"width": 64, "height": 32, "duration_s": 4}  # latent grid (32, 2, 4), 178 audio latents
@@ -331,10 +331,10 @@ def test_sample_solver_under_a_few_step_adapter_is_euler_only():
     refused naming the field and the adapter; euler (or nothing) runs."""
     import dataclasses
 
-    from h3serve.adapters.catalog import AdapterChoice
     from h3serve.adapters.fasth3 import POSITIONS
     from h3serve.adapters.turbo import parse_turbo_name
-    from h3serve.schedule import PinnedSchedule
+    from h3serve.rules.adapter_choice import AdapterChoice
+    from h3serve.rules.schedule import PinnedSchedule
 
     turbo = AdapterChoice(name="turbo", path="/x.safetensors", scale=1.0, int_id=1, rank=8, alpha=8.0,
                           turbo=parse_turbo_name("minimax_h3_fl2v_turbo_4step_v1.0.safetensors"))

@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from h3serve.adapters.catalog import AdapterChoice
-
-from h3serve.names import TASKS
+from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.names import TASKS
 
 MediaKind = Literal["image", "video", "audio"]
 DIT_TASKS = {"transformer": ("t2va", "fl2va"), "transformer_ref": ("ref2va",)}  # checkpoint DiT -> what it serves
@@ -42,7 +40,7 @@ class GenerationRequest:
     width: int | None = None
     height: int | None = None
     aspect_ratio: str | None = None  # "W:H", a number or auto/adaptive; beside width/height it must agree
-    short_edge: int | None = None  # canvas mode 768 or 1440 (h3serve/canvas.py)
+    short_edge: int | None = None  # canvas mode 768 or 1440 (h3serve/rules/canvas.py)
     duration_s: float | None = None
     num_frames: int | None = None  # alternative to duration_s; snapped up to 17n + 5
     steps: int | None = None  # num_inference_steps: N denoiser forwards (N + 1 sigma points; diffusers' N + 1)
@@ -55,14 +53,14 @@ class GenerationRequest:
     last_image: MediaRef | None = None  # FL2VA last keyframe
     references: tuple[MediaRef, ...] = field(default_factory=tuple)  # Ref2VA images, videos, audio clips
     quality: str | None = None  # lossless (no DiT cache) | high (the built-in cache profile); None: the server's
-    # Long video (h3serve/long_video.py): long_video opts in; the mode is full (one pass, <= 30 s) or continuation
+    # Long video (h3serve/rules/long_video.py): long_video opts in; the mode is full (one pass, <= 30 s) or continuation
     # (windows, <= 300 s, the Ref2VA path). continuation_prompts: one per window (see validate for the main prompt).
     long_video: bool | None = None
     long_video_mode: str | None = None
     continuation_window_frames: int | None = None
     continuation_overlap_frames: int | None = None
     continuation_prompts: tuple[str, ...] | None = None
-    # Latent-mask editing (h3serve/edit_mask.py): sources, and masks as parsed JSON (a number or nested arrays);
+    # Latent-mask editing (h3serve/rules/edit_mask.py): sources, and masks as parsed JSON (a number or nested arrays);
     # audio_mode lock_source holds one driving audio (source_audio, or the one audio reference) as the soundtrack.
     source_video: MediaRef | None = None
     source_audio: MediaRef | None = None

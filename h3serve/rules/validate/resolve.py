@@ -8,21 +8,23 @@ import dataclasses
 import math
 from typing import cast
 
-from h3serve import limits
-from h3serve.canvas import CanvasError, resolve_canvas
 from h3serve.errors import RequestError
-from h3serve.names import DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
-from h3serve.request import GenerationRequest
-from h3serve.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
-from h3serve.validate.inputs import (
+from h3serve.rules import limits
+from h3serve.rules.adapter_choice import FASTH3_TASKS, turbo_pin
+from h3serve.rules.canvas import CanvasError, resolve_canvas
+from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
+from h3serve.rules.validate.inputs import (
     driving_audio_split,
     resolve_edit,
     resolve_extension,
     resolve_start_times,
     resolve_task,
 )
-from h3serve.validate.length import resolve_continuation, resolve_frames, resolve_long_video_mode
-from h3serve.validate.plan import GenerationPlan, ModelDefaults
+from h3serve.rules.validate.length import resolve_continuation, resolve_frames, resolve_long_video_mode
+from h3serve.rules.validate.plan import GenerationPlan
 
 
 def validate(
@@ -92,13 +94,11 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
     """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
     contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
     if defaults.fused_adapter is not None:
-        from h3serve.adapters.fasth3 import TASKS
-
-        if task not in TASKS:
+        if task not in FASTH3_TASKS:
             raise RequestError(
                 "task",
                 f"this server fuses the FastH3 adapter {defaults.fused_adapter}, which serves "
-                f"{', '.join(TASKS)} only, not {task}",
+                f"{', '.join(FASTH3_TASKS)} only, not {task}",
             )
         if request.lora is not None:
             raise RequestError(
@@ -108,8 +108,6 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
             )
     if request.lora is None or request.lora.turbo is None:
         return defaults
-    from h3serve.adapters.turbo import turbo_pin
-
     return dataclasses.replace(defaults, pinned_schedule=turbo_pin(request.lora.turbo, request.lora.name, task))
 
 
@@ -189,7 +187,7 @@ def _check_shift(field: str, value: object, default: float) -> float:
 def _resolve_size(
     request: GenerationRequest, defaults: ModelDefaults, task: str, keyframe_size: tuple[int, int] | None
 ) -> tuple[int, int]:
-    """(height, width) by the canvas rule (h3serve/canvas.py)."""
+    """(height, width) by the canvas rule (h3serve/rules/canvas.py)."""
     try:
         return resolve_canvas(
             defaults, task, request.width, request.height, request.aspect_ratio, request.short_edge, keyframe_size

@@ -4,7 +4,7 @@ Torch-free: the API process, the planner and `h3serve plan` read a checkpoint's 
 configs without importing torch; the rank processes load the weights (h3serve.rank.checkpoint).
 
 Layouts served: a diffusers *modular* root (`modular_model_index.json` and its component folders), a native
-MiniMaxAI root with `FL2VA/` and/or `Ref2VA/` (h3serve.native_layout), and a single native variant folder. A root
+MiniMaxAI root with `FL2VA/` and/or `Ref2VA/` (h3serve.checkpoint.native), and a single native variant folder. A root
 carrying both kinds serves the modular layout when its components are all present: it is the diffusers-converted
 form, one index names every component, and the release repository carries it next to the original folders; the
 choice is logged. A modular index whose component folders are absent falls back to a complete native tree.
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from h3serve import native_config
-from h3serve.checkpoint_files import INDEX_FILE, CheckpointError, missing_weights, read_json, safetensors_files
-from h3serve.native_layout import read_native, variant_folders
-from h3serve.validate import ModelDefaults
+from h3serve.checkpoint import native_config
+from h3serve.checkpoint.files import INDEX_FILE, CheckpointError, missing_weights, read_json, safetensors_files
+from h3serve.checkpoint.native import read_native, variant_folders
+from h3serve.rules.defaults import ModelDefaults
 
 __all__ = ["INDEX_FILE", "CheckpointError", "CheckpointLayout", "read_json", "read_layout", "safetensors_files"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from h3serve.checkpoint_layout import CheckpointError, read_layout
+from h3serve.checkpoint.resolver import CheckpointError, read_layout
 
 
 @pytest.fixture

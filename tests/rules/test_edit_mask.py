@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from h3serve import limits
-from h3serve.edit_mask import LatentMask, MaskError, audio_mask, parse_mask_json, video_mask
+from h3serve.rules import limits
+from h3serve.rules.edit_mask import LatentMask, MaskError, audio_mask, parse_mask_json, video_mask
 
 
 def test_parse_mask_json_rules():

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from h3serve.checkpoint_layout import CheckpointError
+from h3serve.checkpoint.resolver import CheckpointError
 
 
 def iter_tensors(files: list[Path], wanted: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from h3serve import limits
+from h3serve.rules import limits
 
 
 def snap_frames_up(num_frames: int) -> int:

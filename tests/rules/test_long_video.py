@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from h3serve import geometry
-from h3serve.long_video import check_stitch, max_duration_s, on_frame_grid, plan_windows, window_seed
+from h3serve.rules import geometry
+from h3serve.rules.long_video import check_stitch, max_duration_s, on_frame_grid, plan_windows, window_seed
 
 # 1,807 frames with the defaults (277 / 22): 7 windows, each next one starting 22 frames before the previous end.
 BOUNDS_1807 = [(0, 277), (255, 532), (510, 787), (765, 1042), (1020, 1297), (1275, 1552), (1530, 1807)]

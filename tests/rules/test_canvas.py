@@ -1,4 +1,4 @@
-"""The canvas rule (h3serve/canvas.py): vLLM-Omni's canvas fields, their agreement with a size, auto per task."""
+"""The canvas rule (h3serve/rules/canvas.py): vLLM-Omni's canvas fields, their agreement with a size, auto per task."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from h3serve.request import GenerationRequest, MediaRef
-from h3serve.validate import ModelDefaults, RequestError, validate
+from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.validate import ModelDefaults, RequestError, validate
 
 KEYFRAME = MediaRef(Path("k.png"), "k.png", "image")
 REFERENCE = MediaRef(Path("r.png"), "r.png", "image")

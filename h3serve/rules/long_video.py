@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from h3serve import geometry, limits
-from h3serve.names import LONG_VIDEO_MODES
+from h3serve.rules import geometry, limits
+from h3serve.rules.names import LONG_VIDEO_MODES
 
 MODES = LONG_VIDEO_MODES
 ROPE_UNITS_PER_FRAME = limits.AUDIO_LATENTS_PER_SECOND / limits.FPS  # 40 Hz RoPE clock: 5/3 per output frame

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from h3serve import limits
 from h3serve.errors import RequestError
+from h3serve.rules import limits
 
 FIELD = "steps"  # the request field (the API names it num_inference_steps)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from h3serve import geometry, limits
-from h3serve.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.errors import RequestError
-from h3serve.names import AUDIO_MODES, TASKS
-from h3serve.request import GenerationRequest
+from h3serve.rules import geometry, limits
+from h3serve.rules.edit_mask import LatentMask, MaskError, audio_mask, video_mask
+from h3serve.rules.names import AUDIO_MODES, TASKS
+from h3serve.rules.request import GenerationRequest
 
 
 def resolve_task(request: GenerationRequest) -> str:

@@ -1,33 +1,15 @@
-"""What validation produces: the checkpoint's `ModelDefaults` it reads and the `GenerationPlan` it returns."""
+"""What validation produces: the `GenerationPlan` (it reads the checkpoint's `ModelDefaults`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from h3serve import geometry, limits
-from h3serve.edit_mask import LatentMask
-from h3serve.long_video import Window
-from h3serve.names import DEFAULT_SAMPLE_SOLVER, SampleSolver
-from h3serve.request import MediaRef
-from h3serve.schedule import PinnedSchedule
-
-if TYPE_CHECKING:
-    from h3serve.adapters.catalog import AdapterChoice
-
-
-@dataclass(frozen=True)
-class ModelDefaults:
-    """Per-checkpoint defaults (read from the checkpoint, never hard-coded by callers)."""
-
-    canvas_short_edge: int = 768
-    canvas_max_pixels: int = 1_032_192
-    reference_image_short_edge: int = 2048
-    flow_shift: float = 12.0
-    audio_flow_shift: float = 3.0
-    max_edge: int = limits.MAX_EDGE
-    pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (h3serve/schedule.py)
-    fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+from h3serve.rules import geometry, limits
+from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.edit_mask import LatentMask
+from h3serve.rules.long_video import Window
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, SampleSolver
+from h3serve.rules.request import MediaRef
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Step counts (denoiser forwards) and pinned schedules: h3serve/schedule.py and how validate applies them."""
+"""Step counts (denoiser forwards) and pinned schedules: h3serve/rules/schedule.py and how validate applies them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from h3serve import limits
-from h3serve.request import GenerationRequest
-from h3serve.schedule import (
+from h3serve.rules import limits
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.schedule import (
     PinnedSchedule,
     check_positions,
     resolve_pinned_shift,
@@ -17,7 +17,7 @@ from h3serve.schedule import (
     shifted_sigmas,
     uniform_positions,
 )
-from h3serve.validate import ModelDefaults, RequestError, validate  # RequestError: h3serve.errors's
+from h3serve.rules.validate import ModelDefaults, RequestError, validate  # RequestError: h3serve.errors's
 
 FASTH3 = (0.999, 0.749, 0.5, 0.25, 0.0)
 

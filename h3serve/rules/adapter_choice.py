@@ -1,0 +1,61 @@
+"""The adapter a request runs with, once resolved (`AdapterChoice`), and what a Turbo file's name promises
+(`TurboContract`): value types the request, the plan, the job store and the rank share. Reading and checking the
+files is `h3serve.adapters`'."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from h3serve.errors import RequestError
+from h3serve.rules.schedule import PinnedSchedule
+
+FASTH3_TASKS = ("t2va",)  # what a server with a fused FastH3 adapter serves
+TURBO_FAMILY_TASKS = {"fl2v": ("t2va", "fl2va"), "ref2v": ("ref2va",)}  # a Turbo file's family -> what it serves
+
+
+@dataclass(frozen=True)
+class TurboContract:
+    """What a Turbo file's name promises: the tasks it serves, its forward count and its shifts."""
+
+    file_name: str
+    family: str  # fl2v | ref2v
+    forwards: int
+    version: str
+    flow_shift: float
+    audio_flow_shift: float = 3.0
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return TURBO_FAMILY_TASKS[self.family]
+
+
+@dataclass(frozen=True)
+class AdapterChoice:
+    """A resolved adapter for one request: the file to read, the request scale, what the file promises."""
+
+    name: str
+    path: str  # the .safetensors file
+    scale: float  # the request's scale; the layers use scale · alpha / rank
+    int_id: int
+    rank: int
+    alpha: float
+    turbo: TurboContract | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> AdapterChoice:
+        """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
+        turbo = data.get("turbo")
+        return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo)})
+
+
+def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
+    """The schedule a request naming a Turbo adapter runs: the contract's forward count and shifts (a request may
+    omit or restate them; rules.schedule refuses others). `RequestError` on a task the artifact does not serve."""
+    if task not in contract.tasks:
+        raise RequestError("lora", f"{adapter} ({contract.file_name}) serves {', '.join(contract.tasks)}, not {task}")
+    return PinnedSchedule(
+        owner=f"the {contract.forwards}-step Turbo adapter {adapter} ({contract.file_name})",
+        steps=contract.forwards,
+        flow_shift=contract.flow_shift,
+        audio_flow_shift=contract.audio_flow_shift,
+    )
