@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from h3serve.engine.job_types import ReplicaStatus
 from h3serve.engine.jobs import JobManager
+from h3serve.engine.jobs.types import ReplicaStatus
 from h3serve.jobstore.records import JOB_STATUSES, Job
 
 # Seconds: a tiny CPU job's stage takes milliseconds; a 15 s 1344x768 video denoises for many minutes.

@@ -24,7 +24,7 @@ from h3serve.api.request_model import VideoCreateFields
 from h3serve.api.request_reader import read_request_fields
 from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly
-from h3serve.engine.job_types import QueueFull, ShuttingDown
+from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.intake import MediaError
 from h3serve.rules import limits

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from starlette.requests import ClientDisconnect
 
-from h3serve.engine.job_types import QueueFull
+from h3serve.engine.jobs.types import QueueFull
 
 POLL_S = 0.05  # the head of the line retries this often (one queue count in the thread pool per retry)
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from h3serve.api.sync_line import SyncLine
-from h3serve.engine.job_types import QueueFull
+from h3serve.engine.jobs.types import QueueFull
 
 
 class Queue:

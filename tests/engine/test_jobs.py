@@ -14,8 +14,8 @@ from waiting import wait_until
 from h3serve.api.metrics import Metrics
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
-from h3serve.engine.job_types import QueueFull, ShuttingDown
 from h3serve.engine.jobs import JobManager
+from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.errors import INTERNAL_ERROR_MESSAGE
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id

@@ -7,8 +7,8 @@ import pytest
 from fake_executor import FAIL_PROMPT, FakeExecutor
 from waiting import wait_until
 
-from h3serve.engine.job_types import QueueFull
 from h3serve.engine.jobs import JobManager
+from h3serve.engine.jobs.types import QueueFull
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job

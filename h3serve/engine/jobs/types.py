@@ -1,21 +1,21 @@
-"""The job manager's leaf types: the errors it raises at submission, the executor it drives, what it reports.
+"""The job manager's leaf types: the errors it raises at submission, the executor it drives, what it reports, and
+the settings its parts share.
 
-Kept apart from `h3serve.engine.jobs` so that the HTTP layer can name the errors without the manager's machinery.
+Kept apart from the manager so that the HTTP layer can name the errors without the manager's machinery.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
+from h3serve.media.mp4 import EncoderOptions
+from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
-
-if TYPE_CHECKING:
-    from h3serve.media.mp4 import EncoderOptions
 
 
 class ExecutorLike(Protocol):
@@ -62,3 +62,19 @@ class ReplicaStatus:
 
 JobListener = Callable[[Job], None]
 StartListener = Callable[[int, float], None]  # (replica, seconds the job waited in the queue)
+Replanner = Callable[[GenerationRequest], GenerationPlan]  # a stored job's request planned again on this server
+
+
+@dataclass(frozen=True)
+class JobPolicy:
+    """The manager's settings that its runners, outcome recorder, lease keeper and recovery read."""
+
+    owner: str  # this server's name in the store's leases
+    lease_s: float
+    poll_s: float
+    output_ttl_s: float | None
+    job_timeout_s: float | None
+    sweep_interval_s: float
+    overlap_output: bool
+    encoder_options: EncoderOptions
+    clock: Callable[[], float]

@@ -14,9 +14,10 @@ Output overlap (the default): once a job's engine run ends, a finisher thread of
 has at most one job finishing, so at most one decoded output waits beside the running job; the files and the
 record are the same as without overlap (`overlap_output=False` writes them before the next job starts).
 
-Here: the manager and what the API asks of it (submit, delete, capacity, health). The runner loop is
-`job_runner`, how a run ends `job_outcome`, the lease heartbeat `lease_heartbeat`, recovery and expiry
-`job_recovery`; their shared state (one lock) is `job_book.JobBook`.
+Here: the manager and what the API asks of it (submit, delete, capacity, health). It owns its parts: one
+`ReplicaRunner` per replica (runner.py), the `Outcomes` recorder (outcomes.py), the `LeaseKeeper` (leases.py) and
+the `Recovery` (recovery.py); their shared state, under one lock, is its `JobBook` (book.py), and the settings they
+read its `JobPolicy` (types.py).
 """
 
 from __future__ import annotations
@@ -30,18 +31,28 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from h3serve.engine.job_book import JobBook
-from h3serve.engine.job_recovery import recover, sweep_expired, sweep_forever
-from h3serve.engine.job_runner import run_forever
-from h3serve.engine.job_types import ExecutorLike, JobListener, QueueFull, ReplicaStatus, ShuttingDown, StartListener
-from h3serve.engine.lease_heartbeat import heartbeat_forever, renew_leases
+from h3serve.engine.jobs.book import JobBook
+from h3serve.engine.jobs.leases import LeaseKeeper
+from h3serve.engine.jobs.outcomes import Outcomes
+from h3serve.engine.jobs.recovery import Recovery
+from h3serve.engine.jobs.runner import ReplicaRunner
+from h3serve.engine.jobs.types import (
+    ExecutorLike,
+    JobListener,
+    JobPolicy,
+    QueueFull,
+    ReplicaStatus,
+    ShuttingDown,
+    StartListener,
+)
+from h3serve.engine.planning import plan_request
 from h3serve.engine.submission import Admission, PreparedJob, prepare_job
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.request import GenerationRequest
-from h3serve.rules.validate import ModelDefaults
+from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 DEFAULT_RETRY_AFTER_S = 30
 DEFAULT_LEASE_S = 30.0  # a dead server's job is claimed again this long after its last renewal
@@ -84,18 +95,30 @@ class JobManager:
         self.files = files
         self.admission = Admission(model_name, max_request_cost)
         self.max_queue = max_queue
-        self.output_ttl_s = output_ttl_s or None
-        self.sweep_interval_s = sweep_interval_s
-        self.encoder_options = encoder_options
-        self.clock = clock
-        self.job_timeout_s = job_timeout_s
         self.stall_timeout_s = stall_timeout_s
-        self.lease_s = lease_s
-        self.poll_s = poll_s
+        self.clock = clock
         self.owner = owner or server_name()
-        self.overlap_output = overlap_output
+        self.lease_s = lease_s
+        self.policy = JobPolicy(
+            owner=self.owner,
+            lease_s=lease_s,
+            poll_s=poll_s,
+            output_ttl_s=output_ttl_s or None,
+            job_timeout_s=job_timeout_s,
+            sweep_interval_s=sweep_interval_s,
+            overlap_output=overlap_output,
+            encoder_options=encoder_options,
+            clock=clock,
+        )
         self.book = JobBook(len(self.executors))
-        self._runners: list[threading.Thread] = []
+        self.outcomes = Outcomes(store, files, self.book, self.executors, self.policy)
+        self.runners = [
+            ReplicaRunner(i, ex, store, files, self.book, self.outcomes, self.policy, self._replan)
+            for i, ex in enumerate(self.executors)
+        ]
+        self.leases = LeaseKeeper(store, files, self.book, self.outcomes, self.policy)
+        self.recovery = Recovery(store, files, self.book, self.policy, self._replan)
+        self._runner_threads: list[threading.Thread] = []
         self._background: list[threading.Thread] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -113,18 +136,22 @@ class JobManager:
     def tasks(self) -> tuple[str, ...]:
         return self.executor.tasks
 
+    def _replan(self, request: GenerationRequest) -> GenerationPlan:
+        """A stored job's request planned again here (submitted to another server, or before a restart)."""
+        return plan_request(request, self.defaults, self.tasks)
+
     def start(self) -> None:
         """Recover the stored jobs, then start the runners, the lease heartbeat and the TTL sweeper."""
-        recover(self)
-        self._runners = [
-            threading.Thread(target=run_forever, args=(self, i), name=f"h3serve-job-runner-{i}", daemon=True)
-            for i in range(len(self.executors))
+        self.recovery.recover()
+        self._runner_threads = [
+            threading.Thread(target=runner.run_forever, name=f"h3serve-job-runner-{runner.replica}", daemon=True)
+            for runner in self.runners
         ]
         self._background = [
-            threading.Thread(target=heartbeat_forever, args=(self,), name="h3serve-lease-heartbeat", daemon=True),
-            threading.Thread(target=sweep_forever, args=(self,), name="h3serve-ttl-sweeper", daemon=True),
+            threading.Thread(target=self.leases.heartbeat_forever, name="h3serve-lease-heartbeat", daemon=True),
+            threading.Thread(target=self.recovery.sweep_forever, name="h3serve-ttl-sweeper", daemon=True),
         ]
-        for thread in (*self._runners, *self._background):
+        for thread in (*self._runner_threads, *self._background):
             thread.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -179,7 +206,7 @@ class JobManager:
     def join(self, timeout_s: float = 30.0) -> bool:
         """Wait for every thread to exit; True once all have (the store may then be closed)."""
         deadline = time.monotonic() + timeout_s
-        threads = (*self._runners, *self._background)
+        threads = (*self._runner_threads, *self._background)
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(t.is_alive() for t in threads)
@@ -204,7 +231,7 @@ class JobManager:
     def _replica_status(self, i: int) -> ReplicaStatus:
         active = self.book.active.get(i)
         problem = None
-        if len(self._runners) <= i or not self._runners[i].is_alive():
+        if len(self._runner_threads) <= i or not self._runner_threads[i].is_alive():
             problem = "the job runner is not running"
         elif not self.executors[i].alive():
             problem = "the engine's rank processes are not running"
@@ -312,8 +339,8 @@ class JobManager:
 
     def heartbeat(self) -> None:
         """Renew this server's leases now (the heartbeat thread does so every third of a lease)."""
-        renew_leases(self)
+        self.leases.renew()
 
     def sweep_expired(self) -> int:
         """Delete the files of every job past its `expires_at` now (the sweeper does so periodically)."""
-        return sweep_expired(self)
+        return self.recovery.sweep_expired()

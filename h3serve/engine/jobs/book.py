@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from h3serve.engine.job_types import JobListener, StartListener
+from h3serve.engine.jobs.types import JobListener, StartListener
 from h3serve.rules.validate import GenerationPlan
 
 

@@ -1,0 +1,144 @@
+"""How a job's run ends, recorded once while this server still holds the job: completed with its files written,
+failed with its error, back in the queue (a shutdown stopped it), or dropped (deleted, or claimed by another
+server after this one's lease ran out)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from h3serve.engine.artifacts import discard_files, write_artifacts
+from h3serve.engine.executor import Cancelled, EngineError
+from h3serve.engine.jobs.book import ActiveJob, JobBook
+from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
+from h3serve.engine.output import GenerationOutput
+from h3serve.errors import H3ServeError, job_error_for
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.rules import limits
+
+log = logging.getLogger("h3serve.jobs")
+
+
+def job_error(exc: BaseException) -> JobError:
+    failure = job_error_for(exc)
+    return JobError(failure.code, failure.message)
+
+
+class Outcomes:
+    """Records how the runs of one manager's jobs end, in its store, under its book's lock."""
+
+    def __init__(
+        self, store: JobStore, files: JobFiles, book: JobBook, executors: Sequence[ExecutorLike], policy: JobPolicy
+    ):
+        self.store = store
+        self.files = files
+        self.book = book
+        self.executors = executors
+        self.policy = policy
+
+    def write_and_finish(self, active: ActiveJob, output: GenerationOutput) -> None:
+        """Write the job's MP4 (and its other artifacts) and record it completed; never raises."""
+        job_id = active.job_id
+        encode_start = time.monotonic()
+        try:
+            if active.dropped:
+                discard_files(output)
+                return
+            write_artifacts(self.files.job_dir(job_id), output, self.policy.encoder_options)
+        except Exception:
+            log.exception("job %s: writing the output failed", job_id)
+            self.finish(
+                active,
+                status="failed",
+                error=JobError("output_failed", "writing the video file failed"),
+                inference_time_s=time.monotonic() - active.started,
+            )
+            return
+        now = time.monotonic()
+        self.book.run_seconds = [*self.book.run_seconds[-7:], now - active.started]
+        frames = output.num_frames
+        try:
+            self.finish(
+                active,
+                status="completed",
+                progress=100,
+                num_frames=frames,
+                fps=limits.FPS,
+                duration_s=frames / limits.FPS,
+                stage_durations={**output.stage_durations, "encode": now - encode_start},
+                peak_memory_mb=float(output.peak_memory_mb),
+                inference_time_s=now - active.started,
+            )
+        except Exception:  # the store is away: the lease runs out and the job is claimed and run again
+            log.exception("job %s: recording its completion failed", job_id)
+
+    def drop(self, active: ActiveJob) -> None:
+        """This server no longer holds `active`'s job (called under the lock): it was deleted, or another
+        server claimed it after this one's lease ran out. Either way the run stops at its next step."""
+        job = self.store.get(active.job_id)
+        if job is not None and job.owner == self.policy.owner and job.status in FINISHED:
+            return  # recorded by this very run a moment ago
+        if job is None:
+            active.deleted = True  # the runner removes the files once the executor lets go
+        else:
+            active.lost = True
+            log.warning("job %s: lease lost to %s; stopping this run", active.job_id, job.owner)
+        if active.seq is not None:
+            self.executors[active.replica].cancel(active.seq)
+
+    def record_failure(self, active: ActiveJob, exc: Exception) -> None:
+        """End a run that raised: back in the queue when a shutdown stopped it, else failed. Never raises."""
+        if active.dropped:  # deleted (no record to update) or another server's now
+            return
+        try:
+            error = self._error_for(active, exc)
+            if error is None:
+                with self.book.cond:
+                    if not active.dropped:
+                        self.store.release(active.job_id, self.policy.owner)
+                return
+            # The wall time is recorded for failures too, so they reach the job duration histogram.
+            self.finish(active, status="failed", error=error, inference_time_s=time.monotonic() - active.started)
+        except Exception:
+            log.exception("job %s: recording how it ended failed", active.job_id)
+
+    def _error_for(self, active: ActiveJob, exc: Exception) -> JobError | None:
+        """The job's error for what its run raised; None when a shutdown stopped it (the next start reruns it)."""
+        client_error = isinstance(exc, EngineError) and exc.client_error
+        # Closing cancels the running job, and `executor.close` kills ranks that are still busy (EngineError).
+        if self.book.stopping and (isinstance(exc, Cancelled) or isinstance(exc, EngineError) and not client_error):
+            return None
+        timeout_s = self.policy.job_timeout_s
+        if isinstance(exc, TimeoutError) and timeout_s is not None:
+            return JobError(
+                "timeout",
+                f"the job ran past the server's job timeout ({timeout_s:g} s) and was "
+                "stopped; use a smaller size, a shorter duration or fewer steps",
+            )
+        if not isinstance(exc, H3ServeError):  # a bug, an OSError: the server's, and its text may name paths
+            log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
+        return job_error(exc)
+
+    def finish(self, active: ActiveJob, **changes: Any) -> None:
+        """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""
+        now = int(self.policy.clock())
+        changes["completed_at"] = now
+        if self.policy.output_ttl_s is not None:
+            changes["expires_at"] = now + math.ceil(self.policy.output_ttl_s)
+        with self.book.cond:
+            if active.dropped:
+                return
+            if not self.store.finish(active.job_id, self.policy.owner, **changes):
+                self.drop(active)
+                return
+        job = self.store.get(active.job_id)
+        for listener in self.book.listeners if job is not None else ():
+            try:
+                listener(job)
+            except Exception:
+                log.exception("job listener failed")

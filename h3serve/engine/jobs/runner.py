@@ -1,0 +1,181 @@
+"""A replica's runner: claim the next queued job from the store under a lease, run it on the replica's executor,
+and hand its output to the finisher thread (output overlap: the MP4 is written while the runner takes the next
+job) or write it before the next one (`overlap_output=False`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from h3serve.engine.jobs.book import ActiveJob, JobBook
+from h3serve.engine.jobs.outcomes import Outcomes, job_error
+from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
+from h3serve.engine.output import GenerationOutput
+from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.records import Job
+from h3serve.media.intake import MediaError
+from h3serve.rules.validate import GenerationPlan, RequestError
+
+log = logging.getLogger("h3serve.jobs")
+
+
+class ReplicaRunner:
+    """The runner of replica `replica`: one job at a time, in queue order, until the book says stopping."""
+
+    def __init__(
+        self,
+        replica: int,
+        executor: ExecutorLike,
+        store: JobStore,
+        files: JobFiles,
+        book: JobBook,
+        outcomes: Outcomes,
+        policy: JobPolicy,
+        replan: Replanner,
+    ):
+        self.replica = replica
+        self.executor = executor
+        self.store = store
+        self.files = files
+        self.book = book
+        self.outcomes = outcomes
+        self.policy = policy
+        self.replan = replan
+
+    def run_forever(self) -> None:
+        """The runner thread's body."""
+        try:
+            while (claimed := self._claim()) is not None:
+                job, active = claimed
+                waited = max(0.0, self.policy.clock() - job.created_at)
+                for listener in self.book.start_listeners:
+                    try:
+                        listener(self.replica, waited)
+                    except Exception:
+                        log.exception("job start listener failed")
+                output = None
+                try:
+                    plan = self._plan_for(job, active)
+                    if plan is not None:
+                        output = self._run(active, plan)
+                except Exception as e:  # whatever a run raises ends that job, never the runner
+                    self.outcomes.record_failure(active, e)
+                if output is not None and self.policy.overlap_output:
+                    self._hand_off(active, output)  # written while this runner takes the next job
+                else:
+                    if output is not None:
+                        self.outcomes.write_and_finish(active, output)
+                    self._release(active)
+        finally:
+            finisher = self.book.finishers.get(self.replica)
+            if finisher is not None:
+                finisher.join()  # the runner ends once its last output is written
+
+    def _claim(self) -> tuple[Job, ActiveJob] | None:
+        """The next job for this replica, registered as active (under the lock, so a delete sees it), or None
+        after waiting for a wake-up; None also once stopping."""
+        book = self.book
+        with book.cond:
+            while not book.stopping:
+                seen = book.wakeups
+                try:
+                    job = self.store.claim(self.policy.owner, self.policy.lease_s)
+                except Exception:
+                    log.exception("claiming a job from the store failed; retrying")
+                    job = None
+                if job is not None and book.find(job.id) is not None:
+                    # Our own running job, its lease run out (a heartbeat held up): the claim renewed it.
+                    log.warning("job %s: lease ran out while running here; renewed", job.id)
+                elif job is not None:
+                    active = book.active[self.replica] = ActiveJob(job.id, self.replica)
+                    return job, active
+                if book.wakeups == seen:
+                    book.cond.wait(self.policy.poll_s)
+            return None
+
+    def _hand_off(self, active: ActiveJob, output: GenerationOutput) -> None:
+        """Give the job to the replica's finisher thread (after its previous one is written) and free the replica."""
+        previous = self.book.finishers.get(self.replica)
+        if previous is not None:
+            previous.join()  # one job finishing per replica: bounded memory, outcomes recorded in order
+
+        def write_then_release() -> None:
+            try:
+                self.outcomes.write_and_finish(active, output)
+            finally:
+                self._release(active)
+
+        with self.book.cond:
+            del self.book.active[self.replica]
+            self.book.finishing[self.replica] = active
+        thread = threading.Thread(target=write_then_release, name=f"h3serve-job-finisher-{self.replica}", daemon=True)
+        self.book.finishers[self.replica] = thread
+        thread.start()
+
+    def _release(self, active: ActiveJob) -> None:
+        """The job leaves this server's hands: remove a deleted job's files, count it, wake its waiters."""
+        book = self.book
+        with book.cond:
+            if active.deleted:
+                self.files.remove(active.job_id)
+            if book.active.get(self.replica) is active:
+                del book.active[self.replica]
+            if book.finishing.get(self.replica) is active:
+                del book.finishing[self.replica]
+            book.served[self.replica] += 1
+            book.plans.pop(active.job_id, None)
+            book.finish_waiters(active.job_id)  # after the outcome is stored: a sync waiter reads it next
+            book.cond.notify_all()  # a drain waits for the held jobs
+
+    def _plan_for(self, job: Job, active: ActiveJob) -> GenerationPlan | None:
+        """The job's plan: the one made at submission, else planned again (a job submitted to another server,
+        or before a restart); None after failing the job when its request no longer plans."""
+        plan = self.book.plans.get(job.id)
+        if plan is not None:
+            return plan
+        try:
+            return self.replan(job.request)
+        except (RequestError, MediaError) as e:  # the model or the input files changed under the job
+            self.outcomes.finish(active, status="failed", error=job_error(e))
+            return None
+
+    def _run(self, active: ActiveJob, plan: GenerationPlan) -> GenerationOutput | None:
+        """The engine run of the job; its output, or None when the job was dropped meanwhile."""
+        executor, book = self.executor, self.book
+        job_id = active.job_id
+        reported = [0]
+
+        def on_start(seq: int) -> None:
+            with book.cond:
+                active.seq = seq
+                active.last_progress = time.monotonic()
+                if active.dropped or book.stopping:
+                    executor.cancel(seq)
+
+        def on_progress(done: int, total: int) -> None:
+            active.last_progress = time.monotonic()
+            percent = min(99, done * 100 // max(total, 1))  # 100 only once the files are written
+            if percent > reported[0]:
+                reported[0] = percent
+                with book.cond:
+                    if active.dropped:
+                        return
+                    try:
+                        held = self.store.update_owned(job_id, self.policy.owner, progress=percent)
+                    except Exception:  # the database is briefly away: the lease decides, not a progress tick
+                        log.warning("job %s: recording progress failed", job_id, exc_info=True)
+                        return
+                    if not held:
+                        self.outcomes.drop(active)
+
+        output = executor.generate(
+            plan,
+            on_progress=on_progress,
+            on_start=on_start,
+            timeout_s=self.policy.job_timeout_s,
+            encoder=self.policy.encoder_options,
+        )
+        book.counters[self.replica] = dict(output.counters)
+        return None if active.dropped else output
