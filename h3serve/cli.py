@@ -34,7 +34,7 @@ def format_stages(durations: dict[str, float]) -> str:
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:
-    from h3serve.engine.args import add_engine_args
+    from h3serve.tools.engine_args import add_engine_args
 
     p = sub.add_parser("generate", help="generate one MP4 (video + stereo audio) from a prompt")
     p.add_argument("prompt")
@@ -199,13 +199,13 @@ def _check_writable(flag: str, path: str | None) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.adapters.serving import engine_defaults
     from h3serve.checkpoint.resolver import read_layout
-    from h3serve.engine.args import engine_config_from_args
     from h3serve.engine.planning import plan_request
     from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.rank.placement import device_memory_of, long_request_refusal
     from h3serve.rank.startup import check_engine
     from h3serve.rules.request import tasks_served
+    from h3serve.tools.engine_args import engine_config_from_args
 
     # Everything that can be refused is refused here, before a weight is read.
     try:
@@ -248,7 +248,7 @@ def _run_engine(config, plan, output_path, options):
     from tqdm import tqdm
 
     from h3serve.engine.executor import Executor
-    from h3serve.engine.stream_output import Mp4Sink
+    from h3serve.media.sink import Mp4Sink
     from h3serve.rank.local import LocalEngine
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects

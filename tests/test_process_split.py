@@ -49,7 +49,7 @@ def test_cli_argument_parsing_does_not_import_torch():
 def test_the_engine_flags_are_checked_without_torch(tiny_checkpoint):
     """`h3serve serve` parses and validates every engine flag in the API process; only the ranks load torch."""
     code = (
-        "import argparse\nfrom h3serve.engine.args import add_engine_args, engine_config_from_args\n"
+        "import argparse\nfrom h3serve.tools.engine_args import add_engine_args, engine_config_from_args\n"
         "p = argparse.ArgumentParser()\nadd_engine_args(p)\n"
         "args = p.parse_args(['--device', 'auto', '--cache-backend', 'cache_dit', '--quantization', 'fp8'])\n"
         f"engine_config_from_args(args, {str(tiny_checkpoint)!r})"

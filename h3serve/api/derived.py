@@ -36,8 +36,8 @@ from h3serve.api.media_inputs import store_media
 from h3serve.api.request_model import VideoCreateFields
 from h3serve.api.request_reader import read_request_fields
 from h3serve.api.submission import check_model, ensure_capacity, queue_request, with_lora
-from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
+from h3serve.media.previews import VARIANTS
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, resolve_long_video_mode, resolve_task

@@ -51,7 +51,7 @@ class FrameWriter(Protocol):
 
 class FrameSink(Protocol):
     """Where a streamed decode goes (`--decode-mode stream`): opened once the soundtrack is decoded, then fed
-    the video's uint8 frames chunk by chunk (h3serve.engine.stream_output writes them into an MP4)."""
+    the video's uint8 frames chunk by chunk (h3serve.media.sink writes them into an MP4)."""
 
     def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> AbstractContextManager[FrameWriter]:
         ...

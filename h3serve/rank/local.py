@@ -133,7 +133,7 @@ class LocalEngine:
         self, plan: GenerationPlan, on_progress: StepCallback | None = None, sink: FrameSink | None = None
     ) -> GenerationOutput:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too).
-        With a `sink` the video is streamed into it (h3serve.engine.stream_output) and the output holds no frames.
+        With a `sink` the video is streamed into it (h3serve.media.sink) and the output holds no frames.
 
         A long video request is first put to the memory planner (its longest pass on this device): one that
         cannot fit is refused as the client's error before anything runs."""

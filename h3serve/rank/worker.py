@@ -179,8 +179,8 @@ def _start(rank: int, world: int, init_method: str, config: EngineConfig, events
 
 def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, comm_device: torch.device) -> None:
     """One job on this rank; rank 0 reports its progress and its outcome."""
-    from h3serve.engine.stream_output import DiscardSink, Mp4Sink
     from h3serve.media.raw import write_raw
+    from h3serve.media.sink import DiscardSink, Mp4Sink
 
     cancelled = CancelVote(cancel_value, job.seq, rank, world, comm_device)
 

@@ -19,7 +19,7 @@ PRESETS = ("released",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from h3serve.engine.args import add_engine_args
+    from h3serve.tools.engine_args import add_engine_args
 
     p = sub.add_parser("plan", help="per rank and stage, the device and host memory a configuration needs")
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR", help="checkpoint folder (configs are read, no weights)")
@@ -106,7 +106,6 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint.resolver import read_layout
     from h3serve.config import DECODE_MODES, EngineConfig
-    from h3serve.engine.args import adaln_memo, device_memory, layout_fields, offload_config, quantization
     from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory
     from h3serve.offload.model_configs import model_dims
@@ -115,6 +114,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.parallel.degrees import check_degrees
     from h3serve.rules.names import TASK_TYPE_ALIASES
     from h3serve.rules.validate import ModelDefaults
+    from h3serve.tools.engine_args import adaln_memo, device_memory, layout_fields, offload_config, quantization
 
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")

@@ -32,8 +32,8 @@ def _default(cls: type, name: str) -> Any:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from h3serve.api.config import ServerConfig
-    from h3serve.engine.args import add_engine_args
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.tools.engine_args import add_engine_args
 
     def server(name: str) -> Any:
         return _default(ServerConfig, name)
@@ -118,8 +118,8 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.config import ServerConfig, default_data_dir
     from h3serve.checkpoint.resolver import CheckpointError
-    from h3serve.engine.args import engine_config_from_args
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.tools.engine_args import engine_config_from_args
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

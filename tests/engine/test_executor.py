@@ -45,8 +45,9 @@ def test_result_equals_in_process_engine(executor, tiny_checkpoint):
 
 
 def test_streamed_job_files_hold_the_full_decodes_bytes(executor, tmp_path):
-    from h3serve.engine.artifacts import VARIANTS, write_artifacts
+    from h3serve.engine.artifacts import write_artifacts
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.media.previews import VARIANTS
 
     fast = EncoderOptions(preset="ultrafast", threads=1)
     full = executor.generate(_plan(executor, steps=2))

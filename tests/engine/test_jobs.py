@@ -13,7 +13,6 @@ from waiting import wait_until
 
 from h3serve.api.metrics import Metrics
 from h3serve.engine.admission import TooCostly
-from h3serve.engine.artifacts import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.errors import INTERNAL_ERROR_MESSAGE
@@ -21,6 +20,7 @@ from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.media.previews import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError
 

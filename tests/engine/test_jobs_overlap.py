@@ -11,12 +11,12 @@ from fake_executor import FakeExecutor
 from waiting import wait_until
 
 from h3serve.engine import job_outcome
-from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.media.previews import VARIANTS
 from h3serve.rules.request import GenerationRequest
 
 FAST_ENCODE = EncoderOptions(preset="ultrafast", threads=1)

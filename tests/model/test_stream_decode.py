@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from h3serve.engine.stream_output import Mp4Sink
 from h3serve.media import mp4
 from h3serve.media.mp4 import EncoderOptions, write_mp4
+from h3serve.media.sink import Mp4Sink
 from h3serve.model import audio_windows
 from h3serve.model.decoder import SourceHead
 from h3serve.model.pipeline_types import Conditioning, StageClock

@@ -11,8 +11,8 @@ from offload_sessions import dlo
 from rank_sessions import plan_for
 
 from h3serve.config import EngineConfig
-from h3serve.engine.stream_output import DiscardSink, Mp4Sink
 from h3serve.media.mp4 import EncoderOptions, write_mp4
+from h3serve.media.sink import DiscardSink, Mp4Sink
 from h3serve.model.pipeline_types import StageClock
 from h3serve.model.stream_decode import decode_chunks
 from h3serve.offload.config import OffloadConfig

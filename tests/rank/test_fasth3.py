@@ -102,7 +102,7 @@ def test_a_fasth3_file_given_to_lora_path_is_fused_and_a_bad_one_is_refused(tiny
     import argparse
 
     from h3serve.config import ConfigError
-    from h3serve.engine.args import add_engine_args, engine_config_from_args
+    from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
     cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
     good = write_fasth3_adapter(tmp_path / "good", cfg, rank=2)

@@ -21,8 +21,8 @@ from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.submission import submit
 from h3serve.api.sync_line import Deadline
-from h3serve.engine.artifacts import VARIANTS
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
+from h3serve.media.previews import VARIANTS
 
 log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])

@@ -20,8 +20,8 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.planning import plan_request
-from h3serve.engine.stream_output import Mp4Sink
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.media.sink import Mp4Sink
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.report import plan_json

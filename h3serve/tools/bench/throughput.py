@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.config import EngineConfig
-from h3serve.engine.artifacts import VARIANTS
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.files import JobFiles
 from h3serve.jobstore.records import FINISHED
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.media.previews import VARIANTS
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.rules.request import GenerationRequest
 

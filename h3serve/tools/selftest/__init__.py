@@ -19,8 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-from h3serve.engine.args import add_engine_args
 from h3serve.errors import ConfigError
+from h3serve.tools.engine_args import add_engine_args
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -25,8 +25,8 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
 
 
 def run(args: argparse.Namespace) -> list[Outcome]:
-    from h3serve.engine.args import engine_config_from_args
     from h3serve.rank.startup import check_engine
+    from h3serve.tools.engine_args import engine_config_from_args
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
     model = Path(args.model) if args.model else ensure_tiny_checkpoint("tiny")

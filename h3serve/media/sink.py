@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from h3serve.engine.artifacts import preview_indices, write_previews
 from h3serve.media.mp4 import EncoderOptions, Mp4Writer
+from h3serve.media.previews import preview_indices, write_previews
 from h3serve.rules import limits
 
 

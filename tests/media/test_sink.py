@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from h3serve.engine.artifacts import VARIANTS, write_artifacts
+from h3serve.engine.artifacts import write_artifacts
 from h3serve.engine.output import GenerationOutput
-from h3serve.engine.stream_output import DiscardSink, Mp4Sink
 from h3serve.media.mp4 import EncoderOptions, rgb8
+from h3serve.media.previews import VARIANTS
+from h3serve.media.sink import DiscardSink, Mp4Sink
 
 FAST = EncoderOptions(preset="ultrafast", threads=1)
 
