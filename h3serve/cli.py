@@ -202,8 +202,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.engine.planning import plan_request
     from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
+    from h3serve.rank.device_checks import check_engine
     from h3serve.rank.placement import device_memory_of, long_request_refusal
-    from h3serve.rank.startup import check_engine
     from h3serve.rules.request import tasks_served
     from h3serve.tools.engine_args import engine_config_from_args
 

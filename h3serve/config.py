@@ -2,7 +2,7 @@
 
 No torch here: the API process builds, checks and ships an `EngineConfig` without loading it. What only torch can
 tell (which device `auto` is, whether a GPU or a kernel is there) each rank checks before it reads a weight
-(`h3serve.rank.startup`), with the same `ConfigError` messages.
+(`h3serve.rank.device_checks`), with the same `ConfigError` messages.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, lora_enabled
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
-from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
+from h3serve.offload.modes import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules.names import TASK_TYPES
 
@@ -73,7 +73,7 @@ class EngineConfig:
     max_cpu_loras: int = 4
     max_loras: int = 2
     max_lora_rank: int | None = None
-    dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (h3serve.rank.fasth3)
+    dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES

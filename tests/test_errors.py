@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 import h3serve
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.engine.executor import EngineError
 from h3serve.errors import INTERNAL_ERROR_MESSAGE, ClientError, ConfigError, H3ServeError, ServerError, job_error_for
 from h3serve.jobstore.records import CLIENT_ERROR_CODES, JobError

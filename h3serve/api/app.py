@@ -14,12 +14,12 @@ import h3serve
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.api.auth import bearer_auth
 from h3serve.api.body_limit import BodySizeLimit
-from h3serve.api.config import ServerConfig
 from h3serve.api.context import ServerContext
-from h3serve.api.errors import install_error_handlers
+from h3serve.api.error_envelope import install_error_handlers
 from h3serve.api.last_resort import LastResort
-from h3serve.api.metrics import Metrics
+from h3serve.api.prometheus import Metrics
 from h3serve.api.routes import system, videos, web
+from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager

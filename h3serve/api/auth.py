@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastapi import Request
 
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 
 
 def bearer_auth(api_key: str | None) -> Callable[[Request], None]:

@@ -18,7 +18,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from h3serve.api.brackets import BracketError, base_name, unflatten
 from h3serve.api.coerce import parse_json
-from h3serve.api.errors import APIError, bad_request
+from h3serve.api.error_envelope import APIError, bad_request
 from h3serve.api.percent import form_pairs
 from h3serve.rules import limits
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from h3serve.api.errors import APIError, error_response
+from h3serve.api.error_envelope import APIError, error_response
 
 
 def _too_large(limit: int) -> APIError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from h3serve.api.errors import APIError, bad_request
+from h3serve.api.error_envelope import APIError, bad_request
 from h3serve.rules import limits
 
 # Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from h3serve.adapters.catalog import LoraCatalog
-from h3serve.api.config import ServerConfig
-from h3serve.api.metrics import Metrics
+from h3serve.api.prometheus import Metrics
+from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager

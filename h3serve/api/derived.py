@@ -30,12 +30,12 @@ from starlette.concurrency import run_in_threadpool
 from h3serve.api.body import RequestBody, read_body
 from h3serve.api.coerce import as_json
 from h3serve.api.context import ServerContext
-from h3serve.api.errors import APIError, bad_request, not_found
+from h3serve.api.create_job import check_model, ensure_capacity, queue_request, with_lora
+from h3serve.api.error_envelope import APIError, bad_request, not_found
 from h3serve.api.media_fields import MediaSource, media_sources
 from h3serve.api.media_inputs import store_media
 from h3serve.api.request_model import VideoCreateFields
 from h3serve.api.request_reader import read_request_fields
-from h3serve.api.submission import check_model, ensure_capacity, queue_request, with_lora
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.media.previews import VARIANTS
 from h3serve.rules import limits

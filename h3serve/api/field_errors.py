@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from h3serve.api.coerce import preview
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.api.request_model import VideoCreateFields
 from h3serve.rules.names import SAMPLE_SOLVERS
 

@@ -28,9 +28,9 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from h3serve.api.body_timeout import BodyTimeouts
-from h3serve.api.config import ServerConfig
 from h3serve.api.log_limit import RateLimitFilter
-from h3serve.api.metrics import Metrics
+from h3serve.api.prometheus import Metrics
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 
 log = logging.getLogger("h3serve.http")

@@ -20,7 +20,7 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from h3serve.api.errors import error_response
+from h3serve.api.error_envelope import error_response
 
 log = logging.getLogger("h3serve.api")
 SHUTDOWN_RETRY_AFTER_S = 5

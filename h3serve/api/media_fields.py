@@ -12,7 +12,7 @@ from starlette.datastructures import UploadFile
 
 from h3serve.api.body import RequestBody
 from h3serve.api.coerce import as_json, as_text
-from h3serve.api.errors import bad_request
+from h3serve.api.error_envelope import bad_request
 from h3serve.rules import limits
 from h3serve.rules.request import MediaKind
 

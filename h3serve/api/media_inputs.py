@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from starlette.datastructures import UploadFile
 
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.api.media_fields import SOURCE_FIELDS, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES

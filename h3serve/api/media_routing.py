@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from h3serve.api.errors import bad_request
+from h3serve.api.error_envelope import bad_request
 from h3serve.api.media_fields import SOURCE_FIELDS
 from h3serve.api.media_inputs import StoredMedia
 from h3serve.rules.request import GenerationRequest, MediaRef

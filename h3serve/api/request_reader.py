@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from h3serve.api.body import RequestBody
 from h3serve.api.coerce import as_object, reject_unknown
-from h3serve.api.errors import bad_request
+from h3serve.api.error_envelope import bad_request
 from h3serve.api.field_errors import field_error
 from h3serve.api.media_fields import MEDIA_FIELDS
 from h3serve.api.request_model import MASK_FIELDS, SCALAR_FIELDS, ExtraParams, Target, VideoCreateFields

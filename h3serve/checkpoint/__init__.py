@@ -1,2 +1,3 @@
 """Reading a checkpoint: where its components live in either layout (`resolver`, `native`), its files and configs
-(`files`, `native_config`), torch-free; and its tensors read lazily into meta-built modules (`weights`, torch)."""
+(`file_reading`, `native_config`), torch-free; and its tensors read lazily into meta-built modules (`weights`,
+torch)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from h3serve.checkpoint import native_config
-from h3serve.checkpoint.files import CheckpointError, missing_weights, read_json
+from h3serve.checkpoint.file_reading import CheckpointError, missing_weights, read_json
 
 VARIANTS = {"transformer": "FL2VA", "transformer_ref": "Ref2VA"}  # our DiT component -> variant folder
 PARTITIONS = {"transformer": "fl2va", "transformer_ref": "ref2va"}

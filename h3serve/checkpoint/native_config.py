@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from h3serve.checkpoint.files import CheckpointError, read_json
+from h3serve.checkpoint.file_reading import CheckpointError, read_json
 
 QKV_LAYOUTS = ("interleaved", "stacked")
 DEFAULT_QKV_LAYOUT = "interleaved"  # the MiniMaxAI shards; a single-file [q; k; v] export must say "stacked"

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from h3serve.checkpoint import native_config
-from h3serve.checkpoint.files import INDEX_FILE, CheckpointError, missing_weights, read_json, safetensors_files
+from h3serve.checkpoint.file_reading import INDEX_FILE, CheckpointError, missing_weights, read_json, safetensors_files
 from h3serve.checkpoint.native import read_native, variant_folders
 from h3serve.rules.defaults import ModelDefaults
 

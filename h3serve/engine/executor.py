@@ -97,7 +97,7 @@ class Executor:
     ranks; only the leader (global rank 0's node) serves `generate`, the others call `run_follower`.
     `replica` (data parallelism, see `h3serve.engine.replicas`): this executor's GPUs are the replica's slice,
     devices `replica * world_size ...`; it shares nothing else with the other replicas' executors.
-    Start-up raises `EngineError`, or `ConfigError` for a flag the ranks' own check refused (h3serve.rank.startup).
+    Start-up raises `EngineError`, or `ConfigError` for a flag the ranks' own check refused (rank.device_checks).
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 N executors, each its own rank group on its own devices, all fed by one job queue (`JobManager`).
 
 On GPU replica i uses devices i·world ... (i+1)·world - 1; on CPU each replica has its own rank processes and,
-unless --threads says otherwise, each rank takes an equal share of the cores (h3serve.rank.startup.cpu_threads).
+unless --threads says otherwise, each rank takes an equal share of the cores (h3serve.rank.device_checks.cpu_threads).
 They start together (the model loads N times in parallel) and share nothing but the queue: a rank that dies fails
 only its replica's job."""
 

@@ -17,8 +17,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from h3serve.jobstore import migrations
-from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.jobstore.sql import Row, SQLJobStore
+from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
 
 log = logging.getLogger("h3serve.store")
 # pg_advisory_xact_lock key: servers starting together apply the migrations one at a time.

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from h3serve.jobstore import migrations
-from h3serve.jobstore.errors import StoreClosed
 from h3serve.jobstore.sql import Row, SQLJobStore
+from h3serve.jobstore.store_errors import StoreClosed
 
 
 class SQLiteJobStore(SQLJobStore):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from h3serve.offload.plan import PlacementPlan, RankPlan
+from h3serve.offload.placement_plan import PlacementPlan, RankPlan
 
 if TYPE_CHECKING:  # the inventory needs torch; the report (parent side) reads ADAPTERS from here
     from h3serve.offload.inventory import Inventory

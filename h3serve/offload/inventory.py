@@ -25,10 +25,10 @@ from torch import nn
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.model_configs import RELEASED, checkpoint_configs, released_configs
-from h3serve.offload.plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
+from h3serve.offload.placement_plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
+from h3serve.parallel.text_encoder_tp import TEXT_ENCODER_TP_PLAN
 
 ADALN_GROUP = RESIDENT_GROUP  # transformer_blocks: each holds one adaln_proj
 ADALN_OUT = "norm_out.linear."

@@ -9,12 +9,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3serve.checkpoint.files import weight_keys
+from h3serve.checkpoint.file_reading import weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, read_layout, safetensors_files
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer_config import H3TransformerConfig
 from h3serve.parallel.degrees import ModelDims, read_model_dims
-from h3serve.parallel.text_encoder import checkpoint_module_names
+from h3serve.parallel.text_encoder_tp import checkpoint_module_names
 from h3serve.rules import limits
 
 RELEASED = "released"

@@ -31,7 +31,7 @@ On CPU there is no term: the rank's memory is its resident set, which the bench 
 
 from __future__ import annotations
 
-from h3serve.offload.plan import GiB
+from h3serve.offload.placement_plan import GiB
 from h3serve.parallel.degrees import ParallelDegrees
 
 MiB = 2**20

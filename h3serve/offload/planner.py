@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adaln import adaln_slot, modulation_bytes
-from h3serve.offload.config import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.inventory import ComponentBytes, Inventory
+from h3serve.offload.modes import OffloadConfig, OffloadError, check_resident_layers
 from h3serve.offload.overhead import runtime_overhead
-from h3serve.offload.plan import (
+from h3serve.offload.placement_plan import (
     ADALN,
     ADALN_MEMO,
     MAIN_DIT,

@@ -22,9 +22,17 @@ from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.adapters import ADAPTERS
-from h3serve.offload.config import OffloadConfig
 from h3serve.offload.host_heap import release_free_heap
-from h3serve.offload.plan import ADALN, BLOCK_GROUPS, MAIN_DIT, RESIDENT_GROUP, STAGES, RankPlan, stage_components
+from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.placement_plan import (
+    ADALN,
+    BLOCK_GROUPS,
+    MAIN_DIT,
+    RESIDENT_GROUP,
+    STAGES,
+    RankPlan,
+    stage_components,
+)
 from h3serve.offload.slots import SlotPair
 from h3serve.offload.units import GatheredUnit, HostUnit
 

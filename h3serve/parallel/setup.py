@@ -65,7 +65,7 @@ class RankParallel:
         if dist.get_world_size() != degrees.world_size:
             raise ValueError(f"the process group has {dist.get_world_size()} ranks, the layout {degrees.world_size}")
         from h3serve.model.transformer import H3Transformer
-        from h3serve.parallel.text_encoder import TEXT_ENCODER_TP_PLAN
+        from h3serve.parallel.text_encoder_tp import TEXT_ENCODER_TP_PLAN
 
         tp_group = _new_groups(degrees, rank, ("tp",))
         ulysses_group = _new_groups(degrees, rank, ("ulysses",))
@@ -112,7 +112,7 @@ class RankParallel:
         load_device = load_device or device
         from transformers import AutoConfig, AutoTokenizer
 
-        from h3serve.parallel.text_encoder import ParallelTextConditioner, load_text_encoder_shard
+        from h3serve.parallel.text_encoder_tp import ParallelTextConditioner, load_text_encoder_shard
         from h3serve.rules import limits
 
         if self.runs_encoder_whole:

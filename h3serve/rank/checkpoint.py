@@ -17,12 +17,12 @@ import torch
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import load_stored_fp8, prepare_fp8, quantizing
 from h3serve.checkpoint import native_config
-from h3serve.checkpoint.files import file_metadata, safetensors_header, weight_keys
+from h3serve.checkpoint.file_reading import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.checkpoint.weights import iter_tensors, materialize, realign
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
-from h3serve.rank import fasth3 as fuse_adapter
+from h3serve.rank import fasth3_fusion as fuse_adapter
 from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
 
@@ -48,7 +48,7 @@ def load_transformer(
     else the config's `qkv_layout`, else "interleaved" (the MiniMaxAI shards). With `tp`, the model is this rank's
     tensor-parallel shard and only its slices are read. With `quant` (or FP8 weights in the checkpoint) the selected
     linears load as FP8 (h3serve.accel.quantize), each weight quantised on `device` as it is read. `adapter`: a
-    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.rank.fasth3).
+    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.rank.fasth3_fusion).
     """
     folder = Path(folder)
     config_path = folder / "config.json"
@@ -182,7 +182,7 @@ def load_text_conditioner(
     from transformers.utils import logging as hf_logging
 
     from h3serve.model.text_encoder import TextConditioner
-    from h3serve.parallel.text_encoder import checkpoint_module_names
+    from h3serve.parallel.text_encoder_tp import checkpoint_module_names
     from h3serve.rules import limits
 
     config = AutoConfig.from_pretrained(folder)

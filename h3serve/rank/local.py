@@ -26,12 +26,12 @@ from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.checkpoint import load_components
-from h3serve.rank.conditioning import load_conditioning
+from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, start_up_notices
 from h3serve.rank.lora import lora_runtime
+from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
 from h3serve.rank.placement import device_memory_of, long_request_refusal, placement_for_engine
 from h3serve.rank.quantization import resolve_kernel
-from h3serve.rank.startup import RankDevice, check_engine, cpu_threads, start_up_notices
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
 

@@ -15,7 +15,7 @@ import torch
 from accelerate import init_empty_weights
 
 from h3serve.checkpoint import native_config
-from h3serve.checkpoint.files import CheckpointError
+from h3serve.checkpoint.file_reading import CheckpointError
 from h3serve.checkpoint.weights import iter_tensors, materialize
 from h3serve.model import vae_keys
 

@@ -13,13 +13,13 @@ from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adapters import lora_bytes, with_adapter_bytes, with_lora_blocks
-from h3serve.offload.config import AUTO, OffloadError
 from h3serve.offload.inventory import build_inventory
-from h3serve.offload.plan import TASK_DIT, GiB, PlacementPlan
+from h3serve.offload.modes import AUTO, OffloadError
+from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
+from h3serve.offload.plan_report import format_plan
 from h3serve.offload.planner import Runtime
-from h3serve.offload.report import format_plan
-from h3serve.offload.startup import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
-from h3serve.rank.startup import resolve_device, resolve_dtype
+from h3serve.offload.request_shapes import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
+from h3serve.rank.device_checks import resolve_device, resolve_dtype
 from h3serve.rules.validate import GenerationPlan
 
 

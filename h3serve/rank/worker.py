@@ -23,7 +23,7 @@ from h3serve.config import EngineConfig
 from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
 from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
-from h3serve.rank.startup import check_engine
+from h3serve.rank.device_checks import check_engine
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h3serve.media import metrics
+from h3serve.media import fidelity
 
 EXIT_BELOW_THRESHOLD = 1
 EXIT_USAGE = 2
@@ -114,13 +114,13 @@ def compare_clips(a: Clip, b: Clip) -> Comparison:
         frames_b=b.video.shape[0],
         samples_a=a.audio.shape[-1],
         samples_b=b.audio.shape[-1],
-        psnr_db=metrics.psnr(va, vb),
+        psnr_db=fidelity.psnr(va, vb),
         ssim=ssim(va, vb),
-        pixel_cosine=metrics.cosine(va, vb),
-        video_max_abs_diff=metrics.max_abs_diff(va, vb),
-        mel_cosine=metrics.log_mel_cosine(aa, ab),
-        snr_db=metrics.snr(aa, ab),
-        audio_max_abs_diff=metrics.max_abs_diff(aa, ab),
+        pixel_cosine=fidelity.cosine(va, vb),
+        video_max_abs_diff=fidelity.max_abs_diff(va, vb),
+        mel_cosine=fidelity.log_mel_cosine(aa, ab),
+        snr_db=fidelity.snr(aa, ab),
+        audio_max_abs_diff=fidelity.max_abs_diff(aa, ab),
     )
 
 

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
-    from h3serve.tools.demo_training.run import LOSS_PLOT, Recipe, train_demo
+    from h3serve.tools.demo_training.train import LOSS_PLOT, Recipe, train_demo
 
     if not args.scale > 0:
         return fail(f"--scale: must be positive, got {args.scale}")

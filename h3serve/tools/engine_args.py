@@ -19,7 +19,7 @@ from h3serve.adapters.catalog import parse_lora_paths
 from h3serve.adapters.fasth3 import is_fasth3_path
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, EngineConfig
 from h3serve.errors import ConfigError
-from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
+from h3serve.offload.modes import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 from h3serve.rules.names import TASK_TYPE_ALIASES
 
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the

@@ -106,11 +106,11 @@ def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint.resolver import read_layout
     from h3serve.config import DECODE_MODES, EngineConfig
-    from h3serve.offload.config import parse_bytes
     from h3serve.offload.inventory import RELEASED, build_inventory
     from h3serve.offload.model_configs import model_dims
+    from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
-    from h3serve.offload.startup import plan_largest, served_tasks
+    from h3serve.offload.request_shapes import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.rules.names import TASK_TYPE_ALIASES
     from h3serve.rules.validate import ModelDefaults
@@ -154,7 +154,7 @@ def build_plan(args: argparse.Namespace):
 def cmd_plan(args: argparse.Namespace) -> int:
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
-    from h3serve.offload.report import format_plan, plan_json
+    from h3serve.offload.plan_report import format_plan, plan_json
     from h3serve.rules.validate import RequestError
 
     try:

@@ -13,11 +13,11 @@ from h3serve.errors import ConfigError
 from h3serve.tools.cli_util import EXIT_ERROR, EXIT_USAGE, fail, model_dir
 
 if TYPE_CHECKING:
-    from h3serve.api.config import ServerConfig
+    from h3serve.api.server_config import ServerConfig
     from h3serve.config import EngineConfig
     from h3serve.engine.executor import Executor
     from h3serve.engine.jobs import JobManager
-    from h3serve.jobstore.files import JobFiles
+    from h3serve.jobstore.job_files import JobFiles
     from h3serve.jobstore.protocol import JobStore
     from h3serve.parallel.rendezvous import Rendezvous
 
@@ -31,7 +31,7 @@ def _default(cls: type, name: str) -> Any:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from h3serve.api.config import ServerConfig
+    from h3serve.api.server_config import ServerConfig
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.tools.engine_args import add_engine_args
 
@@ -116,7 +116,7 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from h3serve.api.config import ServerConfig, default_data_dir
+    from h3serve.api.server_config import ServerConfig, default_data_dir
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.tools.engine_args import engine_config_from_args
@@ -185,7 +185,7 @@ def _open_storage(server_config: ServerConfig) -> tuple[JobStore, JobFiles]:
     `psycopg.Error` (an unreachable PostgreSQL) or `RuntimeError` (a database from a newer h3serve) if the
     data dir or the database cannot hold them."""
     from h3serve.jobstore import open_job_store
-    from h3serve.jobstore.files import JobFiles
+    from h3serve.jobstore.job_files import JobFiles
 
     store = open_job_store(server_config.job_store or server_config.store_path)
     try:

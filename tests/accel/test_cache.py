@@ -120,7 +120,7 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
 
 def test_quality_high_is_refused_where_the_engine_cannot_cache(tiny_checkpoint):
     from h3serve.config import EngineConfig
-    from h3serve.offload.config import OffloadConfig
+    from h3serve.offload.modes import OffloadConfig
     from h3serve.rank.local import LocalEngine
 
     config = EngineConfig(model=tiny_checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))

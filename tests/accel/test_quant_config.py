@@ -12,7 +12,7 @@ import torch
 from h3serve.accel.quant_checks import dit_linear_names, text_linear_names
 from h3serve.accel.quant_config import ComponentQuant, QuantizationError, parse_quantization
 from h3serve.config import ConfigError, EngineConfig
-from h3serve.rank.startup import check_engine
+from h3serve.rank.device_checks import check_engine
 from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 

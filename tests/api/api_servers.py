@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 from fake_executor import FakeExecutor
 
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 
 API_KEY = "test-key"

@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 from h3serve.api.app import create_app
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.rules.names import SAMPLE_SOLVERS
 

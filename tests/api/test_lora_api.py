@@ -14,9 +14,9 @@ from h3serve.adapters import catalog as catalog_module
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.peft import target_shapes
 from h3serve.api.app import create_app
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.tools.tiny_adapter import write_peft_adapter, write_turbo_adapter
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from h3serve.api.metrics import LATENCY_BUCKETS, Metrics
+from h3serve.api.prometheus import LATENCY_BUCKETS, Metrics
 from h3serve.jobstore.records import JOB_STATUSES
 
 # Every series the hand-written exposition had: (sample name, label names).

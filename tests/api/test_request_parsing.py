@@ -12,7 +12,7 @@ from PIL import Image
 from h3serve.api.body import RequestBody, _json_object
 from h3serve.api.brackets import BracketError, unflatten
 from h3serve.api.coerce import MAX_NESTING
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.api.media_fields import MediaSource, media_sources
 from h3serve.api.media_inputs import StoredMedia
 from h3serve.api.media_routing import media_aliases, place_media

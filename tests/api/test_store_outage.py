@@ -8,10 +8,10 @@ from fake_executor import FakeExecutor
 from fastapi.testclient import TestClient
 
 from h3serve.api.app import create_app
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore import open_job_store
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate

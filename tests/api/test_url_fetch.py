@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.api.media_fields import MediaSource
 from h3serve.api.media_inputs import store_media
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError, public_address_only

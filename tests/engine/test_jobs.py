@@ -11,12 +11,12 @@ from fake_executor import CLIENT_FAIL_PROMPT, CRASH_PROMPT, FAIL_PROMPT, TIMEOUT
 from PIL import Image
 from waiting import wait_until
 
-from h3serve.api.metrics import Metrics
+from h3serve.api.prometheus import Metrics
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.errors import INTERNAL_ERROR_MESSAGE
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions

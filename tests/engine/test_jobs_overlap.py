@@ -10,9 +10,8 @@ import pytest
 from fake_executor import FakeExecutor
 from waiting import wait_until
 
-from h3serve.engine import job_outcome
-from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.engine.jobs import JobManager, outcomes
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
@@ -38,8 +37,8 @@ class HeldWrites:
 
 @pytest.fixture
 def held(monkeypatch) -> HeldWrites:
-    writes = HeldWrites(job_outcome.write_artifacts)
-    monkeypatch.setattr(job_outcome, "write_artifacts", writes)
+    writes = HeldWrites(outcomes.write_artifacts)
+    monkeypatch.setattr(outcomes, "write_artifacts", writes)
     return writes
 
 

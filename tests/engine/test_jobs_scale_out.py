@@ -10,7 +10,7 @@ from waiting import wait_until
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.jobs.types import QueueFull
 from h3serve.jobstore import open_job_store
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions

@@ -13,7 +13,7 @@ from waiting import wait_until
 from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions

@@ -17,10 +17,10 @@ from api_servers import API_KEY, free_port, wait_healthy
 from fake_executor import FakeExecutor
 
 from h3serve.api.app import create_app
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 

@@ -13,7 +13,7 @@ from api_servers import API_KEY
 from fake_executor import FakeExecutor
 from hostile_servers import serve
 
-from h3serve.api.config import ServerConfig
+from h3serve.api.server_config import ServerConfig
 
 DEFAULTS = ServerConfig(served_model_name="tiny")
 FORM = {"prompt": "a fox", "seconds": "4", "size": "32x32", "num_inference_steps": "3"}

@@ -25,10 +25,10 @@ from hostile_servers import uvicorn_errors
 from waiting import wait_until
 
 from h3serve.api.app import create_app
-from h3serve.api.config import ServerConfig
 from h3serve.api.http_server import build_server
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.tools import serve_cli

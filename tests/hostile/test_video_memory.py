@@ -12,7 +12,7 @@ import pytest
 
 from h3serve.media import intake
 from h3serve.model.conditioning import normalize_video_reference
-from h3serve.rank.conditioning import load_conditioning
+from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import ModelDefaults, validate
 

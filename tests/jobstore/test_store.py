@@ -14,10 +14,10 @@ import pytest
 
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.codec import decode_request, encode_request
-from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
 from h3serve.jobstore.migrations import LATEST
 from h3serve.jobstore.postgres import PostgresJobStore
 from h3serve.jobstore.records import Job, JobError, new_job_id
+from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
 from h3serve.rules.request import GenerationRequest, MediaRef
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 from h3serve.media.intake import AudioMedia
 from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.rank.conditioning import reference_audio_tensor
+from h3serve.rank.media_conditioning import reference_audio_tensor
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import validate
 from h3serve.tools.bench.peer import load_reference_pipeline

@@ -11,7 +11,7 @@ from small_dit import SMALL_DIT
 from h3serve.config import EngineConfig
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.adapters import ADAPTERS, lora_bytes, slot_elements
-from h3serve.offload.report import format_plan
+from h3serve.offload.plan_report import format_plan
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.adapter_choice import AdapterChoice

@@ -15,7 +15,7 @@ from PIL import Image
 from h3serve.config import ConfigError
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.plan import stages_for
+from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import plan_for_engine

@@ -7,7 +7,7 @@ import pytest
 
 from h3serve.offload import overhead
 from h3serve.offload.overhead import runtime_overhead
-from h3serve.offload.plan import GiB
+from h3serve.offload.placement_plan import GiB
 from h3serve.parallel import setup
 from h3serve.parallel.degrees import ParallelDegrees
 

@@ -14,9 +14,9 @@ from typing import NamedTuple
 import pytest
 
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.config import OffloadConfig
 from h3serve.offload.inventory import RELEASED, build_inventory
-from h3serve.offload.plan import GiB, PlacementPlan
+from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.placement_plan import GiB, PlacementPlan
 from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.parallel.degrees import ParallelDegrees
 

@@ -11,8 +11,8 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.adapters.serving import catalog_for
 from h3serve.config import EngineConfig
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.config import OffloadConfig
-from h3serve.offload.plan import stages_for
+from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import plan_for_engine

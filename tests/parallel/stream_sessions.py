@@ -15,7 +15,7 @@ from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.media.sink import DiscardSink, Mp4Sink
 from h3serve.model.pipeline_types import StageClock
 from h3serve.model.stream_decode import decode_chunks
-from h3serve.offload.config import OffloadConfig
+from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.local import LocalEngine
 

@@ -8,7 +8,7 @@ import shlex
 import pytest
 
 from h3serve.config import ConfigError
-from h3serve.rank.startup import check_engine
+from h3serve.rank.device_checks import check_engine
 from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 # Every flag of the reference's launch-recipe table (§5) and its "related flags" list.

@@ -13,8 +13,8 @@ from rank_harness import run_ranks
 
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
 from h3serve.offload.adapters import ADAPTERS
-from h3serve.offload.config import OffloadConfig
-from h3serve.offload.plan import ADALN_MEMO
+from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.placement_plan import ADALN_MEMO
 from h3serve.tools.tiny_adapter import write_peft_adapter
 
 pytestmark = pytest.mark.slow

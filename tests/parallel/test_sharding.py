@@ -15,7 +15,7 @@ from h3serve.model import keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.parallel.ring import merge_partial
 from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
-from h3serve.parallel.text_encoder import checkpoint_key_to_name
+from h3serve.parallel.text_encoder_tp import checkpoint_key_to_name
 from h3serve.rank.checkpoint import load_transformer
 
 

@@ -10,7 +10,7 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 from safetensors.torch import load_file, save_file
 
-from h3serve.checkpoint.files import weight_keys
+from h3serve.checkpoint.file_reading import weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.model import keys
 from h3serve.rank.checkpoint import load_transformer

@@ -12,7 +12,7 @@ from PIL import Image
 
 from h3serve.engine.planning import plan_request
 from h3serve.model.layout import Role
-from h3serve.rank.conditioning import load_conditioning
+from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rules.request import GenerationRequest, MediaRef
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from h3serve.config import ConfigError, EngineConfig
-from h3serve.offload.config import OffloadConfig
-from h3serve.offload.plan import GiB
-from h3serve.offload.startup import longest_pass
+from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.placement_plan import GiB
+from h3serve.offload.request_shapes import longest_pass
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import long_request_refusal, placement_for_engine, plan_for_engine
 

@@ -151,7 +151,7 @@ def _same_layers(loaded: nn.Module, reference: nn.Module) -> None:
 
 def _stored_modular_checkpoint(tiny_checkpoint, out):
     """A copy of the tiny checkpoint whose DiT and text encoder store the default FP8 module sets."""
-    from h3serve.parallel.text_encoder import checkpoint_key_to_name
+    from h3serve.parallel.text_encoder_tp import checkpoint_key_to_name
 
     shutil.copytree(tiny_checkpoint, out)
     quant = ComponentQuant()

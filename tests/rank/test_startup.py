@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from h3serve.config import ConfigError, EngineConfig
-from h3serve.offload.config import OffloadConfig
-from h3serve.rank.startup import check_engine, cpu_threads, resolve_device, start_up_notices
+from h3serve.offload.modes import OffloadConfig
+from h3serve.rank.device_checks import check_engine, cpu_threads, resolve_device, start_up_notices
 
 CPU = torch.device("cpu")
 

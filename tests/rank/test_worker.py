@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from h3serve.config import EngineConfig
 from h3serve.rank import local, worker
-from h3serve.rank.startup import RankDevice
+from h3serve.rank.device_checks import RankDevice
 from h3serve.rank.worker import CancelVote, rank_gpu
 
 CPU = torch.device("cpu")

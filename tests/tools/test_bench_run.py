@@ -9,7 +9,7 @@ import pytest
 from h3serve.cli import build_parser, main
 from h3serve.tools.bench import command_line
 from h3serve.tools.bench.matrix import load_matrix
-from h3serve.tools.bench.run import SCHEMA, run_bench
+from h3serve.tools.bench.matrix_run import SCHEMA, run_bench
 
 STAGES = {"text_encode", "denoise", "denoise_per_step", "video_decode", "audio_decode", "mux"}
 

@@ -130,7 +130,7 @@ def test_the_planner_verdict_reads_the_selftests_engine_flags(monkeypatch):
     import torch
 
     from h3serve.tools import selftest
-    from h3serve.tools.selftest.planner import released_verdict
+    from h3serve.tools.selftest.plan_verdict import released_verdict
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
     parser = argparse.ArgumentParser()
@@ -154,7 +154,7 @@ def test_the_layerwise_peak_is_checked_against_the_planners_figure_not_a_negativ
     from h3serve.offload.inventory import dit_bytes
     from h3serve.parallel.degrees import ParallelDegrees
     from h3serve.tools.selftest.core import CPU_DIT, GPU_DIT
-    from h3serve.tools.selftest.planner import layerwise_stage
+    from h3serve.tools.selftest.plan_verdict import layerwise_stage
 
     stage = layerwise_stage(GPU_DIT, torch.bfloat16, (448, 256, 22), 64, "cuda")
     dit = dit_bytes("transformer", GPU_DIT, torch.bfloat16)

@@ -15,11 +15,11 @@ import pytest
 from fake_executor import FakeExecutor
 from waiting import wait_until
 
-from h3serve.api.config import ServerConfig
 from h3serve.api.data_lock import DataDirBusy, DataDirLock
 from h3serve.api.http_server import H3Server
+from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.rules.request import GenerationRequest
 from h3serve.tools import serve_cli

@@ -16,10 +16,10 @@ from starlette.requests import ClientDisconnect
 
 from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
-from h3serve.api.errors import APIError, not_found
+from h3serve.api.create_job import submit
+from h3serve.api.error_envelope import APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
-from h3serve.api.submission import submit
 from h3serve.api.sync_line import Deadline
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
 from h3serve.media.previews import VARIANTS

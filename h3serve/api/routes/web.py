@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, HTMLResponse
 
 from h3serve.api.context import ServerContext, get_context
-from h3serve.api.errors import APIError
+from h3serve.api.error_envelope import APIError
 from h3serve.media.previews import SPRITE_COLUMNS, SPRITE_ROWS
 from h3serve.rules import limits
 from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS

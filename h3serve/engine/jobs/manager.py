@@ -35,7 +35,7 @@ from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.leases import LeaseKeeper
 from h3serve.engine.jobs.outcomes import Outcomes
 from h3serve.engine.jobs.recovery import Recovery
-from h3serve.engine.jobs.runner import ReplicaRunner
+from h3serve.engine.jobs.replica_runner import ReplicaRunner
 from h3serve.engine.jobs.types import (
     ExecutorLike,
     JobListener,
@@ -47,7 +47,7 @@ from h3serve.engine.jobs.types import (
 )
 from h3serve.engine.planning import plan_request
 from h3serve.engine.submission import Admission, PreparedJob, prepare_job
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.mp4 import EncoderOptions

@@ -16,7 +16,7 @@ from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import H3ServeError, job_error_for
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, JobError
 from h3serve.rules import limits

@@ -183,7 +183,7 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
     from h3serve.model.transformer import H3TransformerConfig
-    from h3serve.rank.startup import resolve_device, resolve_dtype
+    from h3serve.rank.device_checks import resolve_device, resolve_dtype
     from h3serve.tools.bench.dit_forward import MODES, DitBenchSpec, run_dit_bench, summary
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
@@ -310,8 +310,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from h3serve.media.intake import MediaError
     from h3serve.rules.validate import RequestError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
-    from h3serve.tools.bench.run import run_bench
-    from h3serve.tools.bench.worker import BenchError
+    from h3serve.tools.bench.matrix_run import run_bench
+    from h3serve.tools.bench.side_process import BenchError
 
     overrides = {
         k: getattr(args, k)

@@ -16,7 +16,7 @@ from typing import Any
 
 from h3serve.config import EngineConfig
 from h3serve.errors import ServerError
-from h3serve.offload.config import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
+from h3serve.offload.modes import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 from h3serve.rules.names import TASKS
 
 PEERS = ("diffusers",)

@@ -24,10 +24,10 @@ from h3serve.media.mp4 import EncoderOptions
 from h3serve.media.sink import Mp4Sink
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.report import plan_json
+from h3serve.offload.plan_report import plan_json
+from h3serve.rank.device_checks import resolve_device, resolve_dtype
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import device_memory_of, plan_for_engine
-from h3serve.rank.startup import resolve_device, resolve_dtype
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan
 from h3serve.tools.bench.flops import ForwardShape

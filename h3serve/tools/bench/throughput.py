@@ -20,7 +20,7 @@ from pathlib import Path
 from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
-from h3serve.jobstore.files import JobFiles
+from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import FINISHED
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     from h3serve.tools.selftest.core import FAIL, table
-    from h3serve.tools.selftest.runner import run
+    from h3serve.tools.selftest.run_checks import run
 
     try:
         outcomes = run(args)

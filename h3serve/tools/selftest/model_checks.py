@@ -19,7 +19,7 @@ from h3serve.tools.bench.dit_forward import DitBenchSpec, _ours, forward_inputs,
 from h3serve.tools.bench.flops import forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync
 from h3serve.tools.selftest.core import Context, Failed, Skip
-from h3serve.tools.selftest.planner import layerwise_stage
+from h3serve.tools.selftest.plan_verdict import layerwise_stage
 
 # Relative RMS error bounds (stated in the figure): a 3-block bf16 forward against fp32 on the same weights sits
 # near 1e-2; attention kernels in bf16 near 4e-3 of the output scale; fp32 paths agree to float rounding.
@@ -256,7 +256,7 @@ def throughput(ctx: Context) -> tuple[str, dict]:
               f"50 blocks: ~{full_step:.2f} s/step, 50 steps: ~{request:.0f} s")
     data = {"forward_s": step, "flops": flops, "gemm_peak": peak, "full_step_s": full_step, "request_s": request}
     if ctx.cuda:
-        from h3serve.tools.selftest.planner import released_verdict
+        from h3serve.tools.selftest.plan_verdict import released_verdict
 
         verdict, plan = released_verdict(ctx.device, ctx.shared.get("args"))
         figure += f"; planner: {verdict}"

@@ -15,7 +15,7 @@ from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 from h3serve.tools.demo_training.dit import EMA, draw_base, layout_groups, train_dit, training_init_
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
-from h3serve.tools.demo_training.run import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
+from h3serve.tools.demo_training.train import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
 from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import Attributes

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from h3serve.adapters.catalog import LoraField
 from h3serve.api.body import read_body
 from h3serve.api.context import ServerContext
-from h3serve.api.errors import APIError, bad_request, from_request_error
+from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.media_fields import media_sources
 from h3serve.api.media_inputs import store_media
 from h3serve.api.media_routing import media_aliases, place_media

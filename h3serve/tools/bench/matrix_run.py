@@ -22,7 +22,7 @@ from h3serve.config import EngineConfig
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.tools.bench.matrix import SIDE, BenchMatrix, Case, EngineSpec, Shape
-from h3serve.tools.bench.worker import RunSpec, Worker
+from h3serve.tools.bench.side_process import RunSpec, Worker
 
 SCHEMA = "h3serve.bench.run/1"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.overhead import TERMS
-from h3serve.offload.plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
+from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
 
 STAGE_LABELS = {
     "text_encode": "text enc",

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
-from h3serve.jobstore.errors import StoreClosed, StoreUnavailable
+from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
 from h3serve.rules.validate import RequestError
 
 log = logging.getLogger("h3serve.api")

@@ -25,7 +25,7 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
 
 
 def run(args: argparse.Namespace) -> list[Outcome]:
-    from h3serve.rank.startup import check_engine
+    from h3serve.rank.device_checks import check_engine
     from h3serve.tools.engine_args import engine_config_from_args
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
