@@ -1,4 +1,4 @@
-"""Long video by continuation (windows planned in `h3serve.rules.long_video`), mixed into `H3Pipeline`.
+"""Long video by continuation (windows planned in `h3serve.rules.long_video`), a part `H3Pipeline` owns.
 
 Each window is a Ref2VA pass over its own frames; the previous window's last overlap latents ride along as a
 latent guide on the RoPE positions of the window's first latents. A latent-mask edit (masks on the whole video's
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from h3serve.model.conditioning import Presentation
-from h3serve.model.decoder import SourceHead
+from h3serve.model.decoder import Decoder, SourceHead
 from h3serve.model.encode_inputs import reference_encoded
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.layout import ReferenceBlock
@@ -27,6 +27,8 @@ from h3serve.model.pipeline_types import (
     StepCallback,
     Target,
 )
+from h3serve.model.request_encoder import RequestEncoder
+from h3serve.model.sampler import Sampler
 from h3serve.rules import limits
 from h3serve.rules.long_video import Window, window_seed
 from h3serve.rules.validate import GenerationPlan
@@ -42,13 +44,23 @@ class EditSource:
     audio_mask: torch.Tensor | None = None  # [2, A]
 
 
-class ContinuationMixin:
-    """`H3Pipeline`'s continuation methods. They use the pipeline's own encoding, sampling and decoding
-    (`encode_reference_media`, `encode_source_frames`, `padded_audio_latents`, `_presentation`,
-    `_sample`, `_decode`, `_schedules`)."""
+class Continuation:
+    """Runs a continuation plan's windows with the pipeline's own encoder, sampler and decoder."""
 
-    def _generate_continuation(
-        self, plan: GenerationPlan, cond: Conditioning, on_step: StepCallback | None, sink: FrameSink | None = None
+    def __init__(self, encoder: RequestEncoder, sampler: Sampler, decoder: Decoder):
+        self.encoder = encoder
+        self.sampler = sampler
+        self.decoder = decoder
+        self.components = encoder.components
+        self.device = encoder.device
+
+    def generate(
+        self,
+        plan: GenerationPlan,
+        cond: Conditioning,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        sink: FrameSink | None = None,
     ) -> GenerationResult:
         """Windows in order, each a Ref2VA pass over its own frames with the previous window's last overlap
         latents carried as a latent guide; latents stitched with a hard cut, decoded once at the end.
@@ -56,12 +68,11 @@ class ContinuationMixin:
         Progress counts every step of every window (one bar, 0 -> 100); `on_step` is also called between windows
         (same count), so a cancellation lands between windows as well as within them. Uncached denoising.
         """
-        clock = StageClock(self.device, self.hooks)
-        media = self.encode_reference_media(cond.references, clock)
+        media = self.encoder.reference_media(cond.references, clock)
         edit_source = self._edit_source(plan, cond, clock)
-        texts = [self._presentation(media, prompt) for prompt in plan.window_prompts]
+        texts = [self.encoder.presentation(media, prompt) for prompt in plan.window_prompts]
         media_origin = float(max(len(text.ids) for text in texts))  # one media clock for every window
-        per_window = len(self._schedules(plan)[0])
+        per_window = len(self.sampler.schedules(plan)[0])
         extending = plan.extend_video is not None  # window 0 is the given video, encoded, not generated
         total = per_window * (len(plan.windows) - extending)
         kept_video: list[torch.Tensor] = []
@@ -77,7 +88,7 @@ class ContinuationMixin:
                     on_step(done + i, total)
 
             if extending and window.index == 0:
-                video, audio = self.encode_extension_source(plan, cond, window, clock)
+                video, audio = self.extension_source(plan, cond, window, clock)
             else:
                 offset = sum(v.shape[2] for v in kept_video) - window.overlap_latent_frames
                 edits = self.window_edits(plan, cond, window, offset, edit_source, clock)
@@ -95,10 +106,11 @@ class ContinuationMixin:
         video_latents, audio_latents = torch.cat(kept_video, dim=2), torch.cat(kept_audio, dim=2)
         if (video_latents.shape[2], audio_latents.shape[2]) != (plan.latent_frames, plan.audio_latents):
             raise RuntimeError("continuation produced inconsistent cumulative AV lengths")
+        clock.record_denoise_per_step()
         if sink is not None:  # streamed: the source frames and soundtrack go in as the chunks pass
             head = SourceHead(cond.extend_video, cond.extend_audio) if extending else None
-            return self._decode(video_latents, audio_latents, clock, None, sink, head)
-        result = self._decode(video_latents, audio_latents, clock, None)
+            return self.decoder.decode(video_latents, audio_latents, clock, None, sink, head)
+        result = self.decoder.decode(video_latents, audio_latents, clock, None)
         if extending:  # the output starts with the source itself (on the canvas), not its VAE round trip
             source = torch.from_numpy(cond.extend_video).float() / 255.0
             result.video[: source.shape[0]] = source
@@ -117,7 +129,7 @@ class ContinuationMixin:
             source.video_mask = torch.from_numpy(plan.video_mask.array())
         if plan.audio_mask is not None:  # an audio edit, or lock_source's driving audio (an all-0 mask)
             with clock("vae_encode"):
-                source.audio, source.audio_covered = self.source_audio_latents(plan, cond)
+                source.audio, source.audio_covered = self.encoder.source_audio_latents(plan, cond)
             source.audio_mask = torch.from_numpy(plan.audio_mask.array())
         return source
 
@@ -137,7 +149,7 @@ class ContinuationMixin:
         video = audio = None
         if source.video_mask is not None and cond.edit_video is not None:
             with clock("vae_encode"):
-                clean = self.encode_source_frames(cond.edit_video[window.start : window.end])
+                clean = self.encoder.source_frames(cond.edit_video[window.start : window.end])
             video = video_target(clean, source.video_mask[latent_offset : latent_offset + window.latent_frames])
         if source.audio is not None and source.audio_mask is not None:
             held = source.audio[:, window.audio_start : window.audio_end]
@@ -147,7 +159,7 @@ class ContinuationMixin:
             audio = audio_target(held.reshape(-1, held.shape[-1]), grid)
         return video, audio
 
-    def encode_extension_source(
+    def extension_source(
         self, plan: GenerationPlan, cond: Conditioning, window: Window, clock: StageClock
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """An extension's window 0 on the compute device: the source video's latents [1, 24, F, lh, lw] and its
@@ -155,12 +167,12 @@ class ContinuationMixin:
         if cond.extend_video is None or cond.extend_video.shape[0] != window.num_frames:
             raise ValueError("an extension needs its source frames (window 0) decoded")
         with clock("vae_encode"):
-            video = self.encode_source_frames(cond.extend_video)
+            video = self.encoder.source_frames(cond.extend_video)
             if cond.extend_audio is None:
                 channels = self.components.audio_vae.config.latent_channels
                 audio = torch.zeros(limits.AUDIO_CHANNELS, channels, window.audio_latents)
             else:
-                audio = self.padded_audio_latents(cond.extend_audio, window.audio_latents)[0].permute(0, 2, 1)
+                audio = self.encoder.padded_audio_latents(cond.extend_audio, window.audio_latents)[0].permute(0, 2, 1)
         # On the compute device, as every generated window's latents: they are stitched and carried together.
         return video.to(self.device), audio.contiguous().to(self.device)
 
@@ -189,4 +201,4 @@ class ContinuationMixin:
             self.components, media, text, target, clock, extra, media_origin, window.temporal_offset
         )
         seed = window_seed(plan.seed, window.index)
-        return self._sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)
+        return self.sampler.sample(plan, enc, self.components.transformer_ref, target, seed, clock, on_step, edits)

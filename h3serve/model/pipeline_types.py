@@ -143,6 +143,10 @@ class StageClock:
             torch.cuda.synchronize(self.device)
         self.durations[name] = self.durations.get(name, 0.0) + time.perf_counter() - start
 
+    def record_denoise_per_step(self) -> None:
+        """The denoise stage's mean time per step (over every window of a continuation), once denoising is done."""
+        self.durations["denoise_per_step"] = self.durations["denoise"] / max(1, self.steps)
+
 
 @dataclass
 class Conditioning:

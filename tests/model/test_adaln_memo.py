@@ -96,7 +96,7 @@ def test_memo_on_and_off_write_the_same_raw_arrays_and_mp4(tiny_pipeline, tmp_pa
     memoised = H3Pipeline(plain.components, adaln=memo)
     plan = validate(GenerationRequest(prompt="A fox", duration_s=4, steps=3, seed=5), defaults)
     off = plain.generate(plan)
-    forwards = len(memoised._schedules(plan)[0])
+    forwards = len(memoised.sampler.schedules(plan)[0])
     on = memoised.generate(plan)  # computes each forward's modulations once
     assert (memo.misses, memo.hits) == (forwards, 0)
     assert torch.equal(on.video, off.video) and torch.equal(on.audio, off.audio)
@@ -107,6 +107,7 @@ def test_memo_on_and_off_write_the_same_raw_arrays_and_mp4(tiny_pipeline, tmp_pa
     # A later request takes every step from the store: the same latents (the decode is the same function).
     clock = StageClock(memoised.device)
     enc = memoised.encode(plan, Conditioning(), clock)
-    video, audio = memoised._sample(plan, enc, plain.components.transformer, Target.of(plan), plan.seed, clock, None)
+    dit = plain.components.transformer
+    video, audio = memoised.sampler.sample(plan, enc, dit, Target.of(plan), plan.seed, clock, None)
     assert (memo.misses, memo.hits) == (forwards, forwards)
     assert torch.equal(video, off.video_latents) and torch.equal(audio, off.audio_latents)

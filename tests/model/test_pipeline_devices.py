@@ -1,6 +1,6 @@
 """Device bookkeeping of the sampler and of continuation windows (issue 24, defect 1).
 
-On a GPU, `_sample` returns a window's latents on the device; they become the next window's guide and are mixed
+On a GPU, `Sampler.sample` returns a window's latents on the device; they become the next window's guide and are mixed
 with noise drawn on the CPU, and an extension's window 0 (VAE-encoded) must join the generated windows. The CPU
 cannot show a cross-device mix with CPU tensors alone, so the pipeline runs with the `meta` device as its compute
 device: every op that mixes a host tensor into device ones raises, exactly as a CUDA device would.
@@ -28,10 +28,10 @@ class DeviceRecorder:
         self.denoised: list[tuple[torch.device, torch.device]] = []
         self.decoded: list[torch.device] = []
         self.guides: list[torch.device] = []
-        run_window = pipeline.run_window
+        run_window = pipeline.continuation.run_window
 
         def denoise(schedules, dit, layout, text_states, video_rows, audio_rows, on_step=None, edits=(None, None),
-                    solver="euler"):
+                    solver="euler", hooks=None):
             self.denoised.append((video_rows.device, audio_rows.device))
             return video_rows, audio_rows
 
@@ -44,9 +44,9 @@ class DeviceRecorder:
             self.decoded += [video.device, audio.device]
             return (video, audio) if result is None else result
 
-        monkeypatch.setattr(pipeline, "denoise", denoise)
-        monkeypatch.setattr(pipeline, "run_window", window)
-        monkeypatch.setattr(pipeline, "_decode", decode)
+        monkeypatch.setattr(pipeline.sampler, "denoise", denoise)
+        monkeypatch.setattr(pipeline.continuation, "run_window", window)
+        monkeypatch.setattr(pipeline.decoder, "decode", decode)
 
 
 def test_continuation_windows_hand_on_device_tensors(tiny_pipeline, monkeypatch):
@@ -75,12 +75,12 @@ def test_an_extensions_source_window_joins_the_generated_ones_on_the_device(tiny
     # The source's VAE encode returns host latents (conditioning.encode_visual_condition), as on a GPU box; their
     # values do not matter here, so the (slow) encode itself is skipped.
     source = torch.randn(1, 24, plan.windows[0].latent_frames, plan.latent_height, plan.latent_width)
-    monkeypatch.setattr(pipeline, "encode_source_frames", lambda frames: source.clone())
+    monkeypatch.setattr(pipeline.encoder, "source_frames", lambda frames: source.clone())
     frames = np.random.default_rng(2).integers(0, 255, (141, 32, 32, 3), dtype=np.uint8)
-    window = pipeline.encode_extension_source(plan, Conditioning(extend_video=frames), plan.windows[0],
-                                              _clock(pipeline))
+    window = pipeline.continuation.extension_source(plan, Conditioning(extend_video=frames), plan.windows[0],
+                                                    _clock(pipeline))
     assert [t.device for t in window] == [META, META]
-    result = pipeline._generate_continuation(plan, Conditioning(extend_video=frames), None)
+    result = pipeline.continuation.generate(plan, Conditioning(extend_video=frames), _clock(pipeline), None)
     assert recorder.guides == [META, META] and recorder.decoded == [META, META]
     assert torch.equal(result.video[:141], torch.from_numpy(frames) / 255)
 
@@ -124,7 +124,8 @@ def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits, solver:
     audio = torch.zeros(enc.layout.packed.audio_indices.numel(), 32, device=META)
     schedules = (FlowSchedule.shifted(steps, 12.0), FlowSchedule.shifted(steps, 3.0))
     with Count():
-        pipeline.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits, solver=solver)
+        pipeline.sampler.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits,
+                                 solver=solver)
     return Count.copies
 
 

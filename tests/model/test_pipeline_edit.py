@@ -41,7 +41,7 @@ def test_all_zero_mask_returns_the_source_latents_and_its_vae_round_trip(tiny_pi
     result = pipeline.generate(plan, source)
     clean = clean_video(pipeline, source.edit_video)
     assert torch.equal(result.video_latents, clean)
-    assert torch.equal(result.video, pipeline.decode_video(clean).cpu())
+    assert torch.equal(result.video, pipeline.decoder.decode_video(clean).cpu())
 
 
 def test_all_one_mask_is_plain_generation(tiny_pipeline, source, monkeypatch):

@@ -21,7 +21,7 @@ def test_t2va_matches_diffusers(tiny_checkpoint, tiny_pipeline, steps, seed):
     plan = validate(GenerationRequest(prompt=PROMPT, duration_s=5, steps=steps, seed=seed), defaults)
     assert plan.num_frames == 124 and diffusers_steps(steps) == steps + 1
     # The schedules are the reference scheduler's at N + 1 points, bit for bit, with N forwards.
-    for ours_sched, shift in zip(pipeline._schedules(plan), (defaults.flow_shift, defaults.audio_flow_shift),
+    for ours_sched, shift in zip(pipeline.sampler.schedules(plan), (defaults.flow_shift, defaults.audio_flow_shift),
                                  strict=True):
         ref_sched = MiniMaxH3Scheduler(shift=shift)
         ref_sched.set_timesteps(steps + 1)

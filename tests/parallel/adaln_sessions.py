@@ -20,7 +20,7 @@ ADALN_HOST = OffloadConfig(adaln=True)  # the DiT resident, its AdaLN projection
 def _run(checkpoint: Path, rank: int, world: int, layout: dict, sidecars: Path | None = None, **config) -> dict:
     engine = LocalEngine(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, **layout,
                                       **config), rank, world)  # fmt: skip
-    memo, outcomes = engine.pipeline.adaln, {}
+    memo, outcomes = engine.pipeline.sampler.adaln, {}
     plan = plan_for(engine.defaults)
     if sidecars is not None:  # the sidecars hold plan_for's schedule (an engine's start-up: the default request's)
         outcomes = load_sidecars(engine.pipeline, memo, sidecars, engine.defaults, rank, world, print, plan.steps)

@@ -20,7 +20,7 @@ STEPS = 3  # the "default" schedule these sidecars hold (the engine uses the def
 def _latents(pipeline: H3Pipeline, plan) -> tuple[torch.Tensor, torch.Tensor]:
     clock = StageClock(pipeline.device)
     enc = pipeline.encode(plan, Conditioning(), clock)
-    return pipeline._sample(plan, enc, pipeline.components.transformer, Target.of(plan), plan.seed, clock, None)
+    return pipeline.sampler.sample(plan, enc, pipeline.components.transformer, Target.of(plan), plan.seed, clock, None)
 
 
 def test_a_sidecar_is_written_then_read_with_the_same_bits_and_another_digest_is_refused(tiny_pipeline, tmp_path):

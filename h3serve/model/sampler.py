@@ -1,0 +1,189 @@
+"""The pipeline's second stage: draw a request's noise and denoise its rows with a DiT, on its own schedules.
+
+Noise comes from one CPU generator in the reference's order (condition noise, video noise, audio noise), so a seed
+reproduces the reference pipeline's output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
+from h3serve.model.latent_edit import MaskedTarget
+from h3serve.model.layout import Layout, patchify, unpatchify
+from h3serve.model.pipeline_types import (
+    Encoded,
+    H3Components,
+    NoHooks,
+    StageClock,
+    StageHooks,
+    StepCallback,
+    Target,
+)
+from h3serve.model.scheduler import FlowSchedule, FlowSolver, scale_noise
+from h3serve.model.step_times import StepTimes, step_times
+from h3serve.model.transformer import H3Transformer, PackedLayout
+from h3serve.rules import limits
+from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
+from h3serve.rules.validate import GenerationPlan
+
+
+def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
+    return PackedLayout(
+        token_tags=layout.token_tags.to(device),
+        position_ids=layout.position_ids.to(device),
+        video_indices=layout.video_indices.to(device),
+        audio_indices=layout.audio_indices.to(device),
+        text_indices=layout.text_indices.to(device),
+    )
+
+
+class Sampler:
+    """Samples target latents on `device`; with `adaln`, the AdaLN modulations are computed ahead and memoised."""
+
+    def __init__(self, components: H3Components, device: torch.device, adaln: AdaLNMemo | None = None):
+        self.components = components
+        self.device = device
+        self.adaln = adaln
+
+    def schedules(self, plan: GenerationPlan) -> tuple[FlowSchedule, FlowSchedule]:
+        """The (video, audio) sigma ladders of the plan: its forward count on each modality's shift."""
+        video = FlowSchedule.shifted(plan.steps, plan.flow_shift, plan.pinned_positions)
+        audio = FlowSchedule.shifted(plan.steps, plan.audio_flow_shift, plan.pinned_positions)
+        if len(video) != len(audio):
+            raise ValueError(
+                f"video and audio schedules differ in length ({len(video)} vs {len(audio)}) for steps={plan.steps}"
+            )
+        return video, audio
+
+    def initial_rows(
+        self, enc: Encoded, target: Target, seed: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(video rows, audio rows) at the first step, conditions noised, and the target's (video, audio) noise."""
+        # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
+        # Conditions may arrive on the host (VAE encodes) or on the device (a continuation window's guide is the
+        # previous window's output): each is mixed with its noise on the device, never across devices.
+        generator = torch.Generator("cpu").manual_seed(seed)
+        condition_rows = [
+            patchify(
+                scale_noise(
+                    z.to(self.device),
+                    limits.KEYFRAME_NOISE_AUG_T,
+                    torch.randn(z.shape, generator=generator).to(self.device),
+                )
+            )
+            for z in enc.visual
+        ]
+        channels = self.components.vae.config.latent_channels
+        video_noise = torch.randn(
+            (1, channels, target.latent_frames, target.latent_height, target.latent_width), generator=generator
+        )
+        audio_noise = torch.randn(
+            (limits.AUDIO_CHANNELS * target.audio_latents, self.components.audio_vae.config.latent_channels),
+            generator=generator,
+        )
+        video_rows = torch.cat([*condition_rows, patchify(video_noise).to(self.device)])
+        audio_rows = torch.cat([r.to(self.device) for r in (*enc.audio_rows, audio_noise)])
+        return video_rows, audio_rows, video_noise, audio_noise
+
+    def sample(
+        self,
+        plan: GenerationPlan,
+        enc: Encoded,
+        dit: H3Transformer | None,
+        target: Target,
+        seed: int,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
+        video_rows, audio_rows, video_noise, audio_noise = self.initial_rows(enc, target, seed)
+        channels = self.components.vae.config.latent_channels
+        for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
+            if edit is not None:
+                edit.set_anchor(noise)
+        if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
+            raise ValueError("condition latents do not match the layout (canvas mismatch)")
+        if dit is None:
+            raise ValueError(f"the {plan.task} DiT is not loaded")
+        schedules = self.schedules(plan)
+        with clock("denoise"):
+            video_rows, audio_rows = self.denoise(
+                schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits,
+                solver=plan.sample_solver, hooks=clock.hooks,
+            )
+        clock.steps += len(schedules[0])
+        layout = enc.layout
+        video_latents = unpatchify(
+            video_rows[layout.num_video_condition_rows :],
+            channels,
+            target.latent_frames,
+            target.latent_height,
+            target.latent_width,
+        )
+        audio_latents = (
+            audio_rows[layout.num_audio_reference_rows :]
+            .reshape(limits.AUDIO_CHANNELS, target.audio_latents, -1)
+            .permute(0, 2, 1)
+            .contiguous()
+        )
+        return video_latents, audio_latents
+
+    def denoise(
+        self,
+        schedules: tuple[FlowSchedule, FlowSchedule],  # (video, audio), equal lengths
+        transformer: H3Transformer,
+        layout: Layout,
+        text_states: torch.Tensor,
+        video_rows: torch.Tensor,  # [Nv, C·4] fp32, condition rows first
+        audio_rows: torch.Tensor,  # [Na, 32] fp32, reference rows first
+        on_step: StepCallback | None = None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
+        solver: str = DEFAULT_SAMPLE_SOLVER,  # names.SAMPLE_SOLVERS
+        hooks: StageHooks | None = None,  # the placement hooks (the AdaLN memo stages its weights through them)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampling loop. Only target rows are stepped; condition rows stay as given. Each modality has its
+        own solver state on its own schedule.
+
+        Everything a step reads that is not a latent (timesteps, row indices, sigmas, solver weights) moves to
+        the device once, before the loop: a step issues no host -> device copy and no synchronisation."""
+        times = step_times(schedules, layout, edits, self.device)
+        video_solver, audio_solver = (FlowSolver(s, solver, self.device) for s in schedules)
+        packed = _to_device(layout.packed, self.device)
+        text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
+        nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
+        video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
+        total = len(times)
+        modulations = self._modulations(transformer, times, layout, hooks or NoHooks())
+        for i in range(total):
+            video_in, audio_in = video_rows, audio_rows
+            if video_edit is not None:  # latent-mask editing: the model reads the anchored blend
+                video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
+            if audio_edit is not None:
+                audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
+            step_mod = None if modulations is None else modulations[i]
+            v_vel, a_vel = transformer(
+                video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed, step_mod
+            )
+            for step, rows, model_in, vel, n, edit in (
+                (video_solver, video_rows, video_in, v_vel, nv, video_edit),
+                (audio_solver, audio_rows, audio_in, a_vel, na, audio_edit),
+            ):
+                if edit is None:
+                    rows[n:] = step.step(vel[0, n:], i, rows[n:])
+                else:  # the step starts from the un-blended state, towards the restored clean estimate
+                    t = step.schedule.timesteps[i].to(rows.device, rows.dtype)
+                    rows[n:] = step.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
+            if on_step is not None:
+                on_step(i + 1, total)
+        return video_rows, audio_rows
+
+    def _modulations(self, transformer: H3Transformer, times: StepTimes, layout: Layout, hooks: StageHooks):
+        """The request's AdaLN modulations, one per step (None when memoisation is off)."""
+        if self.adaln is None:
+            return None
+        steps = [ForwardTimes(times.timesteps[i], times.row_index[i]) for i in range(len(times))]
+        name = "transformer_ref" if transformer is self.components.transformer_ref else "transformer"
+        tags = layout.packed.token_tags
+        return self.adaln.prepare(name, transformer, steps, tags, self.device, hooks.weights)
