@@ -27,7 +27,7 @@ def source():
 
 def latents(pipeline, monkeypatch, defaults, cond=None, **kw):
     """(video, audio) latents of one request, without the decode."""
-    monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache, *sink: (video, audio))
+    monkeypatch.setattr(pipeline.decoder, "decode", lambda video, audio, clock, cache, *sink: (video, audio))
     return pipeline.generate(validate(GenerationRequest(**BASE, **kw), defaults), cond)
 
 

@@ -33,7 +33,7 @@ class Spy:
     def __init__(self, pipeline, monkeypatch, decode=True):
         self.windows: list[dict] = []
         self.progress: list[tuple[int, int]] = []
-        original = pipeline.run_window
+        original = pipeline.continuation.run_window
 
         def run_window(plan, window, media, text, media_origin, guide, clock, on_step, locked=None):
             record = {"window": window, "guide": guide, "ids": list(text.ids), "origin": media_origin}
@@ -41,9 +41,9 @@ class Spy:
             record["latents"] = original(plan, window, media, text, media_origin, guide, clock, on_step, locked)
             return record["latents"]
 
-        monkeypatch.setattr(pipeline, "run_window", run_window)
+        monkeypatch.setattr(pipeline.continuation, "run_window", run_window)
         if not decode:  # latents only: the stitched result without the (slow, already tested) decode
-            monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache, *sink: (video, audio))
+            monkeypatch.setattr(pipeline.decoder, "decode", lambda video, audio, clock, cache, *sink: (video, audio))
 
     def on_step(self, done: int, total: int) -> None:
         self.progress.append((done, total))

@@ -193,7 +193,7 @@ def test_steps_run_in_order_and_unknown_names_are_refused():
 
 def latents(pipeline, monkeypatch, defaults, cond=None, **kw):
     """(video, audio) latents of one request, without the decode."""
-    monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache, *sink: (video, audio))
+    monkeypatch.setattr(pipeline.decoder, "decode", lambda video, audio, clock, cache, *sink: (video, audio))
     return pipeline.generate(validate(GenerationRequest(**BASE, **kw), defaults), cond)
 
 
@@ -290,7 +290,7 @@ def test_continuation_windows_each_start_their_own_solver_state(tiny_pipeline, m
     plan = validate(GenerationRequest(prompt="a beach", width=32, height=32, steps=3, seed=7, duration_s=10,
                                       long_video=True, long_video_mode="continuation",
                                       continuation_window_frames=124, sample_solver="res_multistep"), defaults)
-    monkeypatch.setattr(pipeline, "_decode", lambda video, audio, clock, cache, *sink: (video, audio))
+    monkeypatch.setattr(pipeline.decoder, "decode", lambda video, audio, clock, cache, *sink: (video, audio))
     video, audio = pipeline.generate(plan)
     windows = len(plan.windows)
     assert windows >= 2 and len(recorder.solvers) == 2 * windows
