@@ -96,11 +96,8 @@ class JobManager:
         self.admission = Admission(model_name, max_request_cost)
         self.max_queue = max_queue
         self.stall_timeout_s = stall_timeout_s
-        self.clock = clock
-        self.owner = owner or server_name()
-        self.lease_s = lease_s
         self.policy = JobPolicy(
-            owner=self.owner,
+            owner=owner or server_name(),
             lease_s=lease_s,
             poll_s=poll_s,
             output_ttl_s=output_ttl_s or None,
@@ -127,6 +124,11 @@ class JobManager:
     def executor(self) -> ExecutorLike:
         """The first replica's executor (the only one without data parallelism)."""
         return self.executors[0]
+
+    @property
+    def owner(self) -> str:
+        """This server's name in the store's leases."""
+        return self.policy.owner
 
     @property
     def defaults(self) -> ModelDefaults:
@@ -289,7 +291,7 @@ class JobManager:
         """The job `request` becomes: planned (`RequestError` / `MediaError` naming the field), admitted by cost
         (`TooCostly`) and recorded, not yet queued. A sync request prepares once and may then wait for a slot."""
         return prepare_job(request, self.defaults, self.tasks, self.admission, job_id=job_id or new_job_id(),
-                           created_at=int(self.clock()), seconds=seconds, sync=sync)
+                           created_at=int(self.policy.clock()), seconds=seconds, sync=sync)
 
     def enqueue(self, prepared: PreparedJob) -> Job:
         """Store the prepared job in the queue behind the others. Raises `QueueFull` or `ShuttingDown`.
@@ -300,7 +302,7 @@ class JobManager:
         with self.book.cond:
             self._check_capacity()
             if job.sync:
-                job = replace(job, owner=self.owner, lease_expires_at=time.time() + self.lease_s)
+                job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
             job = self.store.insert(job)
             self.book.plans[job.id] = prepared.plan
             self.book.done[job.id] = threading.Event()
@@ -329,7 +331,7 @@ class JobManager:
                 return True
             self.book.plans.pop(job_id, None)
             self.book.finish_waiters(job_id)
-        running_elsewhere = (job.status == "in_progress" and job.owner != self.owner
+        running_elsewhere = (job.status == "in_progress" and job.owner != self.policy.owner
                              and (job.lease_expires_at or 0) > time.time())
         if not running_elsewhere:  # else its owner removes them once it lets go (it may be writing them)
             self.files.remove(job_id)
