@@ -19,7 +19,14 @@ from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, lora_enabled
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
-from h3serve.offload.modes import OffloadConfig, OffloadError, check_resident_layers
+from h3serve.offload.modes import (
+    AUTO,
+    MIN_DENOISE_CHUNK_ROWS,
+    DenoiseChunk,
+    OffloadConfig,
+    OffloadError,
+    check_resident_layers,
+)
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules.names import TASK_TYPES
 
@@ -78,6 +85,9 @@ class EngineConfig:
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
     adaln_cache_dir: Path | None = None  # --adaln-cache-dir: start-up sidecars of the default schedules
+    # --denoise-chunk-rows: a DiT block's working set in chunks of this many rows ("auto": the planner chunks only a
+    # configuration that would not fit whole; None: never). Resolved to a number or None at start-up.
+    denoise_chunk_rows: DenoiseChunk = AUTO
 
     @property
     def dits(self) -> tuple[str, ...]:
@@ -230,6 +240,10 @@ class EngineConfig:
             raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
+        chunk = self.denoise_chunk_rows
+        if chunk not in (AUTO, None) and (not isinstance(chunk, int) or chunk < MIN_DENOISE_CHUNK_ROWS):
+            raise ConfigError(f"--denoise-chunk-rows: must be >= {MIN_DENOISE_CHUNK_ROWS} rows (or 'auto', 'off'), "
+                              f"got {chunk!r}")
 
     def _validate_processes(self) -> None:
         if self.task_type not in TASK_TYPES:

@@ -146,13 +146,23 @@ class Attention(nn.Module):
             return q, k, v
         return tuple(m(x).unflatten(-1, (-1, self.head_dim)) for m in (self.to_q, self.to_k, self.to_v))
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        q, k, v = self.project_qkv(x)  # [B, S, H, Dh] each
+    def qkv(
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, S, D] -> q, k, v [B, S, H, Dh]: projected, q and k normalised and rotated. Per row."""
+        q, k, v = self.project_qkv(x)
         q, k = self.norm_q(q), self.norm_k(k)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        out = self.attention_fn(q, k, v).flatten(2).type_as(q)
-        return self.to_out[0](out)
+        return q, k, v
+
+    def project_out(self, attended: torch.Tensor) -> torch.Tensor:
+        """The attention core's output [B, S, H, Dh] -> [B, S, D]. Per row."""
+        return self.to_out[0](attended.flatten(2))
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        q, k, v = self.qkv(x, rotary)  # [B, S, H, Dh] each
+        return self.project_out(self.attention_fn(q, k, v).type_as(q))
 
 
 class SwiGLUProjection(nn.Module):
@@ -262,6 +272,19 @@ class StepModulation:
     output: torch.Tensor  # [T, 2D]: `norm_out.modulation(temb)`
 
 
+def row_spans(rows: int, chunk: int) -> list[slice]:
+    """`rows` split into the fewest spans of at most `chunk` rows, of equal sizes (± 1): no short tail span, whose
+    few-row GEMMs a BLAS may compute with another kernel (on CPU, fp32 GEMMs of under 8 rows round differently)."""
+    count = -(-rows // chunk)
+    base, extra = divmod(rows, count)
+    spans, start = [], 0
+    for i in range(count):
+        size = base + (i < extra)
+        spans.append(slice(start, start + size))
+        start += size
+    return spans
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Blocks
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,6 +332,9 @@ class TransformerBlock(nn.Module):
     # graph never specialises on which block's table it reads, and the AdaLN GEMM runs the same kernel whether
     # the forward computes it or `h3serve.model.adaln_memo` did ahead.
     compiled_region = "modulated"
+    # Set by the placement (h3serve.offload.runtime, the planner's `denoise_chunk_rows`): the block's working set
+    # in chunks of this many rows (`modulated_in_chunks`); None runs every row at once.
+    row_chunk: int | None = None
 
     def forward(
         self,
@@ -324,6 +350,8 @@ class TransformerBlock(nn.Module):
     def modulated(
         self, x: torch.Tensor, table: torch.Tensor, adaln_idx: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
+        if self.row_chunk is not None and x.shape[1] > self.row_chunk:
+            return self.modulated_in_chunks(x, table, adaln_idx, rotary, self.row_chunk)
         # Row gathers from the six tables (index_select: a plain gather, cheaper than advanced indexing on CPU).
         shift1, scale1, gate1, shift2, scale2, gate2 = (t.index_select(0, adaln_idx) for t in table)  # [S, D] each
         # In place on fresh temporaries only: norm outputs and branch outputs, never x itself (hooks may hold it).
@@ -331,6 +359,42 @@ class TransformerBlock(nn.Module):
         x = x + h
         h = self.ff(self.norm2(x).mul_(scale2).add_(shift2)).mul_(gate2)
         return x + h
+
+    def modulated_in_chunks(
+        self,
+        x: torch.Tensor,
+        table: torch.Tensor,
+        adaln_idx: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        chunk: int,
+    ) -> torch.Tensor:
+        """`modulated` with its working set bounded by `chunk` rows: the gathered modulations, the normalised inputs,
+        the projections and the FFN live for one chunk at a time; only q, k, v and the attention output (attention
+        needs every row) and the residual stream in and out are whole. Every operation but attention is per row,
+        so each row gets the same values as in one pass: on CPU bit for bit (tests/model/test_transformer.py); on a
+        GPU the same kernels run on fewer rows, where cuBLAS may pick another tiling for the smaller M (the same
+        math, possibly other roundings)."""
+        batch, rows = x.shape[:2]
+        spans = row_spans(rows, chunk)
+        cos, sin = rotary
+        q = k = v = None
+        for span in spans:
+            idx = adaln_idx[span]
+            h = self.norm1(x[:, span]).mul_(table[1].index_select(0, idx)).add_(table[0].index_select(0, idx))
+            parts = self.attn.qkv(h, (cos[span], sin[span]))
+            if q is None:  # [B, S, H, Dh] each, filled chunk by chunk
+                q, k, v = (part.new_empty((batch, rows, *part.shape[2:])) for part in parts)
+            for whole, part in zip((q, k, v), parts, strict=True):
+                whole[:, span] = part
+        attended = self.attn.attention_fn(q, k, v).type_as(q)
+        del q, k, v
+        out = torch.empty_like(x)
+        for span in spans:
+            idx = adaln_idx[span]
+            mid = x[:, span] + self.attn.project_out(attended[:, span]).mul_(table[2].index_select(0, idx))
+            h = self.norm2(mid).mul_(table[4].index_select(0, idx)).add_(table[3].index_select(0, idx))
+            torch.add(mid, self.ff(h).mul_(table[5].index_select(0, idx)), out=out[:, span])
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ denoise, inside one DiT block (`TransformerBlock.forward`) for this rank's S_l =
   + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh] (with Ring also the
         k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and partial);
         FFN: fused [value; gate] output 2·ffn/TP, silu(gate) ffn/TP, the product ffn/TP);
+  in row chunks (`--denoise-chunk-rows`, the planner's `denoise_chunk_rows`) only the residual stream in and out,
+  q, k, v and the attention output are whole, the rest per chunk (`chunked_block`);
   after the blocks (heads run on every row): the gathered [S, D] stream, the selected rows, their norm and
   modulation (4·S·D); plus fp32 RoPE cos/sin [S_l, 6·Fr] and four fp32 copies of the video/audio rows (noise,
   velocity, the sampler's update, the condition rows).
@@ -109,20 +111,39 @@ class RequestShape:
         )
 
 
-def denoise(cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, es: int) -> int:
+def denoise(
+    cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, es: int, chunk_rows: int | None = None
+) -> int:
     s = shape.seq_len
     s_local = math.ceil(s / d.sequence_parallel)
     dim = cfg.hidden_size
     heads_cols = cfg.num_attention_heads // d.tensor_parallel * cfg.attention_head_dim
     ffn_cols = cfg.ffn_dim // d.tensor_parallel
-    attention = 6 * heads_cols * es
+    ring = 0
     if d.ring > 1:  # the stacked k/v block in flight and its receive slot, the fp32 online-softmax accumulator
-        attention += 4 * heads_cols * es + 3 * heads_cols * 4
-    block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
+        ring = 4 * heads_cols * es + 3 * heads_cols * 4
+    if chunk_rows is not None and chunk_rows < s_local:
+        block = chunked_block(dim, heads_cols, ffn_cols, s_local, chunk_rows, es) + s_local * ring
+    else:
+        attention = 6 * heads_cols * es + ring
+        block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
     heads = 4 * s * dim * es
     rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
     rows = 4 * 4 * (shape.video_rows * cfg.video_patch_dim + shape.audio_rows * cfg.audio_in_channels)
     return max(block, heads) + rope + rows
+
+
+def chunked_block(dim: int, heads_cols: int, ffn_cols: int, rows: int, chunk_rows: int, es: int) -> int:
+    """A block run in row chunks (`TransformerBlock.modulated_in_chunks`): whole, the residual stream in and out
+    and q, k, v and the attention output [rows, heads/TP·Dh]; per chunk of at most `chunk_rows` rows, the larger
+    of its two passes: (1) two gathered modulations, the normalised input, the fused q|k|v projection and the
+    normalised, rotated q and k (two RoPE temporaries each); (2) the gate, the output projection, the residual
+    midpoint, two modulations, the FFN input, its fused [value; gate] output, silu(gate) and the product, the gate."""
+    whole = rows * (2 * dim + 4 * heads_cols) * es
+    chunk = min(rows, chunk_rows)
+    first = 3 * dim + 3 * heads_cols + 4 * heads_cols
+    second = 7 * dim + 4 * ffn_cols
+    return whole + chunk * max(first, second) * es
 
 
 def text_encode(t: TextShape, d: ParallelDegrees, shape: RequestShape, es: int, runs_encoder: bool) -> int:
@@ -178,15 +199,17 @@ def audio_decode(shape: RequestShape) -> int:
     return 8 * AUDIO_WIDEST * window * limits.AUDIO_CHANNELS * 4 + output
 
 
-def stage_activations(inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str) -> int:
-    """The estimate for one rank and stage (see the module docstring)."""
+def stage_activations(
+    inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str, chunk_rows: int | None = None
+) -> int:
+    """The estimate for one rank and stage (see the module docstring); `chunk_rows`: the denoise blocks' row chunk."""
     es, d = inv.element_size, inv.degrees
     if stage == "text_encode":
         return text_encode(inv.text, d, shape, es, "text_encoder" in inv.ranks[rank])
     if stage == "vae_encode":
         return vae_encode(inv.vae, shape)
     if stage == "denoise":
-        return denoise(inv.dits[dit], d, shape, es)
+        return denoise(inv.dits[dit], d, shape, es, chunk_rows)
     if stage == "video_decode":
         return video_decode(inv.vae, d, shape, es, stitches=rank == 0 or d.vae_patch_parallel == 1)
     if stage == "audio_decode":

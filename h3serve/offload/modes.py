@@ -27,6 +27,11 @@ MODES = ("module", "layer")
 TRANSFERS = ("rank-local", "allgather")
 Transfer = Literal["rank-local", "allgather"]
 AUTO = "auto"
+# The denoise working set in row chunks (h3serve.model.transformer `TransformerBlock.row_chunk`): the planner's
+# ladder for `auto`, largest first, and the smallest bound a user may pin (smaller chunks only add launches).
+DENOISE_CHUNK_LADDER = (16384, 8192, 4096, 2048, 1024)
+MIN_DENOISE_CHUNK_ROWS = 256
+DenoiseChunk = int | Literal["auto"] | None
 
 
 class OffloadError(ServerError, ValueError):
@@ -101,6 +106,24 @@ class OffloadFlags:
     dlo_use_allgather: bool | None = None
     dlo_resident_layers: str | None = None  # an integer or "auto"
     diffusion_offload_config: str | None = None  # JSON
+
+
+def parse_denoise_chunk_rows(text: str | None) -> DenoiseChunk:
+    """--denoise-chunk-rows: `auto` (default: the planner chunks only a configuration that would not fit otherwise),
+    `off`, or a bound in rows (>= MIN_DENOISE_CHUNK_ROWS); `OffloadError` naming the flag otherwise."""
+    value = (text or AUTO).strip().lower()
+    if value == AUTO:
+        return AUTO
+    if value == "off":
+        return None
+    try:
+        rows = int(value)
+    except ValueError:
+        raise OffloadError(f"--denoise-chunk-rows: expected a number of rows, 'auto' or 'off', got {text!r}") from None
+    if rows < MIN_DENOISE_CHUNK_ROWS:
+        raise OffloadError(f"--denoise-chunk-rows: must be >= {MIN_DENOISE_CHUNK_ROWS} rows (or 'auto', 'off'), "
+                           f"got {rows}")
+    return rows
 
 
 def _resident(value: object, where: str) -> int | Literal["auto"]:

@@ -134,6 +134,7 @@ class PlacementPlan:
     device_memory: int | None = None  # bytes per device; None: unknown (no verdict)
     headroom: int = 0  # bytes kept free on top of the peak for a "fits" verdict
     notes: tuple[str, ...] = ()  # assumptions stated with the plan (request shape, estimates used)
+    denoise_chunk_rows: int | None = None  # the resolved row chunk of the denoise blocks (None: whole)
 
     @property
     def peak_device_bytes(self) -> int:

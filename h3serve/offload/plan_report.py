@@ -90,6 +90,8 @@ def format_plan(plan: PlacementPlan, title: str | None = None) -> str:
     lines += [f"  {note}" for note in plan.notes]
     if plan.resident_layers:
         lines.append(f"  resident DiT blocks during denoise: {plan.resident_layers}")
+    if plan.denoise_chunk_rows:
+        lines.append(f"  denoise working set in chunks of {plan.denoise_chunk_rows} rows (--denoise-chunk-rows)")
     for group in _groups(plan):
         first, last = group[0].rank, group[-1].rank
         name = f"rank {first}" if first == last else f"ranks {first}-{last} (each)"
@@ -110,6 +112,7 @@ def plan_json(plan: PlacementPlan) -> dict:
         "headroom": plan.headroom,
         "shortfall_bytes": plan.shortfall_bytes,
         "resident_layers": plan.resident_layers,
+        "denoise_chunk_rows": plan.denoise_chunk_rows,
         "notes": list(plan.notes),
         "ranks": [
             {

@@ -21,13 +21,20 @@ what a placement test observes):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adaln import adaln_slot, modulation_bytes
 from h3serve.offload.inventory import ComponentBytes, Inventory
-from h3serve.offload.modes import OffloadConfig, OffloadError, check_resident_layers
+from h3serve.offload.modes import (
+    AUTO,
+    DENOISE_CHUNK_LADDER,
+    DenoiseChunk,
+    OffloadConfig,
+    OffloadError,
+    check_resident_layers,
+)
 from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import (
     ADALN,
@@ -106,12 +113,14 @@ def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound) and
-    whether the DiT is compiled (the compile workspace)."""
+    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound),
+    whether the DiT is compiled (the compile workspace) and the denoise row chunk (--denoise-chunk-rows)."""
 
     memo: bool = True
     memo_store: int = 0  # --adaln-memo: the bytes the memo's host store may grow to
     compiled: bool = False
+    # rows per chunk of a block's working set; None: whole; "auto": whole unless only chunks fit (DENOISE_CHUNK_LADDER)
+    denoise_chunk_rows: DenoiseChunk = None
 
 
 def _stage_plan(
@@ -134,7 +143,9 @@ def _stage_plan(
             buffers[name] = b
     if config.adaln_on_host(runtime.memo) and stage == "denoise":
         buffers[ADALN] = adaln_slot(inv.ranks[rank][dit])
-    acts = activations.stage_activations(inv, rank, stage, shape, dit) + _fp8_scratch(held, stage, dit)
+    chunk = runtime.denoise_chunk_rows
+    assert chunk != AUTO, "the planner resolves an `auto` row chunk before it plans a stage"
+    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk) + _fp8_scratch(held, stage, dit)
     transient = acts + sum(buffers.values())
     return StagePlan(
         stage=stage,
@@ -174,13 +185,15 @@ def _build(
     runtime: Runtime,
 ) -> PlacementPlan:
     ranks = tuple(_rank_plan(inv, r, config, shape, k, runtime) for r in range(inv.degrees.world_size))
+    chunk = runtime.denoise_chunk_rows
     notes = (
         f"request: {shape.describe()}",
         f"weights: {inv.dtype} on {inv.device_type} (fp32 where the dtype policy keeps it)",
         "activations are estimates (h3serve.offload.activations); runtime overhead: stated constants "
         "(h3serve.offload.overhead)",
     )
-    return PlacementPlan(ranks, resident_layers=k, device_memory=device_memory, headroom=headroom, notes=notes)
+    return PlacementPlan(ranks, resident_layers=k, device_memory=device_memory, headroom=headroom, notes=notes,
+                         denoise_chunk_rows=chunk if isinstance(chunk, int) else None)
 
 
 def main_dit_layers(inv: Inventory) -> int | None:
@@ -198,11 +211,42 @@ def plan_placement(
     runtime: Runtime | None = None,
 ) -> PlacementPlan:
     """The plan for one request shape (`memo`: AdaLN memoisation on, the engine's default; `runtime`, when given,
-    replaces it and adds the memo store's bound and compilation).
+    replaces it and adds the memo store's bound, compilation and the denoise row chunk).
     `resident_layers="auto"`: the largest K (never N-1) whose plan fits `device_memory - headroom` on every rank;
-    `OffloadError` when none does or the device size is unknown."""
+    `OffloadError` when none does or the device size is unknown.
+    `denoise_chunk_rows="auto"`: whole rows when that fits (or the device size is unknown), else the largest chunk
+    of DENOISE_CHUNK_LADDER that fits (with "auto" resident layers, the chunk is tried first: it costs less time
+    than streaming blocks), else the smallest chunk's plan, which says by how much it does not fit."""
     _check(inv, config, shape.task)
     rt = runtime or Runtime(memo=memo)
+    if rt.denoise_chunk_rows != AUTO:
+        return _plan_resident(inv, config, shape, device_memory, headroom, rt)
+    rows = math.ceil(shape.seq_len / inv.degrees.sequence_parallel)
+    chunks = [None, *(c for c in DENOISE_CHUNK_LADDER if c < rows)]
+    failure: OffloadError | None = None
+    plan = None
+    for chunk in chunks:
+        try:
+            plan = _plan_resident(inv, config, shape, device_memory, headroom, replace(rt, denoise_chunk_rows=chunk))
+        except OffloadError as e:  # "auto" resident layers found no K at this chunk
+            failure = e
+            continue
+        if plan.fits is not False:
+            return plan
+    if plan is None:
+        raise failure
+    return plan
+
+
+def _plan_resident(
+    inv: Inventory,
+    config: OffloadConfig,
+    shape: RequestShape,
+    device_memory: int | None,
+    headroom: int,
+    rt: Runtime,
+) -> PlacementPlan:
+    """`plan_placement` for a fixed row chunk: resolves "auto" resident layers."""
     layers = main_dit_layers(inv)
     resident = config.resident_layers
     rank_local = config.distributed and config.transfer == "rank-local" and MAIN_DIT in config.streamed_components()

@@ -39,8 +39,13 @@ def plan_largest(
     runtime: Runtime | None = None,
 ) -> PlacementPlan:
     """The plan of the shape that needs the most device memory. With `resident_layers="auto"` one K serves every
-    shape: the smallest of the Ks each shape running the main DiT allows."""
+    shape: the smallest of the Ks each shape running the main DiT allows; with an "auto" denoise row chunk, one
+    chunk too: the smallest any shape needs (none when every shape fits whole)."""
     plans = [plan_placement(inv, offload, s, device_memory, headroom, memo, runtime) for s in shapes]
+    if runtime is not None and runtime.denoise_chunk_rows == AUTO:  # one chunk serves every shape: the smallest
+        chunks = [p.denoise_chunk_rows for p in plans if p.denoise_chunk_rows is not None]
+        runtime = replace(runtime, denoise_chunk_rows=min(chunks) if chunks else None)
+        plans = [plan_placement(inv, offload, s, device_memory, headroom, memo, runtime) for s in shapes]
     if offload.resident_layers == AUTO:
         ks = [p.resident_layers for p, s in zip(plans, shapes, strict=True) if TASK_DIT[s.task] == MAIN_DIT]
         if ks:

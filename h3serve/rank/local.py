@@ -98,6 +98,8 @@ class LocalEngine:
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
                 attention.install(dit, roles)
+                for block in dit.transformer_blocks:  # the planner's row chunk (resolved at start-up)
+                    block.row_chunk = config.denoise_chunk_rows
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora).
         self.lora = lora_runtime(config, components, self.parallel.dit_tp if self.parallel else None, self.device)
         if self.parallel is not None:

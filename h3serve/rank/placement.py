@@ -59,7 +59,8 @@ def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
     """The AdaLN memo (and its store's bound) and compilation, as the engine will run them on `device_type`."""
     memo = config.adaln_memo_bytes
     compiled = config.compile_mode(device_type) is not None
-    return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=compiled)
+    return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=compiled,
+                   denoise_chunk_rows=config.denoise_chunk_rows)
 
 
 def lora_slot_rank(config: EngineConfig) -> int:
@@ -85,7 +86,8 @@ def device_memory_of(config: EngineConfig, device) -> int | None:
 
 def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[EngineConfig, PlacementPlan]:
     """At engine start-up, before a weight is read: the plan (logged through `log`), a `ConfigError` when it cannot
-    fit the device, and the config with `--dlo-resident-layers auto` resolved to the planner's K."""
+    fit the device, and the config with `--dlo-resident-layers auto` resolved to the planner's K and an `auto`
+    denoise row chunk to the planner's (None: whole rows)."""
     try:
         plan = plan_for_engine(config, device_memory_of(config, device))
     except OffloadError as e:
@@ -103,6 +105,8 @@ def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[Engine
         )
     if config.offload.resident_layers == AUTO:
         config = replace(config, offload=replace(config.offload, resident_layers=plan.resident_layers))
+    if config.denoise_chunk_rows == AUTO:
+        config = replace(config, denoise_chunk_rows=plan.denoise_chunk_rows)
     return config, plan
 
 

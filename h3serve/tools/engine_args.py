@@ -19,7 +19,14 @@ from h3serve.adapters.catalog import parse_lora_paths
 from h3serve.adapters.fasth3 import is_fasth3_path
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, EngineConfig
 from h3serve.errors import ConfigError
-from h3serve.offload.modes import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
+from h3serve.offload.modes import (
+    OffloadConfig,
+    OffloadError,
+    OffloadFlags,
+    offload_config_from_flags,
+    parse_bytes,
+    parse_denoise_chunk_rows,
+)
 from h3serve.rules.names import TASK_TYPE_ALIASES
 
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
@@ -149,6 +156,11 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
         help='JSON: {"mode": "module"|"layer", "components": ["dit", ...], "weight_transfer", "resident_layers"}',
     )
     r.add_argument("--device-memory", help="memory per device for the placement plan, e.g. 32GiB (default: the GPU's)")
+    r.add_argument(
+        "--denoise-chunk-rows", metavar="N|auto|off",
+        help="run each DiT block's working set in chunks of N rows (same math, less activation memory); auto "
+        "(default): only when the placement would not fit otherwise",
+    )
     r.add_argument("--quantization", help="fp8: FP8 weights for the DiTs and the text encoder (float8_e4m3fn)")
     r.add_argument(
         "--diffusion-quantization-config",
@@ -326,6 +338,14 @@ def adaln_memo(text: str | None) -> int | None:
         raise ConfigError(f"{e} (or 'off')") from None
 
 
+def denoise_chunk_rows(text: str | None):
+    """--denoise-chunk-rows: "auto" (absent), None (`off`) or a row count; `ConfigError` for a bad value."""
+    try:
+        return parse_denoise_chunk_rows(text)
+    except OffloadError as e:
+        raise ConfigError(str(e)) from None
+
+
 def device_memory(text: str | None) -> int | None:
     """--device-memory in bytes (None when absent); `ConfigError` for a malformed size."""
 
@@ -427,6 +447,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         offload=offload,
         decode_mode=args.decode_mode,
         device_memory=device_memory(args.device_memory),
+        denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows),
         quantization=quantization(args),
         **lora_fields(args),
         adaln_memo_bytes=adaln_memo(args.adaln_memo),

@@ -114,7 +114,14 @@ def build_plan(args: argparse.Namespace):
     from h3serve.parallel.degrees import check_degrees
     from h3serve.rules.names import TASK_TYPE_ALIASES
     from h3serve.rules.validate import ModelDefaults
-    from h3serve.tools.engine_args import adaln_memo, device_memory, layout_fields, offload_config, quantization
+    from h3serve.tools.engine_args import (
+        adaln_memo,
+        denoise_chunk_rows,
+        device_memory,
+        layout_fields,
+        offload_config,
+        quantization,
+    )
 
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ValueError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
@@ -138,7 +145,8 @@ def build_plan(args: argparse.Namespace):
     store = adaln_memo(args.adaln_memo)
     # Compiled as the engine would on the planned device: regional torch.compile on CUDA unless --enforce-eager.
     compiled = device == "cuda" and not args.enforce_eager
-    runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled)
+    runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled,
+                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows))
     plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, runtime=runtime)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"

@@ -9,7 +9,7 @@ from small_dit import SMALL_DIT
 
 from h3serve.model import keys
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
-from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.model.transformer import H3Transformer, H3TransformerConfig, row_spans
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +146,28 @@ def test_native_ffn_halves_are_swapped():
 def test_rejects_head_dim_too_small_for_rope():
     with pytest.raises(ValueError, match="rope_freq_dim"):
         H3Transformer(H3TransformerConfig(**{**SMALL_DIT, "attention_head_dim": 16}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_chunks_keep_the_output_bit_identical(ours, dtype):
+    """The denoise working set in row chunks (`TransformerBlock.row_chunk`, chosen by the planner) is the same
+    per-row math: the output is bit-identical for chunks that do not divide the rows (spans of equal size: a
+    GEMM of under 8 rows rounds differently on CPU)."""
+    layout, video, audio, text, timestep, row_index = _inputs()
+    model = H3Transformer(H3TransformerConfig(**SMALL_DIT)).eval()
+    model.load_state_dict(ours.state_dict(), strict=True)
+    model.fuse_projections()
+    model.to(dtype)
+    rows = layout.packed.seq_len
+
+    def run(chunk: int | None):
+        for block in model.transformer_blocks:
+            block.row_chunk = chunk
+        with torch.no_grad():
+            return model(video, audio, model.embed_text(text.to(dtype)), timestep, row_index, layout.packed)
+
+    whole = run(None)
+    assert row_spans(10, 4) == [slice(0, 4), slice(4, 7), slice(7, 10)] and row_spans(8, 8) == [slice(0, 8)]
+    for chunk in (16, rows // 2 + 1, rows):
+        got = run(chunk)
+        assert all(torch.equal(a, b) for a, b in zip(got, whole, strict=True)), chunk

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from dataclasses import replace
 
@@ -14,7 +16,8 @@ from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
 from h3serve.offload.modes import OffloadConfig, OffloadError, parse_bytes
 from h3serve.offload.placement_plan import GiB, stages_for
-from h3serve.offload.planner import plan_placement
+from h3serve.offload.plan_report import format_plan, plan_json
+from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.offload.request_shapes import default_shape, plan_largest
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
@@ -329,3 +332,58 @@ def test_ring_holds_more_attention_state_than_ulysses(released):
         build_inventory(RELEASED, ParallelDegrees(ring=2, world_size=2), ("transformer",)), OffloadConfig(), shape
     )
     assert ring.ranks[0].stage("denoise").activations > ulysses.ranks[0].stage("denoise").activations
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Denoise row chunks (issue 29, item 12)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_chunked_block_holds_only_the_attention_state_for_every_row(released):
+    from h3serve.offload.activations import chunked_block, denoise
+
+    d, heads, ffn, rows, es = 5376, 56 * 128, 14336, 42014, 2  # the released DiT, FL2VA 1344x768, 5 s
+    whole_rows = rows * (2 * d + 4 * heads) * es  # the stream in and out; q, k, v and the attention output
+    per_chunk = 4096 * max(3 * d + 7 * heads, 7 * d + 4 * ffn) * es  # the larger pass: the FFN's
+    assert chunked_block(d, heads, ffn, rows, 4096, es) == whole_rows + per_chunk
+    cfg = released.dits["transformer"]
+    shape = RequestShape(1344, 768, 124, "fl2va")
+    assert shape.seq_len == rows
+    saved = denoise(cfg, ParallelDegrees(), shape, es) - denoise(cfg, ParallelDegrees(), shape, es, 4096)
+    assert 4.0 * GiB < saved < 4.5 * GiB  # 8 of [S, D] + the FFN's 4 of [S, ffn] against the chunked working set
+    assert denoise(cfg, ParallelDegrees(), shape, es, rows) == denoise(cfg, ParallelDegrees(), shape, es)
+
+
+def test_auto_chunks_the_denoise_rows_only_where_whole_rows_do_not_fit(released):
+    shape = RequestShape(1344, 768, 124, "fl2va")
+
+    def plan(memory: int | None, chunk="auto"):
+        return plan_placement(released, OffloadConfig(), shape, memory, GiB, runtime=Runtime(denoise_chunk_rows=chunk))
+
+    whole, smallest = plan(None, None), plan(None, 1024)
+    assert plan(None).denoise_chunk_rows is None  # no device size: no verdict, whole rows
+    assert plan(whole.peak_device_bytes + GiB).denoise_chunk_rows is None  # whole rows fit: no chunks
+    tight = plan(whole.peak_device_bytes)  # 1 GiB short with whole rows
+    assert tight.fits and tight.denoise_chunk_rows == 16384 and tight.peak_device_bytes < whole.peak_device_bytes
+    short = plan(smallest.peak_device_bytes)  # not even the smallest chunk fits: its plan says by how much
+    assert short.fits is False and short.denoise_chunk_rows == 1024 and short.shortfall_bytes == GiB
+    assert "denoise working set in chunks of 1024 rows" in format_plan(short)
+    assert plan_json(short)["denoise_chunk_rows"] == 1024
+
+
+def test_the_fl2va_plan_on_one_32_gib_card_fits_with_a_gib_of_headroom():
+    """The issue's target: released FL2VA 1344x768, 5 s, FP8, the encoder, AdaLN and VAEs on the host, one 32 GiB
+    card: whole rows miss by 0.25 GiB; the planner's row chunk makes it fit with the 1 GiB headroom kept."""
+    from h3serve.tools.bench.acceptance import FL2VA_OFFLOAD
+    from h3serve.tools.plan_cli import build_plan, register
+
+    parser = argparse.ArgumentParser(prog="h3serve")
+    register(parser.add_subparsers())
+    argv = ["plan", "--preset", "released", "--task-type", "fl2va", "--task", "fl2va", "--width", "1344",
+            "--height", "768", "--device", "cuda", "--device-memory", "32GiB", "--quantization", "fp8",
+            "--diffusion-offload-config", json.dumps(FL2VA_OFFLOAD)]
+    chunked, _ = build_plan(parser.parse_args(argv))
+    whole, _ = build_plan(parser.parse_args([*argv, "--denoise-chunk-rows", "off"]))
+    assert whole.fits is False and 0 < whole.shortfall_bytes < GiB // 2
+    assert chunked.fits and chunked.headroom == GiB and chunked.denoise_chunk_rows == 16384
+    assert chunked.device_memory - chunked.peak_device_bytes - chunked.headroom > GiB

@@ -48,3 +48,31 @@ def test_a_long_request_the_device_cannot_hold_is_refused_before_it_runs(tiny_ch
     full = engine.plan(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
     with pytest.raises(RequestError, match=r"long_video_mode: this server cannot run .* longest pass \(736 frames"):
         engine.generate(full)
+
+
+def test_a_pinned_denoise_row_chunk_reaches_every_block_and_keeps_the_output(tiny_checkpoint):
+    """--denoise-chunk-rows N runs every DiT block in chunks (here 2 of the ~500 rows); the MP4's frames and
+    samples are bit-identical to whole rows. `auto` without a device size resolves to whole rows."""
+    request = GenerationRequest(prompt="a lighthouse", steps=2, duration_s=4, seed=3)
+    outputs = {}
+    for chunk in ("auto", 256):
+        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, task_type="fl2va", denoise_chunk_rows=chunk))
+        resolved = None if chunk == "auto" else chunk
+        assert engine.config.denoise_chunk_rows == resolved
+        assert {b.row_chunk for b in engine.pipeline.components.transformer.transformer_blocks} == {resolved}
+        outputs[chunk] = engine.generate(engine.plan(request))
+    assert np.array_equal(outputs["auto"].video, outputs[256].video)
+    assert np.array_equal(outputs["auto"].audio, outputs[256].audio)
+
+
+def test_a_denoise_row_chunk_below_the_floor_is_refused():
+    from h3serve.errors import ConfigError
+    from h3serve.tools.engine_args import denoise_chunk_rows
+
+    assert denoise_chunk_rows(None) == "auto" and denoise_chunk_rows(" OFF ") is None
+    assert denoise_chunk_rows("4096") == 4096
+    for bad in ("64", "many", "-1"):
+        with pytest.raises(ConfigError, match="--denoise-chunk-rows"):
+            denoise_chunk_rows(bad)
+    with pytest.raises(ConfigError, match=r"--denoise-chunk-rows: must be >= 256"):
+        EngineConfig(model=".", denoise_chunk_rows=100).validate()

@@ -199,9 +199,12 @@ def fl2va_plan(ctx: Context, budget_s: float) -> tuple[str, dict]:
     rank = max(plan.ranks, key=lambda r: r.peak_device_bytes)
     data = {"peak_device_bytes": plan.peak_device_bytes, "peak_tensor_bytes": plan.peak_tensor_bytes,
             "peak_stage": rank.peak_stage, "fits": plan.fits, "shortfall_bytes": plan.shortfall_bytes,
-            "headroom_bytes": plan.headroom, "device_memory": plan.device_memory}
+            "headroom_bytes": plan.headroom, "device_memory": plan.device_memory,
+            "denoise_chunk_rows": plan.denoise_chunk_rows}
     ctx.shared["fl2va_plan"] = data
     verdict = "fits" if plan.fits else f"does not fit by {plan.shortfall_bytes / 2**30:.2f} GiB"
+    if plan.denoise_chunk_rows:
+        verdict += f" (denoise in {plan.denoise_chunk_rows}-row chunks)"
     return (f"released FL2VA 1344x768, 5 s, FP8, AdaLN/encoder/VAEs on the host, 1 x 32 GiB: peak "
             f"{plan.peak_device_bytes / 2**30:.2f} GiB ({rank.peak_stage}), {verdict} with "
             f"{plan.headroom / 2**30:.0f} GiB headroom"), data
