@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -63,6 +63,17 @@ def memo_key(dit: str, model: H3Transformer, step: ForwardTimes, slots: torch.Te
     return MemoKey(dit, adapter, dtype, timestep, slots.to(torch.int64).numpy().tobytes())
 
 
+# Copies tensors (on any device) into host memory: (the host copies in the same order, the object that owns their
+# memory, kept with them). The engine gives the store one that copies into a pinned arena of exactly their bytes
+# (h3serve.offload.host_arena); the default is plain host tensors.
+HostCopy = Callable[[list[torch.Tensor]], tuple[list[torch.Tensor], object]]
+
+
+def plain_host_copy(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], object]:
+    """Pageable host copies (on CPU the tensors themselves)."""
+    return [t.to("cpu") for t in tensors], None
+
+
 @dataclass(frozen=True)
 class MemoEntry:
     """One step's modulations: each block's kept table rows [6, R, D], the row map [T·3] and norm_out's [T, 2D]."""
@@ -70,20 +81,25 @@ class MemoEntry:
     tables: tuple[torch.Tensor, ...]
     slots: torch.Tensor
     output: torch.Tensor
+    owner: object = field(default=None, compare=False, repr=False)  # what holds a host copy's memory (its arena)
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.tables, self.slots, self.output]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.tables, self.slots, self.output))
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
-    def to(self, device: torch.device, pin: bool = False) -> MemoEntry:
-        def move(t: torch.Tensor) -> torch.Tensor:
-            if t.device == device:
-                return t
-            if pin:
-                return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
-            return t.to(device, non_blocking=True)
+    def to(self, device: torch.device) -> MemoEntry:
+        """On `device` (asynchronous copies from pinned host memory)."""
+        moved = [t if t.device == device else t.to(device, non_blocking=True) for t in self.tensors]
+        return MemoEntry(tuple(moved[:-2]), moved[-2], moved[-1])
 
-        return MemoEntry(tuple(move(t) for t in self.tables), move(self.slots), move(self.output))
+    def host_copy(self, copy: HostCopy) -> MemoEntry:
+        """A host copy of every tensor through `copy` (one arena and one wait for all of them)."""
+        host, owner = copy(self.tensors)
+        return MemoEntry(tuple(host[:-2]), host[-2], host[-1], owner)
 
     def step(self, model: H3Transformer) -> StepModulation:
         blocks = model.transformer_blocks
@@ -131,8 +147,9 @@ class AdaLNMemo:
     Every rank of a tensor-parallel group sees the same requests in the same order, so its hits and misses are
     the same on every rank and the projections' collectives pair up."""
 
-    def __init__(self, limit_bytes: int):
+    def __init__(self, limit_bytes: int, host_copy: HostCopy = plain_host_copy):
         self.limit_bytes = limit_bytes
+        self.host_copy = host_copy
         self._store: OrderedDict[MemoKey, MemoEntry] = OrderedDict()
         self.hits = 0  # steps served from the store
         self.misses = 0  # distinct steps computed
@@ -154,12 +171,11 @@ class AdaLNMemo:
         return entry
 
     def put(self, key: MemoKey, entry: MemoEntry) -> None:
-        """Store a host copy of `entry` (pinned when it lives on a GPU), then evict down to the limit."""
+        """Store a host copy of `entry` (through `host_copy`: on a GPU engine one pinned arena of exactly its bytes,
+        sidecar entries read from files included), then evict down to the limit."""
         if entry.nbytes > self.limit_bytes:
             return
-        cpu = torch.device("cpu")
-        pin = entry.output.device.type == "cuda"
-        self._store[key] = entry.to(cpu, pin=pin)
+        self._store[key] = entry.host_copy(self.host_copy)
         self._store.move_to_end(key)
         while self.nbytes > self.limit_bytes:
             self._store.popitem(last=False)

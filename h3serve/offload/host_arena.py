@@ -43,19 +43,34 @@ class HostArena:
     no padding at all: `nbytes` is the sum of the tensors' bytes."""
 
     def __init__(self, tensors: list[torch.Tensor], pin: bool):
-        order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
-        self.nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self._lay_out([(t.shape, t.dtype) for t in tensors])
+        for view, t in zip(self.views, tensors, strict=True):
+            view.copy_(t)
+        self._pin(pin)
+
+    @classmethod
+    def empty(cls, specs: list[tuple[torch.Size, torch.dtype]], pin: bool) -> HostArena:
+        """An arena of uninitialised views of these shapes and dtypes, pinned before anything is written to it (so
+        device-to-host copies into its views run asynchronously)."""
+        arena = cls.__new__(cls)
+        arena._lay_out(specs)
+        arena._pin(pin)
+        return arena
+
+    def _lay_out(self, specs: list[tuple[torch.Size, torch.dtype]]) -> None:
+        order = sorted(range(len(specs)), key=lambda i: -specs[i][1].itemsize)
+        sizes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
+        self.nbytes = sum(sizes)
         self.buffer = torch.empty(self.nbytes, dtype=torch.uint8)
-        views: list[torch.Tensor | None] = [None] * len(tensors)
+        views: list[torch.Tensor | None] = [None] * len(specs)
         offset = 0
         for i in order:
-            t = tensors[i]
-            size = t.numel() * t.element_size()
-            view = self.buffer[offset : offset + size].view(t.dtype).view(t.shape)
-            view.copy_(t)
-            views[i] = view
-            offset += size
+            shape, dtype = specs[i]
+            views[i] = self.buffer[offset : offset + sizes[i]].view(dtype).view(shape)
+            offset += sizes[i]
         self.views: list[torch.Tensor] = views  # type: ignore[assignment]
+
+    def _pin(self, pin: bool) -> None:
         self.pinned = pin and self.nbytes > 0
         if self.pinned:
             ptr = self.buffer.data_ptr()
@@ -64,3 +79,16 @@ class HostArena:
             _PINNED["arenas"] += 1
             # The buffer outlives every view (they share its storage); unregister when the arena goes.
             weakref.finalize(self, _release, ptr, self.nbytes)
+
+
+def pinned_copy(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], HostArena]:
+    """Host copies of `tensors` (on one device) in one pinned arena of exactly their bytes, and the arena (keep it
+    with them: it unpins when it goes). From a GPU the copies are queued on the current stream and waited for once,
+    not one blocking copy per tensor; the AdaLN memo's store holds its entries this way (`AdaLNMemo(host_copy=)`)."""
+    arena = HostArena.empty([(t.shape, t.dtype) for t in tensors], pin=True)
+    for view, t in zip(arena.views, tensors, strict=True):
+        view.copy_(t, non_blocking=True)
+    cuda = [t.device for t in tensors if t.device.type == "cuda"]
+    if cuda:
+        torch.cuda.current_stream(cuda[0]).synchronize()
+    return arena.views, arena

@@ -19,9 +19,10 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
-from h3serve.model.adaln_memo import AdaLNMemo
+from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, H3Components, StepCallback
+from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.adaln_sidecar import load_sidecars
@@ -66,7 +67,10 @@ class LocalEngine:
         self._compile(components)
         self.load_seconds = time.perf_counter() - start
         self.tasks = components.tasks
-        memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes)
+        # On a GPU the memo's host store holds each entry in one pinned arena of exactly its bytes (the planner's
+        # host figure), copied from the device with one wait; on CPU plain tensors.
+        host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
+        memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
         self.pipeline = H3Pipeline(
             components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo
         )

@@ -90,6 +90,43 @@ def test_the_key_is_the_whole_timestep_tuple_and_the_store_is_bounded():
     assert memo_key("transformer", model, a, a.slots(tags)).timestep not in keys
 
 
+def test_the_store_holds_each_entry_in_one_pinned_arena_of_exactly_its_bytes(monkeypatch):
+    """A GPU engine's store (`host_copy=pinned_copy`): every entry, sidecar entries included, in one arena pinned
+    with one registration of exactly its bytes, before the copies into it (no caching host allocator rounding,
+    issue 29 item 3); evicted entries unpin. cudaHostRegister is stood in."""
+    import gc
+
+    from h3serve.offload import host_arena
+
+    registered: list[int] = []
+    monkeypatch.setattr(host_arena, "_register", lambda ptr, size: registered.append(size))
+    monkeypatch.setattr(host_arena, "_unregister", lambda ptr: None)
+    model = _model(SMALL_DIT, torch.float32)
+    layout, *_ = _inputs(model)
+    tags = layout.packed.token_tags
+    steps = [ForwardTimes(*layout.row_timesteps(tv, ta)) for tv, ta in STEPS]
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        entries = compute_entries(model, steps, [s.slots(tags) for s in steps], cpu, no_scope)
+    before = host_arena.pinned_bytes()
+    memo = AdaLNMemo(limit_bytes=sum(e.nbytes for e in entries[1:]), host_copy=host_arena.pinned_copy)
+    for step, entry in zip(steps, entries, strict=True):
+        memo.put(memo_key("transformer", model, step, step.slots(tags)), entry)
+    assert registered == [e.nbytes for e in entries]  # one arena per entry, as it was put
+    kept = [e for _, e in memo.items()]
+    assert len(kept) == 3 and host_arena.pinned_bytes() - before == memo.nbytes == sum(registered[1:])
+    for stored, entry in zip(kept, entries[1:], strict=True):
+        storages = {t.untyped_storage().data_ptr() for t in stored.tensors}
+        assert storages == {stored.owner.buffer.untyped_storage().data_ptr()}  # every tensor a view of its arena
+        assert all(torch.equal(a, b) for a, b in zip(stored.tensors, entry.tensors, strict=True))
+    del kept, stored
+    gc.collect()
+    assert host_arena.pinned_bytes() - before == memo.nbytes  # the evicted entry's arena unpinned
+    del memo
+    gc.collect()
+    assert host_arena.pinned_bytes() == before
+
+
 def test_memo_on_and_off_write_the_same_raw_arrays_and_mp4(tiny_pipeline, tmp_path):
     plain, defaults = tiny_pipeline
     memo = AdaLNMemo(2**30)
