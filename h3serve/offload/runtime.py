@@ -123,8 +123,11 @@ class _BlockStream:
         unit.wait()
         nxt = i + 1 if i + 1 < len(self.units) else self.cycle_to
         if nxt is not None and nxt != i:
-            prefetch = self.units[nxt]  # a collective load stays on the compute stream (see GatheredUnit.load)
-            prefetch.load(None if prefetch.collective else self.copy_stream)
+            prefetch = self.units[nxt]
+            if prefetch.collective:  # issued from the compute stream, in flight where it may (GatheredUnit)
+                prefetch.load_ahead()
+            else:
+                prefetch.load(self.copy_stream)
 
     def _after(self, i: int) -> None:
         self.units[i].release()
@@ -143,10 +146,11 @@ class OffloadRuntime:
         config: OffloadConfig,
         device: torch.device,
         gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
+        overlap_gather: bool = False,  # the blocks' collectives share the gather's communicator (GatheredUnit)
         adaln_host: bool = False,  # AdaLN projections in host memory (`OffloadConfig.adaln_on_host`)
         keep: tuple[nn.Module, ...] = (),  # modules no unit takes: they stay where they are (the LoRA scales)
     ):
-        self.config, self.device = config, device
+        self.config, self.device, self.overlap_gather = config, device, overlap_gather
         self.task: str | None = None  # set by `request`
         self.log = PlacementLog()
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -217,7 +221,8 @@ class OffloadRuntime:
             self.prefix += prefix
             moving = blocks[keep:]
             if gathered:
-                units = [GatheredUnit(b, name, "stream", self.device, log, gather_group, skip) for b in moving]
+                overlap = self.overlap_gather
+                units = [GatheredUnit(b, name, "stream", self.device, log, gather_group, skip, overlap) for b in moving]
             else:
                 units = [HostUnit(b, name, "stream", self.device, log, skip) for b in moving]
             units_of_component += prefix + units

@@ -168,6 +168,8 @@ class GatheredUnit(HostUnit):
 
     Every rank of the group holds the same block (the same tensor-parallel shard), so the pieces fit together;
     all ranks load the same units in the same order (the block order is fixed), so the collectives pair up.
+    `overlap`: the blocks' collectives all run on `group`'s communicator (`RankParallel.one_denoise_communicator`),
+    so a prefetch (`load_ahead`) may leave its gather in flight while the block before it computes.
     """
 
     def __init__(
@@ -179,8 +181,11 @@ class GatheredUnit(HostUnit):
         account: Accountant,
         group: ProcessGroup,
         skip: tuple[nn.Module, ...] = (),
+        overlap: bool = False,
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
+        self.overlap = overlap
+        self._works: list = []  # a prefetch's gathers in flight (`wait` completes them)
         super().__init__(module, component, kind, device, account, skip, pin=False)  # only this rank's piece is pinned
         # Kernels pick their code path by the address alignment of a weight, and a different path can round
         # differently (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each
@@ -225,18 +230,37 @@ class GatheredUnit(HostUnit):
 
     def load(self, stream: torch.cuda.Stream | None = None) -> None:
         """Rebuild the block with one all-gather per dtype, into one tensor (a list of chunks would make NCCL
-        gather into a temporary flat buffer and copy out of it: twice the block, unplanned).
+        gather into a temporary flat buffer and copy out of it: twice the block, unplanned), completed before the
+        compute stream goes on.
 
-        `stream` is ignored: the gather runs on the compute stream, in program order with the Ulysses all-to-all
-        and TP all-reduce of the blocks around it. On a side stream it would run concurrently with them on
-        another communicator, which NCCL documents can deadlock."""
+        `stream` is ignored: the gather is issued from the compute stream, in program order with the Ulysses
+        all-to-all and TP all-reduce of the blocks around it. Issued from a side stream it would run concurrently
+        with them on another communicator, which NCCL documents can deadlock (`load_ahead` overlaps only where
+        one communicator carries them all)."""
+        self._gather(in_flight=False)
+
+    def load_ahead(self) -> None:
+        """A prefetch: with `overlap`, the gathers are issued and left in flight (on NCCL its stream runs them
+        while the compute stream runs the current block, whose own exchanges queue behind them on the same
+        communicator); `wait` completes them before the block runs. Without `overlap`, `load`."""
+        self._gather(in_flight=self.overlap)
+
+    def wait(self) -> None:
+        for work, _ in self._works:
+            work.wait()
+        self._works = []
+
+    def _gather(self, in_flight: bool) -> None:
         if self.loaded:
             return
         full: dict[torch.dtype, torch.Tensor] = {}
         for dtype, mine in self._flats.items():
             buffer = torch.empty(mine.numel() * self.size, dtype=dtype, device=self.device)
             wire = torch.uint8 if dtype.itemsize == 1 else dtype  # FP8 weights travel as their bytes
-            gather_into(buffer.view(wire), mine.to(self.device, non_blocking=True).view(wire), self.group)
+            piece = mine.to(self.device, non_blocking=True).view(wire)
+            work = gather_into(buffer.view(wire), piece, self.group, async_op=in_flight)
+            if in_flight:  # the device copy of the piece stays referenced until its gather is waited for
+                self._works.append((work, piece))
             full[dtype] = buffer
         for (slot, _), start in zip(self._slots, self._offsets, strict=True):
             slot.assign(full[slot.dtype][start : start + slot.shape.numel()].view(slot.shape))

@@ -56,10 +56,12 @@ def all_reduce_wide(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor
 
 
 @torch.compiler.disable
-def gather_into(out: torch.Tensor, x: torch.Tensor, group: ProcessGroup) -> None:
-    """Every member's `x` into one flat `out` ([n·numel], group-rank order): one collective, no temporary."""
+def gather_into(out: torch.Tensor, x: torch.Tensor, group: ProcessGroup, async_op: bool = False):
+    """Every member's `x` into one flat `out` ([n·numel], group-rank order): one collective, no temporary. With
+    `async_op`, its work handle: `out` holds the result after `wait()` (on NCCL the waiting stream's later kernels
+    wait for it, the host does not)."""
     count_collective()
-    _all_gather_single(out, x, group=group)
+    return _all_gather_single(out, x, group=group, async_op=async_op)
 
 
 @torch.compiler.disable

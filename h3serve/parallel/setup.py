@@ -70,7 +70,12 @@ class RankParallel:
         tp_group = _new_groups(degrees, rank, ("tp",))
         ulysses_group = _new_groups(degrees, rank, ("ulysses",))
         ring_group = _new_groups(degrees, rank, ("ring",))
-        sp_group = _new_groups(degrees, rank, ("ulysses", "ring"))
+        # With one sequence axis, its group is the sequence group: one communicator carries the attention's
+        # exchanges and the DLO all-gather in program order, so the gather may overlap a block's compute.
+        if degrees.ring == 1 or degrees.ulysses == 1:
+            sp_group = ulysses_group if degrees.ring == 1 else ring_group
+        else:
+            sp_group = _new_groups(degrees, rank, ("ulysses", "ring"))
         n_text = degrees.text_encoder_tp
         text_group = dist.new_group(list(range(n_text))) if n_text > 1 else None
         me = degrees.coords(rank)
@@ -84,6 +89,14 @@ class RankParallel:
         sequence = SequenceParallel(ulysses_group, ring_group, sp_group) if degrees.sequence_parallel > 1 else None
         vae_group = dist.group.WORLD if degrees.vae_patch_parallel > 1 else None
         return cls(degrees, rank, dit_tp, sequence, text_tp, vae_group)
+
+    @property
+    def one_denoise_communicator(self) -> bool:
+        """Whether every collective of the DiT blocks runs on the sequence group's one communicator (no tensor
+        parallelism, one sequence axis): then a DLO all-gather may run while a block computes, ordered with the
+        blocks' exchanges on that communicator instead of concurrently on another (which NCCL says can hang)."""
+        d = self.degrees
+        return self.dit_tp is None and (d.ring == 1 or d.ulysses == 1)
 
     @property
     def runs_text_encoder(self) -> bool:

@@ -22,6 +22,9 @@ class _Unit:
     def load(self, stream=None):
         self.log.append(stream)
 
+    def load_ahead(self):
+        self.log.append("ahead")
+
     def wait(self):
         pass
 
@@ -31,15 +34,41 @@ class _Unit:
 
 def test_collective_prefetches_stay_on_the_compute_stream():
     """A gathered block's all-gather would run on the side stream concurrently with the compute stream's
-    all-to-all / all-reduce on other communicators (NCCL: may deadlock); rank-local copies still overlap."""
+    all-to-all / all-reduce on other communicators (NCCL: may deadlock); it is issued from the compute stream
+    (`load_ahead`), rank-local copies go to the side stream."""
     assert GatheredUnit.collective and not HostUnit.collective
-    for collective, prefetch in ((False, COPY_STREAM), (True, None)):
+    for collective, prefetch in ((False, COPY_STREAM), (True, "ahead")):
         log: list = []
         blocks = nn.Sequential(*(nn.Identity() for _ in range(3)))
         _BlockStream(list(blocks), [_Unit(collective, log) for _ in blocks], COPY_STREAM, cycle_to=0)
         blocks(nn.Parameter())
         # Each block: its own (no-op) load on the compute stream, then the next block's prefetch.
         assert log == [None, prefetch] * 3
+
+
+def test_a_prefetched_gather_stays_in_flight_until_its_block_runs():
+    """Where the blocks' collectives share the gather's communicator (`overlap`), a prefetch issues its all-gathers
+    and leaves them in flight; the block's `wait` completes them (issue 29, item 4). Without `overlap` a prefetch
+    completes at once, as before. One gloo rank stands in for the group; the block is rebuilt bit for bit."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for overlap in (False, True):
+            block = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16))
+            block[1].to(torch.float64)
+            want = {k: v.clone() for k, v in block.state_dict().items()}
+            unit = GatheredUnit(block, "transformer", "stream", CPU, lambda *_: None, dist.group.WORLD,
+                                overlap=overlap)
+            unit.load_ahead()
+            assert unit.loaded and len(unit._works) == (2 if overlap else 0)  # one gather per dtype
+            unit.wait()
+            assert not unit._works
+            assert all(torch.equal(block.state_dict()[k], v) for k, v in want.items())
+            unit.release()
+            assert not unit.loaded
+    finally:
+        dist.destroy_process_group()
 
 
 def _stack(n: int = 5) -> nn.Sequential:
