@@ -36,7 +36,7 @@ def test_the_acceptance_command_runs_end_to_end_on_cpu(tiny_checkpoint, tmp_path
     status = {name: (r["status"], r["message"]) for name, r in rows.items()}
     ran = {"selftest", "plan.fl2va_32gib"}
     assert all(status[name] == ("skipped", "no GPU") for name in set(rows) - ran), status
-    assert rows["selftest"]["status"] == "pass" and rows["selftest"]["figure"].startswith("OK (4 passed")
+    assert rows["selftest"]["status"] == "pass" and rows["selftest"]["figure"].startswith("OK (5 passed")
     checks = {o["name"]: o["status"] for o in rows["selftest"]["data"]["outcomes"]}
     assert checks["memory.offload_paths"] == "pass" and "end_to_end" not in checks
     plan = rows["plan.fl2va_32gib"]

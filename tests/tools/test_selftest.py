@@ -24,17 +24,18 @@ def _selftest(tmp_path, model, *only: str) -> tuple[int, dict[str, dict]]:
 def test_every_check_that_applies_on_cpu_passes_and_the_rest_say_why(tiny_checkpoint, tmp_path, capsys):
     code, got = _selftest(tmp_path, tiny_checkpoint, *QUICK)
     printed = capsys.readouterr().out
-    assert code == 0 and printed.strip().splitlines()[-1].startswith("verdict: OK (4 passed, 5 skipped")
+    assert code == 0 and printed.strip().splitlines()[-1].startswith("verdict: OK (5 passed, 5 skipped")
     status = {name: o["status"] for name, o in got.items()}
     assert status == {
         "environment": "pass", "numerics.block_dtype": "skipped", "numerics.attention.TORCH_SDPA": "pass",
         "numerics.attention.FLASH_ATTN": "skipped", "numerics.attention.CUDNN_ATTN": "skipped",
-        "numerics.attention.FLASHINFER_ATTN": "skipped", "numerics.compiled": "skipped",
+        "numerics.attention.FLASHINFER_ATTN": "skipped", "numerics.row_chunks": "pass", "numerics.compiled": "skipped",
         "memory.offload_paths": "pass", "throughput": "pass",
     }
     assert got["numerics.block_dtype"]["message"].startswith("the compute dtype is float32")
     assert got["numerics.attention.FLASH_ATTN"]["message"] == "FLASH_ATTN needs a CUDA device"
     assert "bit-identical to resident" in got["memory.offload_paths"]["figure"]
+    assert "in chunks of" in got["numerics.row_chunks"]["figure"]
     assert got["throughput"]["data"]["request_s"] > got["throughput"]["data"]["full_step_s"] > 0
 
 

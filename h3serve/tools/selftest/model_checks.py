@@ -104,6 +104,36 @@ def attention_backend(name: str):
     return check
 
 
+def row_chunks(ctx: Context) -> str:
+    """The few-block DiT with its working set in row chunks (`--denoise-chunk-rows`) against whole rows: the same
+    per-row math, bit-identical on CPU; on a GPU within rounding (cuBLAS may tile fewer rows differently), and the
+    allocator's peak lower."""
+    model, _ = _model(ctx, ctx.dtype)
+    x = forward_inputs(model.config, _spec(ctx, ctx.dtype, ctx.numerics_shape()))
+    rows = x.packed.seq_len
+    results, peaks = [], []
+    for chunk in (None, -(-rows // 3)):  # three chunks
+        for block in model.transformer_blocks:
+            block.row_chunk = chunk
+        if ctx.cuda:
+            sync(ctx.device)
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+            base = torch.cuda.memory_allocated(ctx.device)
+        results.append(run_forward(model, x))
+        if ctx.cuda:
+            peaks.append((torch.cuda.max_memory_allocated(ctx.device) - base) / 2**20)
+    errs = [rel_error(a, b) for a, b in zip(results[1], results[0], strict=True)]
+    figure = f"{rows} rows in chunks of {chunk}: rel. error {max(errs):.1e}"
+    if peaks:
+        figure += f", forward peak {peaks[0]:.0f} -> {peaks[1]:.0f} MiB"
+    if not ctx.cuda and not all(torch.equal(a, b) for a, b in zip(*results, strict=True)):
+        raise Failed(f"{figure}: chunked rows differ on CPU, where they must be bit-identical")
+    if max(errs) > _bound(ctx.dtype) / 10:
+        raise Failed(f"{figure} (bound {_bound(ctx.dtype) / 10:.0e}): chunking changed the math; use "
+                     "--denoise-chunk-rows off and report it")
+    return figure
+
+
 def compiled(ctx: Context) -> str:
     if not ctx.cuda:
         raise Skip("compile is checked on CUDA (the engine compiles there by default; on CPU the C++ build alone "

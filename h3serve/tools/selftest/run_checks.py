@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from h3serve.tools.selftest.core import Check, Context, Outcome, run_check
 
@@ -16,7 +15,8 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
     out: list[tuple[str, Check]] = [("environment", system_checks.environment),
                                     ("numerics.block_dtype", model_checks.block_dtype)]
     out += [(f"numerics.attention.{name}", model_checks.attention_backend(name)) for name in BACKENDS]
-    out += [("numerics.compiled", model_checks.compiled), ("memory.offload_paths", model_checks.memory_paths),
+    out += [("numerics.row_chunks", model_checks.row_chunks), ("numerics.compiled", model_checks.compiled),
+            ("memory.offload_paths", model_checks.memory_paths),
             ("multi_gpu.collectives", parallel_checks.collectives), ("multi_gpu.tp2", parallel_checks.tensor_parallel),
             ("multi_gpu.ulysses2", parallel_checks.ulysses), ("throughput", model_checks.throughput),
             ("end_to_end", system_checks.end_to_end),
@@ -26,10 +26,10 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
 
 def run(args: argparse.Namespace) -> list[Outcome]:
     from h3serve.rank.device_checks import check_engine
+    from h3serve.tools.cli_util import model_dir
     from h3serve.tools.engine_args import engine_config_from_args
-    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
-    model = Path(args.model) if args.model else ensure_tiny_checkpoint("tiny")
+    model = model_dir(args.model)  # the shipped demo checkpoint by default: end_to_end checks what it shows
     config = engine_config_from_args(args, model)
     setup = check_engine(config)
     ctx = Context(
