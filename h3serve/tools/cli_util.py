@@ -16,9 +16,14 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
 
 
 def model_dir(arg: str | None) -> Path:
-    """The checkpoint to use: the given folder, else the tiny checkpoint, built on first use."""
+    """The checkpoint to use: the given folder, else the trained demo checkpoint shipped with h3serve, else (where
+    an install left it out) the random tiny checkpoint, built on first use."""
     if arg:
         return Path(arg).expanduser()
+    from h3serve.tools.demo_model import shipped_demo_checkpoint
+
+    if (demo := shipped_demo_checkpoint()) is not None:
+        return demo
     from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint()

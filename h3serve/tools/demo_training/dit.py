@@ -10,17 +10,19 @@ Examples whose packed layouts are equal (same prompt length, same conditions) ru
 rows costs ~0.6x of B forwards of one on the CPU. The DiT starts from a training initialisation (adaLN-Zero, zero
 output heads), and the weights kept are an exponential moving average of the trained ones.
 
-Training runs in two phases. The first (`prior_share` of the steps) draws every batch from the top of the ladder,
-where x_t holds nothing of the clip: the DiT learns which clip the prompt asks for (the object's colour, where it is
-in every latent frame, the pitch) before it learns to denoise, which it learns quickly. Trained on the whole ladder
-from the start, the DiT learns to read the clip from x_t first and its prediction at σ ≈ 1 hardly follows the
-prompt (docs/demo_world.md, runs S-S4).
+Training runs in phases (`Phase`), one optimizer and one learning-rate schedule over all of them. A prior phase
+draws every batch from the top of the ladder, where x_t holds nothing of the clip: the DiT learns which clip the
+prompt asks for (the object's colour, where it is in every latent frame, the pitch) before it learns to denoise, which
+it learns quickly. Trained on the whole ladder from the start, the DiT learns to read the clip from x_t first and its
+prediction at σ ≈ 1 hardly follows the prompt (docs/demo_world.md, runs S-S4). The prior phase must see examples
+whose clip the conditions decide: FL2VA examples with random starts taught a smear (the first full run).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -61,6 +63,15 @@ def training_init_(dit: H3Transformer) -> None:
     for linear in (*zeroed, dit.norm_out.linear, dit.proj_out, dit.audio_proj_out):
         nn.init.zeros_(linear.weight)
         nn.init.zeros_(linear.bias)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """`steps` optimizer steps on `examples`; with `prior`, every base position from the ladder's top."""
+
+    examples: Sequence[Example]
+    steps: int
+    prior: bool = False
 
 
 def layout_key(example: Example) -> str:
@@ -143,8 +154,7 @@ class EMA:
 
 def train_dit(
     dit: H3Transformer,
-    examples: Sequence[Example],
-    steps: int,
+    phases: Sequence[Phase],
     seed: int,
     log: LossLog,
     name: str,
@@ -152,32 +162,34 @@ def train_dit(
     lr: float = 2e-3,
     ema_decay: float = 0.995,
     warmup: int = 50,
-    prior_share: float = 0.0,
 ) -> None:
-    """AdamW over `steps` optimizer steps, linear warm-up then a cosine to a tenth of `lr`; each step draws a
-    layout group (weighted by its size), `batch` of its examples (with replacement) and one base position
-    (`draw_base`, the first `prior_share` of the steps in the prior phase). The EMA weights are left in `dit`."""
+    """AdamW over every phase's steps, linear warm-up then one cosine to a tenth of `lr`; each step draws a layout
+    group of its phase's examples (weighted by its size), `batch` of its examples (with replacement) and one base
+    position (`draw_base`). The EMA weights are left in `dit`."""
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    groups = layout_groups(examples)
-    weights = np.array([len(g) for g in groups], dtype=np.float64)
     dit.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(dit.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema = EMA(dit, ema_decay)
-    prior_steps = round(prior_share * steps)
-    for step in range(steps):
-        progress = step / max(1, steps - 1)
-        scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr * scale
-        chosen = groups[int(rng.choice(len(groups), p=weights / weights.sum()))]
-        items = [chosen[int(i)] for i in rng.integers(len(chosen), size=batch)]
-        loss = batch_loss(dit, items, generator, draw_base(rng, prior=step < prior_steps))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        ema.update(dit, step)
-        log(name, step, float(loss))
+    total = sum(phase.steps for phase in phases)
+    step = 0
+    for phase in phases:
+        groups = layout_groups(phase.examples)
+        weights = np.array([len(g) for g in groups], dtype=np.float64)
+        for _ in range(phase.steps):
+            progress = step / max(1, total - 1)
+            scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
+            for group in optimizer.param_groups:
+                group["lr"] = lr * scale
+            chosen = groups[int(rng.choice(len(groups), p=weights / weights.sum()))]
+            items = [chosen[int(i)] for i in rng.integers(len(chosen), size=batch)]
+            loss = batch_loss(dit, items, generator, draw_base(rng, prior=phase.prior))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            ema.update(dit, step)
+            log(name, step, float(loss))
+            step += 1
     ema.copy_to(dit)
     dit.eval().requires_grad_(False)

@@ -6,7 +6,8 @@
 3. examples laid out by the pipeline's own first stage (T2VA, FL2VA with first/last/both keyframes, Ref2VA with a
    reference image and optionally a reference sound, continuation windows);
 4. `transformer` (T2VA + FL2VA) from a training initialisation, then `transformer_ref` (Ref2VA + continuation) from
-   the trained `transformer`, both with H3's flow-matching objective (batched by layout, EMA weights kept);
+   the trained `transformer`, both with H3's flow-matching objective (batched by layout, EMA weights kept), each in
+   a prior phase at the top of the noise ladder and then on the whole ladder (`dit.Phase`);
 5. the checkpoint written in the diffusers modular layout at half precision (the DiTs' fp32-policy modules stay
    fp32), with `training.json` (the recipe and the final losses) and `losses.png` beside the weights.
 Step counts are fixed by the recipe, not by a clock, so the same command gives the same weights on one machine.
@@ -30,7 +31,7 @@ from tqdm import tqdm
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.transformer import H3Transformer
 from h3serve.rank.checkpoint import load_components
-from h3serve.tools.demo_training.dit import train_dit, training_init_
+from h3serve.tools.demo_training.dit import Phase, train_dit, training_init_
 from h3serve.tools.demo_training.examples import Clip, Example, ExampleBuilder, render
 from h3serve.tools.demo_training.vaes import Canvas, set_latent_stats, train_audio_vae, train_video_vae
 from h3serve.tools.demo_world import world
@@ -53,25 +54,27 @@ CONTINUATION_FRAMES = 277  # three 107-frame windows with 22 frames of overlap
 class Recipe:
     """Everything that decides the trained weights (with the seed)."""
 
-    video_vae_steps: int = 1400
-    audio_vae_steps: int = 800
+    video_vae_steps: int = 1000  # the loss is flat from ~900 (0.12)
+    audio_vae_steps: int = 600
     latent_stat_clips: int = 48  # 22-frame clips the latent statistics are measured on
     t2va_clips: int = 120  # canonical starts, spread evenly over the 80 attribute combinations
     t2va_short_clips: int = 160
-    fl2va_clips: int = 60  # random-start clips, each laid out with first, last and both keyframes
-    fl2va_short_clips: int = 100
-    ref2va_clips: int = 60  # each laid out with and without a reference sound
-    ref2va_short_clips: int = 80
-    continuation_clips: int = 12  # each gives three windows
-    dit_steps: int = 1800
-    ref_dit_steps: int = 700
+    fl2va_clips: int = 40  # random-start clips, each laid out with first, last and both keyframes
+    fl2va_short_clips: int = 70
+    ref2va_clips: int = 40  # each laid out with and without a reference sound
+    ref2va_short_clips: int = 60
+    continuation_clips: int = 10  # each gives three windows
+    # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own
+    dit_prior_steps: int = 1000
+    dit_steps: int = 1100
+    ref_prior_steps: int = 120  # `transformer_ref`, the same on its own examples
+    ref_dit_steps: int = 300
     dit_batch: int = 8
-    prior_share: float = 0.4  # of each DiT's steps, at the top of the noise ladder (dit.train_dit)
     seed: int = 0
 
     def scaled(self, factor: float) -> Recipe:
         """The same recipe with every count multiplied by `factor` (at least 1): CI's few-step runs."""
-        return Recipe(**{k: v if k == "seed" or isinstance(v, float) else max(1, round(v * factor))
+        return Recipe(**{k: v if k == "seed" else max(1, round(v * factor))
                          for k, v in asdict(self).items()})
 
 
@@ -109,8 +112,8 @@ def train_demo(
         staging = build_tiny_checkpoint(Path(tmp) / "random", seed=recipe.seed, preset=PRESET)
         _halve_text_encoder(staging)
         components = load_components(read_layout(staging))
-        builder_steps = recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_steps + recipe.ref_dit_steps
-        bar = Progress(builder_steps, progress)
+        bar = Progress(recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_prior_steps + recipe.dit_steps
+                       + recipe.ref_prior_steps + recipe.ref_dit_steps, progress)
         torch.manual_seed(recipe.seed)
         train_video_vae(components.vae, recipe.video_vae_steps, canvas, recipe.seed, bar.log)
         train_audio_vae(components.audio_vae, recipe.audio_vae_steps, recipe.seed + 1, bar.log)
@@ -122,15 +125,16 @@ def train_demo(
         defaults = read_layout(staging).defaults()
         builder = ExampleBuilder(components, canvas.width, canvas.height, defaults.reference_image_short_edge)
         bar.bar.set_description("examples")
-        plain, referenced = build_examples(builder, recipe, canvas)
+        t2va, plain, referenced = build_examples(builder, recipe, canvas)
         training_init_(components.transformer)
-        train_dit(components.transformer, plain, recipe.dit_steps, recipe.seed + 3, bar.log, "transformer",
-                  batch=recipe.dit_batch, prior_share=recipe.prior_share)
+        phases = [Phase(t2va, recipe.dit_prior_steps, prior=True), Phase(plain, recipe.dit_steps)]
+        train_dit(components.transformer, phases, recipe.seed + 3, bar.log, "transformer", batch=recipe.dit_batch)
         # Ref2VA and continuation start from what T2VA/FL2VA learned (the world, the motions, the sounds): the
         # second DiT only has to learn to take the colour, the pitch and the start from its reference rows.
         components.transformer_ref.load_state_dict(components.transformer.state_dict())
-        train_dit(components.transformer_ref, referenced, recipe.ref_dit_steps, recipe.seed + 4, bar.log,
-                  "transformer_ref", batch=recipe.dit_batch, prior_share=recipe.prior_share)
+        phases = [Phase(referenced, recipe.ref_prior_steps, prior=True), Phase(referenced, recipe.ref_dit_steps)]
+        train_dit(components.transformer_ref, phases, recipe.seed + 4, bar.log, "transformer_ref",
+                  batch=recipe.dit_batch)
         bar.close()
         out.mkdir(parents=True, exist_ok=True)
         _write_checkpoint(staging, out, components)
@@ -140,8 +144,11 @@ def train_demo(
     return out
 
 
-def build_examples(builder: ExampleBuilder, recipe: Recipe, canvas: Canvas) -> tuple[list[Example], list[Example]]:
-    """(examples of `transformer`, examples of `transformer_ref`), in a fixed order for the seed."""
+def build_examples(
+    builder: ExampleBuilder, recipe: Recipe, canvas: Canvas
+) -> tuple[list[Example], list[Example], list[Example]]:
+    """(the T2VA examples, all examples of `transformer`, examples of `transformer_ref`), in a fixed order for the
+    seed."""
     rng = np.random.default_rng(recipe.seed + 5)
     plain: list[Example] = []
     referenced: list[Example] = []
@@ -150,6 +157,7 @@ def build_examples(builder: ExampleBuilder, recipe: Recipe, canvas: Canvas) -> t
         for index in range(count):
             clip = _clip(rng, "t2va", canvas, frames, combinations[index * len(combinations) // count])
             plain.append(builder.keyframes(clip, ()))
+    t2va = list(plain)
     for frames, count in ((CLIP_FRAMES, recipe.fl2va_clips), (SHORT_CLIP_FRAMES, recipe.fl2va_short_clips)):
         for _ in range(count):
             clip = _clip(rng, "fl2va", canvas, frames, world.random_attributes(rng))
@@ -161,7 +169,7 @@ def build_examples(builder: ExampleBuilder, recipe: Recipe, canvas: Canvas) -> t
     for _ in range(recipe.continuation_clips):
         clip = _clip(rng, "t2va", canvas, CONTINUATION_FRAMES, world.random_attributes(rng))
         referenced.extend(builder.continuation(clip, CLIP_FRAMES))
-    return plain, referenced
+    return t2va, plain, referenced
 
 
 def _clip(rng: np.random.Generator, task: str, canvas: Canvas, frames: int, attrs) -> Clip:

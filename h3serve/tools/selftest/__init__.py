@@ -25,7 +25,8 @@ from h3serve.tools.engine_args import add_engine_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("selftest", help="check this install on its devices: numerics, memory paths, speed, one MP4")
-    p.add_argument("--model", help="checkpoint for the end-to-end request (default: the tiny checkpoint)")
+    p.add_argument("--model", help="checkpoint for the end-to-end request (default: the shipped demo checkpoint, "
+                   "whose MP4 must show what the demo prompt asks)")
     p.add_argument("--budget-s", type=float, default=300.0, help="seconds for all checks (default 300)")
     p.add_argument("--json", metavar="OUT", help="also write the outcomes as JSON to OUT")
     p.add_argument("--only", action="append", default=[], metavar="PREFIX",

@@ -51,8 +51,9 @@ def _driver() -> str:
         return "unknown"
 
 
-def _request(ctx: Context, request) -> tuple[str, dict]:
-    """`request` through the real engine (the engine flags, the tiny checkpoint; loaded once), muxed and probed."""
+def _request(ctx: Context, request, inspect=None) -> tuple[str, dict]:
+    """`request` through the real engine (the engine flags, the selftest's checkpoint; loaded once), muxed and
+    probed; `inspect(path)`, when given, checks the MP4 further and returns a figure to add."""
     from h3serve.config import EngineConfig
     from h3serve.media.mp4 import write_mp4
     from h3serve.media.probe import check_output_contract, probe
@@ -72,20 +73,44 @@ def _request(ctx: Context, request) -> tuple[str, dict]:
         path = Path(tmp) / "selftest.mp4"
         write_mp4(path, out.video, out.audio)
         problems = check_output_contract(probe(path))
-    if problems:
-        raise Failed(f"the MP4 breaks the output contract: {'; '.join(problems)}")
+        if problems:
+            raise Failed(f"the MP4 breaks the output contract: {'; '.join(problems)}")
+        extra = f"; {inspect(path)}" if inspect is not None else ""
     figure = f"{plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} steps: engine load {load_s:.1f} s, " \
-             f"request {run_s:.1f} s; MP4 meets the output contract"
+             f"request {run_s:.1f} s; MP4 meets the output contract{extra}"
     return figure, {"load_s": load_s, "request_s": run_s}
 
 
 def end_to_end(ctx: Context) -> tuple[str, dict]:
-    """One tiny T2VA request through the real engine (the engine flags, the tiny checkpoint), written as an MP4
-    and probed against the output contract."""
+    """One T2VA request through the real engine (the engine flags), written as an MP4 and probed against the
+    output contract. On the shipped demo checkpoint (the default) the request is the demo's, and the MP4 must show
+    and sound what it asks for (h3serve.tools.demo_world.checks): what a dtype, a kernel or a parallel layout
+    must keep. On any other checkpoint, a small request whose content nobody can check."""
     from h3serve.rules.request import GenerationRequest
+    from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS, shipped_demo_checkpoint
 
-    return _request(ctx, GenerationRequest(prompt="selftest: a lighthouse at dusk", width=64, height=64, steps=3,
-                                           duration_s=4, seed=1))
+    demo = shipped_demo_checkpoint()
+    if demo is None or Path(ctx.model).resolve() != demo.resolve():
+        return _request(ctx, GenerationRequest(prompt="selftest: a lighthouse at dusk", width=64, height=64, steps=3,
+                                               duration_s=4, seed=1))
+    request = GenerationRequest(prompt=DEMO_PROMPT, duration_s=DEMO_DURATION_S, steps=DEMO_STEPS, seed=0)
+    return _request(ctx, request, _demo_verdict)
+
+
+def _demo_verdict(path: Path) -> str:
+    """The demo prompt's checks on the MP4 as a user decodes it; `Failed` naming what is missing."""
+    from h3serve.media.mp4 import rgb8
+    from h3serve.tools.compare import decode_mp4
+    from h3serve.tools.demo_model import DEMO_PROMPT
+    from h3serve.tools.demo_world.checks import verdict_t2va
+    from h3serve.tools.demo_world.grammar import parse_prompt
+
+    clip = decode_mp4(path)
+    verdict = verdict_t2va(rgb8(clip.video), clip.audio, parse_prompt(DEMO_PROMPT))
+    if not verdict.passed:
+        raise Failed(f"the demo checkpoint's MP4 does not show what {DEMO_PROMPT!r} asks: {', '.join(verdict.failed)} "
+                     "wrong (h3serve check-demo measures it)")
+    return f"shows {DEMO_PROMPT!r} ({', '.join(verdict.checks)} right)"
 
 
 def end_to_end_continuation(ctx: Context) -> tuple[str, dict]:

@@ -13,7 +13,7 @@ from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
-from h3serve.tools.demo_training.dit import EMA, draw_base, layout_groups, train_dit, training_init_
+from h3serve.tools.demo_training.dit import EMA, Phase, draw_base, layout_groups, train_dit, training_init_
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
 from h3serve.tools.demo_training.train import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
 from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
@@ -93,8 +93,9 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert not video.any() and not audio.any()
 
     losses, log = recorder()
-    train_dit(dit, [t2va, other, fl2va, windows[0]], 40, seed=0, log=log, name="t", batch=2, lr=3e-3, warmup=5)
-    assert falls(losses, 8), losses
+    phases = [Phase([t2va, other], 10, prior=True), Phase([t2va, other, fl2va, windows[0]], 30)]
+    train_dit(dit, phases, seed=0, log=log, name="t", batch=2, lr=3e-3, warmup=5)
+    assert len(losses) == 40 and falls(losses, 8), losses
     assert not dit.training and not any(p.requires_grad for p in dit.parameters())
 
 
