@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from PIL import Image
 
 from h3serve.rules import geometry, limits
@@ -182,21 +183,46 @@ class Presentation:
 
 
 @torch.no_grad()
-def encode_visual_condition(vae, pixels: torch.Tensor) -> torch.Tensor:
-    """uint8 pixels [1, 3, T, H, W] -> normalised condition latents [1, 24, F, h, w] fp32 (CPU).
+def encode_visual_condition(vae, pixels: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """uint8 pixels [1, 3, T, H, W] (on any device) -> normalised condition latents [1, 24, F, h, w] fp32 (CPU).
 
     The release's recipe: ImageNet-normalise, sample the posterior under a fresh seed-42 generator, round
     through float16, then normalise per channel.
+
+    The VAE encodes a video as independent `clip_length`-frame clips (the last one padded by repeating its last
+    frame, `token_drop` trailing latents dropped), so this runs it one clip at a time: only one clip is normalised
+    in fp32 and on `device` (default: the pixels' device) at once, where encoding the whole video would hold three
+    or four fp32 copies of it (4.5 GB each for 15 s at 1344x768). The moments are the same and the posterior noise is
+    drawn once over the whole latent shape, so the latents are bit-identical to `vae.encode` on the whole video.
     """
-    mean = torch.tensor(limits.PIXEL_MEAN, device=pixels.device).view(1, -1, 1, 1, 1)
-    std = torch.tensor(limits.PIXEL_STD, device=pixels.device).view(1, -1, 1, 1, 1)
-    x = (pixels.to(torch.float32).div(255.0) - mean) / std
-    posterior = vae.encode(x.to(next(vae.encoder.parameters()).dtype), return_dict=False)[0]
+    device = pixels.device if device is None else device
+    dtype = next(vae.encoder.parameters()).dtype
+    clip, frames = vae.config.clip_length, pixels.shape[2]
+    if frames == 1:  # no temporal extent: the spatial encoder alone, as `vae.encode` does
+        moments = vae._encode_clip(_imagenet_normalised(pixels.to(device)).to(dtype))
+    else:
+        parts = []
+        for start in range(0, frames, clip):
+            part = pixels[:, :, start : start + clip].to(device)
+            if part.shape[2] < clip:
+                part = torch.cat([part, part[:, :, -1:].repeat(1, 1, clip - part.shape[2], 1, 1)], dim=2)
+            parts.append(vae._encode_clip(_imagenet_normalised(part).to(dtype)))
+        moments = torch.cat(parts, dim=2)
+        if vae.config.token_drop > 0:
+            moments = moments[:, :, : -vae.config.token_drop]
+    posterior = DiagonalGaussianDistribution(moments)
     z = posterior.sample(generator=torch.Generator().manual_seed(limits.KEYFRAME_ENCODE_SEED))
     z = z.to(torch.float16).float().cpu()
     z_mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     z_std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     return (z - z_mean) / z_std
+
+
+def _imagenet_normalised(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 [1, 3, T, H, W] -> fp32 ImageNet-normalised, on the pixels' device."""
+    mean = torch.tensor(limits.PIXEL_MEAN, device=pixels.device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(limits.PIXEL_STD, device=pixels.device).view(1, -1, 1, 1, 1)
+    return (pixels.to(torch.float32).div(255.0) - mean) / std
 
 
 def video_condition_pixels(frames: np.ndarray) -> torch.Tensor:

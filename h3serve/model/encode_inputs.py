@@ -136,7 +136,7 @@ def reference_media(
                 blocks.append(ReferenceBlock(kind, audio_latents=audio_latents))
                 continue
             pixels = image_pixels(r.image) if kind == "image" else video_condition_pixels(r.frames)
-            visual.append(encode_visual_condition(components.vae, pixels.to(device)))
+            visual.append(encode_visual_condition(components.vae, pixels, device))
             f, h, w = visual[-1].shape[2:]
             blocks.append(ReferenceBlock(kind, f, h, w, audio_latents))
     return ReferenceMedia(text.ids, text.tags, vision, visual, audio_rows, blocks)

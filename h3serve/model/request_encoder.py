@@ -68,9 +68,10 @@ class RequestEncoder:
         return self.padded_audio_latents(cond.edit_audio, plan.audio_latents)
 
     def source_frames(self, frames: np.ndarray) -> torch.Tensor:
-        """Decoded source frames [T, H, W, 3] uint8 -> normalised latents [1, 24, F, lh, lw] (the condition recipe)."""
-        pixels = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].to(self.device)
-        return encode_visual_condition(self.components.vae, pixels)
+        """Decoded source frames [T, H, W, 3] uint8 -> normalised latents [1, 24, F, lh, lw] (the condition recipe);
+        the frames stay in host memory, one VAE clip at a time goes to the device."""
+        pixels = torch.from_numpy(frames).permute(3, 0, 1, 2)[None]
+        return encode_visual_condition(self.components.vae, pixels, self.device)
 
     def padded_audio_latents(self, waveform: torch.Tensor, length: int) -> tuple[torch.Tensor, int]:
         """A source waveform [2, N] -> normalised latents [2, length, 32], cropped or zero-padded, and how many of

@@ -18,7 +18,9 @@ text_encode (ranks running the encoder): the 52 retained hidden states [L, hidde
   + one layer's working set: q, k, v, o and 3·intermediate/TP (gate, up, their product). Other ranks: the
   broadcast [L, hidden] states.
 vae_encode: the tiled causal-CNN encoder on one 256-px tile at fp32 (the encoder is fp32): 8 feature maps of
-  block_out_channels[0]·tile² + the normalised keyframes [3, H, W] fp32 (twice: input and its copy).
+  block_out_channels[0]·tile² + the normalised keyframes [3, H, W] fp32 (twice: input and its copy); an edit's or
+  extension's source video goes one 17-frame VAE clip at a time (uint8 and two fp32 copies of the clip, the
+  feature maps for each of its frames) beside the whole video's moments.
 video_decode (the rank that stitches: rank 0, or every rank without VAE patch parallel): every decoded tile
   of every temporal chunk (units of [3, 28, tile, tile] kept until stitching, `vae_tiles`) + the stitched
   video twice (chunks and their concatenation) in es, or the pipeline's fp32 post-processing (the video in es
@@ -71,6 +73,7 @@ class RequestShape:
     condition_images: int | None = None
     steps: int = limits.DEFAULT_STEPS  # denoiser forwards: sizes the AdaLN modulations
     streamed_decode: bool = True  # --decode-mode stream: the VAE decodes one temporal clip at a time
+    source_frames: int = 0  # an edit's or extension's source video at the canvas size, VAE-encoded by clips
 
     @property
     def images(self) -> int:
@@ -157,9 +160,21 @@ def text_encode(t: TextShape, d: ParallelDegrees, shape: RequestShape, es: int, 
 
 
 def vae_encode(v: VaeShape, shape: RequestShape) -> int:
-    if shape.images == 0:
-        return 0
-    return 8 * v.encoder_width * v.tile**2 * 4 + 2 * 3 * shape.width * shape.height * 4
+    """The larger of the keyframes' encode (one frame) and a source video's, which goes one VAE clip at a time
+    (`encode_visual_condition`): the clip's pixels on the device (uint8 and, padded, twice in fp32), the encoder's
+    feature maps for each of its frames on one tile, and the whole video's moments (mean and log-variance, fp32)."""
+    keyframes = 0
+    if shape.images:
+        keyframes = 8 * v.encoder_width * v.tile**2 * 4 + 2 * 3 * shape.width * shape.height * 4
+    source = 0
+    if shape.source_frames:
+        clip = limits.VAE_FRAMES_PER_CHUNK
+        pixels = 3 * clip * shape.width * shape.height * (1 + 2 * 4)
+        per_frame = (shape.height // limits.VAE_SPATIAL_COMPRESSION) * (shape.width // limits.VAE_SPATIAL_COMPRESSION)
+        latents = geometry.latent_frames(shape.source_frames) * per_frame
+        moments = 2 * v.latent_channels * latents * 4
+        source = pixels + clip * 8 * v.encoder_width * v.tile**2 * 4 + moments
+    return max(keyframes, source)
 
 
 def _tiles(length: int, tile: int) -> int:

@@ -37,9 +37,10 @@ BLOCK_GROUPS = {"transformer": DIT_GROUPS, "transformer_ref": DIT_GROUPS, "text_
 RESIDENT_GROUP = "transformer_blocks"  # the group whose first K blocks may stay resident (main DiT only)
 
 
-def stages_for(task: str) -> tuple[str, ...]:
-    """The stages a task runs: vae_encode only for keyframes (fl2va) and references (ref2va)."""
-    return tuple(s for s in STAGES if s != "vae_encode" or task in ("fl2va", "ref2va"))
+def stages_for(task: str, source: bool = False) -> tuple[str, ...]:
+    """The stages a task runs: vae_encode only for keyframes (fl2va), references (ref2va) and an edit's or
+    extension's source video (`source`)."""
+    return tuple(s for s in STAGES if s != "vae_encode" or source or task in ("fl2va", "ref2va"))
 
 
 def stage_components(stage: str, task: str) -> frozenset[str]:

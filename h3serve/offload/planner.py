@@ -165,7 +165,10 @@ def _rank_plan(
     loaded = inv.ranks[rank]
     adaln_host = config.adaln_on_host(runtime.memo)
     held = {n: c.without_adaln() if adaln_host and n in inv.dits else c for n, c in loaded.items()}
-    stages = tuple(_stage_plan(inv, rank, held, s, shape, config, k, runtime) for s in stages_for(shape.task))
+    stages = tuple(
+        _stage_plan(inv, rank, held, s, shape, config, k, runtime)
+        for s in stages_for(shape.task, shape.source_frames > 0)
+    )
     sp = inv.degrees.sequence_parallel
     host = {name: h for name, c in held.items() if (h := _host_bytes(c, config, sp))}
     if adaln_host:

@@ -57,4 +57,5 @@ def plan_largest(
 def longest_pass(plan: GenerationPlan) -> RequestShape:
     """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window."""
     frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
-    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps)
+    source = plan.num_frames if plan.source_video is not None or plan.extend_video is not None else 0
+    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source)

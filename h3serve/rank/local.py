@@ -142,12 +142,13 @@ class LocalEngine:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too).
         With a `sink` the video is streamed into it (h3serve.media.sink) and the output holds no frames.
 
-        A long video request is first put to the memory planner (its longest pass on this device): one that
-        cannot fit is refused as the client's error before anything runs."""
+        A long video request, or one that encodes a source video, is first put to the memory planner (its longest
+        pass on this device): one that cannot fit is refused as the client's error before anything runs."""
         check_task_served(plan.task, self.tasks)
         refusal = long_request_refusal(self.config, plan, device_memory_of(self.config, self.device))
         if refusal is not None:
-            raise RequestError("long_video_mode", f"this server cannot run the request: {refusal}")
+            field = "long_video_mode" if plan.long_video_mode is not None else "video"
+            raise RequestError(field, f"this server cannot run the request: {refusal}")
         if self.lora is not None:
             self.lora.activate_for(plan)
         elif plan.lora is not None:

@@ -111,9 +111,11 @@ def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[Engine
 
 
 def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> str | None:
-    """The planner's verdict on a long video request (`long_video_mode` set) before it starts: why its longest pass
-    cannot fit the device, or None (it fits, it is not a long request, or the device size is unknown)."""
-    if plan.long_video_mode is None or device_memory is None:
+    """The planner's verdict on a long video request (`long_video_mode` set), or one that encodes a source video (an
+    edit, an extension), before it starts: why its longest pass cannot fit the device, or None (it fits, the
+    start-up plan covers it, or the device size is unknown)."""
+    sourced = plan.source_video is not None or plan.extend_video is not None
+    if (plan.long_video_mode is None and not sourced) or device_memory is None:
         return None
     shape = longest_pass(plan)
     verdict = plan_for_engine(config, device_memory, shape)

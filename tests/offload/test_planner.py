@@ -387,3 +387,22 @@ def test_the_fl2va_plan_on_one_32_gib_card_fits_with_a_gib_of_headroom():
     assert whole.fits is False and 0 < whole.shortfall_bytes < GiB // 2
     assert chunked.fits and chunked.headroom == GiB and chunked.denoise_chunk_rows == 16384
     assert chunked.device_memory - chunked.peak_device_bytes - chunked.headroom > GiB
+
+
+def test_a_source_video_is_encoded_one_clip_at_a_time_and_counted(released):
+    """An edit's or extension's source video (issue 29, item 5): the vae_encode stage runs for it whatever the task,
+    and holds one 17-frame clip's pixels and feature maps beside the whole video's moments, not the three or four
+    fp32 copies of the whole video it held before (4.5 GB each at 15 s, 1344x768)."""
+    from h3serve.offload.activations import vae_encode
+    from h3serve.rules import geometry
+
+    shape = RequestShape(1344, 768, 362, "t2va", source_frames=362)
+    assert "vae_encode" in [s.stage for s in plan_placement(released, OffloadConfig(), shape).ranks[0].stages]
+    assert "vae_encode" not in [s.stage for s in plan_placement(released, OffloadConfig(), replace(
+        shape, source_frames=0)).ranks[0].stages]
+    v = released.vae
+    clip = 17 * 3 * 1344 * 768 * (1 + 8) + 17 * 8 * v.encoder_width * v.tile**2 * 4
+    moments = 2 * v.latent_channels * geometry.latent_frames(362) * (768 // 16) * (1344 // 16) * 4
+    assert vae_encode(v, shape) == clip + moments
+    before = 4 * 3 * 362 * 1344 * 768 * 4 + clip - 17 * 3 * 1344 * 768 * 9 + moments  # four whole fp32 copies
+    assert vae_encode(v, shape) < before / 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,3 +116,10 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
         )
     )
     assert longest_pass(windows).num_frames == 277 and long_request_refusal(config, windows, 3 * GiB // 2) is None
+    # An edit encodes its source video (one VAE clip at a time, counted): it is put to the planner too.
+    from h3serve.rules.request import MediaRef
+
+    edit = replace(ordinary, source_video=MediaRef(Path("source.mp4"), "source.mp4"))
+    assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
+    assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
+    assert long_request_refusal(config, ordinary, GiB // 4) is None
