@@ -146,9 +146,9 @@ class OffloadRuntime:
         config: OffloadConfig,
         device: torch.device,
         gather_group: ProcessGroup | None = None,  # the sequence-parallel group, for DLO all-gather
-        overlap_gather: bool = False,  # the blocks' collectives share the gather's communicator (GatheredUnit)
         adaln_host: bool = False,  # AdaLN projections in host memory (`OffloadConfig.adaln_on_host`)
         keep: tuple[nn.Module, ...] = (),  # modules no unit takes: they stay where they are (the LoRA scales)
+        overlap_gather: bool = False,  # the blocks' collectives share the gather's communicator (GatheredUnit)
     ):
         self.config, self.device, self.overlap_gather = config, device, overlap_gather
         self.task: str | None = None  # set by `request`

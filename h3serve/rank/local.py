@@ -113,7 +113,9 @@ class LocalEngine:
         adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
         keep = self.lora.scales() if self.lora is not None else ()
         overlap = self.parallel is not None and self.parallel.one_denoise_communicator
-        self.offload = OffloadRuntime(components, offload, self.device, gather_group, adaln_host, keep, overlap)
+        self.offload = OffloadRuntime(
+            components, offload, self.device, gather_group, adaln_host, keep, overlap_gather=overlap
+        )
         if self.lora is not None:  # an offloaded DiT's factors are tensors of its blocks: they stream with them
             self.lora.attach_offload(self.offload)
         return components
