@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PROMPT ?= A red fox trots through fresh snow at dawn, its paws crunching softly.
+PROMPT ?= a red ball moving left, with a low hum
 
 .PHONY: demo test lint ffmpeg chromium postgresql venv clean
 
@@ -44,12 +44,13 @@ postgresql:
 	    echo "error: could not install postgresql with apt-get; install it by hand, then rerun make" >&2; \
 	    exit 1; }; }
 
+# The shipped demo checkpoint (h3serve/tools/demo_checkpoint): a tiny H3 trained on the demo world (README).
 demo: venv ffmpeg
-	$(BIN)/h3serve make-tiny-checkpoint --default
-	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 5 --steps 7 --seed 0
+	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 4 --steps 20 --seed 0
 	@echo "wrote $$(pwd)/demo.mp4"
 	@ffprobe -v error -show_entries stream=codec_name,width,height,r_frame_rate,nb_frames,sample_rate,channels \
 	  -show_entries format=duration -of compact demo.mp4
+	$(BIN)/h3serve check-demo demo.mp4 --prompt "$(PROMPT)"
 
 test: venv ffmpeg chromium postgresql
 	$(BIN)/python -m pytest -q --durations=30

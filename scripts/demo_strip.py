@@ -1,6 +1,6 @@
 """The README's picture of `make demo`'s output: a strip of frames and the stereo spectrogram, under the prompt.
 
-    python scripts/demo_strip.py demo.mp4 docs/demo_strip.png [--prompt "a red ball bouncing, with a high beep"]
+    python scripts/demo_strip.py demo.mp4 docs/demo_strip.png [--prompt PROMPT]
 
 Frames are taken evenly over the clip (nearest-neighbour, 2x); the spectrogram shows both channels (the pan follows
 the object) and the clicks of the bounces as vertical lines.

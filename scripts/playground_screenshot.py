@@ -1,6 +1,6 @@
 """The docs' picture of the web playground after a T2VA job on the shipped demo checkpoint.
 
-    python scripts/playground_screenshot.py docs/playground.png [--prompt "a red ball bouncing, with a high beep"]
+    python scripts/playground_screenshot.py docs/playground.png [--prompt PROMPT]
 
 Starts `h3serve serve` without `--model` (the demo checkpoint) on a free port with a throwaway data dir, opens the
 page in headless Debian Chromium (Playwright; `make test` installs it, or set H3SERVE_CHROMIUM), runs the demo

@@ -1,0 +1,64 @@
+"""The shipped demo checkpoint shows and sounds what it is asked (issue 28), measured from the output pixels and
+samples (h3serve.tools.demo_world.checks): `make demo`'s own command and MP4, and each task over seeds, at no less
+than the rate docs/demo_world.md records for the shipped weights (a regression in the model, the pipeline, the
+layouts or the decode shows here, where the random tiny checkpoint's parity tests cannot see it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from h3serve import cli
+from h3serve.checkpoint.resolver import read_layout
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.rank.checkpoint import load_components
+from h3serve.tools.demo_eval import DemoEvaluator, evaluate
+from h3serve.tools.demo_model import DEMO_PROMPT, shipped_demo_checkpoint
+
+pytestmark = pytest.mark.slow
+
+# Seeds 0-4 per task (demo_eval.case_attributes: every motion once). The shipped weights, on the CPU that trained
+# them: T2VA 1 of 5 whole (colour 5, pitch 4, motion 3); FL2VA 0 of 5 (colour 2, pitch 3, the keyframe never).
+# The floors sit one below (another CPU may round a borderline case the other way); docs/demo_world.md has all
+# five tasks over 10 seeds.
+SEEDS = 5
+MIN_PASSED = {"t2va": 1, "fl2va": 0}
+MIN_RIGHT = {"t2va": {"color": 4, "pitch": 3, "motion": 2}, "fl2va": {"color": 1, "pitch": 2}}
+
+
+@pytest.fixture(scope="module")
+def evaluator() -> DemoEvaluator:
+    demo = shipped_demo_checkpoint()
+    assert demo is not None, "the demo checkpoint ships with h3serve (h3serve/tools/demo_checkpoint)"
+    layout = read_layout(demo)
+    return DemoEvaluator(H3Pipeline(load_components(layout)), layout.defaults())
+
+
+def test_make_demo_writes_an_mp4_that_shows_what_it_asks(tmp_path, capsys):
+    """The Makefile's `demo` target: `generate` without --model (the shipped checkpoint), then `check-demo`."""
+    out = tmp_path / "demo.mp4"
+    assert cli.main(["generate", DEMO_PROMPT, "-o", str(out), "--duration", "4", "--steps", "20", "--seed", "0"]) == 0
+    capsys.readouterr()
+    code = cli.main(["check-demo", str(out), "--prompt", DEMO_PROMPT])
+    printed = capsys.readouterr().out
+    assert code == 0 and "all checks passed" in printed, printed
+
+
+@pytest.mark.parametrize("task", sorted(MIN_PASSED))
+def test_each_task_does_what_it_is_asked_over_seeds(evaluator, task):
+    cases = evaluate(evaluator, task, range(SEEDS))
+    right = {name: sum(c.checks[name] for c in cases) for name in MIN_RIGHT[task]}
+    report = [(c.prompt, {k: int(v) for k, v in c.checks.items()}) for c in cases]
+    assert sum(c.passed for c in cases) >= MIN_PASSED[task], report
+    assert all(right[name] >= need for name, need in MIN_RIGHT[task].items()), (right, report)
+
+
+def test_the_selftests_end_to_end_check_runs_the_demo_and_checks_what_it_shows(tmp_path, capsys):
+    """`h3serve selftest` without --model: the end-to-end request is the demo's, checked by the demo-world checks."""
+    import json
+
+    out = tmp_path / "selftest.json"
+    code = cli.main(["selftest", "--device", "cpu", "--only", "end_to_end", "--json", str(out)])
+    checks = {o["name"]: o for o in json.loads(out.read_text())}
+    capsys.readouterr()
+    assert code == 0 and checks["end_to_end"]["status"] == "pass", checks
+    assert f"shows {DEMO_PROMPT!r}" in checks["end_to_end"]["figure"]
