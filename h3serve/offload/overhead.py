@@ -12,13 +12,15 @@ nvidia-smi figures.
                      commonly observed 0.3-0.6 GiB of a PyTorch process on Hopper/Blackwell (an assumption).
   nccl               per NCCL communicator this rank belongs to: every process group of more than one rank the
                      parallel layout creates (h3serve.parallel.setup: the world group, then one group per
-                     tensor-parallel, Ulysses, Ring and sequence-parallel (Ulysses x Ring) axis of degree > 1, and
+                     tensor-parallel, Ulysses and Ring axis of degree > 1, the sequence-parallel group when both
+                     sequence axes are (with one, that axis' group is the sequence group), and
                      the text-encoder TP group on its first N ranks; `ParallelDegrees.communicators`). NCCL keeps
                      per channel and per connected peer a buffer for each protocol (NCCL_BUFFSIZE 4 MiB for
                      Simple, plus LL128 and LL) and the proxy's and p2p (all-to-all) staging buffers. 320 MiB a
                      communicator: calibrated on the one measurement that gives both an nvidia-smi figure and the
                      allocator's reserved peak (4 x RTX PRO 5000, TP2 x Ulysses 2, text-encoder TP4: 69,219 MiB
-                     against 66,780 MiB, 2.38 GiB outside the allocator = context + compile + 5 communicators).
+                     against 66,780 MiB, 2.38 GiB outside the allocator = context + compile + the 5 communicators
+                     vLLM-Omni's layout made; h3serve's makes 4).
   compile            when the DiT is compiled (torch.compile, the CUDA default unless --enforce-eager): the
                      Inductor/Triton kernel images loaded into the context and the autotuner's scratch.
                      0.25 GiB (an assumption).

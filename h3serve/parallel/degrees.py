@@ -114,14 +114,15 @@ class ParallelDegrees:
 
     def communicators(self, rank: int) -> tuple[str, ...]:
         """The process groups of more than one rank that `rank` joins, as `h3serve.parallel.setup` creates them
-        (on CUDA each is one NCCL communicator): the world, each of the tp / ulysses / ring axes and the sequence-
-        parallel group (Ulysses x Ring) whose degree is above 1, and the text-encoder TP group (its first N ranks).
-        VAE tile parallelism uses the world group."""
+        (on CUDA each is one NCCL communicator): the world, each of the tp / ulysses / ring axes whose degree is
+        above 1, the sequence-parallel group (Ulysses x Ring) when both axes are (with one axis, that axis' group is
+        the sequence group), and the text-encoder TP group (its first N ranks). VAE tile parallelism uses the world
+        group."""
         names = ["world"] if self.world_size > 1 else []
         names += [
             axis for axis, n in (("tp", self.tensor_parallel), ("ulysses", self.ulysses), ("ring", self.ring)) if n > 1
         ]
-        if self.sequence_parallel > 1:
+        if self.ulysses > 1 and self.ring > 1:
             names.append("sp")
         if self.text_encoder_tp > 1 and rank < self.text_encoder_tp:
             names.append("text_encoder")

@@ -50,7 +50,7 @@ def test_a_gathered_block_arrives_in_one_tensor(monkeypatch):
     """all_gather_into_tensor into the block's one buffer: a list of chunks makes NCCL gather into a temporary
     flat buffer and copy out of it (twice the block's memory, not in the plan)."""
     calls = []
-    monkeypatch.setattr(comm, "_all_gather_single", lambda out, x, group: calls.append((out, x, group)))
+    monkeypatch.setattr(comm, "_all_gather_single", lambda out, x, group, async_op: calls.append((out, x, group)))
     out, x = torch.empty(8), torch.arange(4.0)
     comm.gather_into(out, x, GROUP)
     assert len(calls) == 1 and calls[0][0] is out and calls[0][1] is x and calls[0][2] is GROUP
