@@ -9,10 +9,18 @@ import torch
 from h3serve.rank.memory import PeakMemory
 
 
+def _held_until_sampled(sampler, added: int, timeout_s: float = 10.0) -> None:
+    """Wait until the sampler thread has seen `added` bytes more than at its start (on a busy 2-core host the
+    thread may not run for a while: a fixed sleep would measure the scheduler, not the sampler)."""
+    deadline = time.monotonic() + timeout_s
+    while sampler.peak_bytes - sampler.start_bytes <= added and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def test_cpu_peak_is_per_request():
     with PeakMemory(torch.device("cpu")) as big:
         block = torch.ones(64, 2**20)  # 256 MiB, touched
-        time.sleep(0.1)
+        _held_until_sampled(big._rss, 200 * 2**20)
         del block
     with PeakMemory(torch.device("cpu")) as small:
         time.sleep(0.1)
@@ -26,9 +34,9 @@ def test_rss_is_attributed_to_the_running_stage():
     with RssSampler() as rss:
         with rss.stage("text_encode"):
             time.sleep(0.05)
-        with rss.stage("video_decode"):
+        with rss.stage("video_decode") as stage:
             block = torch.ones(48, 2**20)  # 192 MiB, touched
-            time.sleep(0.1)
+            _held_until_sampled(stage, 150 * 2**20)
             del block
         with rss.stage("mux"):
             time.sleep(0.05)
