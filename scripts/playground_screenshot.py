@@ -17,13 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import expect, sync_playwright
 
 from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
+from h3serve.tools.live_server import wait_healthy
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
 JOB_TIMEOUT_MS = 300_000
@@ -33,20 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"h3serve serve exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"h3serve serve was not healthy within {timeout_s:.0f} s")
 
 
 def main() -> None:
@@ -64,7 +49,7 @@ def main() -> None:
                    "--log-level", "warning"]
         proc = subprocess.Popen(command, start_new_session=True)
         try:
-            wait_healthy(url, proc)
+            wait_healthy(url, 120, proc)
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=chromium, headless=True)
                 page = browser.new_page(viewport={"width": 1280, "height": 900})

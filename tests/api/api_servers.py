@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
+from h3serve.tools.live_server import wait_healthy  # noqa: F401 (the other test helpers import it from here)
 
 API_KEY = "test-key"
 START_TIMEOUT_S = 180.0
@@ -27,20 +27,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not become healthy within {timeout_s:g} s")
 
 
 @dataclass
