@@ -43,20 +43,29 @@ def cmd_train_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check_demo(args: argparse.Namespace) -> int:
+def mp4_verdict(path: str | Path, prompt: str):
+    """The demo-world checks of `prompt` on an MP4 as a user decodes it (`ValueError` for a prompt outside the
+    grammar): what `check-demo` prints and the selftest's end-to-end check on the demo checkpoint asserts."""
     from h3serve.media.mp4 import rgb8
     from h3serve.tools.compare import decode_mp4
     from h3serve.tools.demo_world.checks import verdict_t2va
     from h3serve.tools.demo_world.grammar import parse_prompt
 
+    attrs = parse_prompt(prompt)
+    clip = decode_mp4(path)
+    return verdict_t2va(rgb8(clip.video), clip.audio, attrs)
+
+
+def cmd_check_demo(args: argparse.Namespace) -> int:
+    from h3serve.tools.demo_world.grammar import parse_prompt
+
     try:
-        attrs = parse_prompt(args.prompt)
+        parse_prompt(args.prompt)
     except ValueError as e:
         return fail(f"--prompt: {e}")
     if not Path(args.video).is_file():
         return fail(f"video: no such file {args.video}")
-    clip = decode_mp4(args.video)
-    verdict = verdict_t2va(rgb8(clip.video), clip.audio, attrs)
+    verdict = mp4_verdict(args.video, args.prompt)
     if args.json:
         print(json.dumps({"passed": verdict.passed, "checks": verdict.checks}))
     else:

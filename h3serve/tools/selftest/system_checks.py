@@ -99,14 +99,10 @@ def end_to_end(ctx: Context) -> tuple[str, dict]:
 
 def _demo_verdict(path: Path) -> str:
     """The demo prompt's checks on the MP4 as a user decodes it; `Failed` naming what is missing."""
-    from h3serve.media.mp4 import rgb8
-    from h3serve.tools.compare import decode_mp4
+    from h3serve.tools.demo_cli import mp4_verdict
     from h3serve.tools.demo_model import DEMO_PROMPT
-    from h3serve.tools.demo_world.checks import verdict_t2va
-    from h3serve.tools.demo_world.grammar import parse_prompt
 
-    clip = decode_mp4(path)
-    verdict = verdict_t2va(rgb8(clip.video), clip.audio, parse_prompt(DEMO_PROMPT))
+    verdict = mp4_verdict(path, DEMO_PROMPT)
     if not verdict.passed:
         raise Failed(f"the demo checkpoint's MP4 does not show what {DEMO_PROMPT!r} asks: {', '.join(verdict.failed)} "
                      "wrong (h3serve check-demo measures it)")
