@@ -1,5 +1,6 @@
-"""Create a job from an HTTP request: body -> the request model -> stored media -> GenerationRequest -> the job
-manager, which plans, admits, records and queues it.
+"""Create a job from an HTTP request: the request read (`intake/read.py`: the request model and its media), made
+into a GenerationRequest (`intake/generation_request.py`: media stored and placed), handed to the job manager, which
+plans, admits, records and queues it.
 
 Every failure before the job is queued is a 4xx naming the field, and removes whatever the request had
 already stored. Blocking work (file copies, SQLite, media checks) runs in the thread pool, never on the loop.
@@ -7,21 +8,16 @@ already stored. Blocking work (file copies, SQLite, media checks) runs in the th
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from h3serve.adapters.catalog import LoraField
-from h3serve.api.body import read_body
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
-from h3serve.api.media_fields import media_sources
-from h3serve.api.media_inputs import store_media
-from h3serve.api.media_routing import media_aliases, place_media
-from h3serve.api.request_model import VideoCreateFields
-from h3serve.api.request_reader import read_request_fields
+from h3serve.api.intake.generation_request import build_generation_request
+from h3serve.api.intake.read import read_create_request
+from h3serve.api.intake.request_model import VideoCreateFields
 from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.jobs.types import QueueFull, ShuttingDown
@@ -77,42 +73,22 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: 
     (`deadline`: its deadline, started when the job is ready to queue) waits for a queue slot until then."""
     try:
         await ensure_capacity(ctx, sync)  # before spending time on uploads
-        body = await read_body(request, ctx.config.max_body_bytes)
-        fields = await run_in_threadpool(read_request_fields, body)  # JSON text in form fields, long strings
-        sources = await run_in_threadpool(media_sources, body)
-        lora = fields.lora_field()
-        check_model(fields, ctx)
+        create = await read_create_request(request, ctx.config.max_body_bytes)
+        check_model(create.fields, ctx)
         job_id = new_job_id()
         wait = None
         if sync and deadline is not None:
             async def wait(attempt: Callable[[], Awaitable[Job]]) -> Job:
                 return await ctx.sync_line.enter(attempt, deadline.start(), request.is_disconnected)
         try:
-            media = []
-            if sources:
-                folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
-                media = await store_media(sources, folder, ctx.fetcher)
-            generation_request = with_lora(place_media(fields.to_request(), media, fields.frame_indices()), lora, ctx)
-            aliases = {**fields.client_names(), **media_aliases(generation_request, media)}
-            return await queue_request(job_id, generation_request, aliases, _seconds_label(fields), ctx, sync, wait)
+            generation_request, aliases = await build_generation_request(create, job_id, ctx)
+            return await queue_request(job_id, generation_request, aliases, _seconds_label(create.fields), ctx, sync,
+                                       wait)
         except BaseException:
             await run_in_threadpool(ctx.manager.files.remove, job_id)
             raise
     finally:
         await request.close()  # closes the spooled upload files
-
-
-def with_lora(generation_request: GenerationRequest, field: LoraField | None, ctx: ServerContext) -> GenerationRequest:
-    """The request with its `lora` object resolved against the server's catalog (400 naming the sub-field)."""
-    if field is None:
-        return generation_request
-    if ctx.lora is None:
-        raise bad_request("lora: this server serves no LoRA adapters (start it with --lora-path or --lora-dir)", "lora")
-    try:
-        choice = ctx.lora.choose(field)
-    except RequestError as e:
-        raise from_request_error(e, {}) from None
-    return dataclasses.replace(generation_request, lora=choice)
 
 
 async def queue_request(

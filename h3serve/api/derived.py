@@ -27,22 +27,18 @@ from typing import Any
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from h3serve.api.body import RequestBody, read_body
-from h3serve.api.coerce import as_json
 from h3serve.api.context import ServerContext
-from h3serve.api.create_job import check_model, ensure_capacity, queue_request, with_lora
+from h3serve.api.create_job import check_model, ensure_capacity, queue_request
 from h3serve.api.error_envelope import APIError, bad_request, not_found
-from h3serve.api.media_fields import MediaSource, media_sources
-from h3serve.api.media_inputs import store_media
-from h3serve.api.request_model import VideoCreateFields
-from h3serve.api.request_reader import read_request_fields
+from h3serve.api.intake.generation_request import store_media, with_lora
+from h3serve.api.intake.read import VIDEO_FIELD, MediaSource, read_create_request
+from h3serve.api.intake.request_model import VideoCreateFields
 from h3serve.jobstore.records import UNFINISHED, Job, new_job_id
 from h3serve.media.previews import VARIANTS
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, resolve_long_video_mode, resolve_task
 
-VIDEO_FIELD = "video"
 REMIX_NOISE = 0.85  # a long video's remix: the latent-mask level over the whole clip (1 = generate, 0 = keep)
 
 
@@ -111,24 +107,6 @@ def _with_source_defaults(given: GenerationRequest, source: Job | None) -> Gener
     return dataclasses.replace(given, **out)
 
 
-def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | None]:
-    """The `video` field (a file, or `{"id": ...}` / its JSON text) and the rest of the body."""
-    fields, uploads = dict(body.fields), dict(body.uploads)
-    files = uploads.pop(VIDEO_FIELD, [])
-    value = fields.pop(VIDEO_FIELD, None)
-    if len(files) + (value is not None) > 1:
-        raise bad_request("video: give one file or one {\"id\": ...}", VIDEO_FIELD)
-    rest = RequestBody(fields, uploads)
-    if files:
-        return rest, MediaSource(VIDEO_FIELD, "video", upload=files[0])
-    if value is None:
-        return rest, None
-    value = as_json(value, VIDEO_FIELD) if isinstance(value, str) and value.strip().startswith("{") else value
-    if isinstance(value, dict) and set(value) == {"id"} and isinstance(value["id"], str):
-        return rest, value["id"]
-    raise bad_request('video: must be a video file or {"id": "<a completed video id>"}', VIDEO_FIELD)
-
-
 # What a route makes of the request's own fields, the source video and (given by id) its job: the request to
 # queue and how validation errors name its video.
 Aliases = dict[str, str]
@@ -148,14 +126,12 @@ async def _submit(
     """Parse the body, resolve the source video (uploaded, or a completed job's), build the request, queue it."""
     try:
         await ensure_capacity(ctx)
-        body = await read_body(request, ctx.config.max_body_bytes)
-        rest, given = _split_video(body) if takes_video else (body, None)
-        fields = await run_in_threadpool(read_request_fields, rest)
-        sources = await run_in_threadpool(media_sources, rest)
-        lora = fields.lora_field()
+        create = await read_create_request(request, ctx.config.max_body_bytes, take_video=takes_video)
+        fields, given = create.fields, create.video
         check_model(fields, ctx)
-        if sources:
-            raise bad_request(f"{sources[0].field}: this route takes only `video` as media", sources[0].field)
+        if create.sources:
+            field = create.sources[0].field
+            raise bad_request(f"{field}: this route takes only `video` as media", field)
         if takes_video and given is None:
             raise bad_request('video: is required (a video file or {"id": ...})', VIDEO_FIELD, "missing_field")
         source_id = video_id if video_id is not None else given if isinstance(given, str) else None
@@ -165,7 +141,7 @@ async def _submit(
         try:
             video = await _source_video(ctx, job_id, source, given)
             generation_request, aliases = build(fields.to_request(), video, source)
-            generation_request = with_lora(generation_request, lora, ctx)
+            generation_request = with_lora(generation_request, create.lora, ctx)
             return await queue_request(job_id, generation_request, {**fields.client_names(), **aliases},
                                        seconds_label(fields, source), ctx)
         except BaseException:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from h3serve.api.media_fields import URL_PREFIXES
-from h3serve.api.request_model import CROSS_FIELD_RULES, VideoCreateFields
+from h3serve.api.intake.read import URL_PREFIXES
+from h3serve.api.intake.request_model import CROSS_FIELD_RULES, VideoCreateFields
 from h3serve.api.schemas import ErrorBody
 from h3serve.rules import limits
 

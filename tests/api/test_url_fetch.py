@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from h3serve.api.error_envelope import APIError
-from h3serve.api.media_fields import MediaSource
-from h3serve.api.media_inputs import store_media
+from h3serve.api.intake.generation_request import store_media
+from h3serve.api.intake.read import MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError, public_address_only
 
 PAYLOAD = bytes(range(256)) * 64  # 16 KiB

@@ -16,7 +16,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
-from h3serve.api.request_model import CROSS_FIELD_RULES
+from h3serve.api.intake.request_model import CROSS_FIELD_RULES
 from h3serve.api.url_fetch import MediaFetcher
 
 # What each documented rule's 400 says (code, message pattern): the only 400s positive mode may see.

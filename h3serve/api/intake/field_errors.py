@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from h3serve.api.coerce import preview
 from h3serve.api.error_envelope import APIError
-from h3serve.api.request_model import VideoCreateFields
+from h3serve.api.intake.json_values import preview
+from h3serve.api.intake.request_model import VideoCreateFields
 from h3serve.rules.names import SAMPLE_SOLVERS
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")

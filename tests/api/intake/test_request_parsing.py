@@ -9,15 +9,13 @@ import pytest
 from fake_executor import TINY_DEFAULTS
 from PIL import Image
 
-from h3serve.api.body import RequestBody, _json_object
-from h3serve.api.brackets import BracketError, unflatten
-from h3serve.api.coerce import MAX_NESTING
 from h3serve.api.error_envelope import APIError
-from h3serve.api.media_fields import MediaSource, media_sources
-from h3serve.api.media_inputs import StoredMedia
-from h3serve.api.media_routing import media_aliases, place_media
-from h3serve.api.request_model import VideoCreateFields
-from h3serve.api.request_reader import read_request_fields
+from h3serve.api.intake.body import RequestBody, _json_object
+from h3serve.api.intake.form_keys import BracketError, unflatten
+from h3serve.api.intake.generation_request import StoredMedia, media_aliases, place_media
+from h3serve.api.intake.json_values import MAX_NESTING
+from h3serve.api.intake.read import MediaSource, media_sources, read_request_fields
+from h3serve.api.intake.request_model import VideoCreateFields
 from h3serve.engine.planning import plan_request
 from h3serve.rules.names import TASKS
 from h3serve.rules.request import GenerationRequest, MediaRef

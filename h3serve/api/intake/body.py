@@ -16,10 +16,10 @@ from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from h3serve.api.brackets import BracketError, base_name, unflatten
-from h3serve.api.coerce import parse_json
 from h3serve.api.error_envelope import APIError, bad_request
-from h3serve.api.percent import form_pairs
+from h3serve.api.intake.form_keys import BracketError, base_name, unflatten
+from h3serve.api.intake.json_values import parse_json
+from h3serve.api.intake.percent import form_pairs
 from h3serve.rules import limits
 
 MULTIPART = "multipart/form-data"

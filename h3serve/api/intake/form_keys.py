@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from h3serve.api.coerce import MAX_NESTING
+from h3serve.api.intake.json_values import MAX_NESTING
 from h3serve.errors import ClientError
 
 _KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")

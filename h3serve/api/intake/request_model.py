@@ -25,8 +25,8 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from h3serve.adapters.catalog import LoraField, parse_lora_field
-from h3serve.api.coerce import as_json
 from h3serve.api.error_envelope import bad_request
+from h3serve.api.intake.json_values import as_json
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.canvas import SHORT_EDGE_MODES
