@@ -9,6 +9,9 @@ import pytest
 
 # Tests never touch the user's cache: the default checkpoint location points into a temp dir.
 os.environ.setdefault("H3SERVE_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / f"h3serve-test-{os.getpid()}"))
+# Rank processes fork from one server that has imported the rank side once (h3serve/parallel/start_method.py),
+# instead of each spending seconds of CPU on imports; tests/parallel/test_start_method.py runs the spawn default.
+os.environ.setdefault("H3SERVE_RANK_START", "forkserver")
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from h3serve.api.intake.percent import percent_decode
+from h3serve.api.percent import percent_decode
 from h3serve.errors import ClientError
 from h3serve.media.raw import atomic_output
 

@@ -29,6 +29,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ConfigError, ServerError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
+from h3serve.parallel.start_method import rank_context, start_rank
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 ProgressCallback = Callable[[int, int], None]
@@ -108,7 +109,7 @@ class Executor:
         self.replica = replica
         self.rendezvous = rendezvous or Rendezvous.from_env()
         self.start_timeout_s = config.init_timeout_s if start_timeout_s is None else start_timeout_s
-        self._ctx = mp.get_context("spawn")
+        self._ctx = rank_context()  # spawn, or a preloaded fork server (parallel/start_method.py)
         self._lock = threading.Lock()  # one request at a time
         self._seq = itertools.count(1)
         self._spool: Path | None = None  # created once the ranks are up, removed by close()
@@ -135,17 +136,15 @@ class Executor:
         world = self.config.world_size
         self._ranks = list(rendezvous.local_ranks(world))
         self._procs = [
-            self._ctx.Process(
-                target=_rank_process,
-                args=(rank, world, rendezvous.init_method, self.config, self._requests, self._events, self._cancel),
-                kwargs={"local_rank": self.replica * len(self._ranks) + local_rank},
+            start_rank(
+                self._ctx,
+                _rank_process,
+                (rank, world, rendezvous.init_method, self.config, self._requests, self._events, self._cancel),
+                {"local_rank": self.replica * len(self._ranks) + local_rank},
                 name=f"h3serve-rank{rank}" if not self.replica else f"h3serve-replica{self.replica}-rank{rank}",
-                daemon=True,
             )
             for local_rank, rank in enumerate(self._ranks)
         ]
-        for p in self._procs:
-            p.start()
         if not rendezvous.is_leader:
             return  # rank 0 (and its "ready") lives on the leader node
         deadline = time.monotonic() + self.start_timeout_s

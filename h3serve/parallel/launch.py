@@ -9,7 +9,6 @@ and the multi-rank tests use it.
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
 import queue
 import time
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from h3serve.errors import ServerError
 from h3serve.parallel.rendezvous import Rendezvous, rank_environment
+from h3serve.parallel.start_method import rank_context, start_rank
 
 
 def process_group_options(cuda: bool) -> dict:
@@ -103,19 +103,13 @@ def run_on_ranks(
     `target` must be importable by name (spawned processes unpickle it). Raises `RankFailure` with the first
     failing rank's traceback, or when a rank dies without a report or the whole run exceeds `timeout_s`; the
     other ranks are then killed (they would wait in a collective their peer never joins)."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     init_method = Rendezvous.local().init_method
     procs = [
-        ctx.Process(
-            target=_rank_main,
-            daemon=True,
-            args=(rank, world, init_method, cuda, threads, collective_s, target, args, results),
-        )
+        start_rank(ctx, _rank_main, (rank, world, init_method, cuda, threads, collective_s, target, args, results))
         for rank in range(world)
     ]
-    for p in procs:
-        p.start()
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:

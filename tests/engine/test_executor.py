@@ -11,6 +11,7 @@ import torch
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Cancelled, EngineError, Executor
+from h3serve.parallel.start_method import START_ENV
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
@@ -115,7 +116,9 @@ def test_ranks_exit_when_the_parent_is_killed(tiny_checkpoint):
     import sys
     import time
 
-    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tiny_checkpoint)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, START_ENV: "spawn"}  # the production default (the suite's fork server has its own test)
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tiny_checkpoint)], stdout=subprocess.PIPE, text=True,
+                              env=env)
     pids = [int(p) for p in parent.stdout.readline().split()[1:]]
     assert pids and all(_running(p) for p in pids)
     os.kill(parent.pid, signal.SIGKILL)

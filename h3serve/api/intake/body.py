@@ -19,7 +19,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from h3serve.api.error_envelope import APIError, bad_request
 from h3serve.api.intake.form_keys import BracketError, base_name, unflatten
 from h3serve.api.intake.json_values import parse_json
-from h3serve.api.intake.percent import form_pairs
+from h3serve.api.percent import form_pairs
 from h3serve.rules import limits
 
 MULTIPART = "multipart/form-data"
