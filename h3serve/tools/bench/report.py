@@ -26,6 +26,20 @@ def _median(values: list[float | None]) -> float | None:
     return None if math.isinf(m) else m
 
 
+def _forward_median(run: dict[str, Any]) -> float | None:
+    """The median of one run's DiT forwards (None when the DiT ran in other processes)."""
+    dit = run["dit"]
+    return statistics.median(dit["forward_s"]) if dit is not None and dit["forward_s"] else None
+
+
+def _outside_per_step(run: dict[str, Any]) -> float | None:
+    """One run's denoise time per step outside the DiT forwards: solver updates, schedules, per-request set-up."""
+    dit = run["dit"]
+    if dit is None or not dit["forward_s"]:
+        return None
+    return (run["stages"]["denoise"] - sum(dit["forward_s"])) / len(dit["forward_s"])
+
+
 def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> dict[str, Any]:
     dits = [r["dit"] for r in runs if r["dit"] is not None]
     device = [r["memory"]["peak_device_allocated_mb"] for r in runs if r["memory"]["peak_device_allocated_mb"]]
@@ -39,6 +53,9 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
         "e2e_client_best_s": min(r["e2e_client_s"] for r in runs),
         "cpu_s": _median([r["cpu_s"] for r in runs]),
         "dit_forward_best_s": min((t for d in dits for t in d["forward_s"]), default=None),
+        # A denoise step = one DiT forward + the step's work outside it: both, side by side with the step.
+        "dit_forward_median_s": _median([m for r in runs if (m := _forward_median(r)) is not None]),
+        "outside_dit_per_step_s": _median([o for r in runs if (o := _outside_per_step(r)) is not None]),
         "stages_s": {s: _median([r["stages"][s] for r in runs]) for s in STAGES if s in runs[0]["stages"]},
         "dit_flops_per_run": dits[0]["flops"] if dits else None,  # every forward + text embedding of one run
         "dit_flops_per_s": _median([d["flops_per_s"] for d in dits]) if dits else None,
@@ -74,6 +91,10 @@ def _paired_ratios(records: list[dict[str, Any]], case: str, peer: str) -> dict[
             [a["stages"]["denoise_per_step"] / b["stages"]["denoise_per_step"] for a, b in pairs]
         ),
         "paired_e2e_client_s": _median([a["e2e_client_s"] / b["e2e_client_s"] for a, b in pairs]),
+        # The same pairs' DiT forwards alone (each run's median forward): where the step ratio should follow.
+        "paired_dit_forward_median_s": _median(
+            [fa / fb for a, b in pairs if (fa := _forward_median(a)) is not None and (fb := _forward_median(b))]
+        ),
     }
 
 
@@ -89,7 +110,8 @@ def summarize(records: list[dict[str, Any]], matrix: BenchMatrix) -> dict[str, A
         ratios = None
         if matrix.peer and matrix.peer in sides:
             a, b = sides[SIDE], sides[matrix.peer]
-            keys = ("denoise_per_step_s", "denoise_per_step_best_s", "dit_forward_best_s", "e2e_client_s",
+            keys = ("denoise_per_step_s", "denoise_per_step_best_s", "dit_forward_best_s", "dit_forward_median_s",
+                    "e2e_client_s",
                     "e2e_client_best_s", "e2e_engine_s", "cpu_s", "peak_rss_mb", "peak_device_mb")
             ratios = {k: _ratio(a[k], b[k]) for k in keys}
             ratios.update(_paired_ratios(records, case, matrix.peer))
@@ -149,8 +171,15 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             f"{s['peak_rss_mb']:.0f} | {_f(s['peak_device_mb'], '.0f')} | "
             f"{_f(s['planned_peak_device_mb'], '.0f')} | {s['distinct_outputs']} |"
         )
+    lines += ["", "A denoise step, side by side (medians over runs): step = DiT forward + work outside the DiT"]
+    lines += [f"- {side}: {_f(s['denoise_per_step_s'])} s = {_f(s['dit_forward_median_s'])} s + "
+              f"{_f(s['outside_dit_per_step_s'])} s" for side, s in case["sides"].items()]
     if case["ratios_vs_peer"]:
         r = case["ratios_vs_peer"]
+        lines += [
+            f"- h3serve / peer, median of paired ratios: denoise step {_f(r['paired_denoise_per_step_s'])}, "
+            f"DiT forward {_f(r['paired_dit_forward_median_s'])}",
+        ]
         lines += [
             "",
             "h3serve / peer (< 1: h3serve is faster or smaller), ratio of medians / of best runs / median of paired "
