@@ -26,10 +26,11 @@ def _median(values: list[float | None]) -> float | None:
     return None if math.isinf(m) else m
 
 
-def _forward_median(run: dict[str, Any]) -> float | None:
-    """The median of one run's DiT forwards (None when the DiT ran in other processes)."""
+def _forward_per_step(run: dict[str, Any]) -> float | None:
+    """One run's DiT forward time per step, its forwards' mean (None when the DiT ran in other processes): with
+    `_outside_per_step` it adds up to the run's denoise time per step."""
     dit = run["dit"]
-    return statistics.median(dit["forward_s"]) if dit is not None and dit["forward_s"] else None
+    return sum(dit["forward_s"]) / len(dit["forward_s"]) if dit is not None and dit["forward_s"] else None
 
 
 def _outside_per_step(run: dict[str, Any]) -> float | None:
@@ -54,7 +55,7 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
         "cpu_s": _median([r["cpu_s"] for r in runs]),
         "dit_forward_best_s": min((t for d in dits for t in d["forward_s"]), default=None),
         # A denoise step = one DiT forward + the step's work outside it: both, side by side with the step.
-        "dit_forward_median_s": _median([m for r in runs if (m := _forward_median(r)) is not None]),
+        "dit_forward_per_step_s": _median([m for r in runs if (m := _forward_per_step(r)) is not None]),
         "outside_dit_per_step_s": _median([o for r in runs if (o := _outside_per_step(r)) is not None]),
         "stages_s": {s: _median([r["stages"][s] for r in runs]) for s in STAGES if s in runs[0]["stages"]},
         "dit_flops_per_run": dits[0]["flops"] if dits else None,  # every forward + text embedding of one run
@@ -91,9 +92,9 @@ def _paired_ratios(records: list[dict[str, Any]], case: str, peer: str) -> dict[
             [a["stages"]["denoise_per_step"] / b["stages"]["denoise_per_step"] for a, b in pairs]
         ),
         "paired_e2e_client_s": _median([a["e2e_client_s"] / b["e2e_client_s"] for a, b in pairs]),
-        # The same pairs' DiT forwards alone (each run's median forward): where the step ratio should follow.
-        "paired_dit_forward_median_s": _median(
-            [fa / fb for a, b in pairs if (fa := _forward_median(a)) is not None and (fb := _forward_median(b))]
+        # The same pairs' DiT forwards alone: where the step ratio should follow.
+        "paired_dit_forward_per_step_s": _median(
+            [fa / fb for a, b in pairs if (fa := _forward_per_step(a)) is not None and (fb := _forward_per_step(b))]
         ),
     }
 
@@ -110,7 +111,7 @@ def summarize(records: list[dict[str, Any]], matrix: BenchMatrix) -> dict[str, A
         ratios = None
         if matrix.peer and matrix.peer in sides:
             a, b = sides[SIDE], sides[matrix.peer]
-            keys = ("denoise_per_step_s", "denoise_per_step_best_s", "dit_forward_best_s", "dit_forward_median_s",
+            keys = ("denoise_per_step_s", "denoise_per_step_best_s", "dit_forward_best_s", "dit_forward_per_step_s",
                     "e2e_client_s",
                     "e2e_client_best_s", "e2e_engine_s", "cpu_s", "peak_rss_mb", "peak_device_mb")
             ratios = {k: _ratio(a[k], b[k]) for k in keys}
@@ -172,13 +173,13 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             f"{_f(s['planned_peak_device_mb'], '.0f')} | {s['distinct_outputs']} |"
         )
     lines += ["", "A denoise step, side by side (medians over runs): step = DiT forward + work outside the DiT"]
-    lines += [f"- {side}: {_f(s['denoise_per_step_s'])} s = {_f(s['dit_forward_median_s'])} s + "
+    lines += [f"- {side}: {_f(s['denoise_per_step_s'])} s = {_f(s['dit_forward_per_step_s'])} s + "
               f"{_f(s['outside_dit_per_step_s'])} s" for side, s in case["sides"].items()]
     if case["ratios_vs_peer"]:
         r = case["ratios_vs_peer"]
         lines += [
             f"- h3serve / peer, median of paired ratios: denoise step {_f(r['paired_denoise_per_step_s'])}, "
-            f"DiT forward {_f(r['paired_dit_forward_median_s'])}",
+            f"DiT forward {_f(r['paired_dit_forward_per_step_s'])}",
         ]
         lines += [
             "",
