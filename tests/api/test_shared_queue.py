@@ -34,12 +34,12 @@ def test_two_servers_share_one_queue_exactly_once_and_survive_a_kill(tiny_checkp
     try:
         clients = [httpx.Client(base_url=s.url, timeout=30) for s in servers]
         ids = []
-        for i in range(20):  # alternately to both servers
+        for i in range(12):  # alternately to both servers
             response = clients[i % 2].post("/v1/videos", json={**JOB, "seed": i})
             assert response.status_code == 200, response.text
             ids.append(response.json()["id"])
         wait_until(lambda: all(c[0] == "completed" for c in completions(postgres_url).values()), timeout_s=120,
-                   interval_s=0.2, what="20 jobs completed")
+                   interval_s=0.2, what="12 jobs completed")
         done = completions(postgres_url)
         assert sorted(done) == sorted(ids) and {count for _, count, _ in done.values()} == {1}
         assert len({owner for _, _, owner in done.values()}) == 2  # both servers ran jobs
@@ -66,7 +66,7 @@ def test_two_servers_share_one_queue_exactly_once_and_survive_a_kill(tiny_checkp
         status, count, new_owner = completions(postgres_url)[long]
         assert (status, count) == ("completed", 1) and new_owner != owner and job["progress"] == 100
         assert survivor_client.get(f"/v1/videos/{long}/content").status_code == 200
-        assert len(completions(postgres_url)) == 21, "no job lost or duplicated"
+        assert len(completions(postgres_url)) == 13, "no job lost or duplicated"
         with psycopg.connect(postgres_url) as db:
             (job_s,) = db.execute("SELECT inference_time_s FROM jobs WHERE id = %s", (long,)).fetchone()
         # Within the lease plus one run of the job (and a few seconds of polling and clock granularity).
