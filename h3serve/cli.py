@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from h3serve.rules import limits
 from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
 from h3serve.tools import bench, compare, demo_cli, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
@@ -51,6 +52,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, help="denoiser forwards N, 1-200 (diffusers' N+1 points; default 50)")
     p.add_argument("--lora", metavar="PATH", help="a LoRA adapter file or directory, applied unmerged (--lora-scale S)")
     p.add_argument("--seed", type=int, help="default 42")
+    p.add_argument("--num-outputs", type=int, metavar="N",
+                   help=f"outputs of the prompt, 1-{limits.MAX_OUTPUTS_PER_PROMPT} (default 1): output i is the "
+                   "request at seed + i, written to OUTPUT for i = 0 and beside it as NAME.i.mp4 (out.1.mp4, ...)")
     p.add_argument("--flow-shift", type=float, help="video sigma shift (default: the checkpoint's, 12)")
     p.add_argument("--audio-flow-shift", type=float, help="audio sigma shift (default: the checkpoint's, 3)")
     p.add_argument(
@@ -127,6 +131,7 @@ def _request_from_args(args: argparse.Namespace):
         duration_s=args.duration,
         steps=args.steps,
         seed=args.seed,
+        num_outputs=args.num_outputs,
         flow_shift=args.flow_shift,
         audio_flow_shift=args.audio_flow_shift,
         sample_solver=args.sample_solver,
@@ -248,7 +253,7 @@ def _run_engine(config, plan, output_path, options):
     from tqdm import tqdm
 
     from h3serve.engine.executor import Executor
-    from h3serve.media.sink import Mp4Sink
+    from h3serve.media.sink import Mp4Sink, indexed_path
     from h3serve.rank.local import LocalEngine
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
@@ -265,10 +270,11 @@ def _run_engine(config, plan, output_path, options):
             return engine.generate(plan, on_progress=on_step)
         if multi_rank:
             output = engine.generate(plan, on_progress=on_step, encoder=options)
-            files = output.files
-            shutil.move(files.pop("video"), output_path)
-            for path in files.values():  # previews: the server's downloads, not the CLI's
-                Path(path).unlink(missing_ok=True)
+            for index, media in enumerate(output.outputs):
+                files = media.files
+                shutil.move(files.pop("video"), indexed_path(output_path, index))
+                for path in files.values():  # previews: the server's downloads, not the CLI's
+                    Path(path).unlink(missing_ok=True)
             return output
         return engine.generate(plan, on_progress=on_step, sink=Mp4Sink(output_path, options))
     finally:
@@ -280,18 +286,21 @@ def _run_engine(config, plan, output_path, options):
 def _write_outputs(args: argparse.Namespace, output, options) -> int:
     from h3serve.media.mp4 import write_mp4
     from h3serve.media.raw import write_raw
+    from h3serve.media.sink import indexed_path
 
     start = time.perf_counter()
     try:
-        if output.video is not None:  # else streamed: the MP4 was written during the decode
-            write_mp4(args.output, output.video, output.audio, options=options)
-            output.stage_durations["mux"] = time.perf_counter() - start
-        if args.save_raw:
-            write_raw(args.save_raw, output.video, output.audio)
+        for index, media in enumerate(output.outputs):
+            if media.video is not None:  # else streamed: the MP4 was written during the decode
+                write_mp4(indexed_path(args.output, index), media.video, media.audio, options=options)
+                output.stage_durations["mux"] = time.perf_counter() - start
+            if args.save_raw:
+                write_raw(indexed_path(args.save_raw, index), media.video, media.audio)
     except (ValueError, OSError) as e:
         return fail(f"writing the output failed: {e}", EXIT_ERROR)
     print(format_stages(output.stage_durations), f"| peak {output.peak_memory_mb:.0f} MB", file=sys.stderr)
-    print(Path(args.output).resolve())
+    for index in range(len(output.outputs)):
+        print(indexed_path(args.output, index).resolve())
     return 0
 
 

@@ -28,6 +28,7 @@ from h3serve.offload.modes import (
     check_resident_layers,
 )
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
+from h3serve.rules import limits
 from h3serve.rules.names import TASK_TYPES
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
@@ -70,6 +71,9 @@ class EngineConfig:
     collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
     offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
     decode_mode: str = "stream"  # stream: VAE clips into the MP4 as they are decoded | full: whole arrays first
+    # Several outputs of one prompt denoise as one batch of up to this many (h3serve.model.pipeline); 1: one at a
+    # time, each exactly its single request on any device. The default is 4.
+    max_output_batch: int = 4
     device_memory: int | None = None  # --device-memory: bytes per device for the plan's verdict; None: ask the GPU
     quantization: QuantizationConfig | None = None  # --quantization fp8 (h3serve.accel.quant_config); None: full
     # Per-request LoRA (h3serve.adapters, h3serve.rank.lora): preloaded (name, path), their default scale, the
@@ -260,6 +264,10 @@ class EngineConfig:
             raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
         if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
             raise ConfigError("idle_keepalive_s must be > 0 and shorter than collective_timeout_s")
+        if not 1 <= self.max_output_batch <= limits.MAX_OUTPUTS_PER_PROMPT:
+            raise ConfigError(
+                f"--max-output-batch {self.max_output_batch}: must be between 1 and {limits.MAX_OUTPUTS_PER_PROMPT}"
+            )
         if self.decode_mode not in DECODE_MODES:
             raise ConfigError(f"--decode-mode {self.decode_mode}: choose from: {', '.join(DECODE_MODES)}")
 

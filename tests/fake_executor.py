@@ -68,7 +68,7 @@ class FakeExecutor:
             if on_start is not None:
                 on_start(seq)
             self.plans.append(plan)
-            total = plan.forwards  # denoiser forwards of every generated window, as the real pipeline reports them
+            total = plan.progress_forwards  # forwards of every window and output, as the real pipeline reports them
             started = time.monotonic()
             for done in range(1, total + 1):
                 time.sleep(self.step_s)
@@ -84,7 +84,11 @@ class FakeExecutor:
                     raise Cancelled(f"job {seq} was cancelled")
             if plan.prompt in FAILURES:
                 raise FAILURES[plan.prompt]()
-            return GenerationOutput(fake_video(plan), fake_audio(plan), {"denoise": total * self.step_s}, 12.5)
+            outputs = [plan.output(i) for i in range(plan.num_outputs)]
+            first, *others = (GenerationOutput(fake_video(p), fake_audio(p)) for p in outputs)
+            first.stage_durations, first.peak_memory_mb = {"denoise": total * self.step_s}, 12.5
+            first.others = others
+            return first
 
     def cancel(self, seq: int) -> None:
         self._cancel = seq

@@ -146,3 +146,13 @@ def test_sample_solver_flag_reaches_the_request():
     args = build_parser().parse_args(["generate", "x", "-o", "o.mp4"])
     request = _request_from_args(args)
     assert request.sample_solver is None and validate(request).sample_solver == "euler"
+
+
+def test_several_outputs_are_each_their_single_run(outputs, tiny_checkpoint, tmp_path, capsys):
+    """--num-outputs 2 from seed 2, streamed: out.mp4 is seed 2's video, out.1.mp4 exactly seed 3's (run `a`)."""
+    out = tmp_path / "out.mp4"
+    argv = ["generate", "a lighthouse in a storm", "-o", str(out), "--model", str(tiny_checkpoint)]
+    assert main([*argv, "--duration", "5", "--steps", "2", "--seed", "2", "--num-outputs", "2"]) == 0
+    assert capsys.readouterr().out.split() == [str(out.resolve()), str((tmp_path / "out.1.mp4").resolve())]
+    assert _sha(tmp_path / "out.1.mp4") == _sha(outputs["a"][0])
+    assert _sha(out) != _sha(outputs["a"][0])

@@ -81,6 +81,9 @@ class DitBlockCache:
     def __init__(self, server: CacheProfile | None):
         self.server = server
 
+    def active(self, quality: str | None) -> bool:
+        return profile_for(quality, self.server) is not None
+
     def for_request(
         self, dit: nn.Module, quality: str | None, forwards: int
     ) -> AbstractContextManager[CacheStats | None]:

@@ -35,7 +35,7 @@ def _queue_error(err: QueueFull | ShuttingDown) -> APIError:
         return APIError(503, "The server is shutting down; retry later.", "shutting_down")
     return APIError(
         429,
-        f"The job queue is full ({err.depth} jobs waiting). Retry after {err.retry_after_s} s.",
+        f"The job queue is full ({err.depth} outputs waiting). Retry after {err.retry_after_s} s.",
         "queue_full",
         headers={"Retry-After": str(err.retry_after_s)},
     )

@@ -20,6 +20,13 @@ class VideoError(BaseModel):
     message: str
 
 
+class VideoOutput(BaseModel):
+    """One output of a job (num_outputs_per_prompt): output `index` is the request at seed + index."""
+
+    index: int
+    url: str  # where its MP4 downloads (add &variant=thumbnail|spritesheet for its previews)
+
+
 class Video(BaseModel):
     """OpenAI's `Video` with every field always present, plus num_frames, fps, duration_s and measurements."""
 
@@ -43,6 +50,8 @@ class Video(BaseModel):
     stage_durations: dict[str, float]
     peak_memory_mb: float
     inference_time_s: float | None
+    num_outputs: int  # h3serve: outputs of the prompt (num_outputs_per_prompt)
+    outputs: list[VideoOutput]  # h3serve: every output, by index (one for a single-output job)
 
     @classmethod
     def from_job(cls, job: Job) -> Video:
@@ -66,6 +75,9 @@ class Video(BaseModel):
             stage_durations={k: round(v, 6) for k, v in job.stage_durations.items()},
             peak_memory_mb=round(job.peak_memory_mb, 3),
             inference_time_s=None if job.inference_time_s is None else round(job.inference_time_s, 3),
+            num_outputs=job.num_outputs,
+            outputs=[VideoOutput(index=i, url=f"/v1/videos/{job.id}/content?index={i}")
+                     for i in range(job.num_outputs)],
         )
 
 

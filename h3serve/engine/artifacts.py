@@ -1,5 +1,5 @@
 """A finished job's downloadable files: the MP4, a thumbnail and a spritesheet (h3serve.media.previews), each
-written atomically."""
+written atomically; per output of a several-output job (`output_file_name`)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,34 @@ from pathlib import Path
 
 from h3serve.engine.output import GenerationOutput
 from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
-from h3serve.media.previews import VARIANTS, preview_indices, write_previews
+from h3serve.media.previews import output_file_name, output_prefix, preview_indices, write_previews
 
 
 def discard_files(output: GenerationOutput) -> None:
-    """Remove a streamed output's files (a job dropped before they were moved in)."""
-    for path in output.files.values():
-        Path(path).unlink(missing_ok=True)
+    """Remove a streamed output's files (a job dropped before they were moved in), every output's."""
+    for media in output.outputs:
+        for path in media.files.values():
+            Path(path).unlink(missing_ok=True)
 
 
 def write_artifacts(job_dir: Path, output: GenerationOutput, encoder_options: EncoderOptions) -> None:
-    """Every variant into `job_dir`; the MP4 last, so its presence means the job's files are complete.
-
-    A streamed output's files were written by the engine already (under one folder): they are moved in."""
+    """Every variant of every output into `job_dir`; output 0's MP4 last, so its presence means the job's files
+    are complete."""
     job_dir.mkdir(parents=True, exist_ok=True)
+    for index in reversed(range(len(output.outputs))):
+        _write_output(job_dir, output.outputs[index], index, encoder_options)
+
+
+def _write_output(job_dir: Path, output: GenerationOutput, index: int, encoder_options: EncoderOptions) -> None:
+    """One output's variants, its MP4 last. A streamed output's files were written by the engine already (under
+    one folder): they are moved in."""
     if output.files:
         for name in sorted(output.files, key=lambda n: n == "video"):
-            shutil.move(output.files[name], job_dir / VARIANTS[name].file_name)
+            shutil.move(output.files[name], job_dir / output_file_name(name, index))
         return
     if output.video is None:
         raise ValueError("the output has neither frames nor files")
     # The previews show the MP4's own pixels (its rounding), whichever way the video was decoded.
     frames = {i: rgb8(output.video[i]) for i in set(preview_indices(len(output.video)))}
-    write_previews(job_dir, frames, len(output.video))
-    write_mp4(job_dir / VARIANTS["video"].file_name, output.video, output.audio, options=encoder_options)
+    write_previews(job_dir, frames, len(output.video), prefix=output_prefix(index))
+    write_mp4(job_dir / output_file_name("video", index), output.video, output.audio, options=encoder_options)

@@ -24,7 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import Done, Event, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
+from h3serve.engine.messages import (
+    Done,
+    Event,
+    Failed,
+    Fatal,
+    JobCancelled,
+    Progress,
+    RankJob,
+    Ready,
+    Stop,
+    spool_file,
+)
 from h3serve.engine.output import GenerationOutput
 from h3serve.errors import ConfigError, ServerError
 from h3serve.media.mp4 import EncoderOptions
@@ -360,8 +371,17 @@ class Executor:
 
         counters = {**(done.counters or {}), "engine_loads": self.loads}
         if done.files is not None:
-            return GenerationOutput(None, None, done.stage_durations, done.peak_memory_mb, files=dict(done.files),
-                                    streamed_frames=done.frames, counters=counters)
-        video, audio, _, _ = read_raw(spool)  # the file rank 0 wrote with write_raw
-        os.unlink(spool)
-        return GenerationOutput(video, audio, done.stage_durations, done.peak_memory_mb, counters=counters)
+            first, *others = (GenerationOutput(None, None, files=dict(files), streamed_frames=done.frames)
+                              for files in done.files)
+        else:
+            media = []
+            for index in range(done.outputs):
+                path = spool_file(spool, index)
+                video, audio, _, _ = read_raw(path)  # the file rank 0 wrote with write_raw
+                os.unlink(path)
+                media.append(GenerationOutput(video, audio))
+            first, *others = media
+        first.stage_durations, first.peak_memory_mb = done.stage_durations, done.peak_memory_mb
+        first.counters = counters
+        first.others = others
+        return first

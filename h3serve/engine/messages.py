@@ -21,6 +21,18 @@ class RankJob:
     spool: str  # file rank 0 writes the result arrays into (`--decode-mode full`, or no `encoder`)
     encoder: EncoderOptions | None = None  # streamed (`--decode-mode stream`): rank 0 writes the MP4 itself
 
+    def spool_for(self, index: int) -> str:
+        """The spool file of output `index` of several (output 0's is `spool`)."""
+        return spool_file(self.spool, index)
+
+
+def spool_file(spool: str, index: int) -> str:
+    """`job.npz`, `job.1.npz`, ...: where rank 0 spools output `index`'s arrays."""
+    if index == 0:
+        return spool
+    stem, dot, suffix = spool.rpartition(".")
+    return f"{stem}.{index}.{suffix}" if dot else f"{spool}.{index}"
+
 
 @dataclass(frozen=True)
 class Stop:
@@ -51,13 +63,15 @@ class Progress:
 
 @dataclass(frozen=True)
 class Done:
-    """The result arrays are in the job's spool file, or (streamed) the files named in `files` are written."""
+    """The result arrays are in the job's spool files (one per output), or (streamed) the files named in `files`
+    are written."""
 
     seq: int
     stage_durations: dict[str, float]
     peak_memory_mb: float
-    files: dict[str, str] | None = None  # streamed: download variant -> path (the MP4 and its previews)
-    frames: int = 0  # streamed: frames in the MP4
+    files: tuple[dict[str, str], ...] | None = None  # streamed: per output, download variant -> path (MP4, previews)
+    frames: int = 0  # streamed: frames in each MP4
+    outputs: int = 1  # spooled: outputs, output i in `RankJob.spool_for(i)`
     counters: dict[str, int] | None = None  # rank 0's running totals (LocalEngine.counters)
 
 

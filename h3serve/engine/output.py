@@ -20,6 +20,13 @@ class GenerationOutput:
     streamed_frames: int = 0  # streamed: frames in the MP4
     # The engine's running totals (LocalEngine.counters), and from the executor "engine_loads": model loads.
     counters: dict[str, int] = field(default_factory=dict)
+    # Several outputs of one prompt: outputs 1..N-1, each its own media (the measurements above are the run's).
+    others: list[GenerationOutput] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[GenerationOutput]:
+        """Every output in index order: this one (output 0), then the others."""
+        return [self, *self.others]
 
     @property
     def num_frames(self) -> int:

@@ -67,6 +67,8 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
         # 4: the forwards a job's progress counts (steps x generated windows): a page can name the step of a long
         # video's whole run. Older rows hold 0 (not recorded).
         ["ALTER TABLE jobs ADD COLUMN progress_steps INTEGER NOT NULL DEFAULT 0"],
+        # 5: several outputs of one prompt; a job of N counts N toward the queue bound. Older rows made one.
+        ["ALTER TABLE jobs ADD COLUMN num_outputs INTEGER NOT NULL DEFAULT 1"],
     ]
 
 

@@ -67,7 +67,8 @@ class Job:
     owner: str | None = None
     lease_expires_at: float | None = None
     completions: int = 0
-    progress_steps: int = 0  # denoiser forwards `progress` counts (steps x generated windows); 0: not recorded
+    progress_steps: int = 0  # forwards `progress` counts (steps x generated windows x outputs); 0: not recorded
+    num_outputs: int = 1  # outputs of the prompt (num_outputs_per_prompt): what the job counts toward the queue bound
     seq: int = 0
 
     @classmethod
@@ -76,5 +77,5 @@ class Job:
         return cls(
             id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
             seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
-            progress_steps=plan.forwards,
+            progress_steps=plan.progress_forwards, num_outputs=plan.num_outputs,
         )

@@ -80,8 +80,8 @@ class SQLJobStore:
         return {row["status"]: int(row["n"]) for row in rows}
 
     def count_queued(self) -> int:
-        """Jobs waiting for a runner, sync ones included (what `--max-queue` bounds)."""
-        return int(self._run("SELECT COUNT(*) AS n FROM jobs WHERE status = 'queued'")[0]["n"])
+        """Outputs waiting for a runner, sync jobs included (what `--max-queue` bounds): a job of N outputs counts N."""
+        return int(self._run("SELECT COALESCE(SUM(num_outputs), 0) AS n FROM jobs WHERE status = 'queued'")[0]["n"])
 
     def page(self, after: str | None, limit: int, order: str) -> tuple[list[Job], bool]:
         """Listed (non-sync) jobs in creation order, `limit` after the cursor job; `has_more` as the second item.

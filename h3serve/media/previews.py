@@ -25,6 +25,18 @@ VARIANTS: dict[str, Variant] = {
     "thumbnail": Variant("thumbnail.webp", "image/webp", "webp"),
     "spritesheet": Variant("spritesheet.jpg", "image/jpeg", "jpg"),
 }
+
+
+def output_prefix(index: int) -> str:
+    """File names of output `index` of several start with this (output 0's are the plain variant names)."""
+    return "" if index == 0 else f"{index}."
+
+
+def output_file_name(variant: str, index: int = 0) -> str:
+    """The file of `variant` of output `index` in a job's folder: video.mp4, 1.video.mp4, 2.thumbnail.webp..."""
+    return f"{output_prefix(index)}{VARIANTS[variant].file_name}"
+
+
 SPRITE_COLUMNS = 5
 SPRITE_ROWS = 2
 SPRITE_TILE_MAX_WIDTH = 256

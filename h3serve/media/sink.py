@@ -2,7 +2,8 @@
 
 `Mp4Sink` is the pipeline's `FrameSink` on rank 0 (or in-process): it opens an `Mp4Writer` with the already
 decoded soundtrack, encodes each uint8 chunk at once and keeps only the few frames the previews show.
-`DiscardSink` is what the other ranks pass: they decode their VAE tiles in step but receive no frames.
+`DiscardSink` is what the other ranks pass: they decode their VAE tiles in step but receive no frames. Several
+outputs of one request go to `for_output(i)`: a sink beside this one (`name.i.mp4`), listed by `outputs()`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import numpy as np
 from h3serve.media.mp4 import EncoderOptions, Mp4Writer
 from h3serve.media.previews import preview_indices, write_previews
 from h3serve.rules import limits
+
+
+def indexed_path(path: str | Path, index: int) -> Path:
+    """Where output `index` of several goes beside `path`: out.mp4, out.1.mp4, out.2.mp4..."""
+    path = Path(path)
+    return path if index == 0 else path.with_name(f"{path.stem}.{index}{path.suffix}")
 
 
 class _PreviewKeeper:
@@ -41,6 +48,13 @@ class Mp4Sink:
         self.previews = previews
         self.kept: dict[int, np.ndarray] = {}
         self.num_frames = 0
+        self.more: dict[int, Mp4Sink] = {}  # outputs 1.. of several, by index
+
+    def for_output(self, index: int) -> Mp4Sink:
+        """The sink of output `index` (>= 1) of several: `<stem>.<index><suffix>` beside this one."""
+        if index not in self.more:
+            self.more[index] = Mp4Sink(indexed_path(self.path, index), self.options, self.previews)
+        return self.more[index]
 
     @contextmanager
     def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[_PreviewKeeper]:
@@ -58,6 +72,10 @@ class Mp4Sink:
             written |= {name: str(p) for name, p in previews.items()}
         return written
 
+    def outputs(self) -> list[dict[str, str]]:
+        """`files()` of every output, in index order (one entry for a single output)."""
+        return [self.files(), *(self.more[i].files() for i in sorted(self.more))]
+
 
 class _Drop:
     def write(self, frames: np.ndarray) -> None:
@@ -70,4 +88,7 @@ class DiscardSink:
     @contextmanager
     def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[_Drop]:
         yield _Drop()
+
+    def for_output(self, index: int) -> DiscardSink:
+        return self
 

@@ -2,8 +2,10 @@
 
 One `GenerationPlan` in, one `GenerationResult` out, in three stages the pipeline owns: its `RequestEncoder`
 (request_encoder.py), its `Sampler` (sampler.py) and its `Decoder` (decoder.py); a long video by continuation runs
-the same three through its `Continuation` (continuation.py). The components are plain torch modules; loading them
-is `h3serve.rank.checkpoint`'s job.
+the same three through its `Continuation` (continuation.py). A plan of several outputs (output i: the request at
+seed + i) encodes once and denoises its outputs in batches of up to `output_batch`, where each item steps as it
+would alone; a continuation, an edit or a cached request runs its outputs one after another. The components are
+plain torch modules; loading them is `h3serve.rank.checkpoint`'s job.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ class H3Pipeline:
         hooks: StageHooks | None = None,
         cache: BlockCache | None = None,  # the DiT block cache (h3serve.accel.cache); None: every block runs
         adaln: AdaLNMemo | None = None,  # AdaLN modulations computed ahead and memoised; None: in each forward
+        output_batch: int = 1,  # several outputs of one plan: at most this many per DiT batch
     ):
         self.components = components
         self.device = torch.device(device)
         self.hooks = hooks or NoHooks()
         self.cache = cache
+        self.output_batch = output_batch
         self.encoder = RequestEncoder(components, self.device)
         self.sampler = Sampler(components, self.device, adaln)
         self.decoder = Decoder(components, self.device)
@@ -62,13 +66,64 @@ class H3Pipeline:
         sink: FrameSink | None = None,
     ) -> GenerationResult:
         """Run one plan. With a `sink` the video is streamed into it clip by clip (the result holds no frames);
-        without one it is decoded whole into `result.video`."""
+        without one it is decoded whole into `result.video`. A plan of several outputs returns output 0 with the
+        others in `result.others` (output i streamed into `sink.for_output(i)`); its stage times are the whole
+        run's and progress counts every output's forwards."""
         cond = conditioning or Conditioning()
         with self.hooks.request(plan.task):
             clock = StageClock(self.device, self.hooks)
+            if plan.num_outputs > 1:
+                return self._several(plan, cond, clock, on_step, sink)
             if plan.continuation:
                 return self.continuation.generate(plan, cond, clock, on_step, sink)
             return self._generate(plan, cond, clock, on_step, sink)
+
+    def _several(
+        self,
+        plan: GenerationPlan,
+        cond: Conditioning,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        sink: FrameSink | None,
+    ) -> GenerationResult:
+        """Outputs 0..N-1 of `plan`: batched where every item steps alone (no edit, no continuation, no block
+        cache), else one after another; one progress count over all of them."""
+        count = plan.num_outputs
+        sinks = [sink, *(None if sink is None else sink.for_output(i) for i in range(1, count))]
+        batched = not (plan.continuation or plan.edit or (self.cache is not None and self.cache.active(plan.quality)))
+        size = self.output_batch if batched else 1
+        results: list[GenerationResult] = []
+        for start in range(0, count, size):
+            items = range(start, min(start + size, count))
+            progress = _outputs_progress(on_step, start, len(items), count)
+            if len(items) > 1:
+                results += self._batch(plan, cond, clock, progress, [plan.output(i) for i in items],
+                                       [sinks[i] for i in items])
+            elif plan.continuation:
+                results.append(self.continuation.generate(plan.output(start), cond, clock, progress, sinks[start]))
+            else:
+                results.append(self._generate(plan.output(start), cond, clock, progress, sinks[start]))
+        first, *others = results
+        first.others = others
+        return first
+
+    def _batch(
+        self,
+        plan: GenerationPlan,
+        cond: Conditioning,
+        clock: StageClock,
+        on_step: StepCallback | None,
+        items: list[GenerationPlan],
+        sinks: list[FrameSink | None],
+    ) -> list[GenerationResult]:
+        """Outputs that differ only in their seed: one encode, one batched denoise, a decode each."""
+        enc = self.encoder.encode(plan, cond, clock)
+        dit = self.components.transformer_ref if cond.references else self.components.transformer
+        seeds = tuple(item.seed for item in items)
+        latents = self.sampler.sample_batch(plan, enc, dit, Target.of(plan), seeds, clock, on_step)
+        clock.record_denoise_per_step()
+        return [self.decoder.decode(video, audio, clock, None, sink)
+                for (video, audio), sink in zip(latents, sinks, strict=True)]
 
     def _generate(
         self,
@@ -93,3 +148,14 @@ class H3Pipeline:
     def encode(self, plan: GenerationPlan, cond: Conditioning, clock: StageClock | None = None) -> Encoded:
         """Presentation -> text states, condition latents and the packed layout (the first stage alone)."""
         return self.encoder.encode(plan, cond, clock or StageClock(self.device, self.hooks))
+
+
+def _outputs_progress(on_step: StepCallback | None, first: int, items: int, count: int) -> StepCallback | None:
+    """Progress of outputs first..first+items-1 (run together) as a count over all `count` outputs."""
+    if on_step is None:
+        return None
+
+    def progress(done: int, total: int) -> None:
+        on_step(first * total + done * items, count * total)
+
+    return progress

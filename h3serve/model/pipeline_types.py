@@ -56,6 +56,8 @@ class FrameSink(Protocol):
     def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> AbstractContextManager[FrameWriter]:
         ...
 
+    def for_output(self, index: int) -> FrameSink: ...  # where output `index` (>= 1) of several goes
+
 
 @dataclass
 class CacheStats:
@@ -71,6 +73,8 @@ class BlockCache(Protocol):
     a context around its denoise loop that yields the cache's stats, or None when the request runs the plain loop
     (its `quality`, the server's profile)."""
 
+    def active(self, quality: str | None) -> bool: ...  # whether a request of this `quality` runs cached
+
     def for_request(
         self, dit: H3Transformer, quality: str | None, forwards: int
     ) -> AbstractContextManager[CacheStats | None]: ...
@@ -85,6 +89,7 @@ class GenerationResult:
     stage_durations: dict[str, float] = field(default_factory=dict)
     block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
     num_frames: int = 0  # frames decoded (streamed or not)
+    others: list[GenerationResult] = field(default_factory=list)  # several outputs: outputs 1..N-1, in order
 
     @classmethod
     def decoded(

@@ -98,12 +98,32 @@ class Sampler:
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the noise, denoise, and return the target latents: video [1, 24, F, lh, lw], audio [2, 32, A]."""
-        video_rows, audio_rows, video_noise, audio_noise = self.initial_rows(enc, target, seed)
+        (video, audio), = self.sample_batch(plan, enc, dit, target, (seed,), clock, on_step, edits)
+        return video, audio
+
+    def sample_batch(
+        self,
+        plan: GenerationPlan,
+        enc: Encoded,
+        dit: H3Transformer | None,
+        target: Target,
+        seeds: tuple[int, ...],
+        clock: StageClock,
+        on_step: StepCallback | None,
+        edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`sample` for several seeds at once, one DiT batch: each item's noise is drawn as its own request's
+        (so item i is the single request at seeds[i], where the kernels are batch-invariant). Edits run alone."""
+        if len(seeds) > 1 and any(edit is not None for edit in edits):
+            raise ValueError("a latent-mask edit samples one seed at a time (its anchor is drawn from the noise)")
+        drawn = [self.initial_rows(enc, target, seed) for seed in seeds]
+        video_rows = torch.stack([d[0] for d in drawn])  # [B, Nv, C·4]
+        audio_rows = torch.stack([d[1] for d in drawn])  # [B, Na, 32]
         channels = self.components.vae.config.latent_channels
-        for edit, noise in zip(edits, (patchify(video_noise), audio_noise), strict=True):
+        for edit, noise in zip(edits, (patchify(drawn[0][2]), drawn[0][3]), strict=True):
             if edit is not None:
                 edit.set_anchor(noise)
-        if video_rows.shape[0] != enc.layout.packed.video_indices.numel():
+        if video_rows.shape[1] != enc.layout.packed.video_indices.numel():
             raise ValueError("condition latents do not match the layout (canvas mismatch)")
         if dit is None:
             raise ValueError(f"the {plan.task} DiT is not loaded")
@@ -115,20 +135,22 @@ class Sampler:
             )
         clock.steps += len(schedules[0])
         layout = enc.layout
-        video_latents = unpatchify(
-            video_rows[layout.num_video_condition_rows :],
-            channels,
-            target.latent_frames,
-            target.latent_height,
-            target.latent_width,
-        )
-        audio_latents = (
-            audio_rows[layout.num_audio_reference_rows :]
-            .reshape(limits.AUDIO_CHANNELS, target.audio_latents, -1)
-            .permute(0, 2, 1)
-            .contiguous()
-        )
-        return video_latents, audio_latents
+        return [
+            (
+                unpatchify(
+                    video[layout.num_video_condition_rows :],
+                    channels,
+                    target.latent_frames,
+                    target.latent_height,
+                    target.latent_width,
+                ),
+                audio[layout.num_audio_reference_rows :]
+                .reshape(limits.AUDIO_CHANNELS, target.audio_latents, -1)
+                .permute(0, 2, 1)
+                .contiguous(),
+            )
+            for video, audio in zip(video_rows, audio_rows, strict=True)
+        ]
 
     def denoise(
         self,
@@ -136,15 +158,16 @@ class Sampler:
         transformer: H3Transformer,
         layout: Layout,
         text_states: torch.Tensor,
-        video_rows: torch.Tensor,  # [Nv, C·4] fp32, condition rows first
-        audio_rows: torch.Tensor,  # [Na, 32] fp32, reference rows first
+        video_rows: torch.Tensor,  # [B, Nv, C·4] fp32, condition rows first
+        audio_rows: torch.Tensor,  # [B, Na, 32] fp32, reference rows first
         on_step: StepCallback | None = None,
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
         solver: str = DEFAULT_SAMPLE_SOLVER,  # names.SAMPLE_SOLVERS
         hooks: StageHooks | None = None,  # the placement hooks (the AdaLN memo stages its weights through them)
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampling loop. Only target rows are stepped; condition rows stay as given. Each modality has its
-        own solver state on its own schedule.
+        """The sampling loop over a batch of B items that share the request (B > 1: several outputs of one
+        prompt, each its own noise). Only target rows are stepped; condition rows stay as given. Each modality has
+        its own solver state on its own schedule; every step is elementwise, so an item steps as it would alone.
 
         Everything a step reads that is not a latent (timesteps, row indices, sigmas, solver weights) moves to
         the device once, before the loop: a step issues no host -> device copy and no synchronisation."""
@@ -152,6 +175,7 @@ class Sampler:
         video_solver, audio_solver = (FlowSolver(s, solver, self.device) for s in schedules)
         packed = _to_device(layout.packed, self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
+        text = text.expand(video_rows.shape[0], -1, -1)  # [B, L, D]: the same prompt for every item
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows
         video_edit, audio_edit = [None if e is None else e.to(self.device) for e in edits]
         total = len(times)
@@ -159,22 +183,22 @@ class Sampler:
         for i in range(total):
             video_in, audio_in = video_rows, audio_rows
             if video_edit is not None:  # latent-mask editing: the model reads the anchored blend
-                video_in = torch.cat([video_rows[:nv], video_edit.model_input(video_rows[nv:])])
+                video_in = torch.cat([video_rows[:, :nv], video_edit.model_input(video_rows[:, nv:])], dim=1)
             if audio_edit is not None:
-                audio_in = torch.cat([audio_rows[:na], audio_edit.model_input(audio_rows[na:])])
+                audio_in = torch.cat([audio_rows[:, :na], audio_edit.model_input(audio_rows[:, na:])], dim=1)
             step_mod = None if modulations is None else modulations[i]
             v_vel, a_vel = transformer(
-                video_in[None], audio_in[None], text, times.timesteps[i], times.row_index[i], packed, step_mod
+                video_in, audio_in, text, times.timesteps[i], times.row_index[i], packed, step_mod
             )
             for step, rows, model_in, vel, n, edit in (
                 (video_solver, video_rows, video_in, v_vel, nv, video_edit),
                 (audio_solver, audio_rows, audio_in, a_vel, na, audio_edit),
             ):
                 if edit is None:
-                    rows[n:] = step.step(vel[0, n:], i, rows[n:])
+                    rows[:, n:] = step.step(vel[:, n:], i, rows[:, n:])
                 else:  # the step starts from the un-blended state, towards the restored clean estimate
                     t = step.schedule.timesteps[i].to(rows.device, rows.dtype)
-                    rows[n:] = step.step_from_x0(edit.clean_estimate(model_in[n:], vel[0, n:], t), i, rows[n:])
+                    rows[:, n:] = step.step_from_x0(edit.clean_estimate(model_in[:, n:], vel[:, n:], t), i, rows[:, n:])
             if on_step is not None:
                 on_step(i + 1, total)
         return video_rows, audio_rows

@@ -21,7 +21,7 @@ from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
-from h3serve.model.pipeline_types import FrameSink, H3Components, StepCallback
+from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
 from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
@@ -72,7 +72,8 @@ class LocalEngine:
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
         self.pipeline = H3Pipeline(
-            components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo
+            components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo,
+            output_batch=config.max_output_batch,
         )
         self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
         if memo is not None and config.adaln_cache_dir is not None:
@@ -142,7 +143,8 @@ class LocalEngine:
         self, plan: GenerationPlan, on_progress: StepCallback | None = None, sink: FrameSink | None = None
     ) -> GenerationOutput:
         """Run one plan; `on_progress(done, total)` after every denoise step (the executor's signature too).
-        With a `sink` the video is streamed into it (h3serve.media.sink) and the output holds no frames.
+        With a `sink` the video is streamed into it (h3serve.media.sink) and the output holds no frames. A plan of
+        several outputs returns output 0 with the others in `output.others` (streamed into `sink.for_output(i)`).
 
         A long video request, or one that encodes a source video, is first put to the memory planner (its longest
         pass on this device): one that cannot fit is refused as the client's error before anything runs."""
@@ -169,14 +171,11 @@ class LocalEngine:
             )
         if plan.task != "t2va":
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
-        return GenerationOutput(
-            video=None if result.video is None else result.video.numpy(),
-            audio=result.audio.numpy(),
-            stage_durations=result.stage_durations,
-            peak_memory_mb=memory.mb,
-            streamed_frames=result.num_frames if result.video is None else 0,
-            counters=self.counters(),
-        )
+        output = _media(result)
+        output.stage_durations, output.peak_memory_mb = result.stage_durations, memory.mb
+        output.counters = self.counters()
+        output.others = [_media(other) for other in result.others]
+        return output
 
     def counters(self) -> dict[str, int]:
         """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
@@ -185,3 +184,12 @@ class LocalEngine:
         compiled = self.config.compile_mode(self.device.type) is not None  # eager: Dynamo is never imported
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
         return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}
+
+
+def _media(result: GenerationResult) -> GenerationOutput:
+    """One output's media as host arrays (none when streamed)."""
+    return GenerationOutput(
+        video=None if result.video is None else result.video.numpy(),
+        audio=result.audio.numpy(),
+        streamed_frames=result.num_frames if result.video is None else 0,
+    )

@@ -213,10 +213,12 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
         return
     if rank == 0 and isinstance(sink, Mp4Sink):
         durations, peak = output.stage_durations, output.peak_memory_mb
-        events.put(Done(job.seq, durations, peak, sink.files(), output.num_frames, output.counters))
+        events.put(Done(job.seq, durations, peak, tuple(sink.outputs()), output.num_frames, output.counters))
     elif rank == 0:
-        write_raw(job.spool, output.video, output.audio)
-        events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters))
+        for index, media in enumerate(output.outputs):
+            write_raw(job.spool_for(index), media.video, media.audio)
+        events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters,
+                        outputs=len(output.outputs)))
 
 
 def worker_main(

@@ -30,6 +30,8 @@ DEFAULT_STEPS = 50
 SEED_MIN = 0
 SEED_MAX = 2**63 - 1
 DEFAULT_SEED = 42
+# Several outputs of one prompt (num_outputs_per_prompt): output i is the single request at seed + i.
+MAX_OUTPUTS_PER_PROMPT = 10
 # Sigma shifts (video default 12, audio 3). Far below the ~2e4 where fp32 schedules start to collapse, so the
 # video and audio schedules always have the same number of steps.
 MAX_FLOW_SHIFT = 100.0

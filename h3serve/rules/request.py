@@ -46,6 +46,7 @@ class GenerationRequest:
     steps: int | None = None  # num_inference_steps: N denoiser forwards (N + 1 sigma points; diffusers' N + 1)
     sample_solver: str | None = None  # euler | res_multistep (any case, spaces ignored); None: euler
     seed: int | None = None
+    num_outputs: int | None = None  # num_outputs_per_prompt: outputs of this prompt, output i at seed + i; None: 1
     flow_shift: float | None = None  # video sigma shift (checkpoint default 12)
     audio_flow_shift: float | None = None  # audio sigma shift (checkpoint default 3)
     task: str | None = None  # t2va | fl2va | ref2va; None: inferred from the inputs

@@ -104,6 +104,14 @@ def _add_parallel_args(p: argparse._ArgumentGroup) -> None:
         help="stream (default): VAE clips go into the MP4 as they are decoded, in bounded memory | full: the whole "
         "video is decoded first (same bytes)",
     )
+    p.add_argument(
+        "--max-output-batch",
+        type=int,
+        default=4,
+        help="several outputs of one prompt (num_outputs_per_prompt) denoise as one batch of up to N (default 4); "
+        "1: one at a time, each exactly its single request at seed + i on any device (a batch is the same bytes "
+        "where the kernels are batch-invariant, as on CPU)",
+    )
 
 
 def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
@@ -446,6 +454,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         else "",
         offload=offload,
         decode_mode=args.decode_mode,
+        max_output_batch=args.max_output_batch,
         device_memory=device_memory(args.device_memory),
         denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows),
         quantization=quantization(args),

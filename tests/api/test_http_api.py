@@ -25,7 +25,7 @@ from h3serve.rules.names import SAMPLE_SOLVERS
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
     "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations",
-    "peak_memory_mb", "inference_time_s", "progress_steps",
+    "peak_memory_mb", "inference_time_s", "progress_steps", "num_outputs", "outputs",
 }
 REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 2, "seed": 5}
 
@@ -434,3 +434,59 @@ def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """A /metrics exposition as Prometheus reads it: (sample name, sorted labels) -> value."""
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+# -- several outputs of one prompt ----------------------------------------------------------------------------------
+
+
+def test_a_job_of_several_outputs_lists_and_serves_each(client):
+    job = client.post("/v1/videos", json={**REQUEST, "num_outputs_per_prompt": 3}).json()
+    assert job["num_outputs"] == 3 and job["progress_steps"] == 3 * REQUEST["num_inference_steps"]
+    done = wait_finished(client, job["id"])
+    assert done["status"] == "completed"
+    assert [o["index"] for o in done["outputs"]] == [0, 1, 2]
+    videos = [client.get(o["url"]) for o in done["outputs"]]
+    assert all(v.status_code == 200 and v.headers["content-type"] == "video/mp4" for v in videos)
+    assert len({v.content for v in videos}) == 3  # seeds 5, 6, 7: three different videos
+    assert videos[0].content == client.get(f"/v1/videos/{job['id']}/content").content  # index 0 is the default
+    assert 'filename="' + job["id"] + '-2.mp4"' in videos[2].headers["content-disposition"]
+    thumb = client.get(f"/v1/videos/{job['id']}/content", params={"variant": "thumbnail", "index": 1})
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/webp"
+    assert "0 to 2" in assert_error(client.get(f"/v1/videos/{job['id']}/content?index=3"), 400, "invalid_value",
+                                    "index")
+    assert_error(client.get(f"/v1/videos/{job['id']}/content?index=10"), 400, "invalid_value", "index")
+    # Output i is the single request at seed + i.
+    single = wait_finished(client, client.post("/v1/videos", json={**REQUEST, "seed": 7}).json()["id"])
+    assert single["outputs"] == [{"index": 0, "url": f"/v1/videos/{single['id']}/content?index=0"}]
+    assert client.get(f"/v1/videos/{single['id']}/content").content == videos[2].content
+
+
+def test_the_outputs_count_takes_its_openai_name_and_is_checked(client):
+    job = client.post("/v1/videos", files=multipart({**REQUEST, "n": "2"})).json()
+    assert job["num_outputs"] == 2
+    wait_finished(client, job["id"])
+    for bad in (0, 11, True, 1.5, "two"):
+        assert_error(client.post("/v1/videos", json={**REQUEST, "num_outputs_per_prompt": bad}), 400,
+                     "invalid_value", "num_outputs_per_prompt")
+    assert_error(client.post("/v1/videos", json={**REQUEST, "n": 0}), 400, "invalid_value", "n")
+    message = assert_error(client.post("/v1/videos", json={**REQUEST, "seed": 2**63 - 2, "n": 3}), 400,
+                           "invalid_value", "n")
+    assert "largest seed" in message
+
+
+def test_sync_returns_output_zero_and_says_how_many(client):
+    response = client.post("/v1/videos/sync", json={**REQUEST, "num_outputs_per_prompt": 2})
+    assert response.status_code == 200 and response.headers["x-num-outputs"] == "2"
+    single = client.post("/v1/videos/sync", json=REQUEST)
+    assert single.headers["x-num-outputs"] == "1" and single.content == response.content
+
+
+def test_a_job_counts_its_outputs_toward_the_queue_bound(client, fake_server, slow_engine):
+    running = client.post("/v1/videos", json={**REQUEST, "num_inference_steps": 200}).json()
+    wait_status(client, running["id"], "in_progress")
+    three = client.post("/v1/videos", json={**REQUEST, "n": 3}).json()["id"]  # 3 of max_queue 4
+    assert_error(client.post("/v1/videos", json={**REQUEST, "n": 2}), 429, "queue_full")
+    one = client.post("/v1/videos", json=REQUEST).json()["id"]  # the fourth
+    for video_id in (running["id"], three, one):
+        assert client.delete(f"/v1/videos/{video_id}").status_code == 200
+    assert client.post("/v1/videos", json={**REQUEST, "n": 10}).status_code == 200  # an empty queue takes any job

@@ -446,6 +446,24 @@ def test_the_solver_select_lists_the_servers_solvers_and_sends_the_choice(page, 
     generate_and_wait(page)
     expect(page.locator("#params")).to_contain_text('extra_params.sample_solver"res_multistep"')
 
+def test_several_outputs_show_as_a_gallery(page, live):
+    """Outputs 2: the request carries num_outputs_per_prompt, the result shows a gallery of both thumbnails, and
+    picking #1 puts output 1 (the server's index=1 file) in the player and the download link."""
+    fill(page, "a lantern on a pier", {**FAST, "#num_outputs": "2"})
+    generate_and_wait(page)
+    expect(page.locator("#params")).to_contain_text("num_outputs_per_prompt2")
+    gallery = page.get_by_role("group", name="Outputs of this job").get_by_role("button")
+    expect(gallery).to_have_count(2)
+    expect(gallery.nth(0)).to_have_attribute("aria-pressed", "true")
+    gallery.nth(1).click()
+    expect(gallery.nth(1)).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#download")).to_have_attribute("download", f"{job_id(page)}-1.mp4")
+    shown = page.evaluate("fetch(document.getElementById('download').href).then(r => r.arrayBuffer())"
+                          ".then(b => Array.from(new Uint8Array(b)).slice(0, 4096))")
+    one = httpx.get(f"{live.url}/v1/videos/{job_id(page)}/content?index=1", headers=HEADERS).content
+    assert bytes(shown) == one[:4096] and one != download(live, job_id(page))
+
+
 def test_extend_a_result(page, live):
     """The result's Extend button: POST /v1/videos/extensions with the shown job's id; the new job is the source
     (4 s, 107 frames) followed by 102 more frames, and the page follows it to the end."""

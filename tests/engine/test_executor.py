@@ -46,19 +46,28 @@ def test_result_equals_in_process_engine(executor, tiny_checkpoint):
 
 
 def test_streamed_job_files_hold_the_full_decodes_bytes(executor, tmp_path):
+    """Two outputs (seeds 1 and 2), spooled arrays and streamed files: every file of each output the same bytes
+    both ways, and output 1 the single request at seed 2."""
+    import dataclasses
+
     from h3serve.engine.artifacts import write_artifacts
     from h3serve.media.mp4 import EncoderOptions
-    from h3serve.media.previews import VARIANTS
+    from h3serve.media.previews import VARIANTS, output_file_name
 
     fast = EncoderOptions(preset="ultrafast", threads=1)
-    full = executor.generate(_plan(executor, steps=2))
-    streamed = executor.generate(_plan(executor, steps=2), encoder=fast)  # rank 0 writes the files itself
+    plan = dataclasses.replace(_plan(executor, steps=2), num_outputs=2)
+    full = executor.generate(plan)
+    streamed = executor.generate(plan, encoder=fast)  # rank 0 writes the files itself
     assert streamed.video is None and streamed.num_frames == 107 and set(streamed.files) == set(VARIANTS)
+    assert len(full.outputs) == len(streamed.outputs) == 2
+    np.testing.assert_array_equal(full.others[0].video, executor.generate(_plan(executor, seed=2)).video)
     write_artifacts(tmp_path / "full", full, fast)
     write_artifacts(tmp_path / "streamed", streamed, fast)
-    for variant in VARIANTS.values():
-        name = variant.file_name
-        assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+    for index in (0, 1):
+        for variant in VARIANTS:
+            name = output_file_name(variant, index)
+            assert (tmp_path / "streamed" / name).read_bytes() == (tmp_path / "full" / name).read_bytes(), name
+    assert (tmp_path / "full" / "1.video.mp4").read_bytes() != (tmp_path / "full" / "video.mp4").read_bytes()
 
 
 def test_cancel_at_next_step(executor):

@@ -147,7 +147,7 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
-    columns = [name for name in COLUMNS if name != "progress_steps"]  # schema 4 added it
+    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs")]  # schemas 4 and 5 added them
     for job in jobs:
         values = [to_sql(name, getattr(job, name)) for name in columns]
         db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)
@@ -164,6 +164,7 @@ def test_requests_stored_before_steps_counted_forwards_keep_their_forward_count(
     steps = {name: store.get(job.id).request.steps for name, job in old.items()}
     assert steps == {"queued": 7, "default": None, "least": 1, "done": 49}
     assert {store.get(job.id).progress_steps for job in old.values()} == {0}  # schema 4: not recorded then
+    assert {store.get(job.id).num_outputs for job in old.values()} == {1}  # schema 5: one output each then
     assert store.get(old["done"].id).request == GenerationRequest(prompt="p", steps=49, seed=4, duration_s=5.0)
     new = store.insert(dataclasses.replace(make_job(steps=8), progress_steps=24))
     store.close()
@@ -188,6 +189,16 @@ def test_claim_takes_the_oldest_and_finish_records_once(store):
     assert (done.status, done.progress, done.completions) == ("completed", 100, 1)
     assert store.count_queued() == 0 and store.renew("s1", 30, {a.id}) == set()
     assert store.renew("s2", 30, {a.id, b.id}) == {b.id} and store.renew("s2", 30, ()) == set()
+
+
+def test_the_queue_counts_outputs(store):
+    """A job of N outputs counts N toward --max-queue (both stores)."""
+    assert store.count_queued() == 0
+    store.insert(dataclasses.replace(make_job(), num_outputs=3))
+    one = store.insert(make_job())
+    assert store.count_queued() == 4 and store.get(one.id).num_outputs == 1
+    store.claim("s1", 30)
+    assert store.count_queued() == 1
 
 
 def test_an_expired_lease_is_reclaimed_and_the_old_owner_cannot_record(store):

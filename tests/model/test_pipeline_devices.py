@@ -120,8 +120,8 @@ def _host_to_device_copies(pipeline: H3Pipeline, enc, steps: int, edits, solver:
                 Count.copies += torch.device(kwargs.get("device", source.device)) == META
             return func(*args, **kwargs)
 
-    video = torch.zeros(enc.layout.packed.video_indices.numel(), 96, device=META)
-    audio = torch.zeros(enc.layout.packed.audio_indices.numel(), 32, device=META)
+    video = torch.zeros(1, enc.layout.packed.video_indices.numel(), 96, device=META)
+    audio = torch.zeros(1, enc.layout.packed.audio_indices.numel(), 32, device=META)
     schedules = (FlowSchedule.shifted(steps, 12.0), FlowSchedule.shifted(steps, 3.0))
     with Count():
         pipeline.sampler.denoise(schedules, _MetaDiT(), enc.layout, enc.text_states, video, audio, None, edits,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -32,8 +33,11 @@ def _config(checkpoint: Path, **overrides) -> EngineConfig:
     return EngineConfig(model=checkpoint, threads=1, task_type="fl2va", **overrides)
 
 
-def _summary(engine: LocalEngine, keep_video: bool) -> dict:
+def _summary(engine: LocalEngine, keep_video: bool, several: bool = False) -> dict:
     result = engine.pipeline.generate(plan_for(engine.defaults))
+    if several:  # seeds 1 and 2 as one DiT batch (num_outputs_per_prompt 2): the batch through this layout
+        batch = engine.pipeline.generate(dataclasses.replace(plan_for(engine.defaults), num_outputs=2))
+        several_latents = [(r.video_latents, r.audio_latents) for r in (batch, *batch.others)]
     text = engine.pipeline.components.text.model
     parallel = engine.parallel
     return {
@@ -50,14 +54,17 @@ def _summary(engine: LocalEngine, keep_video: bool) -> dict:
         "video": result.video if keep_video else None,
         "dit_bytes": parameter_bytes(engine.pipeline.components.transformer),
         "text_bytes": sum(p.numel() * p.element_size() for p in text.parameters() if not p.is_meta),
+        "several": several_latents if several else None,
     }
 
 
 def pipeline_cases(
-    rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]], tile_decodes: bool = False
+    rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]], tile_decodes: bool = False,
+    several: bool = False,
 ) -> dict:
     """Rank 0 first runs the one-rank reference (same thread count), then every rank runs each layout
-    (and, with `tile_decodes`, the standalone VAE tile-parallel decodes)."""
+    (and, with `tile_decodes`, the standalone VAE tile-parallel decodes; with `several`, each layout also runs
+    two outputs as one batch)."""
     out = {}
     if tile_decodes:
         out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
@@ -65,7 +72,7 @@ def pipeline_cases(
         out["reference"] = _summary(LocalEngine(_config(checkpoint), 0, 1), keep_video=True)
     for name, overrides in cases:
         engine = LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world)
-        out[name] = _summary(engine, keep_video=name.startswith("vae"))
+        out[name] = _summary(engine, keep_video=name.startswith("vae"), several=several)
         del engine
     return out
 

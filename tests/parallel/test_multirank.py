@@ -1,7 +1,7 @@
 """Every parallel layout against one rank, end to end on the tiny checkpoint (gloo ranks, 1 thread each).
 
 Two sessions: 2 ranks (TP2, U2, R2, text-encoder TP2, VAE tile PP2, TP2 and U2 compiled, standalone tile
-decodes) and 4 ranks (U2×R2, TP2×U2). The packed sequence (629 rows) is divisible by none of the degrees, so
+decodes) and 4 ranks (U2×R2, TP2×U2, each also with two outputs as one batch). The packed sequence (629 rows) is divisible by none of the degrees, so
 padding is always exercised.
 """
 
@@ -52,7 +52,7 @@ def two_ranks(parallel_checkpoint):
 
 @pytest.fixture(scope="module")
 def four_ranks(parallel_checkpoint):
-    return run_ranks(4, pipeline_cases, parallel_checkpoint, FOUR_RANK_CASES)
+    return run_ranks(4, pipeline_cases, parallel_checkpoint, FOUR_RANK_CASES, False, True)
 
 
 def test_packed_length_is_not_divisible_by_any_degree(parallel_checkpoint):
@@ -80,6 +80,17 @@ def test_two_rank_layouts_match_one_rank(two_ranks, name):
 def test_four_rank_hybrids_match_one_rank(four_ranks, name):
     for rank in four_ranks:
         _check_latents(four_ranks[0]["reference"], rank[name], name)
+
+
+@pytest.mark.parametrize("name", [name for name, _ in FOUR_RANK_CASES])
+def test_several_outputs_batch_through_every_parallel_family(four_ranks, name):
+    """Two outputs as one DiT batch under TP, Ulysses and Ring: output 0 is the layout's own single run (seed 1),
+    output 1 another video (seed 2), on every rank."""
+    for rank in four_ranks:
+        (video0, audio0), (video1, _) = rank[name]["several"]
+        assert (video0 - rank[name]["video_latents"]).abs().max().item() <= 1e-5
+        assert (audio0 - rank[name]["audio_latents"]).abs().max().item() <= 1e-5
+        assert (video1 - video0).abs().max().item() > 0.1
 
 
 def test_vae_tile_parallel_pipeline_output_is_bit_identical(two_ranks):

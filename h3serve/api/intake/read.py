@@ -81,6 +81,7 @@ _NOT_NULL: dict[str, str] = {
     "seed": _INTEGER,
     "quality": _TEXT,
     "num_outputs_per_prompt": _INTEGER,
+    "n": _INTEGER,
     "user": _TEXT,
 }
 _EXTRA_NOT_NULL: dict[str, str] = {"audio_flow_shift": _NUMBER, "task": _TEXT}

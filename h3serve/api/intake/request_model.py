@@ -73,6 +73,13 @@ SOLVER_RULE = (
     f"FastH3) runs {DEFAULT_SAMPLE_SOLVER} only"
 )
 FrameIndex = Literal[0, -1]
+Outputs = Annotated[int, Field(ge=1, le=limits.MAX_OUTPUTS_PER_PROMPT)]
+OUTPUTS_RULE = (
+    f"outputs of this prompt, 1 to {limits.MAX_OUTPUTS_PER_PROMPT} (default 1): output i is exactly the request at "
+    "seed + i. The job lists each (`outputs`: index and URL); GET /v1/videos/{id}/content?index=i downloads it; the "
+    "sync route returns output 0 and says how many there were in X-Num-Outputs. A job of N costs N toward "
+    "--max-request-cost and --max-queue"
+)
 
 # 400s a schema-valid request can still get: rules between fields, or about this server and its checkpoint.
 CROSS_FIELD_RULES: dict[str, str] = {
@@ -208,7 +215,8 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX,
                                json_schema_extra={"maximum": 2**63 - 1024})] | None = None
     user: str | None = None
-    num_outputs_per_prompt: Annotated[int, Field(ge=1, le=1)] | None = None
+    num_outputs_per_prompt: Outputs | None = Field(None, description=OUTPUTS_RULE)
+    n: Outputs | None = Field(None, description="num_outputs_per_prompt by its OpenAI name (the other wins if both)")
     quality: Quality | None = Field(
         None, description="DiT cache policy: lossless (no cache) or high (the built-in cache profile)"
     )
@@ -224,6 +232,13 @@ class VideoCreateFields(LongVideoFields, EditOptions):
     @classmethod
     def _json_text(cls, value: Any, info: Any) -> Any:
         return as_json(value, info.field_name)  # a form field carries the object as JSON text
+
+    @field_validator("num_outputs_per_prompt", "n", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1
+            raise ValueError(f"must be an integer from 1 to {limits.MAX_OUTPUTS_PER_PROMPT}, got {value}")
+        return value
 
     @model_validator(mode="wrap")
     @classmethod
@@ -306,6 +321,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "audio_flow_shift": (f"{_EXTRA}audio_flow_shift",),
     "task": (f"{_EXTRA}task",),
     "sample_solver": (f"{_EXTRA}sample_solver",),
+    "num_outputs": ("num_outputs_per_prompt", "n"),
     **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
 }
 FRAME_INDICES = (f"{_TARGET}frame_indices", f"{_EXTRA}frame_indices", f"{_EXTRA}frame_index")

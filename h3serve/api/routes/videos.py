@@ -17,12 +17,13 @@ from starlette.requests import ClientDisconnect
 from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.create_job import submit
-from h3serve.api.error_envelope import APIError, not_found
+from h3serve.api.error_envelope import APIError, bad_request, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.sync_line import Deadline
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
-from h3serve.media.previews import VARIANTS
+from h3serve.media.previews import VARIANTS, output_file_name
+from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])
@@ -104,6 +105,7 @@ async def create_video_sync(request: Request, ctx: Context) -> Response:
             "X-Inference-Time-S": f"{finished.inference_time_s or 0.0:.3f}",
             "X-Stage-Durations": json.dumps(finished.stage_durations, separators=(",", ":")),
             "X-Peak-Memory-MB": f"{finished.peak_memory_mb:.3f}",
+            "X-Num-Outputs": str(finished.num_outputs),  # output 0 is the body; the others go with the job
         },
     )
 
@@ -171,14 +173,21 @@ def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
 
 @router.get(
     "/videos/{video_id}/content",
-    summary="Download the MP4, its thumbnail (WebP) or its spritesheet (JPEG)",
+    summary="Download the MP4, its thumbnail (WebP) or its spritesheet (JPEG); `index` picks one of several outputs",
     responses={200: {"content": {v.media_type: {} for v in VARIANTS.values()}},
                **error_responses(400, 401, 404, 409, 422)},
 )
 def download_video(
-    video_id: str, ctx: Context, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
+    video_id: str,
+    ctx: Context,
+    variant: Literal["video", "thumbnail", "spritesheet"] = "video",
+    index: Annotated[int, Query(ge=0, le=limits.MAX_OUTPUTS_PER_PROMPT - 1,
+                                description="which output of a num_outputs_per_prompt job (output i: seed + i)")] = 0,
 ) -> FileResponse:
     job = _job(ctx, video_id)
+    if index >= job.num_outputs:
+        raise bad_request(f"index: video '{video_id}' has {job.num_outputs} output(s), 0 to {job.num_outputs - 1}; "
+                          f"got {index}", "index")
     if job.status in UNFINISHED:
         raise APIError(409, f"The video is not ready yet (status {job.status}, {job.progress}%).",
                        "video_not_ready", headers={"x-should-retry": "false"})
@@ -187,10 +196,11 @@ def download_video(
     if job.expired:
         raise APIError(404, f"The files of video '{video_id}' expired and were deleted.", "video_expired")
     spec = VARIANTS[variant]
-    path: Path = ctx.manager.files.file(job.id, spec.file_name)
+    path: Path = ctx.manager.files.file(job.id, output_file_name(variant, index))
     if not path.is_file():
         raise APIError(404, f"The {variant} of video '{video_id}' is not on disk.", "file_not_found")
-    return FileResponse(path, media_type=spec.media_type, filename=f"{job.id}.{spec.extension}")
+    name = job.id if job.num_outputs == 1 else f"{job.id}-{index}"
+    return FileResponse(path, media_type=spec.media_type, filename=f"{name}.{spec.extension}")
 
 
 @router.delete("/videos/{video_id}", response_model=VideoDeleted, summary="Delete a job (cancels it if unfinished)",

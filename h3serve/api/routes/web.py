@@ -77,6 +77,7 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "max_prompt_chars": limits.MAX_PROMPT_CHARS,
             "min_steps": limits.MIN_STEPS,
             "max_steps": limits.MAX_STEPS,
+            "max_outputs_per_prompt": limits.MAX_OUTPUTS_PER_PROMPT,
             "seed_max": str(limits.SEED_MAX),  # beyond JavaScript's safe integers
             "max_flow_shift": limits.MAX_FLOW_SHIFT,
         },

@@ -264,11 +264,13 @@ class JobManager:
         with self.book.cond:
             self._check_capacity()
 
-    def _check_capacity(self) -> None:
+    def _check_capacity(self, outputs: int = 1) -> None:
+        """Room for a job of `outputs` outputs: the queue counts outputs, and an empty queue takes any one job
+        (else a job of more outputs than `--max-queue` could never run)."""
         if self.book.stopping:
             raise ShuttingDown("the server is shutting down")
-        depth = self.store.count_queued()  # every server's queued jobs, on a shared store
-        if depth >= self.max_queue:
+        depth = self.store.count_queued()  # every server's queued outputs, on a shared store
+        if depth >= self.max_queue or (depth > 0 and depth + outputs > self.max_queue):
             raise QueueFull(depth, self._retry_after_s())
 
     def _retry_after_s(self) -> int:
@@ -300,7 +302,7 @@ class JobManager:
         here), and if this server dies the lease runs out and any server deletes the job."""
         job = prepared.job
         with self.book.cond:
-            self._check_capacity()
+            self._check_capacity(job.num_outputs)
             if job.sync:
                 job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
             job = self.store.insert(job)

@@ -32,12 +32,12 @@ class ExecutorLike(Protocol):
 
 
 class QueueFull(ServerError, RuntimeError):
-    """The queue holds `max_queue` jobs already; try again after `retry_after_s`."""
+    """The queue holds `max_queue` outputs already (a job of N outputs counts N); try again after `retry_after_s`."""
 
     code = "queue_full"
 
     def __init__(self, depth: int, retry_after_s: int):
-        super().__init__(f"the queue is full ({depth} jobs waiting); retry in about {retry_after_s} s")
+        super().__init__(f"the queue is full ({depth} outputs waiting); retry in about {retry_after_s} s")
         self.depth = depth
         self.retry_after_s = retry_after_s
 

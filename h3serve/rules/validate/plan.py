@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from h3serve.rules import geometry, limits
@@ -43,6 +44,7 @@ class GenerationPlan:
     lora: AdapterChoice | None = None  # the request's LoRA adapter (h3serve.adapters), applied unmerged
     pinned_positions: tuple[float, ...] | None = None  # sigma positions before the shift (len steps + 1); None: uniform
     sample_solver: SampleSolver = DEFAULT_SAMPLE_SOLVER  # each modality's sampler (h3serve.model.scheduler)
+    num_outputs: int = 1  # outputs of the prompt: output i is this plan at seed + i with one output (`output`)
 
     @property
     def continuation(self) -> bool:
@@ -55,6 +57,17 @@ class GenerationPlan:
         if not self.continuation:
             return self.steps
         return self.steps * (len(self.windows) - (self.extend_video is not None))
+
+    @property
+    def progress_forwards(self) -> int:
+        """Denoiser forwards of every output together: what a job's progress counts."""
+        return self.forwards * self.num_outputs
+
+    def output(self, index: int) -> GenerationPlan:
+        """Output `index` of the plan as a plan of its own: the same request at seed + index, one output."""
+        if not 0 <= index < self.num_outputs:
+            raise IndexError(f"output {index} of a plan with {self.num_outputs}")
+        return dataclasses.replace(self, seed=self.seed + index, num_outputs=1)
 
     @property
     def edit(self) -> bool:

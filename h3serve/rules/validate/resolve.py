@@ -60,6 +60,8 @@ def validate(
     pin = defaults.pinned_schedule
     steps, flow_shift, audio_flow_shift = _resolve_schedule(request, defaults)
     sample_solver = resolve_sample_solver(request.sample_solver, pin)
+    seed = _check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
+    num_outputs = resolve_num_outputs(request.num_outputs, seed)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -70,7 +72,7 @@ def validate(
         height=height,
         num_frames=num_frames,
         steps=steps,
-        seed=_check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED),
+        seed=seed,
         flow_shift=flow_shift,
         audio_flow_shift=audio_flow_shift,
         quality=quality,
@@ -87,7 +89,20 @@ def validate(
         lora=request.lora,
         pinned_positions=None if pin is None else pin.positions,
         sample_solver=sample_solver,
+        num_outputs=num_outputs,
     )
+
+
+def resolve_num_outputs(value: object, seed: int) -> int:
+    """How many outputs of the prompt (1 to MAX_OUTPUTS_PER_PROMPT, default 1); output i runs at seed + i, so the
+    last seed must be a valid seed too."""
+    count = _check_int("num_outputs", value, 1, limits.MAX_OUTPUTS_PER_PROMPT, 1)
+    if seed + count - 1 > limits.SEED_MAX:
+        raise RequestError(
+            "num_outputs",
+            f"output i runs at seed + i: {count} outputs from seed {seed} pass the largest seed {limits.SEED_MAX}",
+        )
+    return count
 
 
 def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:

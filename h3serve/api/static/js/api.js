@@ -36,13 +36,13 @@ export async function apiJson(path, options) {
   return (await api(path, options)).json();
 }
 
-// Downloaded files by "id/variant", as object URLs (the API key rules out plain <img src> links).
+// Downloaded files by "id/variant/index", as object URLs (the API key rules out plain <img src> links).
 const blobUrls = new Map();
 
-export async function fileUrl(id, variant) {
-  const key = `${id}/${variant}`;
+export async function fileUrl(id, variant, index = 0) {
+  const key = `${id}/${variant}/${index}`;
   if (!blobUrls.has(key)) {
-    const blob = await (await api(`/v1/videos/${id}/content?variant=${variant}`)).blob();
+    const blob = await (await api(`/v1/videos/${id}/content?variant=${variant}&index=${index}`)).blob();
     blobUrls.set(key, URL.createObjectURL(blob));
   }
   return blobUrls.get(key);

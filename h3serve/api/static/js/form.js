@@ -16,7 +16,7 @@ const FIELD_OF_PARAM = {
   aspect_ratio: "aspect_ratio", "extra_params.aspect_ratio": "aspect_ratio", size: "size", width: "size",
   height: "size", num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift",
   "extra_params.flow_shift": "flow_shift", "extra_params.audio_flow_shift": "audio_flow_shift",
-  "extra_params.sample_solver": "sample_solver",
+  "extra_params.sample_solver": "sample_solver", num_outputs_per_prompt: "num_outputs", n: "num_outputs",
   "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
   "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
   "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
@@ -47,6 +47,7 @@ export class CreateForm {
       $("sample_solver").append(Object.assign(document.createElement("option"), { value: name, textContent: name }));
     }
     $("sample_solver").value = d.sample_solver;
+    $("num_outputs").max = config.limits.max_outputs_per_prompt;
     $("width").max = $("height").max = d.max_edge;
     const canvas = canvasForAspect(...parseAspect(d.aspect_ratio), d, config.limits);
     [$("width").value, $("height").value] = [canvas.width, canvas.height];  // "explicit size" starts there
@@ -147,6 +148,9 @@ export class CreateForm {
     if ($("size-mode").value === "size") fields.size = `${$("width").value.trim()}x${$("height").value.trim()}`;
     else if ($("aspect_ratio").value) fields.aspect_ratio = $("aspect_ratio").value;
     const optional = { num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift" };
+    if ($("num_outputs").value.trim() && $("num_outputs").value.trim() !== "1") {
+      fields.num_outputs_per_prompt = $("num_outputs").value.trim();
+    }
     for (const [name, id] of Object.entries(optional)) if ($(id).value.trim()) fields[name] = $(id).value.trim();
     if (!fields.seconds) delete fields.seconds;
     const { files, extra } = this.inputs.files(task);

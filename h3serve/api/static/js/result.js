@@ -1,5 +1,6 @@
 // A finished job: the player (with sound), download, the spritesheet as a hover scrub, its parameters,
-// "copy as curl" / "copy as Python" and "use this frame as first frame".
+// "copy as curl" / "copy as Python" and "use this frame as first frame"; a job of several outputs shows a
+// gallery of their thumbnails that picks the one the player, download and scrub show.
 import { fileUrl } from "./api.js";
 import { curlCommand, pythonSnippet } from "./snippets.js";
 
@@ -58,10 +59,8 @@ export class ResultView {
   async show(job, request) {
     this.current = job;
     $("result").hidden = false;
-    const url = await fileUrl(job.id, "video");
-    $("player").src = url;
-    $("download").href = url;
-    $("download").download = `${job.id}.mp4`;
+    await this.showGallery(job);
+    await this.showOutput(job, 0);
     setParams(job, request);
     const known = Boolean(request);
     for (const id of ["copy-curl", "copy-python"]) $(id).disabled = !known;
@@ -70,16 +69,42 @@ export class ResultView {
       : "Made outside this browser: its parameters are unknown here.";
     $("python-text").textContent = known ? pythonSnippet(location.origin, request) : "";
     $("copy-status").textContent = "";
-    this.showSpritesheet(job);
   }
 
-  async showSpritesheet(job) {
+  // One output in the player, the download link and the scrub; its gallery button pressed.
+  async showOutput(job, index) {
+    const url = await fileUrl(job.id, "video", index);
+    $("player").src = url;
+    $("download").href = url;
+    $("download").download = job.num_outputs > 1 ? `${job.id}-${index}.mp4` : `${job.id}.mp4`;
+    for (const button of $("gallery").children) button.setAttribute("aria-pressed", button.dataset.index == index);
+    await this.showSpritesheet(job, index);
+  }
+
+  async showGallery(job) {
+    const count = job.num_outputs || 1;
+    $("gallery").hidden = count < 2;
+    const buttons = [];
+    for (let index = 0; index < (count > 1 ? count : 0); index++) {
+      const button = Object.assign(document.createElement("button"), { type: "button", className: "thumb" });
+      button.dataset.index = index;
+      button.setAttribute("aria-label", `Output ${index} (seed + ${index})`);
+      button.append(Object.assign(document.createElement("img"), {
+        src: await fileUrl(job.id, "thumbnail", index), alt: "",
+      }), Object.assign(document.createElement("span"), { textContent: `#${index}` }));
+      button.addEventListener("click", () => this.showOutput(job, index));
+      buttons.push(button);
+    }
+    $("gallery").replaceChildren(...buttons);
+  }
+
+  async showSpritesheet(job, index = 0) {
     const { columns, rows } = this.config.spritesheet;
     const [width, height] = job.size.split("x").map(Number);
     const view = $("scrub-view");
     this.tiles = columns * rows;
     view.style.aspectRatio = `${width} / ${height}`;
-    view.style.backgroundImage = `url("${await fileUrl(job.id, "spritesheet")}")`;
+    view.style.backgroundImage = `url("${await fileUrl(job.id, "spritesheet", index)}")`;
     view.style.backgroundSize = `${columns * 100}% ${rows * 100}%`;
     view.tabIndex = 0;
     $("scrub").hidden = false;
