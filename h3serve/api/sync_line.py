@@ -1,6 +1,6 @@
 """Synchronous requests wait for a queue slot instead of failing at once.
 
-The rule: a `POST /v1/videos/sync` that finds the queue full (`--max-queue` jobs waiting) joins a line and is
+The rule: a `POST /v1/videos/sync` that finds the queue full (`--max-queue` outputs waiting) joins a line and is
 queued, in arrival order, as soon as a slot frees, all within its own `--sync-timeout` (one deadline, counted from
 when the request is ready to queue, its body read and checked, covers the wait for a slot and the run). At most
 `--max-queue` sync requests stand in the line; beyond that, or when the deadline passes in the line, the answer is

@@ -213,7 +213,8 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
         return
     if rank == 0 and isinstance(sink, Mp4Sink):
         durations, peak = output.stage_durations, output.peak_memory_mb
-        events.put(Done(job.seq, durations, peak, tuple(sink.outputs()), output.num_frames, output.counters))
+        events.put(Done(job.seq, durations, peak, files=tuple(sink.outputs()), frames=output.num_frames,
+                        counters=output.counters))
     elif rank == 0:
         for index, media in enumerate(output.outputs):
             write_raw(job.spool_for(index), media.video, media.audio)

@@ -105,6 +105,19 @@ def test_openai_sdk_end_to_end(sdk, live, tmp_path):
         openai.OpenAI(base_url=f"{live.url}/v1", api_key="wrong", max_retries=0).videos.list()
 
 
+def test_sdk_several_outputs_are_each_the_single_request(sdk, live):
+    """The official SDK with num_outputs_per_prompt 2 (extra_body) on the real engine: the job lists both outputs;
+    output 1 (extra_query index=1) is byte for byte the single request at seed + 1."""
+    several = sdk.videos.create_and_poll(prompt="a lighthouse", seconds="4", size="128x64",
+                                         extra_body={**SHORT, "seed": 20, "num_outputs_per_prompt": 2})
+    assert several.status == "completed" and [o["index"] for o in several.model_extra["outputs"]] == [0, 1]
+    single = sdk.videos.create_and_poll(prompt="a lighthouse", seconds="4", size="128x64",
+                                        extra_body={**SHORT, "seed": 21})
+    second = sdk.videos.download_content(several.id, extra_query={"index": 1}).content
+    assert second == sdk.videos.download_content(single.id).content
+    assert second != sdk.videos.download_content(several.id).content
+
+
 def test_sync_multipart_example_request(live, tmp_path):
     fields = {
         "prompt": "A red fox trots through fresh snow at dawn",

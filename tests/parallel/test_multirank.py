@@ -1,8 +1,8 @@
 """Every parallel layout against one rank, end to end on the tiny checkpoint (gloo ranks, 1 thread each).
 
 Two sessions: 2 ranks (TP2, U2, R2, text-encoder TP2, VAE tile PP2, TP2 and U2 compiled, standalone tile
-decodes) and 4 ranks (U2×R2, TP2×U2, each also with two outputs as one batch). The packed sequence (629 rows) is divisible by none of the degrees, so
-padding is always exercised.
+decodes) and 4 ranks (U2×R2, TP2×U2, each also with two outputs as one batch). The packed sequence (629 rows) is
+divisible by none of the degrees, so padding is always exercised.
 """
 
 from __future__ import annotations

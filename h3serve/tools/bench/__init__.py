@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="on,off",
         help="throughput mode: output overlap settings to compare for each replica count (default on)",
     )
+    p.add_argument(
+        "--outputs",
+        type=int,
+        metavar="N",
+        help="outputs mode: N outputs of one prompt as one DiT batch against one after another (same bits)",
+    )
     p.add_argument("--jobs", type=int, default=8, help="throughput mode: timed jobs per replica count (default 8)")
     p.add_argument("--threads", type=int, default=1, help="throughput mode: CPU threads per rank (default 1)")
     p.add_argument(
@@ -125,7 +131,8 @@ def _default_out() -> Path:
 
 
 _FLAGS = {"tasks": "--task", "shapes": "--shape", "engines": "--engine"}  # list options: dest -> flag
-_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds", "block_rows", "selftest_only")
+_NOT_FLAGS = ("command", "func", "replicas", "overlap", "jobs", "threads", "rounds", "block_rows", "selftest_only",
+              "outputs")
 _DIT_FLAGS = ("text_rows", "dit_modes")  # always set (defaults): recorded in DiT-forward mode only
 
 
@@ -171,6 +178,29 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(summary(results, steps))
+    return 0
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    """`--outputs N`: several outputs as one batch against one after another (`h3serve.tools.bench.outputs`)."""
+    from h3serve.errors import ConfigError
+    from h3serve.rules import limits
+    from h3serve.tools.bench.outputs import measure_outputs, summary
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    if not 2 <= args.outputs <= limits.MAX_OUTPUTS_PER_PROMPT or min(args.threads, args.rounds) < 1:
+        print(f"error: --outputs takes 2 to {limits.MAX_OUTPUTS_PER_PROMPT}; --threads and --rounds must be >= 1",
+              file=sys.stderr)
+        return EXIT_USAGE
+    steps = args.steps or 3
+    model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
+    try:
+        results, device = measure_outputs(model, args.outputs, steps, args.threads, args.rounds,
+                                          lambda line: print(line, file=sys.stderr))
+    except (ConfigError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(summary(results, steps, device))
     return 0
 
 
@@ -301,6 +331,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_gpu_acceptance(args)
     if args.replicas:
         return cmd_throughput(args)
+    if args.outputs is not None:
+        return cmd_outputs(args)
     if args.fp8_block:
         return cmd_fp8_block(args)
     if args.dit_forward:
