@@ -64,6 +64,7 @@ class H3Pipeline:
         conditioning: Conditioning | None = None,
         on_step: StepCallback | None = None,
         sink: FrameSink | None = None,
+        output_batch: int | None = None,  # several outputs: at most this many per DiT batch; None: the pipeline's
     ) -> GenerationResult:
         """Run one plan. With a `sink` the video is streamed into it clip by clip (the result holds no frames);
         without one it is decoded whole into `result.video`. A plan of several outputs returns output 0 with the
@@ -73,7 +74,7 @@ class H3Pipeline:
         with self.hooks.request(plan.task):
             clock = StageClock(self.device, self.hooks)
             if plan.num_outputs > 1:
-                return self._several(plan, cond, clock, on_step, sink)
+                return self._several(plan, cond, clock, on_step, sink, output_batch or self.output_batch)
             if plan.continuation:
                 return self.continuation.generate(plan, cond, clock, on_step, sink)
             return self._generate(plan, cond, clock, on_step, sink)
@@ -85,13 +86,14 @@ class H3Pipeline:
         clock: StageClock,
         on_step: StepCallback | None,
         sink: FrameSink | None,
+        output_batch: int,
     ) -> GenerationResult:
-        """Outputs 0..N-1 of `plan`: batched where every item steps alone (no edit, no continuation, no block
-        cache), else one after another; one progress count over all of them."""
+        """Outputs 0..N-1 of `plan`: in batches of `output_batch` where every item steps alone (no edit, no
+        continuation, no block cache), else one after another; one progress count over all of them."""
         count = plan.num_outputs
         sinks = [sink, *(None if sink is None else sink.for_output(i) for i in range(1, count))]
         batched = not (plan.continuation or plan.edit or (self.cache is not None and self.cache.active(plan.quality)))
-        size = self.output_batch if batched else 1
+        size = output_batch if batched else 1
         results: list[GenerationResult] = []
         for start in range(0, count, size):
             items = range(start, min(start + size, count))

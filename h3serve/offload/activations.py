@@ -74,6 +74,7 @@ class RequestShape:
     steps: int = limits.DEFAULT_STEPS  # denoiser forwards: sizes the AdaLN modulations
     streamed_decode: bool = True  # --decode-mode stream: the VAE decodes one temporal clip at a time
     source_frames: int = 0  # an edit's or extension's source video at the canvas size, VAE-encoded by clips
+    batch: int = 1  # items denoised together (several outputs of one prompt): the denoise activations grow with it
 
     @property
     def images(self) -> int:
@@ -133,7 +134,7 @@ def denoise(
     heads = 4 * s * dim * es
     rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
     rows = 4 * 4 * (shape.video_rows * cfg.video_patch_dim + shape.audio_rows * cfg.audio_in_channels)
-    return max(block, heads) + rope + rows
+    return (max(block, heads) + rows) * shape.batch + rope  # a batch shares the RoPE tables
 
 
 def chunked_block(dim: int, heads_cols: int, ffn_cols: int, rows: int, chunk_rows: int, es: int) -> int:

@@ -31,7 +31,7 @@ from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, st
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
-from h3serve.rank.placement import device_memory_of, long_request_refusal, placement_for_engine
+from h3serve.rank.placement import device_memory_of, long_request_refusal, output_batch, placement_for_engine
 from h3serve.rank.quantization import resolve_kernel
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
@@ -161,7 +161,8 @@ class LocalEngine:
             start = time.perf_counter()
             conditioning = load_conditioning(plan, self.defaults)
             load_s = time.perf_counter() - start
-            result = self.pipeline.generate(plan, conditioning, on_progress, sink)
+            batch = output_batch(self.config, plan, device_memory_of(self.config, self.device))
+            result = self.pipeline.generate(plan, conditioning, on_progress, sink, output_batch=batch)
         if result.block_cache is not None and self.rank == 0:
             cache = result.block_cache
             print(

@@ -110,6 +110,20 @@ def placement_for_engine(config: EngineConfig, device, log=None) -> tuple[Engine
     return config, plan
 
 
+def output_batch(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> int:
+    """How many outputs of a several-output plan denoise as one batch: up to `--max-output-batch`, the most whose
+    denoise activations the planner fits on the device (its verdict for the plan's shape with that batch); 1 when
+    not even two fit. Without a device size (CPU), `--max-output-batch`."""
+    most = min(plan.num_outputs, config.max_output_batch)
+    if most < 2 or device_memory is None:
+        return most
+    shape = longest_pass(plan)
+    for batch in range(most, 1, -1):
+        if plan_for_engine(config, device_memory, replace(shape, batch=batch)).fits is not False:
+            return batch
+    return 1
+
+
 def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> str | None:
     """The planner's verdict on a long video request (`long_video_mode` set), or one that encodes a source video (an
     edit, an extension), before it starts: why its longest pass cannot fit the device, or None (it fits, the

@@ -85,3 +85,19 @@ def test_a_short_source_audio_tail_is_generated(tiny_pipeline, source, monkeypat
     rows = encode_audio_condition(pipeline.components.audio_vae, cond.edit_audio)
     head = rows.reshape(2, -1, rows.shape[-1]).permute(0, 2, 1)
     assert torch.equal(audio[:, :, :80], head) and audio[:, :, 80:].abs().sum() > 0
+
+
+def test_several_outputs_of_an_edit_are_each_its_single_edit(tiny_pipeline, source):
+    """An edit's outputs run one after another (each its own anchor from its own noise): output i is the edit at
+    seed + i, the kept cells the source's in each."""
+    import dataclasses
+
+    pipeline, defaults = tiny_pipeline
+    grid = np.ones((32, 2, 2))
+    grid[:16] = 0
+    request = GenerationRequest(**BASE, source_video=SRC_V, video_noise_mask=grid.tolist())
+    several = pipeline.generate(validate(dataclasses.replace(request, num_outputs=2), defaults), source)
+    for i, got in enumerate((several, *several.others)):
+        want = pipeline.generate(validate(dataclasses.replace(request, seed=BASE["seed"] + i), defaults), source)
+        assert torch.equal(got.video_latents, want.video_latents) and torch.equal(got.video, want.video)
+    assert not torch.equal(several.video_latents, several.others[0].video_latents)

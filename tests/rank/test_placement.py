@@ -123,3 +123,26 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
     assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
     assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
     assert long_request_refusal(config, ordinary, GiB // 4) is None
+
+
+def test_several_outputs_batch_as_many_as_the_planner_fits(tiny_checkpoint):
+    """The denoise activations grow with the batch; the engine batches the most outputs (up to
+    --max-output-batch) whose plan fits the device, one at a time when two do not, all of them without a size."""
+    from h3serve.offload.request_shapes import DEFAULT_HEADROOM
+    from h3serve.rank.placement import output_batch
+    from h3serve.rules.request import GenerationRequest
+    from h3serve.rules.validate import validate
+
+    # Whole rows (a running engine's row chunk is resolved at start-up; `auto` would chunk to fit).
+    config = EngineConfig(model=tiny_checkpoint, max_output_batch=4, denoise_chunk_rows=None)
+    # 1024x512: the tiny DiT's denoise activations pass its other stages' from three items on.
+    plan = validate(GenerationRequest(prompt="x", width=1024, height=512, duration_s=4, num_outputs=6))
+    shape = longest_pass(plan)
+    peaks = [plan_for_engine(config, 64 * GiB, replace(shape, batch=b)).peak_device_bytes for b in (1, 2, 3, 4)]
+    assert peaks[1] < peaks[2] < peaks[3]  # every item adds its activations
+    assert output_batch(config, plan, None) == 4 and output_batch(config, plan, 64 * GiB) == 4
+    assert output_batch(config, plan, peaks[2] + DEFAULT_HEADROOM) == 3
+    assert output_batch(config, plan, peaks[2] + DEFAULT_HEADROOM - 1) == 2
+    assert output_batch(config, plan, peaks[0] // 2) == 1  # not even one fits: the start-up plan refused that
+    assert output_batch(replace(config, max_output_batch=1), plan, 64 * GiB) == 1
+    assert output_batch(config, replace(plan, num_outputs=3), None) == 3

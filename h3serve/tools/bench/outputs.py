@@ -60,7 +60,7 @@ def measure_outputs(
     results: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for round_ in range(rounds + 1):  # round 0 warms up
         for batch in times:
-            engine.pipeline.output_batch = batch
+            engine.config = dataclasses.replace(engine.config, max_output_batch=batch)  # what the engine batches
             start = time.perf_counter()
             output = engine.generate(dataclasses.replace(plan))
             seconds = time.perf_counter() - start
