@@ -99,8 +99,8 @@ class H3Pipeline:
             items = range(start, min(start + size, count))
             progress = _outputs_progress(on_step, start, len(items), count)
             if len(items) > 1:
-                results += self._batch(plan, cond, clock, progress, [plan.output(i) for i in items],
-                                       [sinks[i] for i in items])
+                seeds = tuple(plan.output(i).seed for i in items)
+                results += self._batch(plan, cond, clock, progress, seeds, [sinks[i] for i in items])
             elif plan.continuation:
                 results.append(self.continuation.generate(plan.output(start), cond, clock, progress, sinks[start]))
             else:
@@ -115,13 +115,12 @@ class H3Pipeline:
         cond: Conditioning,
         clock: StageClock,
         on_step: StepCallback | None,
-        items: list[GenerationPlan],
+        seeds: tuple[int, ...],
         sinks: list[FrameSink | None],
     ) -> list[GenerationResult]:
         """Outputs that differ only in their seed: one encode, one batched denoise, a decode each."""
         enc = self.encoder.encode(plan, cond, clock)
         dit = self.components.transformer_ref if cond.references else self.components.transformer
-        seeds = tuple(item.seed for item in items)
         latents = self.sampler.sample_batch(plan, enc, dit, Target.of(plan), seeds, clock, on_step)
         clock.record_denoise_per_step()
         return [self.decoder.decode(video, audio, clock, None, sink)

@@ -452,7 +452,7 @@ def test_a_job_of_several_outputs_lists_and_serves_each(client):
     assert 'filename="' + job["id"] + '-2.mp4"' in videos[2].headers["content-disposition"]
     thumb = client.get(f"/v1/videos/{job['id']}/content", params={"variant": "thumbnail", "index": 1})
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/webp"
-    assert "0 to 2" in assert_error(client.get(f"/v1/videos/{job['id']}/content?index=3"), 400, "invalid_value",
+    assert "0 to 2" in assert_error(client.get(f"/v1/videos/{job['id']}/content?index=3"), 404, "output_not_found",
                                     "index")
     assert_error(client.get(f"/v1/videos/{job['id']}/content?index=10"), 400, "invalid_value", "index")
     # Output i is the single request at seed + i.

@@ -26,6 +26,7 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "frames": ("invalid_value", r"contradicts duration"),
     "edges": ("invalid_value", r"must be between 32 and \d+ pixels"),
     "cost": ("request_too_costly", r"--max-request-cost"),
+    "outputs": ("invalid_value", r"^(num_outputs_per_prompt|n): output i runs at seed \+ i"),
     "model": ("model_not_found", r"this server runs"),
     "task": ("invalid_value", r"task|needs a first and/or last keyframe|references"),
     "frame_indices": ("invalid_value", r"frame_indices"),
@@ -131,18 +132,25 @@ def test_stateful_sequences_following_the_links_see_no_5xx(tmp_path):
                 statuses[key] = statuses.get(key, 0) + 1
                 assert response.status_code < 500, f"{key}: {response.text[:300]}"
 
+        generator_errors = 0
         for _ in range(SEQUENCES):
-            Machine.run(
-                settings=settings(
-                    max_examples=1,
-                    stateful_step_count=6,
-                    deadline=None,
-                    database=None,
-                    derandomize=False,
-                    phases=[Phase.generate],  # no shrinking: it would replay steps against a server that moved on
-                    suppress_health_check=list(HealthCheck),
-                ),
-            )
+            try:
+                Machine.run(
+                    settings=settings(
+                        max_examples=1,
+                        stateful_step_count=6,
+                        deadline=None,
+                        database=None,
+                        derandomize=False,
+                        phases=[Phase.generate],  # no shrinking: it would replay steps against a server that moved on
+                        suppress_health_check=list(HealthCheck),
+                    ),
+                )
+            except ValueError as e:  # schemathesis 4.32's negative multipart draw fails on its own file type at times
+                if "Unsupported type: 'Binary'" not in str(e):
+                    raise
+                generator_errors += 1
+        assert generator_errors <= SEQUENCES // 5, f"{generator_errors} of {SEQUENCES} sequences failed to draw"
         server.health_s()
     print(f"FIGURE schemathesis stateful: {dict(sorted(statuses.items()))}")
     linked = sum(n for (op, status), n in statuses.items() if "{video_id}" in op and status in (200, 409, 422))

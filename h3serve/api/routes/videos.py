@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.create_job import submit
-from h3serve.api.error_envelope import APIError, bad_request, not_found
+from h3serve.api.error_envelope import APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.sync_line import Deadline
@@ -185,9 +185,9 @@ def download_video(
                                 description="which output of a num_outputs_per_prompt job (output i: seed + i)")] = 0,
 ) -> FileResponse:
     job = _job(ctx, video_id)
-    if index >= job.num_outputs:
-        raise bad_request(f"index: video '{video_id}' has {job.num_outputs} output(s), 0 to {job.num_outputs - 1}; "
-                          f"got {index}", "index")
+    if index >= job.num_outputs:  # that output does not exist: a 404 naming the parameter
+        raise APIError(404, f"index: video '{video_id}' has {job.num_outputs} output(s), 0 to "
+                            f"{job.num_outputs - 1}; got {index}", "output_not_found", "index")
     if job.status in UNFINISHED:
         raise APIError(409, f"The video is not ready yet (status {job.status}, {job.progress}%).",
                        "video_not_ready", headers={"x-should-retry": "false"})
