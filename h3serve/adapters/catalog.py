@@ -7,6 +7,7 @@ the root and an absolute path elsewhere are refused before anything is opened.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -16,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError, read_header
+from h3serve.adapters.pdd import VARIANTS as PDD_VARIANTS
+from h3serve.adapters.pdd import inspect_pdd, is_pdd
 from h3serve.adapters.peft import LoraFile, inspect_lora
 from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, check_key_format, parse_turbo_name, turbo_file_in
 from h3serve.errors import ConfigError, RequestError
-from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.adapter_choice import AdapterChoice, PddContract
 
 DEFAULT_SLOT_RANK = 128  # the released Turbo files' rank: what an allow-listed directory may bring
 SCALE_LIMIT = 10.0
@@ -37,12 +40,17 @@ class LoraField:
 
 
 def adapter_file(path: Path) -> Path:
-    """The .safetensors file of an adapter path: the file itself, or a directory's one Turbo file or
-    adapter_model.safetensors."""
+    """The .safetensors file of an adapter path: the file itself, or a directory's one Turbo file, one released PDD
+    file or adapter_model.safetensors."""
     if path.is_dir():
         turbo = turbo_file_in(path)
         if turbo is not None:
             return turbo
+        pdd = [path / name for _, name in PDD_VARIANTS.values() if (path / name).is_file()]
+        if len(pdd) > 1:
+            raise AdapterError(f"{path.name}: holds both PDD files; name the one to use (they serve different DiTs)")
+        if pdd:
+            return pdd[0]
         if (path / PEFT_FILE).is_file():
             return path / PEFT_FILE
         raise AdapterError(f"{path.name}: the directory holds no Turbo adapter file and no {PEFT_FILE}")
@@ -51,6 +59,22 @@ def adapter_file(path: Path) -> Path:
     if path.suffix != ".safetensors":
         raise AdapterError(f"{path.name}: an adapter is a .safetensors file")
     return path
+
+
+def read_adapter(
+    path: str | Path, dit_config: dict | None, shapes: dict[str, tuple[int, int]],
+    log: Callable[[str], None] | None = None,
+) -> tuple[LoraFile, PddContract | None]:
+    """Check an adapter file or directory against the DiT: a PDD file (a head bank; `dit_config` describes the
+    DiT), else a LoRA (`lora_file`)."""
+    file = adapter_file(Path(path))
+    header = read_header(file)
+    if is_pdd(header):
+        if dit_config is None:
+            raise AdapterError(f"{file.name}: a PDD file, which this check cannot read without the DiT's config")
+        pdd = inspect_pdd(header, dit_config)
+        return pdd.lora, pdd.contract
+    return lora_file(file, shapes, log), None
 
 
 def lora_file(
@@ -103,8 +127,10 @@ class LoraCatalog:
         root: Path | None = None,
         max_rank: int | None = None,
         log: Callable[[str], None] = _stderr,
+        dit_config: dict | None = None,  # the DiT's config.json: what a PDD file is checked against
     ):
         self.shapes = shapes
+        self.dit_config = dit_config
         self.default_scale = default_scale
         self.root = root
         self.log = log
@@ -125,11 +151,11 @@ class LoraCatalog:
         return bool(self.preloaded) or self.root is not None
 
     def _choice(self, name: str, path: Path, scale: float, int_id: int | None) -> AdapterChoice:
-        info = lora_file(path, self.shapes, self.log)
-        turbo = parse_turbo_name(info.path.name)
+        info, pdd = read_adapter(path, self.dit_config, self.shapes, self.log)
+        turbo = None if pdd is not None else parse_turbo_name(info.path.name)
         file = str(info.path)
         chosen_id = default_int_id(file) if int_id is None else int_id
-        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo)
+        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo, pdd)
 
     def choose(self, field: LoraField) -> AdapterChoice:
         """Resolve a request's `lora` field; `RequestError` naming the sub-field."""
@@ -144,7 +170,7 @@ class LoraCatalog:
             choice = self.preloaded[field.name]
             scale = choice.scale if field.scale is None else field.scale
             int_id = choice.int_id if field.int_id is None else field.int_id
-            return AdapterChoice(choice.name, choice.path, scale, int_id, choice.rank, choice.alpha, choice.turbo)
+            return dataclasses.replace(choice, scale=scale, int_id=int_id)
         path = guard_path(field.path, self.root)
         scale = self.default_scale if field.scale is None else field.scale
         try:
@@ -158,6 +184,8 @@ class LoraCatalog:
     def models(self, root_model: str, created: int) -> list[dict]:
         """The preloaded adapters as vLLM lists LoRA modules in GET /v1/models."""
         def turbo(choice: AdapterChoice) -> dict:
+            if choice.pdd is not None:
+                return {"pdd": {"forwards": choice.pdd.forwards, "tasks": list(choice.pdd.tasks)}}
             if choice.turbo is None:
                 return {}
             return {"turbo": {"forwards": choice.turbo.forwards, "tasks": list(choice.turbo.tasks)}}

@@ -59,7 +59,8 @@ def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) 
     """The engine's adapter catalog (None without --lora-path/--lora-dir); `AdapterError` on a bad adapter."""
     if not lora_enabled(config):
         return None
-    shapes = target_shapes(dit_config(config.model, config.dits))
+    dit = dit_config(config.model, config.dits)
     root = None if config.lora_dir is None else Path(config.lora_dir)
     kwargs = {} if log is None else {"log": log}
-    return LoraCatalog(shapes, dict(config.lora_paths), config.lora_scale, root, config.max_lora_rank, **kwargs)
+    return LoraCatalog(target_shapes(dit), dict(config.lora_paths), config.lora_scale, root, config.max_lora_rank,
+                       dit_config=dit, **kwargs)

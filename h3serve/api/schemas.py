@@ -116,7 +116,8 @@ class Model(BaseModel):
     parent: str | None = None
     permission: list[dict] | None = None
     lora: dict | None = None
-    turbo: dict | None = None
+    turbo: dict | None = None  # a Turbo adapter's contract: its forwards and tasks
+    pdd: dict | None = None  # a PDD 8-step adapter's: its forwards and tasks
 
 
 class ModelList(BaseModel):

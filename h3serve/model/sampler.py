@@ -188,7 +188,7 @@ class Sampler:
                 audio_in = torch.cat([audio_rows[:, :na], audio_edit.model_input(audio_rows[:, na:])], dim=1)
             step_mod = None if modulations is None else modulations[i]
             v_vel, a_vel = transformer(
-                video_in, audio_in, text, times.timesteps[i], times.row_index[i], packed, step_mod
+                video_in, audio_in, text, times.timesteps[i], times.row_index[i], packed, step_mod, step=i
             )
             for step, rows, model_in, vel, n, edit in (
                 (video_solver, video_rows, video_in, v_vel, nv, video_edit),
@@ -210,4 +210,6 @@ class Sampler:
         steps = [ForwardTimes(times.timesteps[i], times.row_index[i]) for i in range(len(times))]
         name = "transformer_ref" if transformer is self.components.transformer_ref else "transformer"
         tags = layout.packed.token_tags
-        return self.adaln.prepare(name, transformer, steps, tags, self.device, hooks.weights)
+        return self.adaln.prepare(
+            name, transformer, steps, tags, self.device, hooks.weights, adapter=transformer.adaln_adapter
+        )

@@ -272,6 +272,21 @@ class StepModulation:
     output: torch.Tensor  # [T, 2D]: `norm_out.modulation(temb)`
 
 
+@dataclass(frozen=True)
+class StepHeads:
+    """Output heads that change with the denoise step (a PDD adapter's fused head bank): forward k of a request
+    projects with row k of each bank instead of `proj_out` / `audio_proj_out`. fp32, on the DiT's device."""
+
+    video_weight: torch.Tensor  # [F, C·4, D]
+    video_bias: torch.Tensor  # [F, C·4]
+    audio_weight: torch.Tensor  # [F, 32, D]
+    audio_bias: torch.Tensor  # [F, 32]
+
+    @property
+    def forwards(self) -> int:
+        return self.video_weight.shape[0]
+
+
 def row_spans(rows: int, chunk: int) -> list[slice]:
     """`rows` split into the fewest spans of at most `chunk` rows, of equal sizes (± 1): no short tail span, whose
     few-row GEMMs a BLAS may compute with another kernel (on CPU, fp32 GEMMs of under 8 rows round differently)."""
@@ -459,6 +474,10 @@ class H3Transformer(nn.Module):
         self.audio_proj_out = nn.Linear(d, cfg.audio_in_channels, bias=True)
         # Set by h3serve.parallel for sequence parallelism: splits the rows before the blocks, gathers after.
         self.sequence_parallel: SequenceSharder | None = None
+        # Set per request by an adapter (h3serve.rank.lora): step-dependent output heads, and the identity of an
+        # adapter that changes the AdaLN projections ("" for none): the AdaLN memo keys its tables by it.
+        self.step_heads: StepHeads | None = None
+        self.adaln_adapter = ""
 
     def fuse_projections(self) -> None:
         """Fuse every attention's Q/K/V projections (see `Attention.fuse_qkv`); the state dict then has
@@ -483,6 +502,7 @@ class H3Transformer(nn.Module):
         timestep_indices: torch.Tensor,  # [S] row -> index into `timestep`
         layout: PackedLayout,
         modulation: StepModulation | None = None,  # precomputed for this step's `timestep` (adaln_memo)
+        step: int | None = None,  # the request's denoise step: picks `step_heads` rows when an adapter set them
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocities of every video and audio row: ([B, Nv, C·4], [B, Na, 32]), fp32."""
         rotary = self.rope(layout.position_ids)
@@ -519,4 +539,8 @@ class H3Transformer(nn.Module):
         a_rows = self.norm_out.apply(
             x.index_select(1, layout.audio_indices), out_mod, timestep_indices[layout.audio_indices]
         )
+        heads = self.step_heads
+        if heads is not None and step is not None:
+            video = F.linear(v_rows.float(), heads.video_weight[step], heads.video_bias[step])
+            return video, F.linear(a_rows.float(), heads.audio_weight[step], heads.audio_bias[step])
         return self.proj_out(v_rows.to(head_dtype)), self.audio_proj_out(a_rows.to(head_dtype))

@@ -57,8 +57,12 @@ class GatheredColumnLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.group = group
 
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's output features, before the gather."""
+        return super().forward(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_dim(super().forward(x), -1, self.group)
+        return all_gather_dim(self.local(x), -1, self.group)
 
     def fp8_twin(self, per_channel: bool, compute_dtype: torch.dtype, kernel: str, device) -> Fp8Linear:
         bias = self.bias is not None
@@ -88,8 +92,12 @@ class Fp8GatheredColumnLinear(Fp8Linear):
         super().__init__(*args, **kwargs)
         self.group = group
 
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's output features, before the gather."""
+        return super().forward(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_gather_dim(super().forward(x), -1, self.group)
+        return all_gather_dim(self.local(x), -1, self.group)
 
 
 @dataclass(frozen=True)

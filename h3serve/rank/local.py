@@ -105,13 +105,16 @@ class LocalEngine:
                 attention.install(dit, roles)
                 for block in dit.transformer_blocks:  # the planner's row chunk (resolved at start-up)
                     block.row_chunk = config.denoise_chunk_rows
-        # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora).
-        self.lora = lora_runtime(config, components, self.parallel.dit_tp if self.parallel else None, self.device)
+        # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora);
+        # the AdaLN projections too (a PDD adapter's) where they stay resident on the device.
+        adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
+        resident_adaln = not (on_host & {"transformer", "transformer_ref"}) and not adaln_host
+        tp = self.parallel.dit_tp if self.parallel else None
+        self.lora = lora_runtime(config, components, tp, self.device, adaln=resident_adaln)
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
-        adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
         keep = self.lora.scales() if self.lora is not None else ()
         overlap = self.parallel is not None and self.parallel.one_denoise_communicator
         self.offload = OffloadRuntime(

@@ -14,7 +14,12 @@ masters (`OffloadRuntime.write`), and the scale stays on the device (the offload
 
 Under tensor parallelism the factors are cut the way their layer's weight is: B's rows for a column-parallel
 layer (A whole), A's columns for a row-parallel one (B whole, the partial products summed with the base's in
-its one all-reduce; FP8 row-parallel layers too).
+its one all-reduce; FP8 row-parallel layers too); a gathered column layer (the AdaLN projection) adds its rows'
+product before the gather.
+
+A PDD adapter (h3serve.adapters.pdd) is a LoRA on the same layers plus each block's AdaLN projection, with a bank
+of output heads: activating it also sets the DiT's per-step heads (`StepHeads`, fused here once per adapter) and
+its AdaLN adapter identity (the AdaLN memo's key), both cleared when another adapter or none is active.
 """
 
 from __future__ import annotations
@@ -31,12 +36,19 @@ from safetensors import safe_open
 from torch import nn
 
 from h3serve.accel.fp8 import Fp8Linear
-from h3serve.adapters.catalog import lora_file
-from h3serve.adapters.peft import target_shapes
-from h3serve.model.transformer import H3Transformer
-from h3serve.parallel.comm import all_reduce_wide
-from h3serve.parallel.tensor_parallel import Fp8RowParallelLinear, RowParallelLinear, TensorParallel
-from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.adapters.catalog import read_adapter
+from h3serve.adapters.pdd import AUDIO_SHIFT, VIDEO_SHIFT, head_plans, pdd_target_shapes
+from h3serve.errors import RequestError
+from h3serve.model.transformer import H3Transformer, StepHeads
+from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
+from h3serve.parallel.tensor_parallel import (
+    Fp8GatheredColumnLinear,
+    Fp8RowParallelLinear,
+    GatheredColumnLinear,
+    RowParallelLinear,
+    TensorParallel,
+)
+from h3serve.rules.adapter_choice import AdapterChoice, PddContract
 
 
 class LoraScale(nn.Module):
@@ -75,6 +87,11 @@ class LoraLinear(nn.Module):
         return self.base.weight
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the base computes in (an FP8 base's declared one): what callers cast the input to."""
+        return factor_dtype(self.base)
+
+    @property
     def lora_scale(self) -> torch.Tensor:
         return self.scale.value
 
@@ -93,16 +110,20 @@ class LoraLinear(nn.Module):
             y = all_reduce_wide(F.linear(x, base.weight) + self.delta(x), base.group)
         elif isinstance(base, Fp8RowParallelLinear):
             y = all_reduce_wide(base.gemm(x, None) + self.delta(x.to(base.compute_dtype)), base.group)
+        elif isinstance(base, GatheredColumnLinear | Fp8GatheredColumnLinear):  # this rank's rows, then the gather
+            return all_gather_dim(base.local(x) + self.delta(x), -1, base.group)
         else:
             return base(x) + self.delta(x)
         return y if base.bias is None else y + base.bias
 
 
-def wrapped_targets(dit: H3Transformer) -> list[tuple[str, tuple[str, ...]]]:
-    """(layer path, the adapter target names it holds, in output order) for every LoRA layer of `dit`."""
-    blocks = [f"transformer_blocks.{i}" for i in range(len(dit.transformer_blocks))]
-    blocks += [f"token_refiner.refiner_blocks.{i}" for i in range(len(dit.token_refiner.refiner_blocks))]
-    layers = []
+def wrapped_targets(dit: H3Transformer, adaln: bool = False) -> list[tuple[str, tuple[str, ...]]]:
+    """(layer path, the adapter target names it holds, in output order) for every LoRA layer of `dit`: the
+    attention and FFN projections of every block, and with `adaln` each transformer block's AdaLN projection (a
+    PDD adapter's target)."""
+    main = [f"transformer_blocks.{i}" for i in range(len(dit.transformer_blocks))]
+    blocks = main + [f"token_refiner.refiner_blocks.{i}" for i in range(len(dit.token_refiner.refiner_blocks))]
+    layers = [(f"{block}.adaln_proj.linear", (f"{block}.adaln_proj.linear",)) for block in main if adaln]
     for block in blocks:
         attn = dit.get_submodule(f"{block}.attn")
         if getattr(attn, "to_qkv", None) is not None:
@@ -113,11 +134,11 @@ def wrapped_targets(dit: H3Transformer) -> list[tuple[str, tuple[str, ...]]]:
     return layers
 
 
-def install_lora(dit: H3Transformer, slot_rank: int, scale: LoraScale) -> list[LoraLinear]:
+def install_lora(dit: H3Transformer, slot_rank: int, scale: LoraScale, adaln: bool = False) -> list[LoraLinear]:
     """Wrap every target layer of `dit` (after Q/K/V fusion, before compile); returns them in `wrapped_targets`
     order. The factors start at zero; `scale` is shared by them all."""
     wrappers = []
-    for path, parts in wrapped_targets(dit):
+    for path, parts in wrapped_targets(dit, adaln):
         base = dit.get_submodule(path)
         if isinstance(base, LoraLinear):
             raise ValueError(f"{path} already carries a LoRA wrapper")
@@ -129,21 +150,38 @@ def install_lora(dit: H3Transformer, slot_rank: int, scale: LoraScale) -> list[L
 
 @dataclass(frozen=True)
 class HostFactors:
-    """One adapter's factors as this rank holds them: target -> (A, B), cut for tensor parallelism."""
+    """One adapter's factors as this rank holds them: target -> (A, B), cut for tensor parallelism; a PDD
+    adapter's fused per-step heads (fp32) beside them."""
 
     rank: int
     unit_scale: float  # alpha / r
     factors: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    heads: StepHeads | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.factors.values())
+        heads = 0 if self.heads is None else sum(t.nbytes for t in vars(self.heads).values())
+        return sum(a.nbytes + b.nbytes for a, b in self.factors.values()) + heads
+
+
+def fused_heads(path: str, contract: PddContract) -> StepHeads:
+    """A PDD file's head bank fused per forward: forward k's head is its block's heads weighted by their share of
+    the block's step on each modality's own grid (`head_plans`), in fp32."""
+    out = {}
+    with safe_open(path, framework="pt", device="cpu") as f:
+        for head, modality, shift in (("proj_out", "video", VIDEO_SHIFT), ("audio_proj_out", "audio", AUDIO_SHIFT)):
+            plan = torch.tensor(head_plans(contract, shift), dtype=torch.float32)  # [F, bank]
+            weight, bias = (f.get_tensor(f"{head}.{kind}").float() for kind in ("weight", "bias"))
+            out[f"{modality}_weight"] = torch.einsum("kn,noi->koi", plan, weight).contiguous()
+            out[f"{modality}_bias"] = torch.einsum("kn,no->ko", plan, bias).contiguous()
+    return StepHeads(**out)
 
 
 def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) -> HostFactors:
-    """Read a LoRA file (checked against the DiT's targets first), keeping only this rank's slices under `tp`."""
-    shapes = target_shapes(dit_config)
-    info = lora_file(path, shapes)
+    """Read a LoRA or PDD file (checked against the DiT's targets first), keeping only this rank's slices under
+    `tp`."""
+    shapes = pdd_target_shapes(dit_config)
+    info, pdd = read_adapter(path, dit_config, shapes)
     factors = {}
     with safe_open(str(info.path), framework="pt", device="cpu") as f:
         for target, (key_a, key_b) in info.keys.items():
@@ -155,7 +193,8 @@ def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) 
             else:  # row-parallel: this rank's input columns of A
                 a, b = TensorParallel.read_ranges(f, key_a, ranges), f.get_tensor(key_b)
             factors[target] = (a, b)
-    return HostFactors(info.rank, info.unit_scale, factors)
+    heads = None if pdd is None else fused_heads(str(info.path), pdd)
+    return HostFactors(info.rank, info.unit_scale, factors, heads)
 
 
 @dataclass(frozen=True)
@@ -260,18 +299,21 @@ class LoraRuntime:
         max_loras: int = 2,
         tp: TensorParallel | None = None,
         device: torch.device | None = None,  # of the scale (default: the DiT's); an offloaded DiT's is the engine's
+        adaln: bool = False,  # wrap the AdaLN projections too (PDD): only where they stay resident on the device
     ):
         self.tp = tp
+        self.adaln = adaln
         self.host = LRU(max_cpu_loras)
         self.device = LRU(max_loras, self._evicted)
+        self.device_heads = LRU(max_loras)  # PDD adapters' fused heads on the device, by file
         self.slot_rank = slot_rank
         self.loads = {"host": 0, "device": 0}
         self.writer: FactorWriter | None = None
         self.dits: dict[str, ServedDit] = {}
         for name, dit in dits.items():
             scale = LoraScale(device or next(dit.parameters()).device)
-            layers = wrapped_targets(dit)
-            wrappers = install_lora(dit, slot_rank, scale)
+            layers = wrapped_targets(dit, adaln)
+            wrappers = install_lora(dit, slot_rank, scale, adaln)
             null = [(w.lora_a, w.lora_b) for w in wrappers]
             self.dits[name] = ServedDit(dit, layers, wrappers, [FactorSpec.of(w) for w in wrappers], scale, null)
         self.active: dict[str, str | None] = dict.fromkeys(dits)
@@ -312,6 +354,20 @@ class LoraRuntime:
                 wrapper.lora_a, wrapper.lora_b = a, b
         served.scale.value.fill_(0.0 if host is None else choice.scale * host.unit_scale)
         self.active[dit_name] = None if choice is None else choice.name
+        self._set_heads(served, choice, host)
+
+    def _set_heads(self, served: ServedDit, choice: AdapterChoice | None, host: HostFactors | None) -> None:
+        """A PDD adapter's per-step heads on the device (cached per adapter), and its AdaLN identity; cleared for
+        any other adapter or none."""
+        dit = served.dit
+        if host is None or host.heads is None or choice is None:
+            dit.step_heads, dit.adaln_adapter = None, ""
+            return
+        device = served.scale.value.device
+        dit.step_heads = self.device_heads.get_or_make(
+            choice.path, lambda: StepHeads(**{name: t.to(device) for name, t in vars(host.heads).items()})
+        )
+        dit.adaln_adapter = choice.path
 
     def _evicted(self, key: tuple[str, str], tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """A device-cache entry left the cache: a DiT whose wrappers still point at it goes back to the zero
@@ -361,19 +417,25 @@ class EngineLora(LoraRuntime):
     """The engine's runtime: activates a plan's adapter on the DiT the plan uses, zero on the others."""
 
     def activate_for(self, plan) -> None:
+        if plan.lora is not None and plan.lora.pdd is not None and not self.adaln:
+            raise RequestError(
+                "lora", f"{plan.lora.name} is a PDD adapter, which this server cannot run: it trains each block's "
+                "AdaLN projection, which stays resident only without DiT offload or host-kept AdaLN weights"
+            )
         used = dit_for(plan)
         for name in self.dits:
             self.activate(name, plan.lora if name == used else None)
 
 
 def lora_runtime(
-    config, components, tp: TensorParallel | None, device: torch.device | None = None
+    config, components, tp: TensorParallel | None, device: torch.device | None = None, adaln: bool = False
 ) -> EngineLora | None:
-    """Wrap the loaded DiTs' target layers when the engine serves LoRA (--lora-path / --lora-dir), else None."""
+    """Wrap the loaded DiTs' target layers when the engine serves LoRA (--lora-path / --lora-dir), else None;
+    `adaln`: the AdaLN projections too (resident ones only: what a PDD adapter needs)."""
     from h3serve.adapters.serving import catalog_for
 
     catalog = catalog_for(config, log=lambda text: None)
     if catalog is None:
         return None
     dits = {name: dit for name in ("transformer", "transformer_ref") if (dit := getattr(components, name)) is not None}
-    return EngineLora(dits, catalog.slot_rank, config.max_cpu_loras, config.max_loras, tp, device)
+    return EngineLora(dits, catalog.slot_rank, config.max_cpu_loras, config.max_loras, tp, device, adaln)

@@ -1,6 +1,6 @@
 """The adapter a request runs with, once resolved (`AdapterChoice`), and what a Turbo file's name promises
-(`TurboContract`): value types the request, the plan, the job store and the rank share. Reading and checking the
-files is `h3serve.adapters`'."""
+(`TurboContract`) or a PDD file holds (`PddContract`): value types the request, the plan, the job store and the
+rank share. Reading and checking the files is `h3serve.adapters`'."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from h3serve.rules.schedule import PinnedSchedule
 
 FASTH3_TASKS = ("t2va",)  # what a server with a fused FastH3 adapter serves
 TURBO_FAMILY_TASKS = {"fl2v": ("t2va", "fl2va"), "ref2v": ("ref2va",)}  # a Turbo file's family -> what it serves
+PDD_VARIANT_TASKS = {"fl2va": ("t2va", "fl2va"), "ref2va": ("ref2va",)}  # a PDD file's variant -> what it serves
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,25 @@ class TurboContract:
 
 
 @dataclass(frozen=True)
+class PddContract:
+    """What a PDD 8-step file holds: its variant (the DiT it was distilled for), its pinned schedule (`forwards`
+    forwards with shifts 12 / 3) and its head bank (`bank_steps` heads, fused `block` at a time)."""
+
+    file_name: str
+    variant: str  # fl2va | ref2va
+    key_format: str
+    forwards: int
+    block: int
+    bank_steps: int
+    flow_shift: float
+    audio_flow_shift: float
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return PDD_VARIANT_TASKS[self.variant]
+
+
+@dataclass(frozen=True)
 class AdapterChoice:
     """A resolved adapter for one request: the file to read, the request scale, what the file promises."""
 
@@ -40,12 +60,14 @@ class AdapterChoice:
     rank: int
     alpha: float
     turbo: TurboContract | None = None
+    pdd: PddContract | None = None
 
     @classmethod
     def from_dict(cls, data: dict) -> AdapterChoice:
         """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
-        turbo = data.get("turbo")
-        return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo)})
+        turbo, pdd = data.get("turbo"), data.get("pdd")
+        return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo),
+                      "pdd": None if pdd is None else PddContract(**pdd)})
 
 
 def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
@@ -59,3 +81,16 @@ def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedul
         flow_shift=contract.flow_shift,
         audio_flow_shift=contract.audio_flow_shift,
     )
+
+
+def pdd_pin(contract: PddContract, adapter: str, task: str, scale: float) -> PinnedSchedule:
+    """The schedule a request naming a PDD adapter runs: its forwards on the uniform grid with shifts 12 / 3 (its
+    head bank was distilled for exactly that). `RequestError` on a task of the other variant, or a scale other than
+    1 (the heads are not scaled: a scaled trunk would not match them)."""
+    owner = f"the {contract.forwards}-step PDD adapter {adapter} ({contract.file_name})"
+    if task not in contract.tasks:
+        raise RequestError("lora", f"{owner} serves {', '.join(contract.tasks)}, not {task}")
+    if scale != 1.0:
+        raise RequestError("lora.scale", f"{owner} runs at scale 1 only (its heads are not scaled), got {scale:g}")
+    return PinnedSchedule(owner=owner, steps=contract.forwards, flow_shift=contract.flow_shift,
+                          audio_flow_shift=contract.audio_flow_shift)

@@ -2,7 +2,9 @@
 
 `peft`: diffusers/PEFT keys (`<module>.lora_A.weight`), alpha in the metadata. `turbo`: LightX2V's keys
 (`<module>.lora_A.default.weight`) under a contract file name. `fasth3`: FastVideo's fused-at-load export (B@A
-pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). Same arguments give the same bytes.
+pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). `pdd`: Alibaba PAI's 8-step file
+(`lora_down`/`lora_up` on the trunk and the blocks' AdaLN, a 32-head bank per modality, the released name and
+metadata). Same arguments give the same bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 
 from h3serve.adapters.peft import target_shapes
 
-FORMATS = ("peft", "turbo", "fasth3")
+FORMATS = ("peft", "turbo", "fasth3", "pdd")
 TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
 PEFT_FILE = "adapter_model.safetensors"
 
@@ -131,7 +133,36 @@ def write_fasth3_adapter(folder: str | Path, dit_config: dict, rank: int = 4, se
     return path
 
 
-DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4}
+def write_pdd_adapter(
+    folder: str | Path, dit_config: dict, rank: int = 4, seed: int = 0, std: float = 0.05, variant: str = "fl2va"
+) -> Path:
+    """A PDD-layout file under its released name, with the metadata the release carries (`pdd_num_steps` 32,
+    `pdd_block_size` 4, rank, alpha = rank, the targets, `key_format`); the head bank around the DiT's own scale."""
+    from h3serve.adapters.pdd import DEFAULT_BLOCK, DEFAULT_STEPS, VARIANTS, head_outputs, pdd_target_shapes
+
+    fmt, file_name = next((fmt, name) for fmt, (v, name) in VARIANTS.items() if v == variant)
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for module, (out_f, in_f) in pdd_target_shapes(dit_config).items():
+        tensors[f"{module}.lora_down"] = _normal((rank, in_f), g, std)
+        tensors[f"{module}.lora_up"] = _normal((out_f, rank), g, std)
+    d = int(dit_config["hidden_size"])
+    for head, out_f in head_outputs(dit_config).items():
+        tensors[f"{head}.weight"] = _normal((DEFAULT_STEPS, out_f, d), g, d**-0.5)
+        tensors[f"{head}.bias"] = _normal((DEFAULT_STEPS, out_f), g, std)
+    metadata = {
+        "key_format": fmt, "pdd_num_steps": str(DEFAULT_STEPS), "pdd_block_size": str(DEFAULT_BLOCK),
+        "lora_rank": str(rank), "lora_alpha": str(rank),
+        "lora_targets": "attn.to_q,attn.to_k,attn.to_v,attn.to_out.0,ff.net.0.proj,ff.net.2,adaln_proj.linear",
+    }
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / file_name
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4}
 
 
 def make_tiny_adapter(
@@ -152,4 +183,6 @@ def make_tiny_adapter(
         return write_peft_adapter(folder, cfg, rank=rank, alpha=float(rank), seed=seed)
     if fmt == "turbo":
         return write_turbo_adapter(folder, cfg, rank=rank, seed=seed)
+    if fmt == "pdd":
+        return write_pdd_adapter(folder, cfg, rank=rank, seed=seed)
     return write_fasth3_adapter(folder, cfg, rank=rank, seed=seed)

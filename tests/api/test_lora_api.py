@@ -18,7 +18,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
-from h3serve.tools.tiny_adapter import write_peft_adapter, write_turbo_adapter
+from h3serve.tools.tiny_adapter import write_pdd_adapter, write_peft_adapter, write_turbo_adapter
 
 CFG = {"hidden_size": 48, "num_attention_heads": 4, "attention_head_dim": 32, "ffn_dim": 64, "num_layers": 6,
        "num_refiner_layers": 1}
@@ -88,6 +88,36 @@ def test_models_list_the_adapters_and_requests_carry_them_to_the_engine(app):
         bad = client.post("/v1/videos", json=res).json()["error"]
         assert bad["param"] == "extra_params.sample_solver" and "4-step Turbo adapter" in bad["message"]
         assert "euler solver only" in bad["message"]
+
+
+def test_a_pdd_adapter_pins_its_8_forwards_and_refuses_what_its_heads_were_not_made_for(tmp_path):
+    """A PDD file through the API: its card says 8 forwards and the tasks it serves; a request naming it runs 8
+    forwards at shifts 12 / 3; other steps, shifts or scale are 400s naming the field (the other variant's task:
+tests/rank/test_pdd.py)."""
+    cfg = {**CFG, "time_embed_dim": 24}
+    pdd = write_pdd_adapter(tmp_path / "pdd", cfg, rank=4)
+    catalog = LoraCatalog(target_shapes(cfg), {"acc": str(pdd)}, log=lambda s: None, dit_config=cfg)
+    config = ServerConfig(served_model_name="tiny", data_dir=tmp_path / "data").validate()
+    store = SQLiteJobStore(config.store_path)
+    executor = FakeExecutor()
+    manager = JobManager(executor, store, JobFiles(config.jobs_dir), model_name=config.served_model_name)
+    try:
+        with TestClient(create_app(config, manager, store, lora=catalog)) as client:
+            card = client.get("/v1/models").json()["data"][1]
+            assert card["pdd"] == {"forwards": 8, "tasks": ["t2va", "fl2va"]} and card["turbo"] is None
+            assert client.post("/v1/videos", json={"prompt": "a", "lora": {"name": "acc"}}).status_code == 200
+            plan = _wait_plans(executor, 1)[0]
+            assert (plan.steps, plan.flow_shift, plan.audio_flow_shift, plan.lora.pdd.variant) == (8, 12.0, 3.0,
+                                                                                                  "fl2va")
+            for extra, param, says in (
+                ({"num_inference_steps": 4}, "num_inference_steps", "8-step PDD adapter acc"),
+                ({"flow_shift": 5}, "flow_shift", "8-step PDD adapter acc"),
+                ({"lora": {"name": "acc", "scale": 0.5}}, "lora.scale", "scale 1 only"),
+            ):
+                error = client.post("/v1/videos", json={"prompt": "x", "lora": {"name": "acc"}, **extra}).json()
+                assert error["error"]["param"] == param and says in error["error"]["message"], error
+    finally:
+        store.close()
 
 
 def test_paths_outside_the_root_are_refused_before_any_read(app, lora_root, monkeypatch):

@@ -10,7 +10,7 @@ from typing import cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
-from h3serve.rules.adapter_choice import FASTH3_TASKS, turbo_pin
+from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
@@ -121,9 +121,12 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
                 f"this server fuses the FastH3 adapter {defaults.fused_adapter}; a per-request "
                 "LoRA cannot run on top of it",
             )
-    if request.lora is None or request.lora.turbo is None:
+    lora = request.lora
+    if lora is not None and lora.pdd is not None:
+        return dataclasses.replace(defaults, pinned_schedule=pdd_pin(lora.pdd, lora.name, task, lora.scale))
+    if lora is None or lora.turbo is None:
         return defaults
-    return dataclasses.replace(defaults, pinned_schedule=turbo_pin(request.lora.turbo, request.lora.name, task))
+    return dataclasses.replace(defaults, pinned_schedule=turbo_pin(lora.turbo, lora.name, task))
 
 
 def _resolve_schedule(request: GenerationRequest, defaults: ModelDefaults) -> tuple[int, float, float]:

@@ -115,7 +115,8 @@ export class CreateForm {
     $("aspect-field").hidden = explicit;
     const canvas = this.canvas();
     $("canvas-info").textContent = canvas.problem || `${canvas.width}×${canvas.height} px (${canvas.source})`;
-    const turbo = this.adapter()?.turbo;
+    const adapter = this.adapter();
+    const turbo = adapter && (adapter.turbo || adapter.pdd);  // a few-step adapter pins its steps and shifts
     $("lora-info").textContent = turbo ? `${turbo.forwards} forwards, its own shifts (${turbo.tasks.join(", ")})` : "";
     // A Turbo adapter pins its steps and shifts and runs Euler only: the request leaves them out.
     for (const id of ["steps", "flow_shift", "audio_flow_shift", "sample_solver"]) $(id).disabled = Boolean(turbo);
@@ -167,7 +168,7 @@ export class CreateForm {
     const adapter = this.adapter();
     if (adapter) {
       fields.lora = JSON.stringify({ name: adapter.id });
-      if (adapter.turbo) {  // its file name pins the steps and shifts: the request leaves them out
+      if (adapter.turbo || adapter.pdd) {  // it pins the steps and shifts: the request leaves them out
         delete fields.num_inference_steps;
         delete fields.flow_shift;
         delete extra.audio_flow_shift;
