@@ -272,6 +272,13 @@ class StepModulation:
     output: torch.Tensor  # [T, 2D]: `norm_out.modulation(temb)`
 
 
+class ControlRows(Protocol):
+    """A request's control input (h3serve.model.controlnet.ControlInput): rows [B, Nv, 196] and the hint scale."""
+
+    rows: torch.Tensor
+    scale: float
+
+
 @dataclass(frozen=True)
 class StepHeads:
     """Output heads that change with the denoise step (a PDD adapter's fused head bank): forward k of a request
@@ -478,6 +485,9 @@ class H3Transformer(nn.Module):
         # adapter that changes the AdaLN projections ("" for none): the AdaLN memo keys its tables by it.
         self.step_heads: StepHeads | None = None
         self.adaln_adapter = ""
+        # Set at load by `--controlnet-model-path` (h3serve.model.controlnet): the control branch; a request's
+        # `control` rows feed it. None: no control served.
+        self.controlnet: nn.Module | None = None
 
     def fuse_projections(self) -> None:
         """Fuse every attention's Q/K/V projections (see `Attention.fuse_qkv`); the state dict then has
@@ -503,6 +513,7 @@ class H3Transformer(nn.Module):
         layout: PackedLayout,
         modulation: StepModulation | None = None,  # precomputed for this step's `timestep` (adaln_memo)
         step: int | None = None,  # the request's denoise step: picks `step_heads` rows when an adapter set them
+        control: ControlRows | None = None,  # a control video's rows and scale (h3serve.model.controlnet)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Velocities of every video and audio row: ([B, Nv, C·4], [B, Na, 32]), fp32."""
         rotary = self.rope(layout.position_ids)
@@ -516,6 +527,11 @@ class H3Transformer(nn.Module):
         x = x.index_copy(1, layout.audio_indices, a.to(text.dtype))
 
         adaln_idx = timestep_indices * NUM_MODALITIES + layout.token_tags
+        hints: Mapping[int, torch.Tensor] = {}
+        if control is not None and control.scale != 0 and self.controlnet is not None:
+            # The control blocks compute their own AdaLN tables from the time embedding (the memo holds the
+            # main blocks' only); their hints are added after the main blocks they name. Scale 0: no branch at all.
+            hints = self.controlnet.hints(x, control, layout, self.time_embedder(timestep), adaln_idx, rotary)
         if modulation is None:
             temb: torch.Tensor | StepModulation = self.time_embedder(timestep)  # [T, E], fp32
             out_mod = self.norm_out.modulation(temb)
@@ -524,10 +540,14 @@ class H3Transformer(nn.Module):
             adaln_idx = modulation.slots.index_select(0, adaln_idx)
         sp = self.sequence_parallel
         if sp is not None:  # each rank runs the blocks on its own chunk of the rows (attention sees them all)
+            if hints:
+                raise RuntimeError("a control video with sequence parallelism (refused at start-up)")
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
         # A block cache (h3serve.accel.cache, through cache-dit) swaps this list for its cached runner per request.
-        for block in self.transformer_blocks:
+        for index, block in enumerate(self.transformer_blocks):
             x = block(x, temb, adaln_idx, rotary)
+            if index in hints:
+                x = x + hints[index] * control.scale
         if sp is not None:
             x = sp.gather(x)
 

@@ -4,7 +4,8 @@
 (`<module>.lora_A.default.weight`) under a contract file name. `fasth3`: FastVideo's fused-at-load export (B@A
 pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). `pdd`: Alibaba PAI's 8-step file
 (`lora_down`/`lora_up` on the trunk and the blocks' AdaLN, a 32-head bank per modality, the released name and
-metadata). Same arguments give the same bytes.
+metadata). `controlnet`: a Fun ControlNet Union file (control blocks, no key prefix). Same arguments give the same
+bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 
 from h3serve.adapters.peft import target_shapes
 
-FORMATS = ("peft", "turbo", "fasth3", "pdd")
+FORMATS = ("peft", "turbo", "fasth3", "pdd", "controlnet")
+CONTROLNET_FILE = "MiniMax-H3-Fun-Controlnet-Union.safetensors"
 TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
 PEFT_FILE = "adapter_model.safetensors"
 
@@ -162,7 +164,26 @@ def write_pdd_adapter(
     return path
 
 
-DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4}
+def write_controlnet(folder: str | Path, dit_config: dict, blocks: int = 3, seed: int = 0, std: float = 0.1) -> Path:
+    """A Fun ControlNet Union file in the released layout (keys without a prefix) for the DiT of `dit_config`:
+    `blocks` control blocks, seeded N(0, std) weights around unit norms."""
+    from h3serve.model.controlnet import ControlNet
+    from h3serve.model.transformer_config import H3TransformerConfig
+
+    cfg = H3TransformerConfig(**{k: v for k, v in dit_config.items() if not k.startswith("_")})
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in ControlNet(cfg, blocks).state_dict().items()}
+    g = torch.Generator().manual_seed(seed)
+    tensors = {k: (1.0 + _normal(shape, g, std)) if "norm" in k else _normal(shape, g, std)
+               for k, shape in sorted(shapes.items())}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CONTROLNET_FILE
+    save_file(tensors, str(path))
+    return path
+
+
+DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4, "controlnet": 0}
 
 
 def make_tiny_adapter(
@@ -175,6 +196,8 @@ def make_tiny_adapter(
         raise ValueError(f"--format {fmt}: choose from: {', '.join(FORMATS)}")
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset}: choose from: {', '.join(PRESETS)}")
+    if fmt == "controlnet":
+        return write_controlnet(folder, dict(PRESETS[preset].transformer), seed=seed)
     rank = DEFAULT_RANKS[fmt] if rank is None else rank
     if rank < 1:
         raise ValueError(f"--rank must be >= 1, got {rank}")
