@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 
 from h3serve.rules import limits
-from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
+from h3serve.rules.names import (
+    AUDIO_MODES,
+    CONTROL_TYPES,
+    DEFAULT_SAMPLE_SOLVER,
+    LONG_VIDEO_MODES,
+    SAMPLE_SOLVERS,
+    TASKS,
+)
 from h3serve.tools import bench, compare, demo_cli, plan_cli, probe_cli, selftest, serve_cli
 from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
 
@@ -82,6 +89,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--continuation-prompt", action="append", metavar="TEXT",
         help="one per window, in order (repeat); each is appended to the main prompt for its window",
     )
+    p.add_argument("--control", metavar="TYPE[=FILE]",
+                   help=f"a control video for the ControlNet (--controlnet-model-path): TYPE one of "
+                   f"{', '.join(CONTROL_TYPES)}, FILE the control video (inpaint: --control-mask instead)")
+    p.add_argument("--control-mask", metavar="FILE", help="control: the mask (image or gray video, white = regenerate)")
+    p.add_argument("--control-source", metavar="FILE", help="control: the source video kept outside the mask")
+    p.add_argument("--control-scale", type=float, help="control: control_context_scale, >= 0 (default 1; 0: off)")
     p.add_argument("--source-video", metavar="FILE", help="latent-mask editing: the video to edit (MP4/MOV)")
     p.add_argument("--source-audio", metavar="FILE", help="latent-mask editing / lock_source: the audio (WAV/MP3)")
     p.add_argument("--video-noise-mask", metavar="JSON", help="JSON text or a .json file: 1 = generate, 0 = keep")
@@ -151,7 +164,24 @@ def _request_from_args(args: argparse.Namespace):
         extend_video=_media(args.extend, "video"),
         long_video=True if args.extend else args.long_video,
         long_video_mode="continuation" if args.extend else args.long_video_mode,
+        control=_control(args),
     )
+
+
+def _control(args: argparse.Namespace):
+    """`--control TYPE[=FILE]` with its mask, source and scale as the request's control (None without it)."""
+    from h3serve.rules.request import ControlRequest
+
+    if args.control is None:
+        for flag, value in (("--control-mask", args.control_mask), ("--control-source", args.control_source),
+                            ("--control-scale", args.control_scale)):
+            if value is not None:
+                raise ValueError(f"{flag} needs --control TYPE[=FILE]")
+        return None
+    kind, _, file = args.control.partition("=")
+    return ControlRequest(type=kind.strip().lower(), control=_media(file or None, "video"),
+                          source=_media(args.control_source, "video"), mask=_media(args.control_mask),
+                          scale=args.control_scale)
 
 
 def _with_lora(request, args: argparse.Namespace, config):

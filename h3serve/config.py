@@ -85,6 +85,7 @@ class EngineConfig:
     max_loras: int = 2
     max_lora_rank: int | None = None
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
+    controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
     # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
@@ -199,6 +200,24 @@ class EngineConfig:
             return self.compile_granularity
         return "regional" if device_type == "cuda" else None
 
+    def _validate_controlnet(self) -> None:
+        """The combinations the control branch does not run in, refused with the reason."""
+        path = self.controlnet_model_path
+        if path is None:
+            return
+        flag = f"--controlnet-model-path {Path(path).name}"
+        if not Path(path).is_file() or Path(path).suffix != ".safetensors":
+            raise ConfigError(f"{flag}: not a .safetensors file")
+        if "transformer" not in self.dits:
+            raise ConfigError(f"{flag}: the control branch steers T2VA; load that DiT (--task-type fl2va or auto)")
+        if self.ulysses_degree > 1 or self.ring_degree > 1:
+            raise ConfigError(f"{flag}: the control branch runs on the whole packed sequence; not with --usp/--ring "
+                              "(tensor parallelism works)")
+        if self.offload.enabled:
+            raise ConfigError(f"{flag}: the control blocks stay resident; not with DiT or component offload")
+        if self.cache_backend != "none":
+            raise ConfigError(f"{flag}: the hints enter between the DiT's blocks; not with --cache-backend")
+
     def _validate_lora(self) -> None:
         if self.dit_adapter is not None:
             if "transformer" not in self.dits:
@@ -227,6 +246,7 @@ class EngineConfig:
         self._validate_compile_and_cache()
         self._validate_model()
         self._validate_lora()
+        self._validate_controlnet()
         return self
 
     def _validate_device(self) -> None:

@@ -195,27 +195,50 @@ def encode_visual_condition(vae, pixels: torch.Tensor, device: torch.device | No
     or four fp32 copies of it (4.5 GB each for 15 s at 1344x768). The moments are the same and the posterior noise is
     drawn once over the whole latent shape, so the latents are bit-identical to `vae.encode` on the whole video.
     """
+    posterior = DiagonalGaussianDistribution(_clip_moments(vae, pixels, device, _imagenet_normalised))
+    z = posterior.sample(generator=torch.Generator().manual_seed(limits.KEYFRAME_ENCODE_SEED))
+    return _normalised_latents(vae, z.to(torch.float16).float().cpu())
+
+
+@torch.no_grad()
+def encode_control_video(vae, pixels: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """fp32 pixels [1, 3, T, H, W] in [0, 1] (a ControlNet input, resized) -> normalised posterior-mode latents
+    [1, 24, F, h, w] fp32 (CPU): ImageNet-normalised, encoded clip by clip as `encode_visual_condition`."""
+    moments = _clip_moments(vae, pixels, device, _imagenet_normalised_unit)
+    return _normalised_latents(vae, DiagonalGaussianDistribution(moments).mode().float().cpu())
+
+
+def _clip_moments(vae, pixels: torch.Tensor, device: torch.device | None, normalise) -> torch.Tensor:
+    """The VAE encoder's posterior moments of `pixels`, one `clip_length` clip at a time (see
+    `encode_visual_condition`)."""
     device = pixels.device if device is None else device
     dtype = next(vae.encoder.parameters()).dtype
     clip, frames = vae.config.clip_length, pixels.shape[2]
     if frames == 1:  # no temporal extent: the spatial encoder alone, as `vae.encode` does
-        moments = vae._encode_clip(_imagenet_normalised(pixels.to(device)).to(dtype))
-    else:
-        parts = []
-        for start in range(0, frames, clip):
-            part = pixels[:, :, start : start + clip].to(device)
-            if part.shape[2] < clip:
-                part = torch.cat([part, part[:, :, -1:].repeat(1, 1, clip - part.shape[2], 1, 1)], dim=2)
-            parts.append(vae._encode_clip(_imagenet_normalised(part).to(dtype)))
-        moments = torch.cat(parts, dim=2)
-        if vae.config.token_drop > 0:
-            moments = moments[:, :, : -vae.config.token_drop]
-    posterior = DiagonalGaussianDistribution(moments)
-    z = posterior.sample(generator=torch.Generator().manual_seed(limits.KEYFRAME_ENCODE_SEED))
-    z = z.to(torch.float16).float().cpu()
+        return vae._encode_clip(normalise(pixels.to(device)).to(dtype))
+    parts = []
+    for start in range(0, frames, clip):
+        part = pixels[:, :, start : start + clip].to(device)
+        if part.shape[2] < clip:
+            part = torch.cat([part, part[:, :, -1:].repeat(1, 1, clip - part.shape[2], 1, 1)], dim=2)
+        parts.append(vae._encode_clip(normalise(part).to(dtype)))
+    moments = torch.cat(parts, dim=2)
+    if vae.config.token_drop > 0:
+        moments = moments[:, :, : -vae.config.token_drop]
+    return moments
+
+
+def _normalised_latents(vae, z: torch.Tensor) -> torch.Tensor:
     z_mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     z_std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     return (z - z_mean) / z_std
+
+
+def _imagenet_normalised_unit(pixels: torch.Tensor) -> torch.Tensor:
+    """fp32 [1, 3, T, H, W] in [0, 1] -> ImageNet-normalised."""
+    mean = torch.tensor(limits.PIXEL_MEAN, device=pixels.device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(limits.PIXEL_STD, device=pixels.device).view(1, -1, 1, 1, 1)
+    return (pixels.to(torch.float32) - mean) / std
 
 
 def _imagenet_normalised(pixels: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from PIL import Image
 from torch import nn
 
 from h3serve.model.conditioning import Reference
+from h3serve.model.controlnet import ControlInput
 from h3serve.model.layout import Layout, ReferenceBlock
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer
@@ -164,6 +165,19 @@ class Conditioning:
     edit_audio: torch.Tensor | None = None  # source (or lock_source driving) audio (2, N) at 32 kHz
     extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
     extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
+    control: ControlPixels | None = None  # a ControlNet request's media on the canvas
+
+
+@dataclass
+class ControlPixels:
+    """A ControlNet request's media at the canvas and the output's frame count, fp32: the control video
+    [1, 3, T, H, W] in [0, 1], the inpainting source likewise, and the mask [1, 1, T, H, W] in {0, 1}
+    (1 = regenerate); absent parts None."""
+
+    scale: float
+    control: torch.Tensor | None = None
+    source: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -214,3 +228,4 @@ class Encoded:
     layout: Layout
     visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
     audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
+    control: ControlInput | None = None  # a control video's rows for the ControlNet branch

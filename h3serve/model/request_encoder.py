@@ -1,15 +1,31 @@
 """The pipeline's first stage: a request's presentation and text states, its condition latents and the packed
-layout; and the latents of an edit's or an extension's source."""
+layout, a control video's rows; and the latents of an edit's or an extension's source."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from h3serve.model.conditioning import Presentation, Reference, encode_audio_condition, encode_visual_condition
+from h3serve.model.conditioning import (
+    Presentation,
+    Reference,
+    encode_audio_condition,
+    encode_control_video,
+    encode_visual_condition,
+)
+from h3serve.model.controlnet import ControlInput, control_rows
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
-from h3serve.model.pipeline_types import Conditioning, Encoded, H3Components, ReferenceMedia, StageClock, Target
+from h3serve.model.pipeline_types import (
+    Conditioning,
+    ControlPixels,
+    Encoded,
+    H3Components,
+    ReferenceMedia,
+    StageClock,
+    Target,
+)
 from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
 
@@ -27,7 +43,26 @@ class RequestEncoder:
             media = self.reference_media(cond.references, clock)
             target = Target.of(plan)
             return reference_encoded(self.components, media, self.presentation(media, plan.prompt), target, clock)
-        return keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
+        enc = keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
+        if cond.control is not None:
+            enc.control = self.control_input(plan, cond.control, clock)
+        return enc
+
+    def control_input(self, plan: GenerationPlan, media: ControlPixels, clock: StageClock) -> ControlInput:
+        """The control rows [1, Nv, 196] (control latents | visibility | masked-source latents, posterior modes):
+        without a mask the last 100 columns are zero; a mask without a source encodes a black source."""
+        vae = self.components.vae
+        grid = (plan.latent_frames, plan.latent_height, plan.latent_width)
+        with clock("vae_encode"):
+            control = None if media.control is None else encode_control_video(vae, media.control, self.device)
+            visible = source = None
+            if media.mask is not None:
+                keep = 1.0 - media.mask
+                pixels = torch.zeros_like(keep.expand(-1, 3, -1, -1, -1)) if media.source is None else media.source
+                source = encode_control_video(vae, pixels * keep, self.device)
+                visible = F.interpolate(keep, size=grid, mode="trilinear", align_corners=False)
+        rows = control_rows(control, visible, source, grid).to(self.device)  # once: a step copies nothing up
+        return ControlInput(rows, media.scale)
 
     def reference_media(self, refs: list[Reference], clock: StageClock) -> ReferenceMedia:
         return reference_media(self.components, self.device, refs, clock)

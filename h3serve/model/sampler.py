@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes
+from h3serve.model.controlnet import ControlInput
 from h3serve.model.latent_edit import MaskedTarget
 from h3serve.model.layout import Layout, patchify, unpatchify
 from h3serve.model.pipeline_types import (
@@ -131,7 +132,7 @@ class Sampler:
         with clock("denoise"):
             video_rows, audio_rows = self.denoise(
                 schedules, dit, enc.layout, enc.text_states, video_rows, audio_rows, on_step, edits,
-                solver=plan.sample_solver, hooks=clock.hooks,
+                solver=plan.sample_solver, hooks=clock.hooks, control=enc.control,
             )
         clock.steps += len(schedules[0])
         layout = enc.layout
@@ -164,6 +165,7 @@ class Sampler:
         edits: tuple[MaskedTarget | None, MaskedTarget | None] = (None, None),  # (video, audio) latent-mask edits
         solver: str = DEFAULT_SAMPLE_SOLVER,  # names.SAMPLE_SOLVERS
         hooks: StageHooks | None = None,  # the placement hooks (the AdaLN memo stages its weights through them)
+        control: ControlInput | None = None,  # a control video's rows (the DiT's ControlNet branch)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampling loop over a batch of B items that share the request (B > 1: several outputs of one
         prompt, each its own noise). Only target rows are stepped; condition rows stay as given. Each modality has
@@ -188,7 +190,8 @@ class Sampler:
                 audio_in = torch.cat([audio_rows[:, :na], audio_edit.model_input(audio_rows[:, na:])], dim=1)
             step_mod = None if modulations is None else modulations[i]
             v_vel, a_vel = transformer(
-                video_in, audio_in, text, times.timesteps[i], times.row_index[i], packed, step_mod, step=i
+                video_in, audio_in, text, times.timesteps[i], times.row_index[i], packed, step_mod, step=i,
+                control=control,
             )
             for step, rows, model_in, vel, n, edit in (
                 (video_solver, video_rows, video_in, v_vel, nv, video_edit),

@@ -27,6 +27,7 @@ from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.checkpoint import load_components
+from h3serve.rank.controlnet import read_controlnet
 from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, start_up_notices
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.media_conditioning import load_conditioning
@@ -113,6 +114,11 @@ class LocalEngine:
         self.lora = lora_runtime(config, components, tp, self.device, adaln=resident_adaln)
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
+        if config.controlnet_model_path is not None and components.transformer is not None:
+            # Beside the T2VA DiT, whole on every rank (after the parallel hooks: never cut, never sharded; under
+            # tensor parallelism each rank runs the whole branch on the replicated residual stream).
+            dit = components.transformer
+            dit.controlnet = read_controlnet(config.controlnet_model_path, dit.config, self.device, setup.dtype)
         # Placement (h3serve.offload): staged components and streamed blocks move to the device when used.
         gather_group = self.parallel.sequence.sp_group if self.parallel and self.parallel.sequence else None
         keep = self.lora.scales() if self.lora is not None else ()
@@ -152,6 +158,10 @@ class LocalEngine:
         A long video request, or one that encodes a source video, is first put to the memory planner (its longest
         pass on this device): one that cannot fit is refused as the client's error before anything runs."""
         check_task_served(plan.task, self.tasks)
+        controlnet = self.pipeline.components.transformer.controlnet if self.pipeline.components.transformer else None
+        if plan.control is not None and controlnet is None:
+            raise RequestError(f"extra_params.{plan.control.type}",
+                               "this server serves no ControlNet (start it with --controlnet-model-path)")
         refusal = long_request_refusal(self.config, plan, device_memory_of(self.config, self.device))
         if refusal is not None:
             field = "long_video_mode" if plan.long_video_mode is not None else "video"

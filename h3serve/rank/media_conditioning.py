@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from h3serve.media import intake
+from h3serve.media.control_media import read_control_frames
 from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (
     AudioReference,
@@ -15,8 +17,9 @@ from h3serve.model.conditioning import (
     normalize_video_reference,
     prepare_keyframes,
 )
-from h3serve.model.pipeline_types import Conditioning
+from h3serve.model.pipeline_types import Conditioning, ControlPixels
 from h3serve.rules import limits
+from h3serve.rules.request import MediaRef
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
 
@@ -51,9 +54,41 @@ def load_edit_sources(plan: GenerationPlan) -> tuple[np.ndarray | None, torch.Te
     return frames, None if soundtrack is None else torch.from_numpy(soundtrack)
 
 
+def control_pixels(plan: GenerationPlan) -> ControlPixels | None:
+    """A ControlNet request's media as the branch reads them: decoded onto the 24 fps grid, /255, resized
+    bilinearly (align_corners False) to the canvas; a mask thresholded at 0.5 before and after the resize, a still
+    mask held for every frame."""
+    control = plan.control
+    if control is None:
+        return None
+
+    def fit(ref: MediaRef | None, field: str, mask: bool) -> torch.Tensor | None:
+        if ref is None:
+            return None
+        frames = read_control_frames(ref, field, plan.num_frames, gray=mask)  # [T, h, w, C] uint8
+        pixels = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)  # [T, C, h, w]
+        if mask:
+            pixels = (pixels > 0.5).float()
+        if pixels.shape[-2:] != (plan.height, plan.width):
+            pixels = F.interpolate(pixels, size=(plan.height, plan.width), mode="bilinear", align_corners=False)
+        if mask:
+            pixels = (pixels > 0.5).float()
+        pixels = pixels.permute(1, 0, 2, 3)[None]  # [1, C, T, H, W]
+        return pixels.expand(-1, -1, plan.num_frames, -1, -1) if pixels.shape[2] == 1 else pixels
+
+    field = f"extra_params.{control.type}"
+    return ControlPixels(
+        scale=1.0 if control.scale is None else control.scale,
+        control=fit(control.control, f"{field}.control_path", mask=False),
+        source=fit(control.source, f"{field}.source_path", mask=False),
+        mask=fit(control.mask, f"{field}.mask_path", mask=True),
+    )
+
+
 def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditioning:
-    """Decode the plan's media files and normalise them for its task (and its edit sources)."""
+    """Decode the plan's media files and normalise them for its task (and its edit sources, its control)."""
     cond = _load_task_conditioning(plan, defaults)
+    cond.control = control_pixels(plan)
     cond.edit_video, cond.edit_audio = load_edit_sources(plan)
     if plan.extend_video is not None:  # window 0 of the extension: the source on the canvas, and its soundtrack
         frames, audio = load_source_video(

@@ -33,3 +33,8 @@ QUALITIES: tuple[str, ...] = get_args(Quality)
 SampleSolver = Literal["euler", "res_multistep"]
 SAMPLE_SOLVERS: tuple[str, ...] = get_args(SampleSolver)
 DEFAULT_SAMPLE_SOLVER: SampleSolver = "euler"
+
+# Fun ControlNet Union control types (extra_params.<type>, `generate --control TYPE=FILE`): inpaint needs a mask, the
+# others a control video (h3serve.model.controlnet).
+ControlType = Literal["canny", "depth", "hed", "mlsd", "pose", "inpaint"]
+CONTROL_TYPES: tuple[str, ...] = get_args(ControlType)

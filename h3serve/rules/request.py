@@ -33,6 +33,18 @@ class MediaRef:
 
 
 @dataclass(frozen=True)
+class ControlRequest:
+    """A control video for the Fun ControlNet Union branch (one type per request): the control video (canny edges,
+    depth, ...), and for inpainting a mask (white = regenerate) and the source it keeps elsewhere."""
+
+    type: str  # names.CONTROL_TYPES
+    control: MediaRef | None = None
+    source: MediaRef | None = None
+    mask: MediaRef | None = None
+    scale: float | None = None  # control_context_scale: finite, >= 0; None: 1
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What a user asked for, before validation. `None` means "use the model's default"."""
 
@@ -76,3 +88,4 @@ class GenerationRequest:
     remixed_from_video_id: str | None = None
     # A per-request LoRA adapter, resolved by the entry point against the server's catalog (h3serve.adapters).
     lora: AdapterChoice | None = None
+    control: ControlRequest | None = None  # a ControlNet control video (served with --controlnet-model-path)

@@ -184,6 +184,9 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
     r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
     r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
+    r.add_argument("--controlnet-model-path", metavar="FILE",
+                   help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
+                   "video (generate --control TYPE=FILE; HTTP extra_params.<type>)")
     r.add_argument("--deploy-config")
     r.add_argument("--stage-overrides")
     r.add_argument("--step-execution", action="store_true")
@@ -461,6 +464,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         **lora_fields(args),
         adaln_memo_bytes=adaln_memo(args.adaln_memo),
         adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
+        controlnet_model_path=getattr(args, "controlnet_model_path", None),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

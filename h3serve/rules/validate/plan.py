@@ -10,7 +10,7 @@ from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.long_video import Window
 from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, SampleSolver
-from h3serve.rules.request import MediaRef
+from h3serve.rules.request import ControlRequest, MediaRef
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class GenerationPlan:
     pinned_positions: tuple[float, ...] | None = None  # sigma positions before the shift (len steps + 1); None: uniform
     sample_solver: SampleSolver = DEFAULT_SAMPLE_SOLVER  # each modality's sampler (h3serve.model.scheduler)
     num_outputs: int = 1  # outputs of the prompt: output i is this plan at seed + i with one output (`output`)
+    control: ControlRequest | None = None  # checked: its type, media and scale (1 when not given)
 
     @property
     def continuation(self) -> bool:

@@ -13,8 +13,8 @@ from h3serve.rules import limits
 from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
-from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
-from h3serve.rules.request import GenerationRequest
+from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
+from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
 from h3serve.rules.validate.inputs import (
     driving_audio_split,
@@ -62,6 +62,7 @@ def validate(
     sample_solver = resolve_sample_solver(request.sample_solver, pin)
     seed = _check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
+    control = resolve_control(request, task, mode, masks, quality)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -90,7 +91,39 @@ def validate(
         pinned_positions=None if pin is None else pin.positions,
         sample_solver=sample_solver,
         num_outputs=num_outputs,
+        control=control,
     )
+
+
+def resolve_control(
+    request: GenerationRequest, task: str, mode: str | None, masks: tuple, quality: str | None
+) -> ControlRequest | None:
+    """A control request checked: one known type with its media (inpaint: a mask; the others: a control video; a
+    source only beside a mask), a finite scale >= 0 (default 1), on a T2VA request without long video, edits or
+    the DiT cache (the control rows cover the generated video's tokens only)."""
+    control = request.control
+    if control is None:
+        return None
+    field = f"extra_params.{control.type}"
+    if control.type not in CONTROL_TYPES:
+        raise RequestError("control", f"the control type is one of {', '.join(CONTROL_TYPES)}, got {control.type!r}")
+    if control.type == "inpaint" and control.mask is None:
+        raise RequestError(field, "inpaint control needs a mask (mask_path or mask_reference)")
+    if control.type != "inpaint" and control.control is None:
+        raise RequestError(field, f"{control.type} control needs a control video (control_path or control_reference)")
+    if control.source is not None and control.mask is None:
+        raise RequestError(field, "a source video needs a mask (mask_path or mask_reference)")
+    scale = 1.0 if control.scale is None else control.scale
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
+        raise RequestError(f"{field}.control_context_scale", f"must be a finite number >= 0, got {scale!r}")
+    if task != "t2va":
+        raise RequestError(field, f"a control video steers T2VA requests only (its rows cover the generated video), "
+                                  f"not {task}")
+    if mode is not None or any(m is not None for m in masks):
+        raise RequestError(field, "a control video cannot be combined with long video or a latent-mask edit")
+    if quality == "high":
+        raise RequestError(field, "a control video runs every DiT block: not with quality=high (the DiT cache)")
+    return dataclasses.replace(control, scale=float(scale))
 
 
 def resolve_num_outputs(value: object, seed: int) -> int:
