@@ -31,9 +31,10 @@ def media(tmp_path_factory) -> dict[str, Path]:
     t = np.linspace(0, 1, 36, dtype=np.float32)[:, None, None, None]
     x = np.linspace(0, 1, 160, dtype=np.float32)[None, None, :, None]
     edges = np.broadcast_to(((x * 8 + t * 4) % 1.0 > 0.5).astype(np.float32), (36, 80, 160, 3)).copy()
-    write_mp4(folder / "edges.mp4", edges, np.zeros((2, 48_000), np.float32), options=EncoderOptions(preset="ultrafast"))
+    silence, fast = np.zeros((2, 48_000), np.float32), EncoderOptions(preset="ultrafast")
+    write_mp4(folder / "edges.mp4", edges, silence, options=fast)
     source = np.broadcast_to(np.array([0.2, 0.4, 0.8], np.float32), (36, 80, 160, 3)).copy()
-    write_mp4(folder / "source.mp4", source, np.zeros((2, 48_000), np.float32), options=EncoderOptions(preset="ultrafast"))
+    write_mp4(folder / "source.mp4", source, silence, options=fast)
     mask = np.zeros((64, 128), np.uint8)
     mask[:, 64:] = 255  # regenerate the right half
     Image.fromarray(mask).save(folder / "mask.png")
