@@ -30,6 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from h3serve.api.context import ServerContext
 from h3serve.api.create_job import check_model, ensure_capacity, queue_request
 from h3serve.api.error_envelope import APIError, bad_request, not_found
+from h3serve.api.intake.control import control_types_given
 from h3serve.api.intake.generation_request import store_media, with_lora
 from h3serve.api.intake.read import VIDEO_FIELD, MediaSource, read_create_request
 from h3serve.api.intake.request_model import VideoCreateFields
@@ -132,6 +133,9 @@ async def _submit(
         if create.sources:
             field = create.sources[0].field
             raise bad_request(f"{field}: this route takes only `video` as media", field)
+        for kind in control_types_given(fields):  # this route's job is a remix, an edit or an extension
+            raise bad_request(f"extra_params.{kind}: a control video steers T2VA requests only (POST /v1/videos)",
+                              f"extra_params.{kind}")
         if takes_video and given is None:
             raise bad_request('video: is required (a video file or {"id": ...})', VIDEO_FIELD, "missing_field")
         source_id = video_id if video_id is not None else given if isinstance(given, str) else None

@@ -25,6 +25,9 @@ _MEDIA_URLS: dict[str, Any] = {
     "image_reference": _url_objects("image_url"),
     "video_reference": _url_objects("video_url"),
     "audio_reference": _url_objects("audio_url"),
+    "control_reference": _url_objects("video_url"),  # a ControlNet control (with extra_params.<type>)
+    "source_reference": _url_objects("video_url"),
+    "mask_reference": _url_objects("image_url"),
 }
 _BINARY = {"type": "string", "format": "binary"}
 
@@ -100,6 +103,9 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
     multipart["properties"].update(
         input_reference=_BINARY,
         input_references={"type": "array", "items": _BINARY, "maxItems": limits.MAX_MEDIA_FILES},
+        control_reference=_BINARY,
+        source_reference=_BINARY,
+        mask_reference=_BINARY,
     )
     return _request_body(json_body, form, multipart)
 

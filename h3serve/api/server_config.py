@@ -38,6 +38,7 @@ class ServerConfig:
     sweep_interval_s: float = 60.0
     poll_after_ms: int = 1000  # `openai-poll-after-ms` on retrieve: the SDK's polling interval
     allow_private_media_urls: bool = False  # let media URLs reach loopback/private/link-local hosts
+    control_dir: Path | None = None  # --control-dir: the only root a request's ControlNet paths may name
     media_fetch_timeout_s: float = 30.0  # every media URL of one request together
     max_body_bytes: int = MAX_BODY_BYTES
     header_timeout_s: float = 10.0  # a connection's request line and headers must arrive within this

@@ -21,11 +21,13 @@ if TYPE_CHECKING:  # the inventory needs torch; the report (parent side) reads A
 ADAPTERS = "lora adapters"
 
 
-def block_elements(cfg, slot_rank: int, tp: int) -> int:
+def block_elements(cfg, slot_rank: int, tp: int, adaln: bool = False) -> int:
     """Elements of one block's LoRA factors on one rank (H3TransformerConfig `cfg`, TP degree `tp`); a token
-    refiner block has the same widths."""
+    refiner block has the same widths. `adaln`: the AdaLN projection's factors too (a PDD adapter's target; counted
+    on every block, an upper bound for the refiner's, which have none)."""
     d, inner, ffn, r = cfg.hidden_size, cfg.inner_dim, cfg.ffn_dim, slot_rank
-    return (
+    adaln_elements = r * cfg.time_embed_dim + (18 * d // tp) * r if adaln else 0  # A whole, B cut by rows
+    return adaln_elements + (
         3 * r * d
         + 3 * (inner // tp) * r  # fused q/k/v: A [3R, D] whole, B [3, inner/tp, R] cut by rows
         + r * (inner // tp)
@@ -37,9 +39,9 @@ def block_elements(cfg, slot_rank: int, tp: int) -> int:
     )
 
 
-def slot_elements(cfg, slot_rank: int, tp: int) -> int:
+def slot_elements(cfg, slot_rank: int, tp: int, adaln: bool = False) -> int:
     """Elements of one adapter slot of one DiT on one rank: every block's factors."""
-    return block_elements(cfg, slot_rank, tp) * (cfg.num_layers + cfg.num_refiner_layers)
+    return block_elements(cfg, slot_rank, tp, adaln) * (cfg.num_layers + cfg.num_refiner_layers)
 
 
 def lora_bytes(
@@ -50,19 +52,21 @@ def lora_bytes(
     max_loras: int,
     max_cpu_loras: int,
     offloaded: frozenset[str] = frozenset(),
+    adaln: bool = False,
 ) -> tuple[int, int]:
     """(device bytes, host bytes) of one rank's LoRA caches (`dits`: name -> config of the loaded DiTs; those in
     `offloaded` take their adapter into their blocks and use no device cache). The blocks' own slots are not in
     these figures: `with_lora_blocks` adds them to the DiTs."""
     if not dits or slot_rank < 1:
         return 0, 0
-    slots = {name: slot_elements(cfg, slot_rank, tp) * element_size for name, cfg in dits.items()}
+    slots = {name: slot_elements(cfg, slot_rank, tp, adaln) * element_size for name, cfg in dits.items()}
     resident = [slots[name] for name in slots if name not in offloaded]
     return max_loras * max(resident, default=0), max_cpu_loras * max(slots.values())
 
 
-def with_lora_blocks(inv: Inventory, slot_rank: int) -> Inventory:
-    """The inventory with every block of each DiT carrying its zero slot of LoRA factors (`slot_rank` 0: none)."""
+def with_lora_blocks(inv: Inventory, slot_rank: int, adaln: bool = False) -> Inventory:
+    """The inventory with every block of each DiT carrying its zero slot of LoRA factors (`slot_rank` 0: none;
+    `adaln`: the AdaLN projections' too)."""
     if slot_rank < 1:
         return inv
     tp = inv.degrees.tensor_parallel
@@ -70,7 +74,7 @@ def with_lora_blocks(inv: Inventory, slot_rank: int) -> Inventory:
     def grown(name: str, c):
         if name not in inv.dits:
             return c
-        extra = block_elements(inv.dits[name], slot_rank, tp) * inv.element_size
+        extra = block_elements(inv.dits[name], slot_rank, tp, adaln) * inv.element_size
         groups = tuple(replace(g, block_bytes=tuple(b + extra for b in g.block_bytes)) for g in c.groups)
         return replace(c, groups=groups)
 

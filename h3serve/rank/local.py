@@ -32,7 +32,13 @@ from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, st
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
-from h3serve.rank.placement import device_memory_of, long_request_refusal, output_batch, placement_for_engine
+from h3serve.rank.placement import (
+    device_memory_of,
+    long_request_refusal,
+    lora_adaln,
+    output_batch,
+    placement_for_engine,
+)
 from h3serve.rank.quantization import resolve_kernel
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
@@ -107,11 +113,10 @@ class LocalEngine:
                 for block in dit.transformer_blocks:  # the planner's row chunk (resolved at start-up)
                     block.row_chunk = config.denoise_chunk_rows
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora);
-        # the AdaLN projections too (a PDD adapter's) where they stay resident on the device.
+        # the AdaLN projections too where a PDD adapter may come and they stay resident (the planner counts it).
         adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
-        resident_adaln = not (on_host & {"transformer", "transformer_ref"}) and not adaln_host
         tp = self.parallel.dit_tp if self.parallel else None
-        self.lora = lora_runtime(config, components, tp, self.device, adaln=resident_adaln)
+        self.lora = lora_runtime(config, components, tp, self.device, adaln=lora_adaln(config))
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         if config.controlnet_model_path is not None and components.transformer is not None:

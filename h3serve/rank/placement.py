@@ -41,7 +41,8 @@ def plan_for_engine(
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     runtime = engine_runtime(config, device.type)
     slot_rank, offloaded = lora_slot_rank(config), offloaded_dits(config)
-    inv = with_lora_blocks(inv, slot_rank)  # each block's LoRA factors: placed, staged and streamed with it
+    adaln = lora_adaln(config)
+    inv = with_lora_blocks(inv, slot_rank, adaln)  # each block's LoRA factors: placed, staged and streamed with it
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, runtime=runtime)
     device, host = lora_bytes(
         inv.dits,
@@ -51,6 +52,7 @@ def plan_for_engine(
         config.max_loras,
         config.max_cpu_loras,
         offloaded,
+        adaln,
     )
     return with_adapter_bytes(plan, device, host)
 
@@ -67,6 +69,17 @@ def lora_slot_rank(config: EngineConfig) -> int:
     """The engine's LoRA slot rank (0 without LoRA)."""
     catalog = catalog_for(config, log=lambda text: None)
     return 0 if catalog is None else catalog.slot_rank
+
+
+def lora_adaln(config: EngineConfig) -> bool:
+    """Whether the engine's LoRA wraps the DiTs' AdaLN projections too: when it may serve a PDD adapter (one is
+    preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT offload, AdaLN not kept on
+    the host)."""
+    catalog = catalog_for(config, log=lambda text: None)
+    if catalog is None or not (catalog.root is not None or any(c.pdd for c in catalog.preloaded.values())):
+        return False
+    offload = config.offload
+    return not offloaded_dits(config) and not offload.adaln_on_host(config.adaln_memo_bytes is not None)
 
 
 def offloaded_dits(config: EngineConfig) -> frozenset[str]:

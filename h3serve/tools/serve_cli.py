@@ -87,6 +87,9 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
     """Request and connection limits, timeouts, the MP4 encoder."""
     p.add_argument("--allow-private-media-urls", action="store_true",
                    help="let media URLs reach loopback, private and link-local addresses")
+    p.add_argument("--control-dir", type=Path, metavar="DIR",
+                   help="the only folder a request's ControlNet control_path / source_path / mask_path may name "
+                   "(default: none, uploads only)")
     p.add_argument("--media-fetch-timeout", type=float, default=server("media_fetch_timeout_s"),
                    help="seconds for all media URLs of one request together (default %(default)g)")
     p.add_argument("--header-timeout", type=float, default=server("header_timeout_s"),
@@ -140,6 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             sweep_interval_s=args.ttl_sweep_interval,
             poll_after_ms=args.poll_after_ms,
             allow_private_media_urls=args.allow_private_media_urls,
+            control_dir=args.control_dir,
             media_fetch_timeout_s=args.media_fetch_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,

@@ -39,6 +39,8 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "required": ("missing_field", r"is required"),
     "form_json": ("invalid_json", r"invalid JSON"),
     "lora": ("invalid_value", r"^lora"),
+    "control": ("invalid_value", r"control type|control_path|source_path|mask_path|control needs|needs a mask|"
+                                 r"T2VA requests only|control video cannot|control video runs"),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
 SEQUENCES = 30  # stateful runs, one sequence of up to 6 linked steps each

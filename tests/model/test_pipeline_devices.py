@@ -31,7 +31,7 @@ class DeviceRecorder:
         run_window = pipeline.continuation.run_window
 
         def denoise(schedules, dit, layout, text_states, video_rows, audio_rows, on_step=None, edits=(None, None),
-                    solver="euler", hooks=None):
+                    solver="euler", hooks=None, control=None):
             self.denoised.append((video_rows.device, audio_rows.device))
             return video_rows, audio_rows
 
@@ -97,7 +97,7 @@ class _MetaDiT(torch.nn.Module):
     def embed_text(self, text: torch.Tensor) -> torch.Tensor:
         return text
 
-    def forward(self, video, audio, text, timestep, row_index, packed, modulation=None):
+    def forward(self, video, audio, text, timestep, row_index, packed, modulation=None, step=None, control=None):
         assert timestep.device == row_index.device == video.device == META
         return video * 0, audio * 0
 

@@ -34,6 +34,7 @@ from starlette.datastructures import UploadFile
 from h3serve.adapters.catalog import LoraField
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
+from h3serve.api.intake.control import CONTROL_UPLOADS, control_request
 from h3serve.api.intake.read import KEYFRAME_FIELD, SOURCE_FIELDS, CreateRequest, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES
@@ -66,7 +67,11 @@ async def build_generation_request(
         folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
         media = await store_media(create.sources, folder, ctx.fetcher)
     fields = create.fields
-    generation_request = with_lora(place_media(fields.to_request(), media, fields.frame_indices()), create.lora, ctx)
+    controls = {m.source.field: m.ref for m in media if m.source.field in CONTROL_UPLOADS}
+    placed = place_media(fields.to_request(), [m for m in media if m.source.field not in CONTROL_UPLOADS],
+                         fields.frame_indices())
+    control = control_request(fields, controls, ctx.config.control_dir)
+    generation_request = with_lora(dataclasses.replace(placed, control=control), create.lora, ctx)
     return generation_request, {**fields.client_names(), **media_aliases(generation_request, media)}
 
 
@@ -226,4 +231,7 @@ def media_aliases(request: GenerationRequest, media: list[StoredMedia]) -> dict[
     named = [("image", request.image), ("last_image", request.last_image)]
     named += [(f"references[{i}]", ref) for i, ref in enumerate(request.references)]
     named += [(name, getattr(request, name)) for name in SOURCE_FIELDS]
+    if request.control is not None:  # its media are named by their uploads
+        named += [(f"extra_params.{request.control.type}.{part}_path", getattr(request.control, part))
+                  for part in ("control", "source", "mask")]
     return {name: source_of[id(ref)] for name, ref in named if ref is not None and id(ref) in source_of}

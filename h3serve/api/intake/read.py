@@ -47,6 +47,9 @@ MEDIA_FIELDS: dict[str, tuple[MediaKind | None, str | None]] = {
     "audio_reference": ("audio", "audio_url"),
     "source_video": ("video", "video_url"),  # latent-mask editing sources (512 MiB each)
     "source_audio": ("audio", "audio_url"),
+    "control_reference": ("video", "video_url"),  # a ControlNet control (h3serve/api/intake/control.py)
+    "source_reference": ("video", "video_url"),
+    "mask_reference": ("image", "image_url"),  # an image, or a gray video (typed from the bytes)
 }
 SOURCE_FIELDS = ("source_video", "source_audio")
 KEYFRAME_FIELD = "input_reference"  # one image: the first FL2VA keyframe, unless a task says otherwise

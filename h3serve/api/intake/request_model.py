@@ -107,6 +107,8 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "required": "a remix or an edit needs a prompt, an extension also `seconds` (code missing_field)",
     "form_json": "in a form, extra_params is JSON text, and continuation_prompts sent as one value starting with `[` "
     "is read as a JSON list: either must then parse (code invalid_json)",
+    "control": "one control type per request, with its media (inpaint: a mask; the others: a control video; a "
+    "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path",
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
@@ -157,7 +159,37 @@ class EditOptions(_Strict):
     )
 
 
-class ExtraParams(LongVideoFields, EditOptions):
+ControlPath = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+CONTROL_RULE = (
+    "a control video for the ControlNet branch (a server started with --controlnet-model-path): one control type "
+    "per request; control_path / source_path / mask_path are files under the server's --control-dir (or upload "
+    "control_reference / source_reference / mask_reference); inpaint needs a mask, the other types a control "
+    "video, a source a mask; control_context_scale >= 0 (default 1; 0: no control, the base output); T2VA only"
+)
+
+
+class ControlObject(BaseModel):
+    """One control type's settings (vLLM-Omni's keys)."""
+
+    model_config = ConfigDict(extra="forbid")
+    control_path: ControlPath | None = None
+    source_path: ControlPath | None = None
+    mask_path: ControlPath | None = None
+    control_context_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
+class ControlTypes(BaseModel):
+    """The ControlNet Union's control types, each an `extra_params` key (at most one per request)."""
+
+    canny: ControlObject | None = Field(None, description=CONTROL_RULE)
+    depth: ControlObject | None = Field(None, description=CONTROL_RULE)
+    hed: ControlObject | None = Field(None, description=CONTROL_RULE)
+    mlsd: ControlObject | None = Field(None, description=CONTROL_RULE)
+    pose: ControlObject | None = Field(None, description=CONTROL_RULE)
+    inpaint: ControlObject | None = Field(None, description=CONTROL_RULE)
+
+
+class ExtraParams(LongVideoFields, EditOptions, ControlTypes):
     task: Task | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
