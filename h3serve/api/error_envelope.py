@@ -81,10 +81,22 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+# /v1/videos/<literal> routes (POST only): these segments are never a video id, so the {video_id} routes do not
+# serve them.
+RESERVED_VIDEO_SEGMENTS = frozenset({"sync", "edits", "extensions"})
+
+
+def reserved_video_path(path: str) -> bool:
+    """`/v1/videos/sync` (or edits, extensions): a literal route's path, not a video's."""
+    parts = path.rstrip("/").split("/")
+    return len(parts) == 4 and parts[1:3] == ["v1", "videos"] and parts[3] in RESERVED_VIDEO_SEGMENTS
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves on this path (Starlette's 405 names only the first matching route's)."""
+    """Every method some route serves on this path (Starlette's 405 names only the first matching route's); a
+    literal route's path (`/v1/videos/sync`, `/edits`, `/extensions`: POST only) is not a {video_id}'s."""
+    if reserved_video_path(request.url.path):
+        return ["OPTIONS", "POST"]
     served = {
         method
         for method in _METHODS

@@ -3,10 +3,12 @@ rank's device, dtype and adapters, read from the engine's config."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
 
+from h3serve.adapters.header import read_header
 from h3serve.adapters.serving import catalog_for
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
@@ -54,7 +56,23 @@ def plan_for_engine(
         offloaded,
         adaln,
     )
-    return with_adapter_bytes(plan, device, host)
+    return with_adapter_bytes(plan, device + controlnet_bytes(config, inv, shapes), host)
+
+
+def controlnet_bytes(config: EngineConfig, inv, shapes: list[RequestShape]) -> int:
+    """Device bytes of the ControlNet branch on every rank (it is never cut): its weights in the DiT's dtype (the
+    input projection in fp32), and during the denoise its stream and one hint per control block, [S, D] each, at
+    the largest shape."""
+    path = config.controlnet_model_path
+    if path is None or "transformer" not in inv.dits:
+        return 0
+    header = read_header(path)
+    es = inv.element_size
+    elements = {key: math.prod(t.shape) for key, t in header.tensors.items()}
+    fp32 = sum(n for key, n in elements.items() if key.startswith("control_proj_in."))
+    blocks = sum(key.endswith(".after_proj.bias") for key in elements)
+    activations = (blocks + 1) * max(s.seq_len for s in shapes) * inv.dits["transformer"].hidden_size * es
+    return (sum(elements.values()) - fp32) * es + fp32 * 4 + activations
 
 
 def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:

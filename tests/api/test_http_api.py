@@ -490,3 +490,17 @@ def test_a_job_counts_its_outputs_toward_the_queue_bound(client, fake_server, sl
     for video_id in (running["id"], three, one):
         assert client.delete(f"/v1/videos/{video_id}").status_code == 200
     assert client.post("/v1/videos", json={**REQUEST, "n": 10}).status_code == 200  # an empty queue takes any job
+
+
+def test_literal_video_paths_are_not_video_ids(client):
+    """/v1/videos/sync, /edits and /extensions take POST only: OPTIONS says so and GET / DELETE there are 405s
+    (they were read as a video id); the remix route documents its 415 for a body without a content type."""
+    for path in ("/v1/videos/sync", "/v1/videos/edits", "/v1/videos/extensions"):
+        options = client.options(path)
+        assert options.status_code == 204 and options.headers["allow"] == "OPTIONS, POST", path
+        for method in ("GET", "DELETE"):
+            response = client.request(method, path)
+            assert response.status_code == 405 and response.headers["allow"] == "OPTIONS, POST", (method, path)
+    assert client.options("/v1/videos/video_" + "0" * 32).headers["allow"] == "DELETE, GET, OPTIONS"
+    remix = client.get("/openapi.json").json()["paths"]["/v1/videos/{video_id}/remix"]["post"]["responses"]
+    assert "415" in remix

@@ -464,6 +464,18 @@ def test_several_outputs_show_as_a_gallery(page, live):
     assert bytes(shown) == one[:4096] and one != download(live, job_id(page))
 
 
+def test_the_control_box_sends_the_type_and_shows_the_servers_refusal_by_it(page, live):
+    """The ControlNet box lists /web/config's control types; a type without its control video goes out as
+    extra_params.canny and the server's 400 lands on the box's error line."""
+    names = httpx.get(f"{live.url}/web/config").json()["names"]["control_types"]
+    assert page.locator("#control-type option").all_text_contents() == ["none", *names]
+    fill(page, "a lantern on a pier")
+    page.locator("#control-box summary").click()
+    page.select_option("#control-type", "canny")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#control-error")).to_contain_text("canny control needs a control video")
+
+
 def test_extend_a_result(page, live):
     """The result's Extend button: POST /v1/videos/extensions with the shown job's id; the new job is the source
     (4 s, 107 frames) followed by 102 more frames, and the page follows it to the end."""

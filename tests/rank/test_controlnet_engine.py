@@ -117,3 +117,17 @@ def test_generate_cli_with_a_control_video(tiny_checkpoint, control_file, media,
     assert a != b and c == b
     assert main([*common, "-o", str(tmp_path / "d.mp4"), "--control-mask", str(media["mask"])]) == 2
     assert "--control-mask needs --control" in capsys.readouterr().err
+
+
+def test_the_planner_counts_the_branch(tiny_checkpoint, control_file):
+    """Its weights (the input projection in fp32) and its stream and hints at the largest shape, on every stage."""
+    from h3serve.adapters.header import read_header
+    from h3serve.offload.placement_plan import GiB
+    from h3serve.rank.placement import plan_for_engine
+
+    plain = plan_for_engine(EngineConfig(model=tiny_checkpoint, task_type="fl2va"), 64 * GiB)
+    steered = plan_for_engine(EngineConfig(model=tiny_checkpoint, task_type="fl2va",
+                                           controlnet_model_path=str(control_file)), 64 * GiB)
+    weights = read_header(control_file).nbytes  # the tiny file is fp32, as the CPU DiT
+    grown = steered.peak_device_bytes - plain.peak_device_bytes
+    assert weights < grown < weights + 4 * 2**20

@@ -12,12 +12,13 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from h3serve.api import derived
 from h3serve.api.context import ServerContext, get_context
 from h3serve.api.create_job import submit
-from h3serve.api.error_envelope import APIError, not_found
+from h3serve.api.error_envelope import RESERVED_VIDEO_SEGMENTS, APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.sync_line import Deadline
@@ -29,6 +30,12 @@ log = logging.getLogger("h3serve.api")
 router = APIRouter(tags=["videos"])
 Context = Annotated[ServerContext, Depends(get_context)]
 SYNC_POLL_S = 0.05
+
+
+def _not_a_video(video_id: str) -> None:
+    """`sync`, `edits`, `extensions` name the literal routes (POST only): another method there is a 405."""
+    if video_id in RESERVED_VIDEO_SEGMENTS:
+        raise StarletteHTTPException(405)
 
 
 def _job(ctx: ServerContext, video_id: str) -> Job:
@@ -68,7 +75,7 @@ async def extend_video(request: Request, ctx: Context) -> Video:
 @router.post("/videos/{video_id}/remix", response_model=Video,
              summary="Remix a completed video with a new prompt (Ref2VA, the video as the reference)",
              openapi_extra={"requestBody": derived_body_schema(video=False)},
-             responses=error_responses(400, 401, 404, 409, 422, 429))
+             responses=error_responses(400, 401, 404, 409, 415, 422, 429))
 async def remix_video(video_id: str, request: Request, ctx: Context) -> Video:
     return Video.from_job(await derived.remix(request, ctx, video_id))
 
@@ -164,6 +171,7 @@ def _listed(job: Job) -> Video | None:
 @router.get("/videos/{video_id}", response_model=Video, summary="Retrieve a video job",
             responses=error_responses(401, 404))
 def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
+    _not_a_video(video_id)
     job = _job(ctx, video_id)
     return JSONResponse(
         Video.from_job(job).model_dump(mode="json"),
@@ -206,6 +214,7 @@ def download_video(
 @router.delete("/videos/{video_id}", response_model=VideoDeleted, summary="Delete a job (cancels it if unfinished)",
                responses=error_responses(401, 404))
 def delete_video(video_id: str, ctx: Context) -> VideoDeleted:
+    _not_a_video(video_id)
     if not ctx.manager.delete(video_id):
         raise not_found(video_id)
     return VideoDeleted(id=video_id)

@@ -18,7 +18,14 @@ from h3serve.api.context import ServerContext, get_context
 from h3serve.api.error_envelope import APIError
 from h3serve.media.previews import SPRITE_COLUMNS, SPRITE_ROWS
 from h3serve.rules import limits
-from h3serve.rules.names import AUDIO_MODES, DEFAULT_SAMPLE_SOLVER, LONG_VIDEO_MODES, SAMPLE_SOLVERS, TASKS
+from h3serve.rules.names import (
+    AUDIO_MODES,
+    CONTROL_TYPES,
+    DEFAULT_SAMPLE_SOLVER,
+    LONG_VIDEO_MODES,
+    SAMPLE_SOLVERS,
+    TASKS,
+)
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -62,7 +69,7 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "aspect_ratio": "{}:{}".format(*limits.DEFAULT_ASPECT_RATIO),
         },
         "names": {"tasks": TASKS, "audio_modes": AUDIO_MODES, "long_video_modes": LONG_VIDEO_MODES,
-                  "sample_solvers": SAMPLE_SOLVERS},
+                  "sample_solvers": SAMPLE_SOLVERS, "control_types": CONTROL_TYPES},
         "limits": {
             "fps": limits.FPS,
             "frames_per_chunk": limits.VAE_FRAMES_PER_CHUNK,

@@ -17,6 +17,7 @@ const FIELD_OF_PARAM = {
   height: "size", num_inference_steps: "steps", seed: "seed", flow_shift: "flow_shift",
   "extra_params.flow_shift": "flow_shift", "extra_params.audio_flow_shift": "audio_flow_shift",
   "extra_params.sample_solver": "sample_solver", num_outputs_per_prompt: "num_outputs", n: "num_outputs",
+  control_reference: "control", mask_reference: "control", source_reference: "control",
   "extra_params.task": "task", task: "task", "extra_params.frame_indices": "task", references: "refs",
   "extra_params.long_video": "long_video", "extra_params.long_video_mode": "long_video", long_video_mode: "long_video",
   "extra_params.continuation_prompts": "continuation_prompts", continuation_prompts: "continuation_prompts",
@@ -24,6 +25,7 @@ const FIELD_OF_PARAM = {
   lora: "lora", "lora.name": "lora", "lora.path": "lora", "lora.scale": "lora",
 };
 const CONTROL_OF_FIELD = {
+  control: "control-type",
   size: "width", refs: "ref-input", task: null, long_video: "long-mode", continuation_prompts: "window-prompts",
   source_video: "source-video", video_noise_mask: "video-mask",
 };
@@ -48,6 +50,9 @@ export class CreateForm {
     }
     $("sample_solver").value = d.sample_solver;
     $("num_outputs").max = config.limits.max_outputs_per_prompt;
+    for (const name of config.names.control_types) {  // the ControlNet's control types
+      $("control-type").append(Object.assign(document.createElement("option"), { value: name, textContent: name }));
+    }
     $("width").max = $("height").max = d.max_edge;
     const canvas = canvasForAspect(...parseAspect(d.aspect_ratio), d, config.limits);
     [$("width").value, $("height").value] = [canvas.width, canvas.height];  // "explicit size" starts there
@@ -162,6 +167,15 @@ export class CreateForm {
     const mode = $("long-mode").value;
     if (mode) Object.assign(extra, { long_video: true, long_video_mode: mode });
     if (mode === "continuation" && windowPrompts().length) extra.continuation_prompts = windowPrompts();
+    const control = $("control-type").value;  // a ControlNet control: its settings, its media as uploads
+    if (control) {
+      const scale = $("control-scale").value.trim();
+      extra[control] = scale && scale !== "1" ? { control_context_scale: Number(scale) } : {};
+      for (const [field, id] of [["control_reference", "control-video"], ["mask_reference", "control-mask"],
+                                 ["source_reference", "control-source"]]) {
+        if ($(id).files[0]) files.push([field, $(id).files[0]]);
+      }
+    }
     const source = $("source-video").files[0];  // latent-mask editing: the source and its mask (JSON text)
     if (source) files.push(["source_video", source]);
     if ($("video-mask").value.trim()) fields.video_noise_mask = $("video-mask").value.trim();
@@ -207,7 +221,8 @@ export class CreateForm {
   // Show `message` next to the control the server's `param` names (else under the Generate button).
   showError(param, message) {
     const mediaLine = this.inputs.errorElementFor(this.task, param);
-    const field = FIELD_OF_PARAM[param];
+    const controlParam = /^extra_params\.(canny|depth|hed|mlsd|pose|inpaint)\b/.test(param || "");
+    const field = FIELD_OF_PARAM[param] || (controlParam ? "control" : undefined);
     const line = mediaLine || (field && $(`${field}-error`)) || $("form-error");
     line.textContent = message;
     const controlId = field && (field in CONTROL_OF_FIELD ? CONTROL_OF_FIELD[field] : field);
