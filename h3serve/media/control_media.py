@@ -1,8 +1,8 @@
 """A ControlNet request's media: the control video, the inpainting source and its mask, as decoded frames.
 
-Videos go onto the 24 fps grid by frame timing (each output frame holds the latest source frame at or before it),
-are cut at the output's frame count and hold their last frame when shorter; they keep their own size (the rank
-resizes them bilinearly to the canvas). A mask may be a still image (one frame, for every output frame) or a gray
+Videos go onto the 24 fps grid as the edit sources do (frame i of an r fps file fills the output frames from
+round(i·24/r): frames held at a lower rate, skipped at a higher one), are cut at the output's frame count and hold
+their last frame when shorter; they keep their own size (the rank resizes them bilinearly to the canvas). A mask may be a still image (one frame, for every output frame) or a gray
 video. At most `MAX_CONTROL_FRAMES` source frames are decoded.
 """
 

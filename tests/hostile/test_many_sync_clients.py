@@ -54,8 +54,10 @@ class GatedExecutor(FakeExecutor):
     def __init__(self):
         super().__init__(step_s=0.01)
         self.gate = threading.Event()
+        self.entered = threading.Event()  # a job reached the engine (the queue no longer holds it)
 
     def generate(self, plan, *args, **kwargs):
+        self.entered.set()
         self.gate.wait(60)
         return super().generate(plan, *args, **kwargs)
 
@@ -68,7 +70,11 @@ def test_the_queue_still_answers_429_for_real_overflow(tmp_path):
         line = server.app.state.context.sync_line
         try:
             with ThreadPoolExecutor(5) as pool:
-                sync = [pool.submit(_sync, server.url, 90) for _ in range(5)]  # 1 running, 2 queued, 2 in line
+                # 1 running (claimed first: a claim made after the others queued would let one of the line in),
+                # then 2 queued and 2 in line.
+                sync = [pool.submit(_sync, server.url, 90)]
+                assert executor.entered.wait(30)
+                sync += [pool.submit(_sync, server.url, 90) for _ in range(4)]
                 deadline = time.monotonic() + 30
                 while line.length < 2 and time.monotonic() < deadline:
                     time.sleep(0.02)
