@@ -2,8 +2,9 @@
 
 Videos go onto the 24 fps grid as the edit sources do (frame i of an r fps file fills the output frames from
 round(i·24/r): frames held at a lower rate, skipped at a higher one), are cut at the output's frame count and hold
-their last frame when shorter; they keep their own size (the rank resizes them bilinearly to the canvas). A mask may be a still image (one frame, for every output frame) or a gray
-video. At most `MAX_CONTROL_FRAMES` source frames are decoded.
+their last frame when shorter; they keep their own size (the rank resizes them bilinearly to the canvas). A mask
+may be a still image (one frame, for every output frame) or a gray video. At most `MAX_CONTROL_FRAMES` source frames
+are decoded.
 """
 
 from __future__ import annotations
