@@ -25,7 +25,6 @@ from h3serve.rules.adapter_choice import PddContract
 
 DOWN, UP = ".lora_down", ".lora_up"
 ADALN = "adaln_proj.linear"
-HEADS = {"proj_out": "video", "audio_proj_out": "audio"}  # bank name -> modality
 VARIANTS = {  # key_format -> (variant, released file name)
     "minimax-h3-pdd-fl2va": ("fl2va", "MiniMax-H3-FL2VA-Acc-8Step.safetensors"),
     "minimax-h3-pdd-ref2va": ("ref2va", "MiniMax-H3-Ref2VA-Acc-8Step.safetensors"),

@@ -9,14 +9,12 @@ are decoded.
 
 from __future__ import annotations
 
-import math
-
 import av
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from h3serve.media.intake import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
-from h3serve.media.source import check_source
+from h3serve.media.source import check_source, on_24fps_grid
 from h3serve.rules import limits
 from h3serve.rules.request import MediaRef
 
@@ -38,10 +36,9 @@ def read_control_frames(ref: MediaRef, field: str, num_frames: int, gray: bool =
                 raise MediaFormatError(ref.name, field, "the file has no video stream", "a video file")
             stream = container.streams.video[0]
             rate = float(stream.average_rate or stream.guessed_rate or limits.FPS)
-            scale = limits.FPS / rate
             out: np.ndarray | None = None
             filled = 0
-            for index, frame in enumerate(container.decode(stream)):
+            for index, start, end, frame in on_24fps_grid(container.decode(stream), rate, num_frames):
                 if index >= MAX_CONTROL_FRAMES:
                     raise MediaLimitError(ref.name, field, f"more than {MAX_CONTROL_FRAMES} frames decoded",
                                           f"at most {MAX_CONTROL_FRAMES} frames before the output's end")
@@ -51,13 +48,9 @@ def read_control_frames(ref: MediaRef, field: str, num_frames: int, gray: bool =
                     out = np.empty((num_frames, *pixels.shape), dtype=np.uint8)
                 elif pixels.shape != out.shape[1:]:
                     raise MediaFormatError(ref.name, field, "the frames change size", "frames of one size")
-                end = min(math.floor((index + 1) * scale + 0.5), num_frames)
-                start = math.floor(index * scale + 0.5)
                 if end > start:
                     out[start:end] = pixels
                     filled = end
-                if filled >= num_frames:
-                    break
     except MediaError:
         raise
     except Exception as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Iterator
 
 import av
 import numpy as np
@@ -93,6 +94,21 @@ def _video_stream(container, ref: MediaRef, field: str):
     return stream, float(rate)
 
 
+def on_24fps_grid(
+    frames: Iterable[av.VideoFrame], rate: float, num_frames: int
+) -> Iterator[tuple[int, int, int, av.VideoFrame]]:
+    """(index, start, end, frame) for each decoded frame of a `rate` fps video: the output frames [start, end) it
+    fills on the 24 fps grid (held at a lower rate, none when skipped at a higher one); stops once frame
+    `num_frames - 1` is filled."""
+    scale = limits.FPS / rate
+    for index, frame in enumerate(frames):
+        start = math.floor(index * scale + 0.5)
+        end = min(math.floor((index + 1) * scale + 0.5), num_frames)
+        yield index, start, end, frame
+        if end >= num_frames:
+            return
+
+
 def load_source_video(
     ref: MediaRef, field: str, num_frames: int, width: int, height: int, with_audio: bool
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -100,20 +116,15 @@ def load_source_video(
     try:
         with _open(ref, field, "video") as container:
             stream, rate = _video_stream(container, ref, field)
-            scale = limits.FPS / rate
             out = np.empty((num_frames, height, width, 3), dtype=np.uint8)
             filled = 0
-            for index, frame in enumerate(container.decode(stream)):
-                start = math.floor(index * scale + 0.5)
-                end = min(math.floor((index + 1) * scale + 0.5), num_frames)
+            for _, start, end, frame in on_24fps_grid(container.decode(stream), rate, num_frames):
                 if end > start:
                     image = frame.to_image().convert("RGB")
                     if image.size != (width, height):
                         image = image.resize((width, height), Image.Resampling.LANCZOS)  # stretched to the canvas
                     out[start:end] = np.asarray(image)
                     filled = end
-                if filled >= num_frames:
-                    break
         if filled == 0:
             raise MediaDecodeError(ref.name, field, "the file has no decodable video frames", "a complete, valid file")
         out[filled:] = out[filled - 1]  # a shorter source holds its last frame

@@ -23,7 +23,6 @@ from h3serve.model.transformer_config import H3TransformerConfig
 
 CONTROL_COLUMNS = 196  # (24 control + 1 visibility + 24 source channels) x 2x2 patches
 LATENT_COLUMNS = 96  # one 24-channel latent, patchified
-VISIBILITY_COLUMNS = 4
 
 
 def control_places(num_layers: int, blocks: int) -> tuple[int, ...]:

@@ -77,7 +77,7 @@ class H3Pipeline:
                 return self._several(plan, cond, clock, on_step, sink, output_batch or self.output_batch)
             if plan.continuation:
                 return self.continuation.generate(plan, cond, clock, on_step, sink)
-            return self._generate(plan, cond, clock, on_step, sink)
+            return self._generate(plan, cond, clock, on_step, (plan.seed,), [sink])[0]
 
     def _several(
         self,
@@ -98,18 +98,16 @@ class H3Pipeline:
         for start in range(0, count, size):
             items = range(start, min(start + size, count))
             progress = _outputs_progress(on_step, start, len(items), count)
-            if len(items) > 1:
-                seeds = tuple(plan.output(i).seed for i in items)
-                results += self._batch(plan, cond, clock, progress, seeds, [sinks[i] for i in items])
-            elif plan.continuation:
+            if plan.continuation:
                 results.append(self.continuation.generate(plan.output(start), cond, clock, progress, sinks[start]))
             else:
-                results.append(self._generate(plan.output(start), cond, clock, progress, sinks[start]))
+                seeds = tuple(plan.output(i).seed for i in items)
+                results += self._generate(plan, cond, clock, progress, seeds, [sinks[i] for i in items])
         first, *others = results
         first.others = others
         return first
 
-    def _batch(
+    def _generate(
         self,
         plan: GenerationPlan,
         cond: Conditioning,
@@ -118,32 +116,18 @@ class H3Pipeline:
         seeds: tuple[int, ...],
         sinks: list[FrameSink | None],
     ) -> list[GenerationResult]:
-        """Outputs that differ only in their seed: one encode, one batched denoise, a decode each."""
+        """Outputs of `plan` that differ only in their seed: one encode, one (batched) denoise, a decode each. A
+        request under the block cache or with an edit comes with one seed (`_several` runs those one by one)."""
         enc = self.encoder.encode(plan, cond, clock)
         dit = self.components.transformer_ref if cond.references else self.components.transformer
-        latents = self.sampler.sample_batch(plan, enc, dit, Target.of(plan), seeds, clock, on_step)
-        clock.record_denoise_per_step()
-        return [self.decoder.decode(video, audio, clock, None, sink)
-                for (video, audio), sink in zip(latents, sinks, strict=True)]
-
-    def _generate(
-        self,
-        plan: GenerationPlan,
-        cond: Conditioning,
-        clock: StageClock,
-        on_step: StepCallback | None,
-        sink: FrameSink | None,
-    ) -> GenerationResult:
-        enc = self.encoder.encode(plan, cond, clock)
-        dit = self.components.transformer_ref if cond.references else self.components.transformer
-        target = Target.of(plan)
         edits = self.encoder.edit_targets(plan, cond, clock) if plan.edit else (None, None)
         forwards = len(self.sampler.schedules(plan)[0])
         cached = self.cache is not None and dit is not None
         with self.cache.for_request(dit, plan.quality, forwards) if cached else nullcontext() as cache:
-            video_latents, audio_latents = self.sampler.sample(plan, enc, dit, target, plan.seed, clock, on_step, edits)
+            latents = self.sampler.sample_batch(plan, enc, dit, Target.of(plan), seeds, clock, on_step, edits)
         clock.record_denoise_per_step()
-        return self.decoder.decode(video_latents, audio_latents, clock, cache, sink)
+        return [self.decoder.decode(video, audio, clock, cache, sink)
+                for (video, audio), sink in zip(latents, sinks, strict=True)]
 
     @torch.no_grad()
     def encode(self, plan: GenerationPlan, cond: Conditioning, clock: StageClock | None = None) -> Encoded:

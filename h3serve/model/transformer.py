@@ -289,10 +289,6 @@ class StepHeads:
     audio_weight: torch.Tensor  # [F, 32, D]
     audio_bias: torch.Tensor  # [F, 32]
 
-    @property
-    def forwards(self) -> int:
-        return self.video_weight.shape[0]
-
 
 def row_spans(rows: int, chunk: int) -> list[slice]:
     """`rows` split into the fewest spans of at most `chunk` rows, of equal sizes (± 1): no short tail span, whose

@@ -14,7 +14,7 @@ import torch
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.adapters.serving import engine_defaults
+from h3serve.adapters.serving import catalog_for, engine_defaults
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
@@ -116,7 +116,8 @@ class LocalEngine:
         # the AdaLN projections too where a PDD adapter may come and they stay resident (the planner counts it).
         adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
         tp = self.parallel.dit_tp if self.parallel else None
-        self.lora = lora_runtime(config, components, tp, self.device, adaln=lora_adaln(config))
+        catalog = catalog_for(config, log=lambda text: None)
+        self.lora = lora_runtime(config, catalog, components, tp, self.device, adaln=lora_adaln(config, catalog))
         if self.parallel is not None:
             self.parallel.install(components, attention.BACKENDS[roles["self"]])
         if config.controlnet_model_path is not None and components.transformer is not None:

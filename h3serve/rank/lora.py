@@ -428,13 +428,10 @@ class EngineLora(LoraRuntime):
 
 
 def lora_runtime(
-    config, components, tp: TensorParallel | None, device: torch.device | None = None, adaln: bool = False
+    config, catalog, components, tp: TensorParallel | None, device: torch.device | None = None, adaln: bool = False
 ) -> EngineLora | None:
-    """Wrap the loaded DiTs' target layers when the engine serves LoRA (--lora-path / --lora-dir), else None;
-    `adaln`: the AdaLN projections too (resident ones only: what a PDD adapter needs)."""
-    from h3serve.adapters.serving import catalog_for
-
-    catalog = catalog_for(config, log=lambda text: None)
+    """Wrap the loaded DiTs' target layers when the engine serves LoRA (`catalog`: its adapters, from --lora-path /
+    --lora-dir; None: no LoRA); `adaln`: the AdaLN projections too (resident ones only: what a PDD adapter needs)."""
     if catalog is None:
         return None
     dits = {name: dit for name in ("transformer", "transformer_ref") if (dit := getattr(components, name)) is not None}

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import torch
 
+from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import read_header
 from h3serve.adapters.serving import catalog_for
 from h3serve.checkpoint.resolver import read_layout
@@ -42,8 +43,9 @@ def plan_for_engine(
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     runtime = engine_runtime(config, device.type)
-    slot_rank, offloaded = lora_slot_rank(config), offloaded_dits(config)
-    adaln = lora_adaln(config)
+    catalog = catalog_for(config, log=lambda text: None)  # one read of the adapters' headers per plan
+    slot_rank, offloaded = (0 if catalog is None else catalog.slot_rank), offloaded_dits(config)
+    adaln = lora_adaln(config, catalog)
     inv = with_lora_blocks(inv, slot_rank, adaln)  # each block's LoRA factors: placed, staged and streamed with it
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, runtime=runtime)
     device, host = lora_bytes(
@@ -83,17 +85,10 @@ def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
                    denoise_chunk_rows=config.denoise_chunk_rows)
 
 
-def lora_slot_rank(config: EngineConfig) -> int:
-    """The engine's LoRA slot rank (0 without LoRA)."""
-    catalog = catalog_for(config, log=lambda text: None)
-    return 0 if catalog is None else catalog.slot_rank
-
-
-def lora_adaln(config: EngineConfig) -> bool:
-    """Whether the engine's LoRA wraps the DiTs' AdaLN projections too: when it may serve a PDD adapter (one is
-    preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT offload, AdaLN not kept on
-    the host)."""
-    catalog = catalog_for(config, log=lambda text: None)
+def lora_adaln(config: EngineConfig, catalog: LoraCatalog | None) -> bool:
+    """Whether the engine's LoRA wraps the DiTs' AdaLN projections too: when its `catalog` may serve a PDD adapter
+    (one is preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT offload, AdaLN not
+    kept on the host)."""
     if catalog is None or not (catalog.root is not None or any(c.pdd for c in catalog.preloaded.values())):
         return False
     offload = config.offload
