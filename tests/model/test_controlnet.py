@@ -153,3 +153,18 @@ def test_a_batch_of_two_gets_the_same_branch(dit_and_file):
             assert (b[0] - a[0]).abs().max() <= 1e-5 and (b[1] - a[0]).abs().max() <= 1e-5
     finally:
         dit.controlnet = None
+
+
+def test_the_released_branch_on_the_meta_device():
+    """The full-size DiT with the release's 5 control blocks: hints after blocks 0, 10, 20, 30, 40; the input
+    projection [5376, 196]; block 0 alone has before_proj."""
+    from h3serve.model.controlnet import ControlNet
+    from h3serve.model.transformer_config import H3TransformerConfig
+
+    with torch.device("meta"):
+        net = ControlNet(H3TransformerConfig(), 5)
+    shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    assert net.places == (0, 10, 20, 30, 40) and shapes["control_proj_in.weight"] == (5376, 196)
+    assert shapes["control_blocks.0.before_proj.weight"] == (5376, 5376)
+    assert "control_blocks.1.before_proj.weight" not in shapes
+    assert shapes["control_blocks.4.adaln_proj.linear.weight"] == (18 * 5376, 2688)

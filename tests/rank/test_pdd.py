@@ -197,3 +197,28 @@ def test_an_engine_with_its_dit_offloaded_refuses_a_pdd_request_by_name(tiny_che
         engine.generate(plan)
     assert e.value.field == "lora"
     assert engine.generate(engine.plan(GenerationRequest(prompt=PROMPT, duration_s=4, steps=1))).video is not None
+
+
+def test_the_released_size_is_728_tensors_of_the_documented_shapes(tmp_path):
+    """The full-size DiT (50 + 2 blocks, hidden 5,376, time embedding 2,688): a header-only file of the release's
+    728 tensors at rank 64 passes the check; the AdaLN factor is [64, 2688] / [96768, 64], the bank [32, 96, 5376]."""
+    import dataclasses as dc
+    import struct
+
+    from h3serve.adapters.pdd import pdd_target_shapes
+    from h3serve.model.transformer_config import H3TransformerConfig
+
+    cfg = dc.asdict(H3TransformerConfig())
+    shapes = {f"{t}.lora_down": [64, i] for t, (_, i) in pdd_target_shapes(cfg).items()}
+    shapes |= {f"{t}.lora_up": [o, 64] for t, (o, _) in pdd_target_shapes(cfg).items()}
+    shapes |= {"proj_out.weight": [32, 96, 5376], "proj_out.bias": [32, 96],
+               "audio_proj_out.weight": [32, 32, 5376], "audio_proj_out.bias": [32, 32]}
+    header = {k: {"dtype": "F32", "shape": v, "data_offsets": [0, 0]} for k, v in shapes.items()}
+    header["__metadata__"] = {"lora_rank": "64", "lora_alpha": "64"}
+    path = tmp_path / "MiniMax-H3-Ref2VA-Acc-8Step.safetensors"
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text)  # the header alone: nothing is read past it
+    info = inspect_pdd(read_header(path), cfg)
+    assert len(shapes) == 728 and info.contract.tasks == ("ref2va",) and info.lora.rank == 64
+    assert shapes["transformer_blocks.49.adaln_proj.linear.lora_down"] == [64, 2688]
+    assert shapes["transformer_blocks.49.adaln_proj.linear.lora_up"] == [96768, 64]
