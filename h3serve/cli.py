@@ -380,10 +380,11 @@ def _add_make_adapter(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny-adapter", help="write a deterministic synthetic DiT adapter for a tiny preset")
     p.add_argument("dir", help="output folder (created)")
     p.add_argument("--format", required=True,
-                   help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3 | pdd (PAI 8-step, FL2VA)")
+                   help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3 | pdd (PAI 8-step, FL2VA) | "
+                   "controlnet | taomate (TaoMate-H3 real-time LoRA directory: --realtime-lora)")
     p.add_argument("--preset", default="tiny", help="tiny | cpu-bench (the checkpoint preset it adapts)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4)")
+    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4, taomate 4)")
     p.set_defaults(func=cmd_make_adapter)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import read_header
-from h3serve.adapters.serving import catalog_for
+from h3serve.adapters.serving import catalog_for, slot_rank
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
@@ -44,13 +44,13 @@ def plan_for_engine(
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     runtime = engine_runtime(config, device.type)
     catalog = catalog_for(config, log=lambda text: None)  # one read of the adapters' headers per plan
-    slot_rank, offloaded = (0 if catalog is None else catalog.slot_rank), offloaded_dits(config)
+    slot, offloaded = slot_rank(config, catalog), offloaded_dits(config)
     adaln = lora_adaln(config, catalog)
-    inv = with_lora_blocks(inv, slot_rank, adaln)  # each block's LoRA factors: placed, staged and streamed with it
+    inv = with_lora_blocks(inv, slot, adaln)  # each block's LoRA factors: placed, staged and streamed with it
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, runtime=runtime)
     device, host = lora_bytes(
         inv.dits,
-        slot_rank,
+        slot,
         inv.degrees.tensor_parallel,
         inv.element_size,
         config.max_loras,
