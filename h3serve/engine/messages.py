@@ -1,8 +1,8 @@
 """Typed messages between the executor (parent) and its rank processes, instead of positional tuples.
 
-Parent -> rank 0: `RankJob`, `RealtimeOpen` (then, while the session runs, `RealtimeInteract` and `RealtimeStop`),
-or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen dataclasses; `seq` ties a message to
-the job or session it is about.
+Parent -> rank 0: `RankJob`, `RealtimeOpen` (then, while the session runs, `RealtimeInteract`, `RealtimeRead` and
+`RealtimeStop`), or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen dataclasses; `seq`
+ties a message to the job or session it is about.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ class RealtimeInteract:
     seq: int
     prompt: str
     event_id: str
+
+
+@dataclass(frozen=True)
+class RealtimeRead:
+    """The parent took chunk `index` of session `seq` (the ranks stay at most `CHUNKS_AHEAD` chunks ahead)."""
+
+    seq: int
+    index: int
 
 
 @dataclass(frozen=True)

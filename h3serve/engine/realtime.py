@@ -25,6 +25,7 @@ from h3serve.engine.messages import (
     RealtimeChunkReady,
     RealtimeEnded,
     RealtimeInteract,
+    RealtimeRead,
     RealtimeStop,
 )
 from h3serve.errors import ClientError, RequestError, ServerError
@@ -178,6 +179,7 @@ class RealtimeStream:
     def _media(self, event: RealtimeChunkReady) -> RealtimeChunk:
         frames, audio = read_chunk(event.path)
         os.unlink(event.path)
+        self.executor.send(RealtimeRead(self.seq, event.index))
         segment = self.writer.segment(frames, audio)
         self._chunks += 1
         return RealtimeChunk(event.index, "media", event.frames, event.audio_samples, limits.AUDIO_SAMPLE_RATE,

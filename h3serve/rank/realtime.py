@@ -1,7 +1,8 @@
 """A real-time session on a rank's loaded engine (every rank of the group runs it together).
 
 Rank 0 holds the parent's side of the conversation: at every chunk boundary it drains the session's control messages
-(a new prompt, stop) and the cancel flag, decides the boundary (`Boundary`) and broadcasts it, so every rank applies
+(a new prompt, stop, which chunks the parent took) and the cancel flag, decides the boundary (`Boundary`) and
+broadcasts it, so every rank applies
 the same prompt to the same chunk and leaves at the same boundary. Every rank then runs the chunk
 (h3serve.model.realtime.session): the streaming LoRA on for the student and off for the audio teacher through the
 engine's LoRA runtime, the causal attention inside the Ulysses all-to-all under sequence parallelism. Rank 0 writes
@@ -31,6 +32,7 @@ from h3serve.engine.messages import (
     RealtimeEnded,
     RealtimeInteract,
     RealtimeOpen,
+    RealtimeRead,
     RealtimeStop,
     Stop,
 )
@@ -42,6 +44,7 @@ from h3serve.model.realtime.session import CausalSession, ChunkMedia
 from h3serve.parallel.ulysses import head_sharded
 from h3serve.rank.lora import EngineLora
 from h3serve.rules.adapter_choice import AdapterChoice
+from h3serve.rules.realtime import CHUNKS_AHEAD
 from h3serve.rules.validate.realtime import RealtimePlan
 
 REALTIME_ADAPTER = "realtime-lora"
@@ -61,29 +64,55 @@ class Boundary:
 
 
 class Inbox:
-    """Rank 0's reading of the parent's queue between two boundaries of session `seq`."""
+    """Rank 0's reading of the parent's queue for session `seq`: at each boundary, the controls that arrived since
+    the last one; the boundary waits while the reader is `CHUNKS_AHEAD` chunks behind (the spool and a new prompt's
+    latency stay bounded), unless the session is stopping or cancelled."""
 
-    def __init__(self, requests, seq: int, cancel_value):
-        self.requests, self.seq, self.cancel_value = requests, seq, cancel_value
+    def __init__(self, requests, seq: int, cancel_value, wake_s: float = 0.2):
+        self.requests, self.seq, self.cancel_value, self.wake_s = requests, seq, cancel_value, wake_s
+        self.generated = 0  # chunks generated so far (one per boundary but the last)
+        self.read = 0  # chunks the parent has taken
+        self.prompt: str | None = None
+        self.event: str | None = None
+        self.superseded: list[str] = []
+        self.stop = self.exit = False
 
     def boundary(self) -> Boundary:
-        prompt, event, superseded, stop, exit_ = None, None, [], False, False
+        self._drain(block=False)
+        while self.generated - self.read >= CHUNKS_AHEAD and not self._ends():
+            self._drain(block=True)
+        started = () if self.event is None else (self.event,)
+        boundary = Boundary(self.prompt, started, (*self.superseded, *started), self.stop, self._cancelled(),
+                            self.exit)
+        self.prompt, self.event, self.superseded = None, None, []
+        self.generated += 1
+        return boundary
+
+    def _cancelled(self) -> bool:
+        return self.cancel_value.value == self.seq
+
+    def _ends(self) -> bool:
+        return self.stop or self.exit or self._cancelled()
+
+    def _drain(self, block: bool) -> None:
         while True:
             try:
-                item = self.requests.get_nowait()
+                item = self.requests.get(timeout=self.wake_s) if block else self.requests.get_nowait()
             except queue.Empty:
-                break
+                return
+            block = False  # after the first item, take what else is there and return
             if isinstance(item, Stop):
-                exit_ = True
-            elif isinstance(item, RealtimeInteract) and item.seq == self.seq:
-                if event is not None:
-                    superseded.append(event)
-                prompt, event = item.prompt, item.event_id
-            elif isinstance(item, RealtimeStop) and item.seq == self.seq:
-                stop = True
-        started = () if event is None else (event,)
-        cancel = self.cancel_value.value == self.seq
-        return Boundary(prompt, started, (*superseded, *started), stop, cancel, exit_)
+                self.exit = True
+            elif getattr(item, "seq", None) != self.seq:
+                continue  # a late control of an earlier session
+            elif isinstance(item, RealtimeInteract):
+                if self.event is not None:
+                    self.superseded.append(self.event)
+                self.prompt, self.event = item.prompt, item.event_id
+            elif isinstance(item, RealtimeRead):
+                self.read = max(self.read, item.index + 1)
+            elif isinstance(item, RealtimeStop):
+                self.stop = True
 
 
 class LoraToggle:

@@ -30,6 +30,7 @@ from h3serve.engine.messages import (
     Ready,
     RealtimeInteract,
     RealtimeOpen,
+    RealtimeRead,
     RealtimeStop,
     Stop,
 )
@@ -271,7 +272,7 @@ def worker_main(
         job = _next_job(requests, rank, world, config.idle_keepalive_s)
         if isinstance(job, Stop):
             break
-        if isinstance(job, RealtimeInteract | RealtimeStop):
+        if isinstance(job, RealtimeInteract | RealtimeRead | RealtimeStop):
             continue  # a control message that reached a session's end too late
         if isinstance(job, RealtimeOpen):
             if _run_realtime(engine, job, rank, world, requests, events, cancel_value):

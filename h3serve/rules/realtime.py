@@ -34,6 +34,7 @@ TEACHER_POINTS, TEACHER_STATES = 10, (3, 6, 9)  # the base model's audio: 9 forw
 ROLLOVER_LATENTS = 40  # the previous request's clean audio tail the audio teacher continues from (per channel)
 AUDIO_RESET_REQUESTS = 12  # the cached audio rows are dropped at the start of every 12th request
 RECENT_CHUNKS = 2  # complete chunks the cache keeps besides the sink
+CHUNKS_AHEAD = 2  # chunks the ranks may generate beyond what the session's reader has taken (spool, prompt latency)
 VIDEO_SEED_STRIDE = 1_000_003  # request k's video noise: seed + k·stride (its audio noise: seed + k)
 WINDOW_LATENTS, WINDOW_STEP, WINDOW_FRAMES, OVERLAP_FRAMES = 7, 5, 17, 5  # the video VAE's temporal windows
 _TIME_SPANS = (1, 4, 4, 4, 4)  # pixel frames per latent (mod 5), each 5/3 RoPE units

@@ -18,6 +18,7 @@ from h3serve.engine.messages import (
     RealtimeEnded,
     RealtimeInteract,
     RealtimeOpen,
+    RealtimeRead,
     RealtimeStop,
 )
 from h3serve.errors import ConfigError
@@ -86,13 +87,16 @@ def test_an_interaction_reaches_the_dit_from_the_next_chunk_boundary(engine, tmp
     def decide() -> Boundary:
         nonlocal boundaries
         boundaries += 1
-        if boundaries == 2:  # chunk 1 in flight: two interactions arrive
+        if boundaries > 1:
+            requests.put(RealtimeRead(1, boundaries - 2))  # the parent keeps up
+        boundary = inbox.boundary()
+        if boundaries == 2:  # while chunk 1 is generated, two interactions (and another session's) arrive
             requests.put(RealtimeInteract(1, prompts["B"], "b"))
             requests.put(RealtimeInteract(1, prompts["C"], "c"))
-            requests.put(RealtimeInteract(9, prompts["B"], "stale"))  # another session's: ignored
-        if boundaries == 4:
+            requests.put(RealtimeInteract(9, prompts["B"], "stale"))
+        if boundaries == 3:
             requests.put(RealtimeStop(1))
-        return inbox.boundary() if boundaries != 2 else Boundary()
+        return boundary
 
     try:
         end = run_session(engine, job, 0, 1, decide, spool_chunk(job, events.append), events.append)
