@@ -197,8 +197,9 @@ def spool_chunk(job: RealtimeOpen, emit: Callable[[object], None]) -> Deliver:
 
 
 def generate_offline(engine, plan: RealtimePlan) -> tuple[np.ndarray, np.ndarray]:
-    """A whole session in this process (one rank, no interactions): its frames uint8 [T, H, W, 3] and audio float32
-    [2, S], as a streaming client of the same plan receives them (`h3serve generate --realtime-lora`)."""
+    """A whole session on this rank's `engine` (with its peers when it has some; no interactions): its frames uint8
+    [T, H, W, 3] and audio float32 [2, S] as a streaming client of the same plan receives them (rank 0; empty
+    arrays on the other ranks). `h3serve generate --realtime-lora` runs this."""
     frames: list[np.ndarray] = []
     audio: list[np.ndarray] = []
 
@@ -206,5 +207,7 @@ def generate_offline(engine, plan: RealtimePlan) -> tuple[np.ndarray, np.ndarray
         frames.append(media.frames.numpy())
         audio.append(media.audio.numpy())
 
-    run_session(engine, RealtimeOpen(0, plan, ""), 0, 1, None, collect, lambda event: None)
+    run_session(engine, RealtimeOpen(0, plan, ""), engine.rank, engine.world_size, None, collect, lambda event: None)
+    if not frames:
+        return np.zeros((0, plan.height, plan.width, 3), np.uint8), np.zeros((2, 0), np.float32)
     return np.concatenate(frames), np.concatenate(audio, axis=1)
