@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch.distributed as dist
 
 from h3serve.adapters.serving import dit_config
@@ -36,6 +35,7 @@ from h3serve.engine.messages import (
     RealtimeStop,
     Stop,
 )
+from h3serve.engine.realtime import SegmentWriter
 from h3serve.errors import RequestError
 from h3serve.media.raw import write_chunk
 from h3serve.model.realtime.attention import whole_heads
@@ -196,18 +196,14 @@ def spool_chunk(job: RealtimeOpen, emit: Callable[[object], None]) -> Deliver:
     return deliver
 
 
-def generate_offline(engine, plan: RealtimePlan) -> tuple[np.ndarray, np.ndarray]:
-    """A whole session on this rank's `engine` (with its peers when it has some; no interactions): its frames uint8
-    [T, H, W, 3] and audio float32 [2, S] as a streaming client of the same plan receives them (rank 0; empty
-    arrays on the other ranks). `h3serve generate --realtime-lora` runs this."""
-    frames: list[np.ndarray] = []
-    audio: list[np.ndarray] = []
+def generate_offline(engine, plan: RealtimePlan, writer: SegmentWriter | None) -> int:
+    """A whole session on this rank's `engine` (with its peers when it has some; no interactions), each chunk's
+    frames uint8 [t, H, W, 3] and audio float32 [S, 2] handed to `writer` as a streaming client of the same plan
+    receives them (rank 0's writer; None on the others). Returns the chunks. `h3serve generate --realtime-lora`."""
 
-    def collect(media: ChunkMedia, _boundary: Boundary) -> None:
-        frames.append(media.frames.numpy())
-        audio.append(media.audio.numpy())
+    def deliver(media: ChunkMedia, _boundary: Boundary) -> None:
+        if writer is not None:
+            writer.segment(media.frames.numpy(), media.audio.T.numpy())
 
-    run_session(engine, RealtimeOpen(0, plan, ""), engine.rank, engine.world_size, None, collect, lambda event: None)
-    if not frames:
-        return np.zeros((0, plan.height, plan.width, 3), np.uint8), np.zeros((2, 0), np.float32)
-    return np.concatenate(frames), np.concatenate(audio, axis=1)
+    run_session(engine, RealtimeOpen(0, plan, ""), engine.rank, engine.world_size, None, deliver, lambda event: None)
+    return plan.chunks

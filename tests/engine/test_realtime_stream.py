@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
@@ -16,22 +17,6 @@ from h3serve.rank.realtime import generate_offline
 from h3serve.rules import realtime as rt
 from h3serve.rules.validate.realtime import plan_realtime
 from h3serve.tools.tiny_adapter import make_tiny_adapter
-
-
-class Recorder:
-    """A segment writer that keeps what it is given (the fMP4 bytes are h3serve.media.fragments' to test)."""
-
-    def __init__(self, width: int, height: int):
-        self.size, self.frames, self.audio, self.finished = (width, height), [], [], False
-
-    def segment(self, frames: np.ndarray, audio: np.ndarray) -> bytes:
-        self.frames.append(frames)
-        self.audio.append(audio)
-        return b"segment %d" % len(self.frames)
-
-    def finish(self) -> bytes:
-        self.finished = True
-        return b"trailer"
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +61,16 @@ def test_a_session_streams_the_offline_run_then_its_trailer(executor, config):
     assert [c.index for c in chunks] == [*range(8), 8]
     assert [c.frames for c in chunks[:-1]] == [rt.published_frames(i, 8)[1] for i in range(8)]
     assert chunks[0].segment == b"segment 1" and chunks[-1].segment == b"trailer" and recorders[0].finished
-    frames, audio = np.concatenate(recorders[0].frames), np.concatenate(recorders[0].audio)
+    frames, audio = recorders[0].arrays()
     assert sum(c.audio_samples for c in chunks) == audio.shape[0] == rt.samples_at(243)
-    threads = torch.get_num_threads()
+    threads, offline = torch.get_num_threads(), Recorder()
     try:
-        offline = generate_offline(LocalEngine(config), plan_realtime("fireworks over a harbour", 64, 64, 9, 200,
-                                                                      defaults=executor.defaults))
+        plan = plan_realtime("fireworks over a harbour", 64, 64, 9, 200, defaults=executor.defaults)
+        assert generate_offline(LocalEngine(config), plan, offline) == 8
     finally:
         torch.set_num_threads(threads)
-    np.testing.assert_array_equal(frames, offline[0])
-    np.testing.assert_array_equal(audio, offline[1].T)
+    np.testing.assert_array_equal(frames, offline.arrays()[0])
+    np.testing.assert_array_equal(audio, offline.arrays()[1])
     assert not list(executor.spool_dir.glob("chunk-*"))  # every chunk file read and removed
 
 
