@@ -43,6 +43,7 @@ from h3serve.model.realtime.prompt import encode_prompt
 from h3serve.model.realtime.session import CausalSession, ChunkMedia
 from h3serve.parallel.ulysses import head_sharded
 from h3serve.rank.lora import EngineLora
+from h3serve.rank.placement import device_memory_of, realtime_refusal
 from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.realtime import CHUNKS_AHEAD
 from h3serve.rules.validate.realtime import RealtimePlan
@@ -154,6 +155,9 @@ def run_session(engine, job: RealtimeOpen, rank: int, world: int, decide: Callab
     config, plan = engine.config, job.plan
     if config.realtime_lora is None or engine.lora is None:
         raise RequestError("realtime", "this server runs no real-time sessions (start it with --realtime-lora)")
+    refusal = realtime_refusal(config, plan, device_memory_of(config, engine.device))
+    if refusal is not None:
+        raise RequestError("width", f"this server cannot run the session: {refusal}")
     components = engine.pipeline.components
     sequence = engine.parallel.sequence if engine.parallel is not None else None
     ulysses = 1 if sequence is None else sequence.ulysses

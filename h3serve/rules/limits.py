@@ -88,3 +88,4 @@ MAX_MASK_NESTING = 64
 # canvas whose short edge is one the streaming LoRA was served at (vLLM-Omni), or the checkpoint's own canvas.
 MAX_REALTIME_FRAMES = 10 * 60 * FPS  # 14,400
 REALTIME_SHORT_EDGES = (480, 768, 1088)
+REALTIME_DEFAULT_SIZE = (480, 864)  # (width, height): vLLM-Omni's TaoMate-H3 canvas, the start-up plan's

@@ -26,7 +26,6 @@ from h3serve.rules.realtime import CHUNKS_PER_REQUEST, session_frames
 from h3serve.rules.validate.realtime import RealtimePlan, plan_realtime
 from h3serve.tools.cli_util import EXIT_ERROR, fail
 
-DEFAULT_SIZE = (480, 864)  # vLLM-Omni's TaoMate-H3 canvas (width, height)
 # generate's flags a session has no use for (each refused with its name when given)
 _NOT_REALTIME = ("aspect_ratio", "short_edge", "long_video", "long_video_mode", "window_frames", "overlap_frames",
                  "continuation_prompt", "control_mask", "control_source", "control_scale", "source_video",
@@ -47,8 +46,8 @@ def realtime_plan(args: argparse.Namespace, defaults: ModelDefaults) -> Realtime
              "num_outputs_per_prompt": args.num_outputs, "num_inference_steps": args.steps,
              "flow_shift": args.flow_shift, "audio_flow_shift": args.audio_flow_shift,
              "sample_solver": args.sample_solver, "lora": args.lora, "control": args.control}
-    width = DEFAULT_SIZE[0] if args.width is None else args.width
-    height = DEFAULT_SIZE[1] if args.height is None else args.height
+    width = limits.REALTIME_DEFAULT_SIZE[0] if args.width is None else args.width
+    height = limits.REALTIME_DEFAULT_SIZE[1] if args.height is None else args.height
     seed = limits.DEFAULT_SEED if args.seed is None else args.seed
     frames = max(1, round(duration * limits.FPS))
     return plan_realtime(args.prompt, width, height, seed, frames, extra=extra, defaults=defaults)
