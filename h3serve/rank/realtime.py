@@ -20,6 +20,7 @@ import queue
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from weakref import WeakKeyDictionary
 
 import torch.distributed as dist
 
@@ -38,9 +39,11 @@ from h3serve.engine.messages import (
 from h3serve.engine.realtime import SegmentWriter
 from h3serve.errors import RequestError
 from h3serve.media.raw import write_chunk
-from h3serve.model.realtime.attention import whole_heads
+from h3serve.model.realtime.attention import CausalAttention, whole_heads
 from h3serve.model.realtime.prompt import encode_prompt
 from h3serve.model.realtime.session import CausalSession, ChunkMedia
+from h3serve.model.transformer import H3Transformer
+from h3serve.parallel.sequence import SequenceParallel
 from h3serve.parallel.ulysses import head_sharded
 from h3serve.rank.lora import EngineLora
 from h3serve.rank.placement import device_memory_of, realtime_refusal
@@ -144,6 +147,17 @@ def _shared(boundary: Boundary | None, rank: int, world: int) -> Boundary:
     return box[0]
 
 
+_ATTENTION: WeakKeyDictionary[H3Transformer, CausalAttention] = WeakKeyDictionary()
+
+
+def _attention(dit: H3Transformer, sequence: SequenceParallel | None) -> CausalAttention:
+    """The DiT's causal attention, made once (inside the Ulysses all-to-all under sequence parallelism)."""
+    if dit not in _ATTENTION:
+        wrap = whole_heads if sequence is None else (lambda core: head_sharded(core, sequence.ulysses_group))
+        _ATTENTION[dit] = CausalAttention(dit, wrap)
+    return _ATTENTION[dit]
+
+
 Deliver = Callable[[ChunkMedia, Boundary], None]  # rank 0's hand-over of a chunk (its media, the boundary before it)
 
 
@@ -161,11 +175,10 @@ def run_session(engine, job: RealtimeOpen, rank: int, world: int, decide: Callab
     components = engine.pipeline.components
     sequence = engine.parallel.sequence if engine.parallel is not None else None
     ulysses = 1 if sequence is None else sequence.ulysses
-    wrap = whole_heads if sequence is None else (lambda core: head_sharded(core, sequence.ulysses_group))
     lora = LoraToggle(engine.lora, realtime_choice(config))
     heads = components.transformer.config.num_attention_heads // ulysses
     session = CausalSession(components, engine.device, plan.width, plan.height, plan.seed, plan.chunks, lora,
-                            heads=heads, wrap=wrap, emit=rank == 0)
+                            heads=heads, attention=_attention(components.transformer, sequence), emit=rank == 0)
     prompt = encode_prompt(components, plan.prompt)
     try:
         while True:

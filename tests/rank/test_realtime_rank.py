@@ -28,6 +28,7 @@ from h3serve.model.realtime.prompt import encode_prompt
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.realtime import Boundary, Inbox, generate_offline, realtime_choice, run_session, spool_chunk
 from h3serve.rules import realtime as rt
+from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate.realtime import plan_realtime
 from h3serve.tools.tiny_adapter import make_tiny_adapter
 
@@ -144,3 +145,23 @@ def test_configurations_taomate_does_not_run_are_refused(tiny_checkpoint, lora_d
 def test_a_directory_that_is_not_the_streaming_lora_is_refused(tiny_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="--realtime-lora x: x: a TaoMate-H3 LoRA is a directory"):
         EngineConfig(model=tiny_checkpoint, realtime_lora=str(tmp_path / "x")).validate()
+
+
+@pytest.mark.slow
+def test_sessions_and_jobs_reuse_the_compiled_blocks(tiny_checkpoint, lora_dir):
+    """Regional compilation (Dynamo capture only): a session installs the same causal attention every time and gives
+    the blocks their own back, so after the first session and job no graph is built again."""
+    threads = torch.get_num_threads()
+    try:
+        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+                                          realtime_lora=str(lora_dir), compile_granularity="regional",
+                                          compile_backend="aot_eager"))
+        plan, job = _plan(engine, "x", 1, 100), engine.plan(GenerationRequest(prompt="x", steps=2, duration_s=4))
+        graphs = []
+        for _ in range(2):
+            generate_offline(engine, plan, Recorder())
+            engine.generate(job)
+            graphs.append(engine.counters()["compiled_graphs"])
+    finally:
+        torch.set_num_threads(threads)
+    assert graphs[0] > 0 and graphs[1] == graphs[0]

@@ -39,15 +39,27 @@ class LiveChunk:
 
 
 class CausalAttention:
-    """The session's attention on `dit`'s blocks over `cache`; `close` puts the blocks' own attention back."""
+    """The causal attention of `dit`'s blocks. `install(cache)` puts it on the blocks for a session, `uninstall`
+    gives them their own attention back. The per-block callables are made once: a compiled block (regional
+    torch.compile) guards on them, so reinstalling the same ones in the next session reuses its graphs."""
 
-    def __init__(self, dit: H3Transformer, cache: CleanKVCache, wrap: HeadWrap = whole_heads):
-        self.cache = cache
+    def __init__(self, dit: H3Transformer, wrap: HeadWrap = whole_heads):
+        self.cache: CleanKVCache | None = None
         self.live: LiveChunk | None = None
         self.blocks = list(dit.transformer_blocks)
         self.originals = [block.attn.attention_fn for block in self.blocks]
-        for layer, (block, original) in enumerate(zip(self.blocks, self.originals, strict=True)):
-            block.attn.attention_fn = _Dispatch(self, original, wrap(_Core(self, layer)))
+        self.dispatch = [_Dispatch(self, original, wrap(_Core(self, layer)))
+                         for layer, original in enumerate(self.originals)]
+
+    def install(self, cache: CleanKVCache) -> None:
+        self.cache = cache
+        for block, dispatch in zip(self.blocks, self.dispatch, strict=True):
+            block.attn.attention_fn = dispatch
+
+    def uninstall(self) -> None:
+        for block, original in zip(self.blocks, self.originals, strict=True):
+            block.attn.attention_fn = original
+        self.cache, self.live = None, None
 
     @contextmanager
     def chunk(self, text_rows: int, seq_len: int, commit: bool = False) -> Iterator[None]:
@@ -57,10 +69,6 @@ class CausalAttention:
             yield
         finally:
             self.live = None
-
-    def close(self) -> None:
-        for block, original in zip(self.blocks, self.originals, strict=True):
-            block.attn.attention_fn = original
 
 
 class _Dispatch:
@@ -81,15 +89,15 @@ class _Core:
         self.owner, self.layer = owner, layer
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        live = self.owner.live
-        assert live is not None
+        live, cache = self.owner.live, self.owner.cache
+        assert live is not None and cache is not None
         text, end = live.text_rows, live.seq_len
-        history_k, history_v = self.owner.cache.history(self.layer)
+        history_k, history_v = cache.history(self.layer)
         keys = torch.cat([history_k, k[:, text:end], k[:, :text]], dim=1)
         values = torch.cat([history_v, v[:, text:end], v[:, :text]], dim=1)
         out = torch.zeros_like(q)
         out[:, :text] = sdpa_attention(q[:, :text], k[:, :text], v[:, :text])
         out[:, text:end] = sdpa_attention(q[:, text:end], keys, values)
         if live.commit:
-            self.owner.cache.stage(self.layer, k[:, text:end], v[:, text:end])
+            cache.stage(self.layer, k[:, text:end], v[:, text:end])
         return out

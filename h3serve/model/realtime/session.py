@@ -21,7 +21,7 @@ import torch
 from h3serve.model.decoder import Decoder
 from h3serve.model.layout import unpatchify
 from h3serve.model.pipeline_types import H3Components
-from h3serve.model.realtime.attention import CausalAttention, HeadWrap, whole_heads
+from h3serve.model.realtime.attention import CausalAttention
 from h3serve.model.realtime.decode import ChunkAudioDecoder, ChunkVideoDecoder
 from h3serve.model.realtime.kv_cache import CleanKVCache
 from h3serve.model.realtime.layout import chunk_layout
@@ -65,8 +65,9 @@ class ChunkMedia:
 class CausalSession:
     """A session of `chunks` chunks (whole requests) at `width` x `height` from `seed`, on `components`' T2VA DiT.
 
-    `heads`: the attention heads this rank computes (a Ulysses rank's shard; `wrap` exchanges rows for heads around
-    the causal core). `emit`: whether this rank returns media (rank 0; the others still run the collectives)."""
+    `heads`: the attention heads this rank computes (a Ulysses rank's shard). `attention`: the DiT's causal attention
+    (made once per DiT and reused by its sessions; by default this session's own, on whole heads). `emit`: whether
+    this rank returns media (rank 0; the others still run the collectives)."""
 
     def __init__(
         self,
@@ -78,7 +79,7 @@ class CausalSession:
         chunks: int,
         lora: LoraSwitch,
         heads: int | None = None,
-        wrap: HeadWrap = whole_heads,
+        attention: CausalAttention | None = None,
         emit: bool = True,
     ):
         dit = components.transformer
@@ -95,7 +96,8 @@ class CausalSession:
             len(dit.transformer_blocks), heads or cfg.num_attention_heads, cfg.attention_head_dim,
             kv_rows_bound(self.frame_rows), attn.norm_k.weight.dtype, device,
         )
-        self.attention = CausalAttention(dit, self.cache, wrap)
+        self.attention = attention or CausalAttention(dit)
+        self.attention.install(self.cache)
         decoder = Decoder(components, device)
         self.video_decoder, self.audio_decoder = ChunkVideoDecoder(decoder), ChunkAudioDecoder(decoder)
         self.sigma_video, self.sigma_audio = student_sigmas()
@@ -111,7 +113,7 @@ class CausalSession:
 
     def close(self) -> None:
         """Give the DiT's blocks their own attention back (the cache's memory goes with the session)."""
-        self.attention.close()
+        self.attention.uninstall()
 
     @torch.no_grad()
     def run_chunk(self, prompt: PromptStates) -> ChunkMedia:

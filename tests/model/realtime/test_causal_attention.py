@@ -36,7 +36,8 @@ def test_the_core_is_the_masked_attention_and_padding_rows_are_zero():
         cache.stage(layer, *history)
     cache.commit(CachedChunk(4, 5))
     originals = [b.attn.attention_fn for b in dit.transformer_blocks]
-    causal = CausalAttention(dit, cache)
+    causal = CausalAttention(dit)
+    causal.install(cache)
     text, doc, padded = 5, 17, 20
     q, k, v = (torch.randn(1, padded, heads, dim, generator=g) for _ in range(3))
     core = dit.transformer_blocks[1].attn.attention_fn
@@ -49,15 +50,18 @@ def test_the_core_is_the_masked_attention_and_padding_rows_are_zero():
     assert cache.staged[1] == doc - text and cache.staged[0] is None
     staged_k = cache.keys[1, 9 : 9 + doc - text]
     assert torch.equal(staged_k, k[0, text:doc])
-    causal.close()
+    installed = [b.attn.attention_fn for b in dit.transformer_blocks]
+    causal.uninstall()
     assert [b.attn.attention_fn for b in dit.transformer_blocks] == originals
+    causal.install(cache)  # the next session reinstalls the same callables (a compiled block's guards hold)
+    assert [b.attn.attention_fn for b in dit.transformer_blocks] == installed
 
 
 def test_the_dit_forward_is_unchanged_outside_a_chunk():
     dit = random_small_dit()
     plain = copy.deepcopy(dit)
     cache = CleanKVCache(len(dit.transformer_blocks), 2, 32, 8, torch.float32, torch.device("cpu"))
-    CausalAttention(dit, cache)
+    CausalAttention(dit).install(cache)
     layout = build_keyframe_layout(torch.full((6,), TEXT_TAG), 3, 2, 4, 5)
     g = torch.Generator().manual_seed(1)
     video = patchify(torch.randn(1, 24, 3, 2, 4, generator=g))[None]
