@@ -165,8 +165,10 @@ class RealtimeStream:
                 self._finish()
                 return None
             if isinstance(event, Failed):
-                self._finish()
-                self.executor.failed(event)
+                try:
+                    self.executor.failed(event)  # raises, once the ranks are restarted where they must be
+                finally:
+                    self._finish()
 
     def close(self) -> None:
         """Abort now (idempotent): the ranks stop at their next chunk boundary and take the next job."""
