@@ -54,7 +54,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--width", type=int, help="multiple of 32; with --height")
     p.add_argument("--height", type=int, help="multiple of 32")
     p.add_argument(
-        "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5)"
+        "--duration", type=float, help="seconds, 4-15 (30 / 300 with --long-video), snapped up to 17n+5 (default 5); "
+        "with --realtime-lora up to 600, in whole 5-second requests"
     )
     p.add_argument("--steps", type=int, help="denoiser forwards N, 1-200 (diffusers' N+1 points; default 50)")
     p.add_argument("--lora", metavar="PATH", help="a LoRA adapter file or directory, applied unmerged (--lora-scale S)")
@@ -251,6 +252,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         model = model_dir(args.model)
         config = engine_config_from_args(args, model)
         device = check_engine(config).device  # the ranks' own start-up check, before any rank starts
+        if config.realtime_lora is not None:  # a real-time session, offline (h3serve.tools.realtime_cli)
+            from h3serve.tools.realtime_cli import generate_realtime
+
+            return generate_realtime(args, config, read_layout(model, config.dits).defaults(), options)
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
         layout = read_layout(model, config.dits)
@@ -380,10 +385,11 @@ def _add_make_adapter(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny-adapter", help="write a deterministic synthetic DiT adapter for a tiny preset")
     p.add_argument("dir", help="output folder (created)")
     p.add_argument("--format", required=True,
-                   help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3 | pdd (PAI 8-step, FL2VA)")
+                   help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3 | pdd (PAI 8-step, FL2VA) | "
+                   "controlnet | taomate (TaoMate-H3 real-time LoRA directory: --realtime-lora)")
     p.add_argument("--preset", default="tiny", help="tiny | cpu-bench (the checkpoint preset it adapts)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4)")
+    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4, taomate 4)")
     p.set_defaults(func=cmd_make_adapter)
 
 

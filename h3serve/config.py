@@ -16,7 +16,8 @@ from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
-from h3serve.adapters.serving import catalog_for, lora_enabled
+from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
+from h3serve.adapters.taomate import inspect_taomate
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.offload.modes import (
@@ -86,6 +87,9 @@ class EngineConfig:
     max_lora_rank: int | None = None
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
+    # --realtime-lora: TaoMate-H3's causal-streaming LoRA directory (h3serve.adapters.taomate); enables real-time
+    # sessions (h3serve.rank.realtime) on the T2VA DiT, applied unmerged beside any per-request LoRA.
+    realtime_lora: str | None = None
     # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
@@ -218,6 +222,33 @@ class EngineConfig:
         if self.cache_backend != "none":
             raise ConfigError(f"{flag}: the hints enter between the DiT's blocks; not with --cache-backend")
 
+    def _validate_realtime(self) -> None:
+        """What vLLM-Omni's TaoMate-H3 refuses (pure Ulysses, TP 1, the FL2VA DiT), and the adapter itself."""
+        if self.realtime_lora is None:
+            return
+        flag = f"--realtime-lora {Path(self.realtime_lora).name}"
+        if "transformer" not in self.dits:
+            raise ConfigError(f"{flag}: real-time sessions run on the FL2VA (T2VA) DiT; load it (--task-type fl2va "
+                              "or auto)")
+        if self.tensor_parallel_size > 1:
+            raise ConfigError(f"{flag}: real-time sessions run with pure Ulysses sequence parallelism (the LoRA is "
+                              "replicated, the clean K/V cache sharded by heads); use --usp instead of -tp")
+        if self.ring_degree > 1:
+            raise ConfigError(f"{flag}: the clean K/V cache holds whole rows per head shard; use --usp, not --ring")
+        if self.cache_backend != "none":
+            raise ConfigError(f"{flag}: a real-time chunk runs three steps conditioned on cached K/V; a DiT block "
+                              "cache does not apply (drop --cache-backend)")
+        if self.full_graph:
+            raise ConfigError(f"{flag}: the causal attention runs eagerly between compiled blocks; use "
+                              "diffusion_compile_granularity='regional'")
+        try:
+            info = inspect_taomate(self.realtime_lora, dit_config(self.model, self.dits))
+        except AdapterError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+        if self.max_lora_rank is not None and self.max_lora_rank < info.rank:
+            raise ConfigError(f"--max-lora-rank {self.max_lora_rank}: smaller than the real-time LoRA's rank "
+                              f"{info.rank}")
+
     def _validate_lora(self) -> None:
         if self.dit_adapter is not None:
             if "transformer" not in self.dits:
@@ -247,6 +278,7 @@ class EngineConfig:
         self._validate_model()
         self._validate_lora()
         self._validate_controlnet()
+        self._validate_realtime()
         return self
 
     def _validate_device(self) -> None:

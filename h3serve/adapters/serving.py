@@ -11,6 +11,7 @@ from typing import Protocol
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.peft import target_shapes
+from h3serve.adapters.taomate import read_config
 from h3serve.rules.defaults import ModelDefaults
 
 DITS = ("transformer", "transformer_ref")
@@ -25,6 +26,7 @@ class AdapterFlags(Protocol):
     lora_dir: str | None
     lora_scale: float
     max_lora_rank: int | None
+    realtime_lora: str | None
 
     @property
     def dits(self) -> tuple[str, ...]: ...
@@ -64,3 +66,9 @@ def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) 
     kwargs = {} if log is None else {"log": log}
     return LoraCatalog(target_shapes(dit), dict(config.lora_paths), config.lora_scale, root, config.max_lora_rank,
                        dit_config=dit, **kwargs)
+
+
+def slot_rank(config: AdapterFlags, catalog: LoraCatalog | None) -> int:
+    """The LoRA wrappers' slot rank: the catalog's, or the real-time LoRA's when larger (0: no LoRA wrappers)."""
+    realtime = 0 if config.realtime_lora is None else read_config(Path(config.realtime_lora))[0]
+    return max(0 if catalog is None else catalog.slot_rank, realtime)

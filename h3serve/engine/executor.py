@@ -33,15 +33,25 @@ from h3serve.engine.messages import (
     Progress,
     RankJob,
     Ready,
+    RealtimeEnded,
+    RealtimeOpen,
     Stop,
     spool_file,
 )
 from h3serve.engine.output import GenerationOutput
+from h3serve.engine.realtime import (
+    RealtimeBusy,
+    RealtimeSpec,
+    RealtimeStream,
+    RealtimeUnavailable,
+    SegmentWriterFactory,
+)
 from h3serve.errors import ConfigError, ServerError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.parallel.start_method import rank_context, start_rank
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.validate.realtime import plan_realtime
 
 ProgressCallback = Callable[[int, int], None]
 SPOOL_PREFIX = "h3serve-spool-"
@@ -287,6 +297,83 @@ class Executor:
                 raise
             finally:
                 self._cancel_requested = None
+
+    # -- real-time sessions (h3serve.engine.realtime) ----------------------------------------------------------
+
+    def open_realtime(self, spec: RealtimeSpec, writer_factory: SegmentWriterFactory | None = None) -> RealtimeStream:
+        """Check `spec`, take the ranks for a session (`RealtimeBusy` while a job or another session runs) and start
+        it; `writer_factory` makes its segment writer (default: the fragmented-MP4 writer)."""
+        if self.config.realtime_lora is None:
+            raise RealtimeUnavailable("this server runs no real-time sessions (start it with --realtime-lora DIR)")
+        plan = plan_realtime(spec.prompt, spec.width, spec.height, spec.seed, spec.num_frames, spec.negative_prompt,
+                             spec.extra, self.defaults)
+        if writer_factory is None:
+            from h3serve.media.fragments import FragmentWriter  # the media layer's encoder (PyAV), one per session
+
+            writer_factory = FragmentWriter
+        if not self._lock.acquire(blocking=False):
+            raise RealtimeBusy()
+        try:
+            if self._closed:
+                raise EngineError("the engine is shut down")
+            if not self.alive():
+                self.restart()
+            seq = next(self._seq)
+            writer = writer_factory(plan.width, plan.height)
+            self._requests.put(RealtimeOpen(seq, plan, str(self._spool)))
+        except BaseException:
+            self._lock.release()
+            raise
+        return RealtimeStream(self, seq, plan, writer, self._end_session)
+
+    @property
+    def spool_dir(self) -> Path:
+        assert self._spool is not None
+        return self._spool
+
+    def send(self, message: object) -> None:
+        """A control message for the session in flight (rank 0 reads it at its next chunk boundary)."""
+        self._requests.put(message)
+
+    def next_event_for(self, seq: int, deadline: float | None) -> Event:
+        """The next event about session `seq` (older ones skipped); `EngineError` when a rank died (the ranks are
+        restarted first), `TimeoutError` past `deadline`."""
+        while True:
+            try:
+                event = self._next_event(deadline)
+            except EngineError:
+                self.restart()
+                raise
+            if getattr(event, "seq", None) == seq:
+                return event
+
+    def failed(self, event: Failed) -> None:
+        """Raise a session's failure as `EngineError` (several ranks: they exited, so they are restarted first)."""
+        message = self._root_cause(event)
+        if not self.alive() or self.config.world_size > 1:
+            self.restart()
+        raise EngineError(message, client_error=event.client_error, code=event.code)
+
+    def abort(self, seq: int) -> None:
+        """Stop session `seq` now: at its next chunk boundary, or by restarting the ranks after `cancel_grace_s`."""
+        self.cancel(seq)
+        deadline = time.monotonic() + self.cancel_grace_s
+        while True:
+            try:
+                event = self.next_event_for(seq, deadline)
+            except TimeoutError:
+                self.restart()
+                return
+            except EngineError:
+                return
+            if isinstance(event, JobCancelled | RealtimeEnded | Failed):
+                if isinstance(event, Failed) and self.config.world_size > 1:
+                    self.restart()
+                return
+
+    def _end_session(self) -> None:
+        self._cancel_requested = None
+        self._lock.release()
 
     def _wait_until(self, seq: int, deadline: float | None) -> float | None:
         """When to stop waiting for events: the job's deadline, or the end of a pending cancel's grace."""

@@ -1,7 +1,8 @@
 """Typed messages between the executor (parent) and its rank processes, instead of positional tuples.
 
-Parent -> rank 0: `RankJob`, or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen
-dataclasses; `seq` ties a message to the job it is about.
+Parent -> rank 0: `RankJob`, `RealtimeOpen` (then, while the session runs, `RealtimeInteract`, `RealtimeRead` and
+`RealtimeStop`), or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen dataclasses; `seq`
+ties a message to the job or session it is about.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
+from h3serve.rules.validate.realtime import RealtimePlan
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,62 @@ def spool_file(spool: str, index: int) -> str:
         return spool
     stem, dot, suffix = spool.rpartition(".")
     return f"{stem}.{index}.{suffix}" if dot else f"{spool}.{index}"
+
+
+@dataclass(frozen=True)
+class RealtimeOpen:
+    """Start a real-time session (every rank runs it); its chunks' media go to files in `spool_dir`."""
+
+    seq: int
+    plan: RealtimePlan
+    spool_dir: str
+
+
+@dataclass(frozen=True)
+class RealtimeInteract:
+    """A new prompt for session `seq`, from its next chunk boundary on."""
+
+    seq: int
+    prompt: str
+    event_id: str
+
+
+@dataclass(frozen=True)
+class RealtimeRead:
+    """The parent took chunk `index` of session `seq` (the ranks stay at most `CHUNKS_AHEAD` chunks ahead)."""
+
+    seq: int
+    index: int
+
+
+@dataclass(frozen=True)
+class RealtimeStop:
+    """End session `seq` after the chunk in flight."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class RealtimeChunkReady:
+    """A chunk of session `seq` is generated: its frames and audio are in `path` (h3serve.media.raw.read_chunk)."""
+
+    seq: int
+    index: int
+    path: str
+    frames: int
+    audio_samples: int
+    started_event_ids: tuple[str, ...] = ()
+    active_event_ids: tuple[str, ...] = ()
+    completed_event_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RealtimeEnded:
+    """Session `seq` generated its last chunk (`stopped`: it ended early, on `RealtimeStop`)."""
+
+    seq: int
+    chunks: int
+    stopped: bool
 
 
 @dataclass(frozen=True)
@@ -92,4 +150,4 @@ class Failed:
     code: str = "invalid_request"
 
 
-Event = Ready | Fatal | Progress | Done | JobCancelled | Failed
+Event = Ready | Fatal | Progress | Done | JobCancelled | Failed | RealtimeChunkReady | RealtimeEnded

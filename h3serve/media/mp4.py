@@ -111,7 +111,10 @@ class Mp4Writer:
         fps: int = 24,
         sample_rate: int = 32000,
         options: EncoderOptions = EncoderOptions(),  # noqa: B008 (frozen, so a shared default is safe)
+        audio_follows: bool = False,
     ):
+        """`audio_follows`: the soundtrack comes with the frames (`append_audio`, a real-time session's chunks)
+        instead of whole in `audio`; an AAC frame is encoded once all its samples are there."""
         probe = np.zeros((1, height, width, 3), dtype=np.float32)
         validate_media(probe, audio, fps, sample_rate, even_dims=True)
         _validate_options(options, sample_rate)
@@ -126,6 +129,7 @@ class Mp4Writer:
         self.pcm = fit_audio(audio, self.n_samples)
         self.written = 0
         self._audio_done = 0
+        self._audio_given = 0 if audio_follows else self.n_samples  # samples of `pcm` that hold the soundtrack
         self._output = None
         self._container = None
 
@@ -157,12 +161,23 @@ class Mp4Writer:
         """Encode the 1024-sample frames starting before ``end``."""
         done, container = self._audio_done, self._container
         while done < min(end, self.n_samples):
+            if self._audio_given < self.n_samples and done + AAC_FRAME_SAMPLES > self._audio_given:
+                break  # the rest of this AAC frame's samples come with the next frames
             chunk = np.ascontiguousarray(self.pcm[:, done : done + AAC_FRAME_SAMPLES])
             frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
             frame.sample_rate, frame.pts, frame.time_base = self.sample_rate, done, Fraction(1, self.sample_rate)
             container.mux(self._astream.encode(frame))
             done += chunk.shape[1]
         self._audio_done = done
+
+    def append_audio(self, samples: np.ndarray) -> None:
+        """The next stretch of a following soundtrack, float32 [2, n] (past the announced length: dropped)."""
+        if not np.isfinite(samples).all():
+            raise ValueError("audio contains NaN or inf")
+        start = self._audio_given
+        stop = min(self.n_samples, start + samples.shape[1])
+        np.clip(samples[:, : stop - start], -1.0, 1.0, out=self.pcm[:, start:stop])
+        self._audio_given = stop
 
     def write(self, frames: np.ndarray) -> None:
         """Encode uint8 frames [t, H, W, 3] (RGB) after those already written."""
@@ -185,6 +200,7 @@ class Mp4Writer:
                 if self.written != self.num_frames:
                     raise ValueError(f"{self.written} of the announced {self.num_frames} frames were written")
                 self._container.mux(self._vstream.encode(None))
+                self._audio_given = self.n_samples  # a following soundtrack's missing end is silence
                 self._encode_audio_until(self.n_samples)
                 self._container.mux(self._astream.encode(None))
         except BaseException:

@@ -113,3 +113,19 @@ def read_raw(path: PathLike) -> tuple[np.ndarray, np.ndarray, int, int]:
         raise ValueError(f"{path}: cannot read raw media file: {e}") from e
     validate_media(video, audio, fps, sample_rate)
     return video, audio, fps, sample_rate
+
+
+def write_chunk(path: PathLike, frames: np.ndarray, audio: np.ndarray) -> None:
+    """A real-time chunk's media for the parent: uint8 frames [T, H, W, 3] and float32 audio [S, 2] (T, S may be 0).
+    A transient hand-over (the parent reads and removes it once the rank's message names it): renamed into place,
+    not synced to disk."""
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, frames=np.ascontiguousarray(frames, dtype=np.uint8), audio=np.ascontiguousarray(audio, np.float32))
+    os.replace(tmp, path)
+
+
+def read_chunk(path: PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """(frames, audio) of a file `write_chunk` wrote."""
+    with np.load(path) as data:
+        return data["frames"], data["audio"]

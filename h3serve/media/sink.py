@@ -92,3 +92,28 @@ class DiscardSink:
     def for_output(self, index: int) -> DiscardSink:
         return self
 
+
+
+class Mp4Chunks:
+    """A real-time session's chunks into one MP4 at `path` as they come (`h3serve generate --realtime-lora`): each
+    chunk's frames and the audio that goes with them, a `SegmentWriter` whose segments stay in the file."""
+
+    def __init__(self, path: str | Path, num_frames: int, width: int, height: int, options: EncoderOptions):
+        self.writer = Mp4Writer(path, num_frames, height, width, np.zeros((2, 0), np.float32), limits.FPS,
+                                limits.AUDIO_SAMPLE_RATE, options, audio_follows=True)
+        self.writer.__enter__()
+
+    def segment(self, frames: np.ndarray, audio: np.ndarray) -> bytes:
+        """uint8 frames [t, H, W, 3] and their float32 audio [S, 2]."""
+        self.writer.append_audio(audio.T)
+        self.writer.write(frames)
+        return b""
+
+    def finish(self) -> bytes:
+        self.writer.__exit__(None, None, None)
+        return b""
+
+    def abort(self) -> None:
+        """Leave no file (the session failed)."""
+        error = RuntimeError("the session did not finish")
+        self.writer.__exit__(type(error), error, None)

@@ -90,6 +90,17 @@ def last_anchor_time(num_latent_frames: int, origin: float) -> float:
     return origin + float(spans.sum()) - ROPE_FRAME_RESCALE
 
 
+def audio_positions(origin: float, num_latents: int, width_axis: torch.Tensor) -> torch.Tensor:
+    """A channel-major stereo block's positions [2·n, 3]: t from `origin`, h = 0, w pinned to the width axis' first
+    (ch0) / last (ch1) value."""
+    time = origin + torch.arange(num_latents, dtype=torch.float64)
+    rows = torch.zeros(AUDIO_CHANNELS * num_latents, 3, dtype=torch.float64)
+    rows[:, 0] = time.repeat(AUDIO_CHANNELS)
+    rows[:num_latents, 2] = float(width_axis[0])
+    rows[num_latents:, 2] = float(width_axis[-1])
+    return rows
+
+
 class _Rows:
     """Accumulates row blocks in packed order."""
 
@@ -111,13 +122,7 @@ class _Rows:
         self.add(rows.reshape(-1, 3), VIDEO_TAG, role)
 
     def add_audio(self, origin: float, num_latents: int, width_axis: torch.Tensor, role: Role) -> None:
-        """Channel-major stereo block: h = 0, w pinned to the width axis' first (ch0) / last (ch1) value."""
-        time = origin + torch.arange(num_latents, dtype=torch.float64)
-        rows = torch.zeros(AUDIO_CHANNELS * num_latents, 3, dtype=torch.float64)
-        rows[:, 0] = time.repeat(AUDIO_CHANNELS)
-        rows[:num_latents, 2] = float(width_axis[0])
-        rows[num_latents:, 2] = float(width_axis[-1])
-        self.add(rows, AUDIO_TAG, role)
+        self.add(audio_positions(origin, num_latents, width_axis), AUDIO_TAG, role)
 
     def build(self) -> Layout:
         positions = torch.cat(self.positions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.overhead import TERMS
 from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
+from h3serve.offload.realtime import REALTIME_KV
 
 STAGE_LABELS = {
     "text_encode": "text enc",
@@ -45,7 +46,7 @@ def _table(r: RankPlan) -> list[str]:
         text = f"  {label:<28}" + "".join(f"{gib(v):>{width}}" for v in values)
         return text + (f"{gib(host):>{width + 2}}" if host is not None else "")
 
-    for c in (*COMPONENTS, ADAPTERS):
+    for c in (*COMPONENTS, ADAPTERS, REALTIME_KV):
         weights = [s.weights.get(c, 0) for s in stages]
         buffers = [s.stream_buffers.get(c, 0) for s in stages]
         host = r.host_bytes.get(c, 0)

@@ -33,3 +33,15 @@ def gather_heads(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     send = x.reshape(b, u, uc // u, hu, d).permute(1, 0, 2, 3, 4)  # [U (destination = chunk owner), B, c, H/U, D]
     recv = all_to_all(send, group)  # [U (source = head slice), B, c, H/U, D]
     return recv.permute(1, 2, 0, 3, 4).reshape(b, uc // u, u * hu, d)
+
+
+def head_sharded(core, group: ProcessGroup | None):
+    """An attention core over every row of the sequence for 1/U of the heads, as a rank's attention over its own
+    rows and all heads: q, k, v exchanged in one all-to-all before `core`, its output exchanged back after."""
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dh = q.shape[-1]
+        q, k, v = scatter_heads(torch.cat([q, k, v], dim=-1), group).split(dh, dim=-1)
+        return gather_heads(core(q, k, v), group)
+
+    return attention

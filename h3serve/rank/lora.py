@@ -38,6 +38,8 @@ from torch import nn
 from h3serve.accel.fp8 import Fp8Linear
 from h3serve.adapters.catalog import read_adapter
 from h3serve.adapters.pdd import AUDIO_SHIFT, VIDEO_SHIFT, head_plans, pdd_target_shapes
+from h3serve.adapters.serving import slot_rank
+from h3serve.adapters.taomate import diffusers_parts, inspect_taomate, is_taomate_dir
 from h3serve.errors import RequestError
 from h3serve.model.transformer import H3Transformer, StepHeads
 from h3serve.parallel.comm import all_gather_dim, all_reduce_wide
@@ -177,9 +179,30 @@ def fused_heads(path: str, contract: PddContract) -> StepHeads:
     return StepHeads(**out)
 
 
+def read_taomate_factors(path: str, dit_config: dict) -> HostFactors:
+    """A TaoMate-H3 streaming LoRA directory's factors on the diffusers targets (`adapters.taomate.diffusers_parts`:
+    the fused Q/K/V's B rows split three ways over one shared A, the FFN input's B halves swapped to [value; gate])."""
+    info = inspect_taomate(path, dit_config)
+    factors = {}
+    with safe_open(str(info.path), framework="pt", device="cpu") as f:
+        for native, (key_a, key_b) in info.keys.items():
+            a, b = f.get_tensor(key_a), f.get_tensor(key_b)
+            for part in diffusers_parts(native, info.rows[native]):
+                rows = b[part.start : part.stop]
+                if part.swap_halves:
+                    gate, value = rows.chunk(2)
+                    rows = torch.cat([value, gate])
+                factors[part.target] = (a, rows.contiguous())
+    return HostFactors(info.rank, info.unit_scale, factors)
+
+
 def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) -> HostFactors:
-    """Read a LoRA or PDD file (checked against the DiT's targets first), keeping only this rank's slices under
-    `tp`."""
+    """Read a LoRA or PDD file, or a TaoMate-H3 directory (checked against the DiT's targets first), keeping only
+    this rank's slices under `tp`."""
+    if is_taomate_dir(path):
+        if tp is not None:
+            raise ValueError("the TaoMate-H3 LoRA runs without tensor parallelism (refused at start-up)")
+        return read_taomate_factors(path, dit_config)
     shapes = pdd_target_shapes(dit_config)
     info, pdd = read_adapter(path, dit_config, shapes)
     factors = {}
@@ -431,8 +454,10 @@ def lora_runtime(
     config, catalog, components, tp: TensorParallel | None, device: torch.device | None = None, adaln: bool = False
 ) -> EngineLora | None:
     """Wrap the loaded DiTs' target layers when the engine serves LoRA (`catalog`: its adapters, from --lora-path /
-    --lora-dir; None: no LoRA); `adaln`: the AdaLN projections too (resident ones only: what a PDD adapter needs)."""
-    if catalog is None:
+    --lora-dir) or real-time sessions (--realtime-lora); None for neither. `adaln`: the AdaLN projections too
+    (resident ones only: what a PDD adapter needs)."""
+    slot = slot_rank(config, catalog)
+    if slot < 1:
         return None
     dits = {name: dit for name in ("transformer", "transformer_ref") if (dit := getattr(components, name)) is not None}
-    return EngineLora(dits, catalog.slot_rank, config.max_cpu_loras, config.max_loras, tp, device, adaln)
+    return EngineLora(dits, slot, config.max_cpu_loras, config.max_loras, tp, device, adaln)

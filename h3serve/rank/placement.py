@@ -10,7 +10,7 @@ import torch
 
 from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import read_header
-from h3serve.adapters.serving import catalog_for
+from h3serve.adapters.serving import catalog_for, slot_rank
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
@@ -21,9 +21,12 @@ from h3serve.offload.modes import AUTO, OffloadError
 from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.plan_report import format_plan
 from h3serve.offload.planner import Runtime
+from h3serve.offload.realtime import realtime_kv_bytes, with_realtime_cache
 from h3serve.offload.request_shapes import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
 from h3serve.rank.device_checks import resolve_device, resolve_dtype
+from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
+from h3serve.rules.validate.realtime import RealtimePlan
 
 
 def plan_for_engine(
@@ -31,9 +34,11 @@ def plan_for_engine(
     device_memory: int | None,
     shape: RequestShape | None = None,
     headroom: int = DEFAULT_HEADROOM,
+    realtime_size: tuple[int, int] = limits.REALTIME_DEFAULT_SIZE,
 ) -> PlacementPlan:
     """The plan the engine logs (and refuses on) at start-up. Without `shape`: the checkpoint's default canvas at
-    5 s for every task the loaded DiTs serve, keeping the one that needs the most memory."""
+    5 s for every task the loaded DiTs serve, keeping the one that needs the most memory. With --realtime-lora, a
+    session's K/V cache at `realtime_size` (width, height) is held through every stage."""
     layout = read_layout(config.model, config.dits)
     dits = tuple(d for d in config.dits if layout.has(d))
     device = resolve_device(config)
@@ -44,13 +49,13 @@ def plan_for_engine(
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
     runtime = engine_runtime(config, device.type)
     catalog = catalog_for(config, log=lambda text: None)  # one read of the adapters' headers per plan
-    slot_rank, offloaded = (0 if catalog is None else catalog.slot_rank), offloaded_dits(config)
+    slot, offloaded = slot_rank(config, catalog), offloaded_dits(config)
     adaln = lora_adaln(config, catalog)
-    inv = with_lora_blocks(inv, slot_rank, adaln)  # each block's LoRA factors: placed, staged and streamed with it
+    inv = with_lora_blocks(inv, slot, adaln)  # each block's LoRA factors: placed, staged and streamed with it
     plan = plan_largest(inv, config.offload, shapes, device_memory, headroom if device_memory else 0, runtime=runtime)
     device, host = lora_bytes(
         inv.dits,
-        slot_rank,
+        slot,
         inv.degrees.tensor_parallel,
         inv.element_size,
         config.max_loras,
@@ -58,7 +63,24 @@ def plan_for_engine(
         offloaded,
         adaln,
     )
-    return with_adapter_bytes(plan, device + controlnet_bytes(config, inv, shapes), host)
+    plan = with_adapter_bytes(plan, device + controlnet_bytes(config, inv, shapes), host)
+    if config.realtime_lora is None or "transformer" not in inv.dits:
+        return plan
+    kv = realtime_kv_bytes(inv.dits["transformer"], config.ulysses_degree, inv.element_size, *realtime_size)
+    return with_realtime_cache(plan, kv)
+
+
+def realtime_refusal(config: EngineConfig, plan: RealtimePlan, device_memory: int | None) -> str | None:
+    """The planner's verdict on a session's canvas (its K/V cache grows with it), before it starts: why it cannot
+    fit the device, or None (it fits, or the device size is unknown)."""
+    if device_memory is None:
+        return None
+    verdict = plan_for_engine(config, device_memory, realtime_size=(plan.width, plan.height))
+    if verdict.fits is not False:
+        return None
+    return (f"a session at {plan.width}x{plan.height} needs {verdict.peak_device_bytes / GiB:.2f} GiB + "
+            f"{verdict.headroom / GiB:.2f} GiB headroom on a {device_memory / GiB:.2f} GiB device (its K/V cache "
+            "grows with the canvas); use a smaller size or more Ulysses ranks (--usp)")
 
 
 def controlnet_bytes(config: EngineConfig, inv, shapes: list[RequestShape]) -> int:

@@ -20,10 +20,24 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import Done, Failed, Fatal, JobCancelled, Progress, RankJob, Ready, Stop
+from h3serve.engine.messages import (
+    Done,
+    Failed,
+    Fatal,
+    JobCancelled,
+    Progress,
+    RankJob,
+    Ready,
+    RealtimeInteract,
+    RealtimeOpen,
+    RealtimeRead,
+    RealtimeStop,
+    Stop,
+)
 from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
 from h3serve.rank.device_checks import check_engine
+from h3serve.rank.realtime import Inbox, run_session, spool_chunk
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 
@@ -222,6 +236,22 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
                         outputs=len(output.outputs)))
 
 
+def _run_realtime(engine, job: RealtimeOpen, rank: int, world: int, requests, events, cancel_value) -> bool:
+    """A real-time session on this rank (h3serve.rank.realtime); True when the parent asked the ranks to exit."""
+    decide = Inbox(requests, job.seq, cancel_value).boundary if rank == 0 else None
+    try:
+        return run_session(engine, job, rank, world, decide, spool_chunk(job, events.put), events.put).exit
+    except Exception as e:
+        traceback.print_exc()
+        if world > 1:  # as in _run_job: a peer may wait in a collective this rank will never join
+            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
+            events.close()
+            events.join_thread()
+            os._exit(1)
+        events.put(_failed(job.seq, e, None))
+        return False
+
+
 def worker_main(
     rank: int,
     world: int,
@@ -242,6 +272,12 @@ def worker_main(
         job = _next_job(requests, rank, world, config.idle_keepalive_s)
         if isinstance(job, Stop):
             break
+        if isinstance(job, RealtimeInteract | RealtimeRead | RealtimeStop):
+            continue  # a control message that reached a session's end too late
+        if isinstance(job, RealtimeOpen):
+            if _run_realtime(engine, job, rank, world, requests, events, cancel_value):
+                break
+            continue
         _run_job(engine, job, rank, world, events, cancel_value, comm_device)
     if world > 1:
         dist.destroy_process_group()

@@ -187,6 +187,9 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--controlnet-model-path", metavar="FILE",
                    help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
                    "video (generate --control TYPE=FILE; HTTP extra_params.<type>)")
+    r.add_argument("--realtime-lora", metavar="DIR",
+                   help="TaoMate-H3's causal-streaming LoRA directory (adapter_model.safetensors + config.json): "
+                   "enables real-time sessions (serve: WS /v1/realtime/video; generate: --duration S offline)")
     r.add_argument("--deploy-config")
     r.add_argument("--stage-overrides")
     r.add_argument("--step-execution", action="store_true")
@@ -465,6 +468,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         adaln_memo_bytes=adaln_memo(args.adaln_memo),
         adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
         controlnet_model_path=getattr(args, "controlnet_model_path", None),
+        realtime_lora=getattr(args, "realtime_lora", None),
         **({"init_timeout_s": timeout} if timeout else {}),
     ).validate()
     notices += config.notices()

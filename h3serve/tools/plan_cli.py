@@ -110,8 +110,10 @@ def build_plan(args: argparse.Namespace):
     from h3serve.offload.model_configs import model_dims
     from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
+    from h3serve.offload.realtime import realtime_kv_bytes, with_realtime_cache
     from h3serve.offload.request_shapes import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
+    from h3serve.rules import limits
     from h3serve.rules.names import TASK_TYPE_ALIASES
     from h3serve.rules.validate import ModelDefaults
     from h3serve.tools.engine_args import (
@@ -148,6 +150,11 @@ def build_plan(args: argparse.Namespace):
     runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled,
                       denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows))
     plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, runtime=runtime)
+    realtime = getattr(args, "realtime_lora", None) is not None and "transformer" in inv.dits
+    if realtime:  # a session's clean K/V cache at --width/--height, else the real-time default canvas
+        width, height = args.width or limits.REALTIME_DEFAULT_SIZE[0], args.height or limits.REALTIME_DEFAULT_SIZE[1]
+        kv = realtime_kv_bytes(inv.dits["transformer"], degrees.ulysses, inv.element_size, width, height)
+        plan = with_realtime_cache(plan, kv)
     layout = f"tp {degrees.tensor_parallel}, ulysses {degrees.ulysses}, ring {degrees.ring}, "
     layout += f"text-encoder tp {degrees.text_encoder_tp}, vae patch parallel {degrees.vae_patch_parallel}"
     name = "released H3 architecture (no files)" if source == RELEASED else str(source)
@@ -156,6 +163,8 @@ def build_plan(args: argparse.Namespace):
     title = f"plan: {name}; {degrees.world_size} rank(s) ({layout}); {offload.describe()}; {memo_text}; {compile_text}"
     if quant is not None:
         title += f"; quantization {quant.describe()}"
+    if realtime:
+        title += f"; a real-time session at {width}x{height}"
     return plan, title
 
 

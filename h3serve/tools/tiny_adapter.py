@@ -4,8 +4,9 @@
 (`<module>.lora_A.default.weight`) under a contract file name. `fasth3`: FastVideo's fused-at-load export (B@A
 pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). `pdd`: Alibaba PAI's 8-step file
 (`lora_down`/`lora_up` on the trunk and the blocks' AdaLN, a 32-head bank per modality, the released name and
-metadata). `controlnet`: a Fun ControlNet Union file (control blocks, no key prefix). Same arguments give the same
-bytes.
+metadata). `controlnet`: a Fun ControlNet Union file (control blocks, no key prefix). `taomate`: TaoMate-H3's
+causal-streaming LoRA directory (`lora_a`/`lora_b` on the native names, rank and alpha in its config.json). Same
+arguments give the same bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from h3serve.adapters.peft import target_shapes
 
-FORMATS = ("peft", "turbo", "fasth3", "pdd", "controlnet")
+FORMATS = ("peft", "turbo", "fasth3", "pdd", "controlnet", "taomate")
 CONTROLNET_FILE = "MiniMax-H3-Fun-Controlnet-Union.safetensors"
 TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
 PEFT_FILE = "adapter_model.safetensors"
@@ -183,13 +184,35 @@ def write_controlnet(folder: str | Path, dit_config: dict, blocks: int = 3, seed
     return path
 
 
-DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4, "controlnet": 0}
+def write_taomate_adapter(
+    folder: str | Path, dit_config: dict, rank: int = 4, alpha: float | None = None, seed: int = 0, std: float = 0.05
+) -> Path:
+    """A TaoMate-H3 LoRA directory in the released layout (`adapter_model.safetensors` with `<native target>.lora_a`
+    [r, in] / `.lora_b` [out, r] for every refiner and transformer block × qkv/out/fc1/fc2, and config.json with
+    `rank` and `alpha`, alpha = rank unless given, as released); returns the directory."""
+    from h3serve.adapters.taomate import WEIGHTS_FILE, native_shapes
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for target, (out_f, in_f) in native_shapes(dit_config).items():
+        tensors[f"{target}.lora_a"] = _normal((rank, in_f), g, std)
+        tensors[f"{target}.lora_b"] = _normal((out_f, rank), g, std)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / WEIGHTS_FILE))
+    config = {"rank": rank, "alpha": float(rank if alpha is None else alpha)}
+    (folder / "config.json").write_text(json.dumps(config, sort_keys=True) + "\n")
+    return folder
+
+
+DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4, "controlnet": 0, "taomate": 4}
 
 
 def make_tiny_adapter(
     folder: str | Path, fmt: str, preset: str = "tiny", seed: int = 0, rank: int | None = None
 ) -> Path:
-    """A synthetic adapter of `fmt` for the DiT of a tiny-checkpoint preset; returns the file written."""
+    """A synthetic adapter of `fmt` for the DiT of a tiny-checkpoint preset; returns the file written (the
+    directory for `taomate`)."""
     from h3serve.tools.tiny_checkpoint import PRESETS
 
     if fmt not in FORMATS:
@@ -208,4 +231,6 @@ def make_tiny_adapter(
         return write_turbo_adapter(folder, cfg, rank=rank, seed=seed)
     if fmt == "pdd":
         return write_pdd_adapter(folder, cfg, rank=rank, seed=seed)
+    if fmt == "taomate":
+        return write_taomate_adapter(folder, cfg, rank=rank, seed=seed)
     return write_fasth3_adapter(folder, cfg, rank=rank, seed=seed)

@@ -210,3 +210,43 @@ def test_switching_adapter_or_scale_never_recompiles(adapters):
         outputs.append(_run(served, inputs)[0])
     assert first == 2 and len(compiles) == first  # main block + refiner block graphs, nothing more
     assert not torch.equal(outputs[0], outputs[3]) and not torch.equal(outputs[0], outputs[1])
+
+
+def test_taomate_directory_on_native_names_equals_the_native_merge(tmp_path):
+    """The real-time LoRA's native factors (fused stacked Q/K/V, [gate; value] fc1) applied unmerged on h3serve's
+    diffusers modules equal the test's merge into the native weights converted with the checkpoint key maps."""
+    from h3serve.adapters.taomate import WEIGHTS_FILE
+    from h3serve.model.keys import diffusers_to_native, native_to_diffusers_name, split_native_tensor
+    from h3serve.tools.tiny_adapter import write_taomate_adapter
+
+    cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
+    folder = write_taomate_adapter(tmp_path / "taomate", cfg, rank=4, alpha=6.0, seed=3, std=0.1)
+    base = _model()
+    heads, head_dim = SMALL_DIT["num_attention_heads"], SMALL_DIT["attention_head_dim"]
+    native = diffusers_to_native(base.state_dict(), head_dim, "stacked")
+    factors = load_file(str(folder / WEIGHTS_FILE))
+    with torch.no_grad():
+        for key, a in factors.items():
+            if key.endswith(".lora_a"):
+                target = key[: -len(".lora_a")]
+                native[f"{target}.weight"] = native[f"{target}.weight"] + 6.0 / 4 * (factors[f"{target}.lora_b"] @ a)
+    merged = copy.deepcopy(base)
+    converted = {
+        name: t
+        for key, tensor in native.items()
+        for name, t in split_native_tensor(native_to_diffusers_name(key), tensor, heads, head_dim, "stacked")
+    }
+    merged.load_state_dict(converted, strict=False)
+    merged.fuse_projections()
+    served = copy.deepcopy(base)
+    served.fuse_projections()
+    runtime = LoraRuntime({"transformer": served}, slot_rank=8)
+    runtime.activate("transformer", _choice(folder, "realtime", 1.0, 4, 6.0))
+    inputs = _inputs()
+    for x, y, r in zip(_run(served, inputs), _run(merged, inputs), _run(base, inputs), strict=True):
+        assert (x - y).abs().max() <= 1e-4
+        assert (x - r).abs().max() > 1e-3
+    runtime.activate("transformer", None)  # off: the base model exactly (the audio teacher's forwards)
+    plain = copy.deepcopy(base)
+    plain.fuse_projections()
+    assert all(torch.equal(x, y) for x, y in zip(_run(served, inputs), _run(plain, inputs), strict=True))

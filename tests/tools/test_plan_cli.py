@@ -7,6 +7,7 @@ import json
 import pytest
 
 from h3serve.cli import main
+from h3serve.rules.realtime import kv_rows_bound
 
 FIVE_090 = [
     "--preset",
@@ -122,3 +123,13 @@ def test_resident_layers_leaving_one_streamed_block_is_refused(tiny_checkpoint, 
     flags = ["--diffusion-offload-config", json.dumps({"mode": "layer", "resident_layers": n - 1})]
     assert main(["plan", str(tiny_checkpoint), *flags]) == 2
     assert "leaves only one streaming block" in capsys.readouterr().err
+
+
+def test_released_preset_with_a_real_time_session_counts_its_kv_cache(capsys):
+    """The released DiT under Ulysses 4: 50 blocks x 14 heads x 128 x bf16 over the bound of rows at 480x864."""
+    argv = ["plan", "--preset", "released", "--usp", "4", "--task-type", "fl2va", "--json"]
+    assert main([*argv, "--realtime-lora", "taomate-h3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "a real-time session at 480x864" in data["title"]
+    expected = 2 * 50 * kv_rows_bound(15 * 27) * 14 * 128 * 2
+    assert all(s["weights"]["realtime kv cache"] == expected for s in data["ranks"][0]["stages"].values())
