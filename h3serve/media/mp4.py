@@ -78,7 +78,7 @@ def rgb8(video: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(video * 255.0), 0, 255).astype(np.uint8)
 
 
-def _yuv_frame(rgb: np.ndarray, index: int) -> av.VideoFrame:
+def yuv_frame(rgb: np.ndarray, index: int) -> av.VideoFrame:
     """uint8 [H,W,3] RGB -> BT.709 limited-range yuv420p VideoFrame with pts ``index``."""
     yuv = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24").reformat(
         format="yuv420p",
@@ -189,7 +189,7 @@ class Mp4Writer:
             raise ValueError(f"more than the announced {self.num_frames} frames")
         for rgb in frames:
             i = self.written
-            self._container.mux(self._vstream.encode(_yuv_frame(rgb, i)))
+            self._container.mux(self._vstream.encode(yuv_frame(rgb, i)))
             # Interleave: after each video frame, encode the audio up to that frame's end time.
             self._encode_audio_until((i + 1) * self.sample_rate // self.fps + 1)
             self.written += 1
