@@ -47,6 +47,7 @@ from h3serve.engine.realtime import (
     SegmentWriterFactory,
 )
 from h3serve.errors import ConfigError, ServerError
+from h3serve.media.fragments import FragmentWriter
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.parallel.start_method import rank_context, start_rank
@@ -308,8 +309,6 @@ class Executor:
         plan = plan_realtime(spec.prompt, spec.width, spec.height, spec.seed, spec.num_frames, spec.negative_prompt,
                              spec.extra, self.defaults)
         if writer_factory is None:
-            from h3serve.media.fragments import FragmentWriter  # the media layer's encoder (PyAV), one per session
-
             writer_factory = FragmentWriter
         if not self._lock.acquire(blocking=False):
             raise RealtimeBusy()
