@@ -53,7 +53,7 @@ demo: venv ffmpeg
 	$(BIN)/h3serve check-demo demo.mp4 --prompt "$(PROMPT)"
 
 test: venv ffmpeg chromium postgresql
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: venv
 	$(BIN)/ruff check h3serve tests

@@ -9,9 +9,10 @@ import torch
 from h3serve.rank.memory import PeakMemory
 
 
-def _held_until_sampled(sampler, added: int, timeout_s: float = 10.0) -> None:
+def _held_until_sampled(sampler, added: int, timeout_s: float = 60.0) -> None:
     """Wait until the sampler thread has seen `added` bytes more than at its start (on a busy 2-core host the
-    thread may not run for a while: a fixed sleep would measure the scheduler, not the sampler)."""
+    thread may not run for a while, in a full `make test` beside the other worker for more than 10 s: a fixed sleep
+    would measure the scheduler, not the sampler). Returns as soon as the sampler has seen it."""
     deadline = time.monotonic() + timeout_s
     while sampler.peak_bytes - sampler.start_bytes <= added and time.monotonic() < deadline:
         time.sleep(0.02)
