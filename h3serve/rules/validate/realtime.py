@@ -12,7 +12,7 @@ from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.realtime import STUDENT_STEPS, chunks_for_frames
-from h3serve.rules.validate.resolve import _check_int, _check_prompt
+from h3serve.rules.validate.resolve import check_int, check_prompt
 
 _TASKS = ("t2va",)  # the streaming LoRA was distilled on the FL2VA DiT's text-to-video-and-audio task
 _MEDIA_KEYS = ("image", "image_reference", "input_reference", "last_image", "references", "reference_images",
@@ -45,7 +45,7 @@ def plan_realtime(
     """Check a session's settings (`extra`: its sampling_params / extra_params as given) against the limits and
     the checkpoint's `defaults`."""
     defaults = defaults or ModelDefaults()
-    text = _check_prompt(prompt)
+    text = check_prompt(prompt)
     if negative_prompt not in (None, ""):
         raise RequestError("negative_prompt", "is not supported: the streaming LoRA is CFG-distilled (no guidance)")
     w, h = (_check_edge(name, value, defaults) for name, value in (("width", width), ("height", height)))
@@ -57,8 +57,8 @@ def plan_realtime(
         raise RequestError("width" if w > h else "height", f"{w}x{h} is wider than 4:1")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise RequestError("seed", f"must be an integer, got {seed!r}")
-    _check_int("seed", seed, limits.SEED_MIN, limits.SEED_MAX, 0)
-    frames = _check_int("num_frames", num_frames, 1, limits.MAX_REALTIME_FRAMES, limits.MAX_REALTIME_FRAMES)
+    check_int("seed", seed, limits.SEED_MIN, limits.SEED_MAX, 0)
+    frames = check_int("num_frames", num_frames, 1, limits.MAX_REALTIME_FRAMES, limits.MAX_REALTIME_FRAMES)
     _check_extra(dict(extra or {}))
     return RealtimePlan(text, w, h, seed, frames, chunks_for_frames(frames))
 

@@ -60,7 +60,7 @@ def validate(
     pin = defaults.pinned_schedule
     steps, flow_shift, audio_flow_shift = _resolve_schedule(request, defaults)
     sample_solver = resolve_sample_solver(request.sample_solver, pin)
-    seed = _check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
+    seed = check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
     control = resolve_control(request, task, mode, masks, quality)
     return GenerationPlan(
@@ -68,7 +68,7 @@ def validate(
         image=request.image,
         last_image=request.last_image,
         references=tuple(request.references),
-        prompt=_check_prompt(request.prompt),
+        prompt=check_prompt(request.prompt),
         width=width,
         height=height,
         num_frames=num_frames,
@@ -129,7 +129,7 @@ def resolve_control(
 def resolve_num_outputs(value: object, seed: int) -> int:
     """How many outputs of the prompt (1 to MAX_OUTPUTS_PER_PROMPT, default 1); output i runs at seed + i, so the
     last seed must be a valid seed too."""
-    count = _check_int("num_outputs", value, 1, limits.MAX_OUTPUTS_PER_PROMPT, 1)
+    count = check_int("num_outputs", value, 1, limits.MAX_OUTPUTS_PER_PROMPT, 1)
     if seed + count - 1 > limits.SEED_MAX:
         raise RequestError(
             "num_outputs",
@@ -205,7 +205,8 @@ def _check_quality(quality: str | None) -> str | None:
     return quality
 
 
-def _check_prompt(prompt: object) -> str:
+def check_prompt(prompt: object) -> str:
+    """The prompt, or a RequestError naming it (not a string, empty, over the limit)."""
     if not isinstance(prompt, str):
         raise RequestError("prompt", "must be a string")
     if not prompt.strip():
@@ -215,7 +216,8 @@ def _check_prompt(prompt: object) -> str:
     return prompt
 
 
-def _check_int(field: str, value: object, lo: int, hi: int, default: int) -> int:
+def check_int(field: str, value: object, lo: int, hi: int, default: int) -> int:
+    """`value` as an integer in [lo, hi] (`default` when None), or a RequestError naming `field`."""
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
