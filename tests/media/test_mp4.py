@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
+from fmp4_media import decode, ffprobe_streams
 
 from h3serve.media.mp4 import EncoderOptions, audio_samples_for, write_mp4
 
@@ -42,22 +41,6 @@ def make_content(frames: int, height: int, width: int, seed: float = 0.0, extra_
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
-
-def ffprobe_streams(path: Path) -> dict[str, dict]:
-    out = subprocess.run(
-        ["ffprobe", "-v", "error", "-count_frames", "-show_streams", "-of", "json", str(path)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return {s["codec_type"]: s for s in json.loads(out)["streams"]}
-
-
-def decode(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """All video frames as uint8 RGB [T,H,W,3] and all audio as float32 [2,N] (PyAV)."""
-    with av.open(str(path)) as c:
-        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-    with av.open(str(path)) as c:
-        chunks = [f.to_ndarray() for f in c.decode(audio=0)]
-    return np.stack(frames), np.concatenate(chunks, axis=1)
 
 
 @pytest.fixture(scope="module", params=[(107, 64, 128), (124, 32, 64)], ids=["107f", "124f"])
