@@ -21,7 +21,7 @@ nvidia-smi figures.
                      allocator's reserved peak (4 x RTX PRO 5000, TP2 x Ulysses 2, text-encoder TP4: 69,219 MiB
                      against 66,780 MiB, 2.38 GiB outside the allocator = context + compile + the 5 communicators
                      vLLM-Omni's layout made, h3serve.offload.measured_engine.communicators; h3serve's makes 4).
-                     The one residual calibration constant of the planner, the same for every layout.
+                     The planner's one constant calibrated on a measurement, the same for every layout.
   compile            when the DiT is compiled (torch.compile, the CUDA default unless --enforce-eager): the
                      Inductor/Triton kernel images loaded into the context and the autotuner's scratch.
                      0.25 GiB (an assumption).
