@@ -19,6 +19,7 @@ PRESETS = ("released",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from h3serve.offload.measured_engine import ENGINES, H3SERVE
     from h3serve.tools.engine_args import add_engine_args
 
     p = sub.add_parser("plan", help="per rank and stage, the device and host memory a configuration needs")
@@ -33,9 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="the plan as JSON")
     p.add_argument(
         "--as-engine",
-        default="h3serve",
-        help="h3serve (default) | vllm-omni: plan as vLLM-Omni runs the configuration (fp32 video VAE, whole-video "
-        "decode, its encoder layout and communicators), to compare with figures measured on it",
+        default=H3SERVE,
+        help=f"{' | '.join(ENGINES)} (default {H3SERVE}): plan as that engine runs the configuration; vllm-omni: its "
+        "fp32 video VAE, whole-video decode, encoder layout and communicators, to compare with figures measured on it",
     )
     add_engine_args(p)
     p.set_defaults(func=cmd_plan)
@@ -113,7 +114,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.checkpoint.resolver import read_layout
     from h3serve.config import DECODE_MODES, EngineConfig
     from h3serve.offload.inventory import RELEASED, build_inventory
-    from h3serve.offload.measured_engine import check_engine
+    from h3serve.offload.measured_engine import H3SERVE, check_engine
     from h3serve.offload.model_configs import model_dims
     from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
@@ -172,7 +173,7 @@ def build_plan(args: argparse.Namespace):
         title += f"; quantization {quant.describe()}"
     if realtime:
         title += f"; a real-time session at {width}x{height}"
-    if inv.engine != "h3serve":
+    if inv.engine != H3SERVE:
         title += f"; as {inv.engine} runs it"
     return plan, title
 
