@@ -6,8 +6,10 @@ with F = 5n+2 latent frames for 17n+5 frames and A = round(frames/24·40).
 
 denoise, inside one DiT block (`TransformerBlock.forward`) for this rank's S_l = ceil(S/(ulysses·ring)) rows:
   6 AdaLN tables [S_l, D] (gathered whole, alive for the whole block) + residual x + modulated input h
-  + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh] (with Ring also the
-        k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and partial);
+  + max(attention: q, k, v, two RoPE temporaries and the output, each [S_l, heads/TP·Dh] (with Ulysses the
+        exchange's buffers, measured_engine.ULYSSES_EXCHANGE more of them: 8 for h3serve, 6 for vLLM-Omni; with
+        Ring also the k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and
+        partial);
         FFN: fused [value; gate] output 2·ffn/TP, silu(gate) ffn/TP, the product ffn/TP);
   in row chunks (`--denoise-chunk-rows`, the planner's `denoise_chunk_rows`) only the residual stream in and out,
   q, k, v and the attention output are whole, the rest per chunk (`chunked_block`);
@@ -31,12 +33,17 @@ video_decode (the rank that stitches: rank 0, or every rank without VAE patch pa
   [3, 28, H, W] in es (h3serve.model.tile_stitch), with patch parallel the clip's gathered tiles; the previous
   clip's 5-frame tail in es; one frame's fp32 post-processing (two temporaries) before it leaves as uint8; the
   other ranks hold one clip's share of units twice.
+  As vLLM-Omni decodes (`whole_video_decode`, measured_engine "whole-video decode"): the whole video in fp32 and
+  revert_tensor's three pixel-scale copies of it on every rank, or while the clips decode the fp32 video and one
+  clip's gathered tiles (its own and the gathered ones, fp16 under autocast), whichever is larger; plus the tile's
+  decoder working set.
 audio_decode: BigVGAN's widest stage: 12,800·A samples·channels per channel pair after the ×2 anti-alias
   upsample, stereo as batch 2, fp32, eight such maps alive (three AMP branches, their sum, Snake temporaries).
   Both decode modes decode the soundtrack in windows (h3serve.model.audio_windows): A is one window's
   latents, WINDOW_LATENTS + 2·RELEASED_AUDIO_HALO + 15 (the far end moved out by A mod 16), or A itself up to
   2·WINDOW_LATENTS (decoded whole); the whole [2, 800·A] fp32 output is counted besides.
-The runtime overhead (context, NCCL, compile, allocator reserve) is h3serve.offload.overhead's.
+The runtime overhead (context, NCCL, compile, allocator reserve, a retained stage cache) is
+h3serve.offload.overhead's.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from dataclasses import dataclass
 from h3serve.model.audio_windows import ALIGNMENT, WINDOW_LATENTS
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.inventory import Inventory, TextShape, VaeShape
+from h3serve.offload.measured_engine import H3SERVE, ULYSSES_EXCHANGE, VLLM_OMNI, WHOLE_VIDEO_COPIES
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.rules import geometry, limits
 
@@ -116,7 +124,12 @@ class RequestShape:
 
 
 def denoise(
-    cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, es: int, chunk_rows: int | None = None
+    cfg: H3TransformerConfig,
+    d: ParallelDegrees,
+    shape: RequestShape,
+    es: int,
+    chunk_rows: int | None = None,
+    engine: str = H3SERVE,
 ) -> int:
     s = shape.seq_len
     s_local = math.ceil(s / d.sequence_parallel)
@@ -126,10 +139,11 @@ def denoise(
     ring = 0
     if d.ring > 1:  # the stacked k/v block in flight and its receive slot, the fp32 online-softmax accumulator
         ring = 4 * heads_cols * es + 3 * heads_cols * 4
+    exchange = ULYSSES_EXCHANGE[engine] * heads_cols * es if d.ulysses > 1 else 0
     if chunk_rows is not None and chunk_rows < s_local:
-        block = chunked_block(dim, heads_cols, ffn_cols, s_local, chunk_rows, es) + s_local * ring
+        block = chunked_block(dim, heads_cols, ffn_cols, s_local, chunk_rows, es) + s_local * (ring + exchange)
     else:
-        attention = 6 * heads_cols * es + ring
+        attention = 6 * heads_cols * es + ring + exchange
         block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
     heads = 4 * s * dim * es
     rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
@@ -208,6 +222,18 @@ def video_decode(v: VaeShape, d: ParallelDegrees, shape: RequestShape, es: int, 
     return int(max(gathered + 2 * video * es, video * es + 2 * video * 4)) + working
 
 
+def whole_video_decode(v: VaeShape, shape: RequestShape) -> int:
+    """vLLM-Omni's decode (measured_engine, "whole-video decode"), on every rank of the tile group: the whole video in
+    fp32 with the processor's three copies of it, or while the clips decode the fp32 video and one clip's tiles
+    (the rank's own and the gathered ones, fp16 under autocast), whichever is larger; plus the tile's working set."""
+    video = 3 * shape.num_frames * shape.width * shape.height * 4
+    clip_tiles = _tiles(shape.width, v.tile) * _tiles(shape.height, v.tile)
+    unit = 3 * VAE_CLIP_LATENTS * VAE_TEMPORAL_RATIO * v.tile**2 * 2
+    tokens = VAE_CLIP_LATENTS * (v.tile // limits.VAE_SPATIAL_COMPRESSION) ** 2
+    working = tokens * (8 * v.decoder_width + 3 * v.decoder_ffn) * 4
+    return max(WHOLE_VIDEO_COPIES * video, video + 2 * clip_tiles * unit) + working
+
+
 def audio_decode(shape: RequestShape) -> int:
     latents = shape.audio_rows // limits.AUDIO_CHANNELS
     window = latents if latents <= 2 * WINDOW_LATENTS else WINDOW_LATENTS + 2 * RELEASED_AUDIO_HALO + ALIGNMENT - 1
@@ -225,8 +251,10 @@ def stage_activations(
     if stage == "vae_encode":
         return vae_encode(inv.vae, shape)
     if stage == "denoise":
-        return denoise(inv.dits[dit], d, shape, es, chunk_rows)
+        return denoise(inv.dits[dit], d, shape, es, chunk_rows, inv.engine)
     if stage == "video_decode":
+        if inv.engine == VLLM_OMNI:
+            return whole_video_decode(inv.vae, shape)
         return video_decode(inv.vae, d, shape, es, stitches=rank == 0 or d.vae_patch_parallel == 1)
     if stage == "audio_decode":
         return audio_decode(shape)

@@ -7,6 +7,9 @@ video VAE's `_keep_in_fp32_modules` and its non-persistent buffers, and the whol
 Each rank holds its tensor-parallel shard of the DiT, and its text-encoder shard (or the whole encoder on rank 0
 without text-encoder TP, or nothing).
 
+With `engine="vllm-omni"` the video VAE and the text encoder are counted as vLLM-Omni holds them (all-fp32 VAE;
+50 encoder layers, the token embedding cut over the encoder's TP ranks): h3serve.offload.measured_engine.
+
 Each component splits into `base_bytes` (what never streams) and block groups (the repeated blocks a layerwise
 offload streams): DiT `token_refiner.refiner_blocks` and `transformer_blocks`; text encoder
 `language_model.layers` and `visual.blocks`.
@@ -14,6 +17,7 @@ offload streams): DiT `token_refiner.refiner_blocks` and `transformer_blocks`; t
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -24,6 +28,7 @@ from torch import nn
 
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
+from h3serve.offload.measured_engine import H3SERVE, TEXT_ENCODER_LAYERS, VLLM_OMNI, check_engine
 from h3serve.offload.model_configs import RELEASED, checkpoint_configs, released_configs
 from h3serve.offload.placement_plan import DIT_GROUPS, RESIDENT_GROUP, TEXT_GROUPS
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees
@@ -32,6 +37,7 @@ from h3serve.parallel.text_encoder_tp import TEXT_ENCODER_TP_PLAN
 
 ADALN_GROUP = RESIDENT_GROUP  # transformer_blocks: each holds one adaln_proj
 ADALN_OUT = "norm_out.linear."
+EMBEDDING = "language_model.embed_tokens.weight"  # the text encoder's token embedding
 
 Stored = dict[str, bool] | None  # module name -> per-channel scales, of linears a checkpoint stores in FP8
 
@@ -116,6 +122,7 @@ class Inventory:
     dits: dict[str, H3TransformerConfig]  # loaded DiTs and their configs
     text: TextShape
     vae: VaeShape
+    engine: str = H3SERVE  # whose conventions the bytes follow (h3serve.offload.measured_engine)
 
     @property
     def element_size(self) -> int:
@@ -280,19 +287,31 @@ def audio_vae_bytes(config: dict) -> ComponentBytes:
 
 
 def text_encoder_bytes(
-    config, dtype: torch.dtype, tp_size: int = 1, quant: ComponentQuant | None = None, stored: Stored = None
+    config,
+    dtype: torch.dtype,
+    tp_size: int = 1,
+    quant: ComponentQuant | None = None,
+    stored: Stored = None,
+    engine: str = H3SERVE,
 ) -> ComponentBytes:
     """The truncated `Qwen3VLModel` (no LM head) the conditioner loads; a TP shard when tp_size > 1; FP8 per
-    `quant`."""
+    `quant`. As vLLM-Omni holds it (`engine`): TEXT_ENCODER_LAYERS decoder layers and the token embedding cut over
+    the tp_size ranks (its `MiniMaxH3Qwen3VLVocabParallelEmbedding`)."""
     from transformers import Qwen3VLModel
 
+    if engine == VLLM_OMNI:
+        config = copy.deepcopy(config)
+        config.text_config.num_hidden_layers = TEXT_ENCODER_LAYERS
     with torch.device("meta"):
         model = Qwen3VLModel._from_config(config, dtype=dtype)
     if tp_size > 1:
         TensorParallel(0, tp_size, None, TEXT_ENCODER_TP_PLAN).shard_module(model)
     scratch = _fp8_swap(model, "text_encoder", quant, dtype, stored)
-    text = _split("text_encoder", _tensor_bytes(model, lambda _k, t, _p: t.dtype), TEXT_GROUPS)
-    return replace(text, fp8_scratch=scratch)
+    tensors = _tensor_bytes(model, lambda _k, t, _p: t.dtype)
+    if engine == VLLM_OMNI:
+        numel, nbytes = tensors[EMBEDDING]
+        tensors[EMBEDDING] = (-(-numel // tp_size), -(-nbytes // tp_size))
+    return replace(_split("text_encoder", tensors, TEXT_GROUPS), fp8_scratch=scratch)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -309,13 +328,16 @@ def build_inventory(
     device_type: str = "cuda",
     dtype: torch.dtype | None = None,
     quantization: QuantizationConfig | None = None,
+    engine: str = H3SERVE,
 ) -> Inventory:
     """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
 
     `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs (and safetensors headers) are read.
     With `quantization`, the FP8 components count 1 byte a quantised weight plus its float32 scales; so do the
-    linears a checkpoint stores in FP8, whatever the flags.
+    linears a checkpoint stores in FP8, whatever the flags. `engine="vllm-omni"`: the video VAE and the text
+    encoder as vLLM-Omni holds them (h3serve.offload.measured_engine).
     """
+    check_engine(engine)
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
     configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits)
@@ -335,10 +357,10 @@ def build_inventory(
             if twin
             else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name))
         )
-    vae, vae_shape = vae_bytes(configs.vae, dtype)
+    vae, vae_shape = vae_bytes(configs.vae, torch.float32 if engine == VLLM_OMNI else dtype)
     shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}
     text = text_encoder_bytes(
-        configs.text, dtype, degrees.text_encoder_tp, quant("text_encoder"), configs.stored.get("text_encoder")
+        configs.text, dtype, degrees.text_encoder_tp, quant("text_encoder"), configs.stored.get("text_encoder"), engine
     )
     holders = text_holders(degrees)
     ranks = tuple({**shared, "text_encoder": text} if r in holders else dict(shared) for r in range(degrees.world_size))
@@ -359,4 +381,5 @@ def build_inventory(
             intermediate=t.intermediate_size,
         ),
         vae=vae_shape,
+        engine=engine,
     )

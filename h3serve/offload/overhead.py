@@ -20,7 +20,8 @@ nvidia-smi figures.
                      communicator: calibrated on the one measurement that gives both an nvidia-smi figure and the
                      allocator's reserved peak (4 x RTX PRO 5000, TP2 x Ulysses 2, text-encoder TP4: 69,219 MiB
                      against 66,780 MiB, 2.38 GiB outside the allocator = context + compile + the 5 communicators
-                     vLLM-Omni's layout made; h3serve's makes 4).
+                     vLLM-Omni's layout made, h3serve.offload.measured_engine.communicators; h3serve's makes 4).
+                     The planner's one constant calibrated on a measurement, the same for every layout.
   compile            when the DiT is compiled (torch.compile, the CUDA default unless --enforce-eager): the
                      Inductor/Triton kernel images loaded into the context and the autotuner's scratch.
                      0.25 GiB (an assumption).
@@ -28,13 +29,17 @@ nvidia-smi figures.
                      segment rounding (allocations round up to 2 MiB multiples in 20 MiB+ segments), plus 10% of the
                      stage's transient bytes (activations, stream slots), which are freed and re-requested in other
                      sizes and leave cached blocks that the next sizes cannot reuse (an assumption).
+  retained_cache     an earlier stage's freed blocks that the caching allocator still holds at this stage's peak
+                     because none of this stage's requests fits in them: the denoise working set through vLLM-Omni's
+                     whole-video decode (h3serve.offload.measured_engine, "retained cache"; only in plans made as
+                     vLLM-Omni runs). h3serve's decode requests one clip at a time, each smaller than the denoise
+                     blocks it is carved from, so its own plans have no such term.
 On CPU there is no term: the rank's memory is its resident set, which the bench samples whole.
 """
 
 from __future__ import annotations
 
 from h3serve.offload.placement_plan import GiB
-from h3serve.parallel.degrees import ParallelDegrees
 
 MiB = 2**20
 CUDA_CONTEXT = GiB // 2
@@ -42,20 +47,23 @@ NCCL_PER_COMMUNICATOR = 320 * MiB
 COMPILE_WORKSPACE = GiB // 4
 ALLOCATOR_BASE = GiB // 4
 ALLOCATOR_FRAGMENTATION = 0.10  # of a stage's transient bytes (activations and stream buffers)
-TERMS = ("cuda_context", "nccl", "compile", "allocator_reserve")
+TERMS = ("cuda_context", "nccl", "compile", "allocator_reserve", "retained_cache")
+RESERVED_TERMS = ("allocator_reserve", "retained_cache")  # inside the allocator's reserved pool (max_memory_reserved)
 
 
 def runtime_overhead(
-    device_type: str, degrees: ParallelDegrees, rank: int, compiled: bool, transient: int
+    device_type: str, communicators: int, compiled: bool, transient: int, retained: int = 0
 ) -> dict[str, int]:
-    """The overhead terms of one rank in one stage whose transient tensors (activations, stream slots) are
-    `transient` bytes; empty on CPU. Terms that are zero are left out."""
+    """The overhead terms of one rank, in `communicators` NCCL communicators, in one stage whose transient tensors
+    (activations, stream slots) are `transient` bytes and which still holds `retained` bytes of an earlier stage's
+    freed blocks; empty on CPU. Terms that are zero are left out."""
     if device_type != "cuda":
         return {}
     terms = {
         "cuda_context": CUDA_CONTEXT,
-        "nccl": NCCL_PER_COMMUNICATOR * len(degrees.communicators(rank)),
+        "nccl": NCCL_PER_COMMUNICATOR * communicators,
         "compile": COMPILE_WORKSPACE if compiled else 0,
         "allocator_reserve": ALLOCATOR_BASE + int(ALLOCATOR_FRAGMENTATION * transient),
+        "retained_cache": retained,
     }
     return {name: n for name, n in terms.items() if n}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from h3serve.offload.adapters import ADAPTERS
+from h3serve.offload.measured_engine import UNMODELLED, UNMODELLED_PROFILES
 from h3serve.offload.overhead import TERMS
 from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
 from h3serve.offload.realtime import REALTIME_KV
@@ -85,6 +86,21 @@ def verdict(plan: PlacementPlan) -> str:
     return f"does not fit by {gib(plan.shortfall_bytes)} GiB: peak {gib(peak)} GiB on a {budget}"
 
 
+def unmodelled_bytes(plan: PlacementPlan) -> int:
+    """How far above the planned peak a run may still go: the largest excess of a published measurement over its
+    plan (h3serve.offload.measured_engine.UNMODELLED), applied to this plan's peak."""
+    return int(plan.peak_device_bytes * UNMODELLED[1])
+
+
+def unmodelled(plan: PlacementPlan) -> str:
+    low, high = UNMODELLED
+    return (
+        f"unmodelled: {UNMODELLED_PROFILES} published peaks measured {100 * low:+.1f} ... {100 * high:+.1f}% of their "
+        f"plans (docs/memory.md): up to {gib(unmodelled_bytes(plan))} GiB above this peak (allocator fragmentation, "
+        "kernel workspaces, engine builds)"
+    )
+
+
 def format_plan(plan: PlacementPlan, title: str | None = None) -> str:
     """Per rank (identical ranks once) and per stage: the device bytes by component, host bytes, peak, verdict."""
     lines = [title] if title else []
@@ -100,11 +116,13 @@ def format_plan(plan: PlacementPlan, title: str | None = None) -> str:
         lines.append(f"{name}: peak {gib(r.peak_device_bytes)} GiB in {r.peak_stage}")
         lines += _table(r)
     lines.append(verdict(plan))
+    lines.append(unmodelled(plan))
     return "\n".join(lines)
 
 
 def plan_json(plan: PlacementPlan) -> dict:
-    """Per rank: peak_device_bytes, peak_stage, host_bytes and per stage its component bytes; plus `fits`."""
+    """Per rank: peak_device_bytes, peak_stage, host_bytes and per stage its component bytes; plus `fits` and the
+    margin the planner cannot model (`unmodelled_margin`)."""
     return {
         "fits": plan.fits,
         "peak_device_bytes": plan.peak_device_bytes,
@@ -114,6 +132,12 @@ def plan_json(plan: PlacementPlan) -> dict:
         "shortfall_bytes": plan.shortfall_bytes,
         "resident_layers": plan.resident_layers,
         "denoise_chunk_rows": plan.denoise_chunk_rows,
+        "unmodelled_margin": {
+            "low": UNMODELLED[0],
+            "high": UNMODELLED[1],
+            "profiles": UNMODELLED_PROFILES,
+            "bytes_above_peak": unmodelled_bytes(plan),
+        },
         "notes": list(plan.notes),
         "ranks": [
             {

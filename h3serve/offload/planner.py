@@ -16,6 +16,8 @@ what a placement test observes):
       store in host memory (`adaln_memo`, up to its bound); with the projections in host memory, the DiTs without
       them, and `adaln` in host memory with one slot in denoise.
   overhead (h3serve.offload.overhead): per stage, the runtime terms an nvidia-smi sample adds to the tensors.
+  engine (`inv.engine`, h3serve.offload.measured_engine): "vllm-omni" plans as vLLM-Omni runs (its VAE, encoder,
+      decode, communicators and retained stage cache), to compare with the figures measured on it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adaln import adaln_slot, modulation_bytes
 from h3serve.offload.inventory import ComponentBytes, Inventory
+from h3serve.offload.measured_engine import H3SERVE, communicators, retains_denoise_cache
 from h3serve.offload.modes import (
     AUTO,
     DENOISE_CHUNK_LADDER,
@@ -147,6 +150,9 @@ def _stage_plan(
     assert chunk != AUTO, "the planner resolves an `auto` row chunk before it plans a stage"
     acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk) + _fp8_scratch(held, stage, dit)
     transient = acts + sum(buffers.values())
+    retained = 0
+    if retains_denoise_cache(inv.engine, stage, "vae" in config.staged_components()):
+        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk)
     return StagePlan(
         stage=stage,
         weights=weights,
@@ -155,7 +161,9 @@ def _stage_plan(
         modulations=modulation_bytes(inv.dits[dit], shape, inv.element_size)
         if runtime.memo and stage == "denoise"
         else 0,
-        overhead=runtime_overhead(inv.device_type, inv.degrees, rank, runtime.compiled, transient),
+        overhead=runtime_overhead(
+            inv.device_type, len(communicators(inv.engine, inv.degrees, rank)), runtime.compiled, transient, retained
+        ),
     )
 
 
@@ -175,7 +183,8 @@ def _rank_plan(
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     if runtime.memo and runtime.memo_store:
         host[ADALN_MEMO] = runtime.memo_store
-    return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=inv.degrees.communicators(rank))
+    joined = communicators(inv.engine, inv.degrees, rank)
+    return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=joined)
 
 
 def _build(
@@ -195,6 +204,11 @@ def _build(
         "activations are estimates (h3serve.offload.activations); runtime overhead: stated constants "
         "(h3serve.offload.overhead)",
     )
+    if inv.engine != H3SERVE:
+        notes += (
+            f"as {inv.engine} runs it (h3serve.offload.measured_engine): fp32 video VAE, whole-video decode, its "
+            "encoder layout and communicators; to compare with its measurements, not how h3serve runs",
+        )
     return PlacementPlan(ranks, resident_layers=k, device_memory=device_memory, headroom=headroom, notes=notes,
                          denoise_chunk_rows=chunk if isinstance(chunk, int) else None)
 

@@ -19,6 +19,7 @@ PRESETS = ("released",)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from h3serve.offload.measured_engine import ENGINES, H3SERVE
     from h3serve.tools.engine_args import add_engine_args
 
     p = sub.add_parser("plan", help="per rank and stage, the device and host memory a configuration needs")
@@ -31,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-tokens", type=int, default=256, help="prompt length in tokens (default 256)")
     p.add_argument("--headroom", default="1GiB", help="kept free above the peak for a 'fits' verdict (default 1GiB)")
     p.add_argument("--json", action="store_true", help="the plan as JSON")
+    p.add_argument(
+        "--as-engine",
+        default=H3SERVE,
+        help=f"{' | '.join(ENGINES)} (default {H3SERVE}): plan as that engine runs the configuration; vllm-omni: its "
+        "fp32 video VAE, whole-video decode, encoder layout and communicators, to compare with figures measured on it",
+    )
     add_engine_args(p)
     p.set_defaults(func=cmd_plan)
 
@@ -107,6 +114,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.checkpoint.resolver import read_layout
     from h3serve.config import DECODE_MODES, EngineConfig
     from h3serve.offload.inventory import RELEASED, build_inventory
+    from h3serve.offload.measured_engine import H3SERVE, check_engine
     from h3serve.offload.model_configs import model_dims
     from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
@@ -142,7 +150,7 @@ def build_plan(args: argparse.Namespace):
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
     device, dtype = _device(args)
     quant = quantization(args)
-    inv = build_inventory(source, degrees, dits, device, dtype, quant)
+    inv = build_inventory(source, degrees, dits, device, dtype, quant, check_engine(args.as_engine))
     defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits).defaults()
     store = adaln_memo(args.adaln_memo)
     # Compiled as the engine would on the planned device: regional torch.compile on CUDA unless --enforce-eager.
@@ -165,6 +173,8 @@ def build_plan(args: argparse.Namespace):
         title += f"; quantization {quant.describe()}"
     if realtime:
         title += f"; a real-time session at {width}x{height}"
+    if inv.engine != H3SERVE:
+        title += f"; as {inv.engine} runs it"
     return plan, title
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from h3serve.offload import overhead
+from h3serve.offload.measured_engine import VLLM_OMNI, communicators
 from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import GiB
 from h3serve.parallel import setup
@@ -70,18 +71,22 @@ def test_communicator_count_per_layout():
 
 def test_overhead_terms():
     quartet = ParallelDegrees(tensor_parallel=2, ulysses=2, text_encoder_tp=4, vae_patch_parallel=4, world_size=4)
-    terms = runtime_overhead("cuda", quartet, 0, compiled=True, transient=3 * GiB)
+    joined = len(quartet.communicators(0))  # world, tp, ulysses (the sequence group too), text encoder
+    terms = runtime_overhead("cuda", joined, compiled=True, transient=3 * GiB, retained=GiB)
     assert terms == {
         "cuda_context": overhead.CUDA_CONTEXT,
-        "nccl": 4 * overhead.NCCL_PER_COMMUNICATOR,  # world, tp, ulysses (the sequence group too), text encoder
+        "nccl": 4 * overhead.NCCL_PER_COMMUNICATOR,
         "compile": overhead.COMPILE_WORKSPACE,
         "allocator_reserve": overhead.ALLOCATOR_BASE + int(0.10 * 3 * GiB),
+        "retained_cache": GiB,
     }
     # Outside the allocator: context + compile + the communicators, calibrated on the PRO 5000 measurement's
     # 69,219 - 66,780 MiB (nvidia-smi less the allocator's reserved peak). vLLM-Omni's layout made five: its
     # sequence group apart from its Ulysses group, where h3serve's sequence group is the Ulysses group itself.
-    outside = terms["cuda_context"] + 5 * overhead.NCCL_PER_COMMUNICATOR + terms["compile"]
+    vllm = len(communicators(VLLM_OMNI, quartet, 0))
+    assert vllm == 5
+    outside = terms["cuda_context"] + vllm * overhead.NCCL_PER_COMMUNICATOR + terms["compile"]
     assert outside == pytest.approx((69_219 - 66_780) * 2**20, rel=0.05)
-    eager_one_gpu = runtime_overhead("cuda", ParallelDegrees(), 0, compiled=False, transient=0)
+    eager_one_gpu = runtime_overhead("cuda", 0, compiled=False, transient=0)
     assert eager_one_gpu == {"cuda_context": overhead.CUDA_CONTEXT, "allocator_reserve": overhead.ALLOCATOR_BASE}
-    assert runtime_overhead("cpu", quartet, 0, compiled=True, transient=GiB) == {}
+    assert runtime_overhead("cpu", joined, compiled=True, transient=GiB) == {}

@@ -36,7 +36,11 @@ def test_released_preset_on_two_32_gib_gpus_fits(capsys):
     assert "rank 0: peak" in out and "rank 1: peak" in out  # rank 0 stitches the decoded tiles: they differ
     assert "in denoise" in out and "transformer stream buffers" in out and "host pinned" in out
     assert "resident DiT blocks during denoise: 20" in out
-    assert out.strip().splitlines()[-1].startswith("fits: peak")
+    *_, verdict, margin = out.strip().splitlines()
+    assert verdict.startswith("fits: peak")
+    # The margin it cannot model, from the published measurements' residuals (h3serve.offload.measured_engine).
+    assert margin.startswith("unmodelled: 12 published peaks measured -5.4 ... +9.2% of their plans")
+    assert "GiB above this peak (allocator fragmentation" in margin
     # The runtime overhead apart from the tensors: context, one NCCL communicator per group (world, tp, encoder
     # tp), eager here only through --enforce-eager (compiled is the CUDA default), the allocator's reserve.
     assert "runtime overhead (not tensors" in out and "nccl (3 communicators)" in out and "compile" in out
@@ -56,11 +60,34 @@ def test_released_preset_that_does_not_fit_says_by_how_much(capsys):
     assert rank["peak_tensor_bytes"] == max(s["tensor_bytes"] for s in rank["stages"].values())
     assert rank["communicators"] == ["world", "tp", "text_encoder"]
     assert rank["host_bytes"]["adaln_memo"] == 4 * 2**30  # the memo store's default bound, pinned host memory
+    margin = data["unmodelled_margin"]
+    assert (margin["low"], margin["high"], margin["profiles"]) == (-0.054, 0.092, 12)
+    assert margin["bytes_above_peak"] == int(0.092 * data["peak_device_bytes"])
     for s in rank["stages"].values():
         assert s["device_bytes"] == s["tensor_bytes"] + sum(s["overhead"].values())
         assert set(s["overhead"]) == {"cuda_context", "nccl", "compile", "allocator_reserve"}
     assert set(rank["stages"]) == {"text_encode", "vae_encode", "denoise", "video_decode", "audio_decode"}
     assert rank["stages"]["denoise"]["stream_buffers"]["transformer"] > 0
+
+
+QUARTET = ["--preset", "released", "-tp", "2", "--usp", "2", "--text-encoder-tp-size", "4",
+           "--vae-patch-parallel-size", "4", "--task-type", "fl2va", "--task", "t2va", "--adaln-memo", "off"]
+
+
+def test_as_vllm_omni_plans_the_measured_engine(capsys):
+    """4 x RTX PRO 5000 as vLLM-Omni ran it: its conventions put the peak in the whole-video decode, where the
+    recipe measured 69,219 MiB (67.60 GiB) with nvidia-smi; h3serve's own plan of the same flags peaks in denoise."""
+    assert main(["plan", *QUARTET, "--as-engine", "vllm-omni", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["title"].endswith("as vllm-omni runs it")
+    assert any("not how h3serve runs" in note for note in data["notes"])
+    rank = data["ranks"][0]
+    assert rank["peak_stage"] == "video_decode" and rank["communicators"][-1] == "sp"
+    assert rank["stages"]["video_decode"]["overhead"]["retained_cache"] == rank["stages"]["denoise"]["activations"]
+    assert data["peak_device_bytes"] / 2**30 == pytest.approx(66.30, abs=0.01)
+    assert main(["plan", *QUARTET, "--json"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert own["ranks"][0]["peak_stage"] == "denoise" and own["peak_device_bytes"] < data["peak_device_bytes"]
 
 
 def test_checkpoint_json_per_rank_and_stage(tiny_checkpoint, capsys):
@@ -102,6 +129,7 @@ def test_human_output_names_peak_stage_and_verdict(tiny_checkpoint, capsys):
         (["--task-type", "fl2va", "--task", "ref2va"], "--task ref2va: the loaded DiTs serve t2va, fl2va"),
         (["--duration", "20"], "duration: must be between 4 and 15 seconds"),
         (["--device", "tpu"], "--device: unknown device 'tpu'"),
+        (["--as-engine", "sglang"], "--as-engine: unknown engine 'sglang'; choose from: h3serve, vllm-omni"),
     ],
 )
 def test_refusals_name_the_fix(tiny_checkpoint, capsys, flags, message):
