@@ -2,7 +2,8 @@
 
 A model is built on the meta device, then each tensor is read from its memory-mapped safetensors file, cast per
 the dtype policy and assigned. Shared by the rank-side loaders (h3serve.rank.checkpoint) and the sharded
-loaders (h3serve.parallel).
+loaders (h3serve.parallel). `read_rows` reads chosen rows of one tensor (a DiT block's piece under DLO all-gather,
+h3serve.rank.dit_pieces).
 """
 
 from __future__ import annotations
@@ -55,8 +56,47 @@ def realign(module: nn.Module) -> nn.Module:
     return module
 
 
+# safetensors' dtype names (a header's "dtype") -> torch dtypes.
+STORED_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def read_rows(file: Path, key: str, rows: list[int], columns: tuple[int, int] | None = None) -> torch.Tensor:
+    """Rows `rows` (dim 0, in this order) of tensor `key` of `file`, only `columns` of each when given, read run by
+    run of consecutive rows through safe_open's `get_slice`: only those bytes are read from the file. A 0-d tensor
+    is one row."""
+    runs: list[tuple[int, int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1] = (runs[-1][0], row + 1)
+        else:
+            runs.append((row, row + 1))
+    with safe_open(str(file), framework="pt", device="cpu") as f:
+        if not f.get_slice(key).get_shape():
+            return f.get_tensor(key).reshape(1)
+        sl = f.get_slice(key)
+        parts = [sl[a:b] if columns is None else sl[a:b, columns[0] : columns[1]] for a, b in runs]
+    if len(parts) == 1:
+        return parts[0]
+    wire = [p.view(torch.uint8) if p.dtype.itemsize == 1 else p for p in parts]  # no float8 cat on every build
+    return torch.cat(wire).view(parts[0].dtype)
+
+
 def _keeps_fp32(name: str, fp32_modules: tuple[str, ...]) -> bool:
     return any(part in fp32_modules for part in name.split("."))
+
+
+def load_dtype(
+    name: str, arriving: torch.dtype, dtype: torch.dtype, fp32_modules: tuple[str, ...], stored: frozenset[str]
+) -> torch.dtype:
+    """The dtype tensor `name` is loaded in, arriving in `arriving`: `dtype`, or float32 in the `fp32_modules`;
+    names in `stored` (FP8 weights and their scales) and non-float tensors keep the dtype they arrive in."""
+    if name in stored or not arriving.is_floating_point:
+        return arriving
+    return torch.float32 if _keeps_fp32(name, fp32_modules) else dtype
 
 
 def materialize(
@@ -66,8 +106,10 @@ def materialize(
     device: torch.device,
     fp32_modules: tuple[str, ...] = (),
     stored: frozenset[str] = frozenset(),
+    deferred: frozenset[str] = frozenset(),
 ) -> None:
-    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present.
+    """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present but the
+    `deferred` ones (left on the meta device: their values come later, h3serve.rank.dit_pieces).
 
     Names in `stored` keep the dtype they arrive in (FP8 weights and their scales, h3serve.accel.quantize). Every
     tensor on the CPU gets aligned, contiguous storage, so results do not depend on the file's byte offsets."""
@@ -79,9 +121,7 @@ def materialize(
         target = expected[name]
         if tuple(target.shape) != tuple(tensor.shape):
             raise CheckpointError(f"weight '{name}' has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
-        want = torch.float32 if _keeps_fp32(name, fp32_modules) or not tensor.is_floating_point() else dtype
-        if name in stored or not tensor.is_floating_point():
-            want = tensor.dtype
+        want = load_dtype(name, tensor.dtype, dtype, fp32_modules, stored)
         value = aligned(tensor.to(device=device, dtype=want))
         module_name, _, attr = name.rpartition(".")
         module = model.get_submodule(module_name)
@@ -90,7 +130,7 @@ def materialize(
         else:
             module.register_buffer(attr, value)
         seen.add(name)
-    missing = sorted(set(expected) - seen)
+    missing = sorted(set(expected) - seen - deferred)
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise CheckpointError(f"{len(missing)} weights missing for {type(model).__name__}: {shown}")

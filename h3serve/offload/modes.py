@@ -72,6 +72,16 @@ class OffloadConfig:
         (without it, the projections stream inside their blocks as before)."""
         return self.adaln or (memo and "dit" in self.streamed)
 
+    def gathers(self, component: str, sequence_parallel: bool) -> bool:
+        """Whether `component`'s streamed blocks are all-gathered: DLO all-gather streams it and there is a
+        sequence-parallel group to split them over (the text encoder always streams rank-local)."""
+        return (
+            self.transfer == "allgather"
+            and sequence_parallel
+            and component != "text_encoder"
+            and component in self.streamed_components()
+        )
+
     def staged_components(self) -> frozenset[str]:
         """Checkpoint component names (transformer, transformer_ref, text_encoder, vae, audio_vae)."""
         return frozenset(name for user in self.staged for name in USER_COMPONENTS[user])

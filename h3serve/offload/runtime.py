@@ -24,6 +24,7 @@ from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.host_heap import release_free_heap
 from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import (
     ADALN,
     BLOCK_GROUPS,
@@ -149,6 +150,7 @@ class OffloadRuntime:
         adaln_host: bool = False,  # AdaLN projections in host memory (`OffloadConfig.adaln_on_host`)
         keep: tuple[nn.Module, ...] = (),  # modules no unit takes: they stay where they are (the LoRA scales)
         overlap_gather: bool = False,  # the blocks' collectives share the gather's communicator (GatheredUnit)
+        sources: PieceSources | None = None,  # gathered blocks left on the meta device: their tensors' sources
     ):
         self.config, self.device, self.overlap_gather = config, device, overlap_gather
         self.task: str | None = None  # set by `request`
@@ -174,7 +176,7 @@ class OffloadRuntime:
                 self.staged[name] = HostUnit(module, name, "resident", device, self.log.account, skip=self.skip)
                 self.host_bytes[name] = self.staged[name].host_bytes
             elif name in streamed:
-                self._stream(name, module, gather_group)
+                self._stream(name, module, gather_group, sources)
             else:  # loaded onto the device already
                 self.log.account(name, "resident", tensor_bytes(module, keep))
         self.host_bytes = {name: n for name, n in self.host_bytes.items() if n}  # a weightless skeleton keeps none
@@ -202,7 +204,9 @@ class OffloadRuntime:
             unit, index = self.owners[(id(module), name)]
             unit.write(index, value)
 
-    def _stream(self, name: str, module: nn.Module, gather_group: ProcessGroup | None) -> None:
+    def _stream(
+        self, name: str, module: nn.Module, gather_group: ProcessGroup | None, sources: PieceSources | None
+    ) -> None:
         groups = streamed_blocks(name, module)
         resident = self.config.resident_layers if name == MAIN_DIT else 0
         assert isinstance(resident, int), "resident_layers 'auto' is resolved by the planner before the runtime"
@@ -210,7 +214,7 @@ class OffloadRuntime:
         rest = HostUnit(module, name, "resident", self.device, self.log.account, skip=every_block + self.skip)
         rest.load()  # non-block parameters (embedders, norms, heads) stay on the device
         self.rests.append(rest)
-        gathered = self.config.transfer == "allgather" and gather_group is not None and name != "text_encoder"
+        gathered = self.config.gathers(name, gather_group is not None)
         units_of_component: list[HostUnit] = []
         streamed_units: list[HostUnit] = []
         self.streams[name] = []
@@ -221,8 +225,8 @@ class OffloadRuntime:
             self.prefix += prefix
             moving = blocks[keep:]
             if gathered:
-                overlap = self.overlap_gather
-                units = [GatheredUnit(b, name, "stream", self.device, log, gather_group, skip, overlap) for b in moving]
+                args = (name, "stream", self.device, log, gather_group, skip, self.overlap_gather, sources)
+                units = [GatheredUnit(b, *args) for b in moving]
             else:
                 units = [HostUnit(b, name, "stream", self.device, log, skip) for b in moving]
             units_of_component += prefix + units

@@ -12,6 +12,7 @@ group keeps 1/G of the flattened block; a load rebuilds the block with one all-g
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from h3serve.offload.host_arena import HostArena
+from h3serve.offload.pieces import PieceSources, Value, cut_piece, flat_layout
 from h3serve.offload.slots import SlotPair, slot_layout
 from h3serve.parallel.comm import gather_into
 
@@ -44,8 +46,11 @@ class _Slot:
             self.module._buffers[self.name] = value
 
 
-def _slots(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> list[tuple[_Slot, torch.Tensor]]:
-    """Every parameter and buffer of `module` outside the `skip` submodules (each tensor once), with its value."""
+def _slots(
+    module: nn.Module, skip: tuple[nn.Module, ...] = (), keep_meta: bool = False
+) -> list[tuple[_Slot, torch.Tensor]]:
+    """Every parameter and buffer of `module` outside the `skip` submodules (each tensor once), with its value;
+    meta tensors (a weightless skeleton: not this rank's) only with `keep_meta`."""
     skipped = {id(m) for s in skip for m in s.modules()}
     out, seen = [], set()
     for sub in module.modules():
@@ -53,11 +58,40 @@ def _slots(module: nn.Module, skip: tuple[nn.Module, ...] = ()) -> list[tuple[_S
             continue
         for table, is_param in ((sub._parameters, True), (sub._buffers, False)):
             for name, t in table.items():
-                if t is None or t.is_meta or id(t) in seen:  # meta: a weightless skeleton (not this rank's)
+                if t is None or (t.is_meta and not keep_meta) or id(t) in seen:
                     continue
                 seen.add(id(t))
                 out.append((_Slot(sub, name, is_param, t.shape, t.dtype), t.detach()))
     return out
+
+
+def gathered_values(module: nn.Module, skip: tuple[nn.Module, ...], sources: PieceSources | None) -> list[Value]:
+    """A gathered block's tensors in their flat order: each loaded one, or its source where the loader left it on
+    the meta device (`ValueError` for a meta tensor without one)."""
+    values: list[Value] = []
+    for slot, t in _slots(module, skip, keep_meta=True):
+        source = sources.get(slot.module, slot.name) if sources is not None and t.is_meta else None
+        if t.is_meta and (source is None or source.dtype != t.dtype or tuple(source.shape) != tuple(t.shape)):
+            raise ValueError(f"a gathered block's {slot.name} is on the meta device without a source of its shape")
+        values.append(t if source is None else source)
+    return values
+
+
+def gathered_layout(values: list[Value], device: torch.device) -> tuple[list[int], dict[torch.dtype, int]]:
+    """The flat per-dtype layout of a gathered block's tensors (h3serve.offload.pieces.flat_layout).
+
+    Kernels pick their code path by the address alignment of a weight, and a different path can round differently
+    (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each tensor sits in the
+    flat buffer at the alignment its resident twin has: on CPU the loaded tensor's own (the loader gives every
+    tensor fresh, aligned storage; a source's rows are never loaded whole: aligned too), on CUDA a fresh
+    allocation's (256-byte aligned)."""
+    granule = _CUDA_ALIGN if device.type == "cuda" else _CPU_ALIGN
+
+    def misalignment(v: Value) -> int:
+        return 0 if device.type == "cuda" or not isinstance(v, torch.Tensor) else v.data_ptr() % granule
+
+    entries = [(v.dtype, math.prod(v.shape), misalignment(v)) for v in values]
+    return flat_layout(entries, granule)
 
 
 class HostUnit:
@@ -77,8 +111,8 @@ class HostUnit:
     ):
         self.component, self.kind, self.device, self._account = component, kind, device, account
         pin = device.type == "cuda" if pin is None else pin
-        found = _slots(module, skip)
-        hosts = [value.to("cpu") for _, value in found]
+        found = self._find(module, skip)
+        hosts = [value if value.is_meta else value.to("cpu") for _, value in found]
         self.arena: HostArena | None = HostArena(hosts, pin=True) if pin else None
         if self.arena is not None:
             hosts = self.arena.views
@@ -91,6 +125,9 @@ class HostUnit:
         self._slot: int | None = None
         self._slot_offsets, self.slot_bytes = slot_layout([h for _, h in self._slots])
         self._release_tensors()
+
+    def _find(self, module: nn.Module, skip: tuple[nn.Module, ...]) -> list[tuple[_Slot, torch.Tensor]]:
+        return _slots(module, skip)
 
     def entries(self) -> list[tuple[nn.Module, str]]:
         """(module, tensor name) of every tensor of the unit, in slot order (`write` takes the index)."""
@@ -170,6 +207,8 @@ class GatheredUnit(HostUnit):
     all ranks load the same units in the same order (the block order is fixed), so the collectives pair up.
     `overlap`: the blocks' collectives all run on `group`'s communicator (`RankParallel.one_denoise_communicator`),
     so a prefetch (`load_ahead`) may leave its gather in flight while the block before it computes.
+    `sources`: where the block's meta tensors are read from (a block the loader left on the meta device,
+    h3serve.offload.pieces): only the rows this rank's piece covers are read, and the whole block never exists here.
     """
 
     def __init__(
@@ -182,39 +221,26 @@ class GatheredUnit(HostUnit):
         group: ProcessGroup,
         skip: tuple[nn.Module, ...] = (),
         overlap: bool = False,
+        sources: PieceSources | None = None,
     ):
         self.group, self.size, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         self.overlap = overlap
         self._works: list = []  # a prefetch's gathers in flight (`wait` completes them)
+        values = gathered_values(module, skip, sources)  # before the base class releases the module's tensors
         super().__init__(module, component, kind, device, account, skip, pin=False)  # only this rank's piece is pinned
-        # Kernels pick their code path by the address alignment of a weight, and a different path can round
-        # differently (a 1-row GEMV does on CPU). The output must stay byte-identical to the resident run, so each
-        # tensor sits in the flat buffer at the alignment its resident twin has: on CPU the loaded tensor itself
-        # (a memory-mapped weight keeps its file offset), on CUDA a fresh allocation (256-byte aligned).
-        granule = _CUDA_ALIGN if device.type == "cuda" else _CPU_ALIGN
-        self._offsets: list[int] = []
-        self._flats: dict[torch.dtype, torch.Tensor] = {}  # dtype -> this rank's host piece
-        ends: dict[torch.dtype, int] = {}  # in bytes
-        for _, h in self._slots:
-            want = 0 if device.type == "cuda" else h.data_ptr() % granule
-            end = ends.get(h.dtype, 0)
-            start = end + (want - end) % granule
-            self._offsets.append(start // h.element_size())
-            ends[h.dtype] = start + h.numel() * h.element_size()
-        ends = {dtype: -(-n // dtype.itemsize) for dtype, n in ends.items()}  # in elements
-        for dtype, end in ends.items():
-            piece = -(-end // self.size)  # ceil: the last piece is zero-padded
-            flat = torch.zeros(piece * self.size, dtype=dtype)
-            for (_, h), start in zip(self._slots, self._offsets, strict=True):
-                if h.dtype == dtype:
-                    flat[start : start + h.numel()] = h.reshape(-1)
-            self._flats[dtype] = flat[self.rank * piece : (self.rank + 1) * piece].clone()
+        self._offsets, totals = gathered_layout(values, device)
+        self._flats: dict[torch.dtype, torch.Tensor] = {  # dtype -> this rank's host piece
+            dtype: cut_piece(values, self._offsets, dtype, n, self.rank, self.size) for dtype, n in totals.items()
+        }
         if device.type == "cuda":  # this rank's pieces in one pinned arena of exactly their bytes
             self.arena = HostArena(list(self._flats.values()), pin=True)
             self._flats = dict(zip(self._flats, self.arena.views, strict=True))
-        # Only this rank's piece stays in host memory: the whole block was needed just to cut it.
+        # Only this rank's piece stays in host memory.
         self._slots = [(slot, torch.empty(0, dtype=h.dtype)) for slot, h in self._slots]
         self.host_bytes = sum(p.numel() * p.element_size() for p in self._flats.values())
+
+    def _find(self, module: nn.Module, skip: tuple[nn.Module, ...]) -> list[tuple[_Slot, torch.Tensor]]:
+        return _slots(module, skip, keep_meta=True)
 
     collective = True  # its load is a collective: issued on the compute stream, never on a side stream
 

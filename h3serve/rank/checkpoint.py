@@ -22,7 +22,9 @@ from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_
 from h3serve.checkpoint.weights import iter_tensors, materialize, realign
 from h3serve.model import keys as native_keys
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
+from h3serve.rank import dit_pieces
 from h3serve.rank import fasth3_fusion as fuse_adapter
+from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
 from h3serve.rank.quantization import TextQuantizer, text_quantizer
 
@@ -41,6 +43,7 @@ def load_transformer(
     kernel: str = "weight_only",
     component: str = "transformer",
     adapter: str | None = None,
+    pieces: BlockPieces | None = None,
 ) -> H3Transformer:
     """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
 
@@ -49,6 +52,9 @@ def load_transformer(
     tensor-parallel shard and only its slices are read. With `quant` (or FP8 weights in the checkpoint) the selected
     linears load as FP8 (h3serve.accel.quantize), each weight quantised on `device` as it is read. `adapter`: a
     FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.rank.fasth3_fusion).
+    `pieces` (DLO all-gather): the streamed blocks are not read; they stay on the meta device, Q/K/V fused, with a
+    source for each tensor in `pieces.sources`, from which the offload units read only this rank's piece
+    (h3serve.rank.dit_pieces).
     """
     folder = Path(folder)
     config_path = folder / "config.json"
@@ -63,24 +69,40 @@ def load_transformer(
     if native:
         check_native_shapes(files, cfg, model.state_dict())
     fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
+    lazy = pieces.lazy if pieces is not None else lambda name: False
+    name_of = native_keys.native_to_diffusers_name if native else lambda key: key
+
+    def read_now(key: str) -> bool:
+        return not lazy(name_of(key))
+
     if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
         from h3serve.parallel.dit_loading import iter_dit_shards
 
         tp.shard_module(model)
-        tensors = iter_dit_shards(files, cfg, native, layout, tp)
+        tensors = iter_dit_shards(files, cfg, native, layout, tp, read_now)
     else:
-        tensors = iter_tensors(files)
+        tensors = iter_tensors(files, read_now)
         if native:
             tensors = _converted(tensors, cfg, layout)
     if fasth3 is not None:
-        tensors = fuse_adapter.fused(tensors, fasth3, tp)
+        tensors = fuse_adapter.fused(tensors, fasth3, tp, frozenset(filter(lazy, fasth3.edited)))
     # After sharding (FP8 twins of the shard-shaped linears), before offload placement.
     rename = native_keys.native_module_names if native else None
     fp8 = prepare_fp8(model, component, quant, files, dtype, kernel, rename)
     if fp8 is not None:
         tensors = quantizing(tensors, fp8, device, tp)
     stored = fp8.stored if fp8 is not None else frozenset()
-    materialize(model, tensors, dtype, device, H3Transformer.keep_in_fp32_modules, stored)
+    keep_fp32 = H3Transformer.keep_in_fp32_modules
+    sources = {}
+    if pieces is not None:  # the streamed blocks: sources, no reads (h3serve.rank.dit_pieces)
+        rules = dit_pieces.LoadRules(cfg, native, layout, tp, dtype, keep_fp32, fp8, fasth3)
+        shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        sources = dit_pieces.block_sources(files, rules, lazy, shapes)
+        dit_pieces.place_on_meta(model, sources)
+    materialize(model, tensors, dtype, device, keep_fp32, stored, deferred=frozenset(sources))
+    if pieces is not None:
+        model.fuse_projections()  # on the meta blocks: the fused layers' sources take rows from q, k and v
+        dit_pieces.bind_sources(model, sources, lazy, pieces.sources)
     # The RoPE table is a non-persistent buffer: rebuilt off the meta device, never loaded.
     model.rope = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     return model.eval()
@@ -242,13 +264,15 @@ def load_components(
     kernel: str = "weight_only",
     dit_adapter: str | None = None,
     qkv_layout: native_keys.QkvLayout | None = None,
+    pieces: BlockPieces | None = None,
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
     Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
     `quantization` names the components whose linears load as FP8, on the `kernel` path. `dit_adapter`: a FastH3
-    file fused into the T2VA DiT (`transformer`) at load.
+    file fused into the T2VA DiT (`transformer`) at load. `pieces`: the DiTs' streamed blocks are left to the offload
+    units, which read only this rank's piece of them (DLO all-gather, `load_transformer`).
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 
@@ -278,6 +302,7 @@ def load_components(
             kernel=kernel,
             component=name,
             adapter=dit_adapter if name == "transformer" else None,
+            pieces=pieces,
         )
         for name in present
     }

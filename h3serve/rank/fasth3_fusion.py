@@ -46,19 +46,28 @@ def delta_of(handle, adapter: FastH3File, name: str) -> torch.Tensor:
     return delta
 
 
-def fused(tensors: Tensors, adapter: FastH3File, tp: TensorParallel | None = None) -> Tensors:
-    """`tensors` with every edited parameter replaced by its fp32 sum; every edit must meet its tensor."""
-    pending = set(adapter.edited)
+def shard_delta(handle, adapter: FastH3File, name: str, tp: TensorParallel | None, whole_rows: bool = False):
+    """The fp32 edit of this rank's shard of parameter `name` (the full edit's rows and columns the shard holds);
+    `whole_rows`: every column of the shard's rows (an input-split shard's full rows)."""
+    delta = delta_of(handle, adapter, name)
+    ranges = None if tp is None else tp.ranges(name, tuple(delta.shape))
+    if ranges is not None and not (whole_rows and ranges[0] == 1):
+        delta = TensorParallel.cut_ranges(delta, ranges)
+    return delta
+
+
+def fused(
+    tensors: Tensors, adapter: FastH3File, tp: TensorParallel | None = None, elsewhere: frozenset[str] = frozenset()
+) -> Tensors:
+    """`tensors` with every edited parameter replaced by its fp32 sum; every edit must meet its tensor, but those
+    of the parameters in `elsewhere` (a streamed block's, fused row by row: h3serve.rank.dit_pieces)."""
+    pending = set(adapter.edited) - elsewhere
     with safe_open(str(adapter.path), framework="pt", device="cpu") as f:
         for name, tensor in tensors:
             if name not in pending:
                 yield name, tensor
                 continue
-            delta = delta_of(f, adapter, name)
-            ranges = None if tp is None else tp.ranges(name, tuple(delta.shape))
-            if ranges is not None and tuple(tensor.shape) != tuple(delta.shape):
-                delta = TensorParallel.cut_ranges(delta, ranges)
             pending.discard(name)
-            yield name, tensor.float() + delta
+            yield name, tensor.float() + shard_delta(f, adapter, name, tp)
     if pending:
         raise ValueError(f"{adapter.path.name}: the checkpoint has no tensor for {sorted(pending)[0]}")

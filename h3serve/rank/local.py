@@ -23,12 +23,14 @@ from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
 from h3serve.offload.host_arena import pinned_copy
+from h3serve.offload.pieces import PieceSources
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.controlnet import read_controlnet
 from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, start_up_notices
+from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
@@ -100,10 +102,14 @@ class LocalEngine:
         offload = config.offload
         on_host = offload.staged_components() | offload.streamed_components()
         kernel = resolve_kernel(config.quantization, self.device, setup.dtype, log)  # FP8: the path, logged once
+        adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
+        # DLO all-gather: the DiTs' streamed blocks are read by the offload units, each rank only its piece.
+        sequence = self.parallel is not None and self.parallel.sequence is not None
+        sources = PieceSources() if offload.gathers("transformer", sequence) else None
         components = load_components(
             self.layout, setup.dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
             quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
-            qkv_layout=config.qkv_layout,
+            qkv_layout=config.qkv_layout, pieces=None if sources is None else BlockPieces(sources, adaln_host),
         )
         roles = setup.attention
         for dit in (components.transformer, components.transformer_ref):
@@ -114,7 +120,6 @@ class LocalEngine:
                     block.row_chunk = config.denoise_chunk_rows
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora);
         # the AdaLN projections too where a PDD adapter may come and they stay resident (the planner counts it).
-        adaln_host = offload.adaln_on_host(config.adaln_memo_bytes is not None)
         tp = self.parallel.dit_tp if self.parallel else None
         catalog = catalog_for(config, log=lambda text: None)
         self.lora = lora_runtime(config, catalog, components, tp, self.device, adaln=lora_adaln(config, catalog))
@@ -130,7 +135,7 @@ class LocalEngine:
         keep = self.lora.scales() if self.lora is not None else ()
         overlap = self.parallel is not None and self.parallel.one_denoise_communicator
         self.offload = OffloadRuntime(
-            components, offload, self.device, gather_group, adaln_host, keep, overlap_gather=overlap
+            components, offload, self.device, gather_group, adaln_host, keep, overlap_gather=overlap, sources=sources
         )
         if self.lora is not None:  # an offloaded DiT's factors are tensors of its blocks: they stream with them
             self.lora.attach_offload(self.offload)

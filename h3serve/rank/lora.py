@@ -78,10 +78,12 @@ class LoraLinear(nn.Module):
         self.groups = groups
         w = base.weight
         dtype = factor_dtype(base)
-        self.register_buffer("lora_a", w.new_zeros((groups * slot_rank, w.shape[1]), dtype=dtype), persistent=False)
-        self.register_buffer(
-            "lora_b", w.new_zeros((groups, w.shape[0] // groups, slot_rank), dtype=dtype), persistent=False
-        )
+        # A gathered block's weights are still on the meta device (read piece by piece, h3serve.rank.dit_pieces):
+        # its factors start as real zeros in host memory, where the block's unit takes them from.
+        where = torch.device("cpu") if w.is_meta else w.device
+        a, b = (groups * slot_rank, w.shape[1]), (groups, w.shape[0] // groups, slot_rank)
+        self.register_buffer("lora_a", torch.zeros(a, dtype=dtype, device=where), persistent=False)
+        self.register_buffer("lora_b", torch.zeros(b, dtype=dtype, device=where), persistent=False)
         self.scale = scale  # shared by the DiT's wrappers (a submodule of each: offload units skip it)
 
     @property

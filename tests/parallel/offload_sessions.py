@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rank_sessions import plan_for
+from read_counter import counting_reads, read_under
 
 from h3serve.adapters.catalog import LoraField
 from h3serve.adapters.serving import catalog_for
@@ -29,7 +30,8 @@ def dlo(transfer: str, resident: int = 0) -> OffloadConfig:
 
 def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: OffloadConfig) -> dict:
     config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
-    engine = LocalEngine(config, rank, world)
+    with counting_reads() as reads:  # the tensor bytes this rank's load reads from the DiT's files
+        engine = LocalEngine(config, rank, world)
     plan = plan_for(engine.defaults)
     if config.lora_paths:  # a layout serving LoRA runs its first adapter
         plan = replace(plan, lora=catalog_for(config).choose(LoraField(name=config.lora_paths[0][0])))
@@ -45,6 +47,7 @@ def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: Offload
         "host_bytes": dict(runtime.host_bytes),
         "planned_host_bytes": dict(planned.host_bytes),
         "mismatches": placement_mismatches(runtime.log, planned, stages_for(plan.task)),
+        "dit_read": read_under(reads, checkpoint / "transformer"),
     }
 
 

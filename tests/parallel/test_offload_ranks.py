@@ -10,11 +10,14 @@ import json
 import pytest
 from offload_sessions import dlo, offload_cases
 from rank_harness import run_ranks
+from read_counter import dit_file_bytes
 
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
+from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import ADALN_MEMO
+from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.tools.tiny_adapter import write_peft_adapter
 
 pytestmark = pytest.mark.slow
@@ -79,6 +82,16 @@ def test_all_gather_keeps_half_of_every_streamed_block_per_rank(ranks):
         whole, piece = local["host_bytes"]["transformer"], gathered["host_bytes"]["transformer"]
         tensors = 12 * (1 + NUM_LAYERS)  # at most 12 tensors in each of the refiner block and the DiT blocks
         assert whole / 2 <= piece <= whole / 2 + tensors * 64  # alignment padding: under 64 B a tensor
+
+
+def test_all_gather_ranks_read_only_their_piece_of_the_dit_blocks(ranks, tiny_checkpoint):
+    """DLO all-gather reads each block's piece from the files (h3serve.rank.dit_pieces), not the whole DiT."""
+    folder = tiny_checkpoint / "transformer"
+    resident, blocks, slack = dit_file_bytes(folder, BlockPieces(PieceSources(), adaln_on_host=True).lazy)
+    for rank in ranks:
+        assert rank["resident"][rank["dlo_allgather_u2"]["layout_key"]]["dit_read"] == resident + blocks
+        assert resident + blocks / 3 < rank["dlo_allgather_u2"]["dit_read"] <= resident + blocks / 2 + slack
+    assert sum(rank["dlo_allgather_u2"]["dit_read"] for rank in ranks) <= 2 * resident + blocks + 2 * slack
 
 
 def test_resident_blocks_are_on_the_device_for_denoise_only(ranks):
