@@ -46,11 +46,13 @@ async def realtime_video(websocket: WebSocket) -> None:
     except ShuttingDown as e:
         await _deny(websocket, 503, str(e), e.code)
         return
+    context.metrics.realtime_sessions_open.inc()
     try:
         await websocket.accept(subprotocol)
-        await RealtimeSession(websocket, lease, config).run()
+        await RealtimeSession(websocket, lease, config, context.metrics).run()
     finally:
         lease.release()
+        context.metrics.realtime_sessions_open.dec()
 
 
 async def _deny(websocket: WebSocket, status: int, message: str, code: str,

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from h3serve.api.prometheus import Metrics
 from h3serve.api.realtime.messages import (
     ChunkMetadata,
     ErrorMessage,
@@ -56,8 +57,8 @@ class ClientGone(Exception):
 
 
 class RealtimeSession:
-    def __init__(self, websocket: WebSocket, lease: SessionLease, config: ServerConfig):
-        self.ws, self.lease, self.config = websocket, lease, config
+    def __init__(self, websocket: WebSocket, lease: SessionLease, config: ServerConfig, metrics: Metrics):
+        self.ws, self.lease, self.config, self.metrics = websocket, lease, config, metrics
         self.request_id = f"video_stream-{uuid.uuid4().hex}"
         self.sent = 0  # segments sent
         self.stop_requested = False
@@ -110,6 +111,7 @@ class RealtimeSession:
     async def _send_chunks(self, pump: ChunkPump, reader: asyncio.Task[None]) -> None:
         """Send every chunk until the stream ends; raises what ended it otherwise (the reader's error included)."""
         stall = self.config.realtime_stall_timeout_s
+        previous = self.started
         while True:
             taking = asyncio.ensure_future(pump.chunks.get())
             left = stall - (time.monotonic() - self.last_progress)
@@ -128,6 +130,9 @@ class RealtimeSession:
                 raise item
             await self._send_chunk(item)
             pump.sent()
+            now = time.monotonic()
+            self.metrics.on_realtime_chunk(item.kind, now - previous, item.frames / limits.FPS, first=self.sent == 1)
+            previous = now
 
     async def _send_chunk(self, chunk: RealtimeChunk) -> None:
         metadata = ChunkMetadata.of(chunk, self.request_id, self.sent).model_dump_json()

@@ -8,11 +8,13 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import numpy as np
 import pytest
 from api_servers import API_KEY
 from fake_realtime import FAIL_AT_PROMPT, STALL_PROMPT, FakeRealtimeExecutor, prompt_colour
 from fmp4_media import decode, ffmpeg_errors, first_picture_is_key, split_init
+from prometheus_client.parser import text_string_to_metric_families
 from realtime_servers import serve_realtime
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
@@ -337,3 +339,30 @@ def test_without_realtime_lora_the_route_says_so(tmp_path):
         error = client.next_json()
         assert error["code"] == "realtime_unavailable" and "--realtime-lora" in error["message"]
         assert client.close_code() == 1008
+
+
+def scrape(server) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_count_sessions_and_chunks(realtime_server):
+    before = scrape(realtime_server)
+    client = StreamingVideoClient(realtime_server.ws_url)
+    got = client.receive(client.start(**SESSION), until_chunks=1)
+    assert scrape(realtime_server)[("h3serve_realtime_sessions_open", ())] == 1
+    client.receive(got.start)
+    wait_idle(realtime_server)
+    after = scrape(realtime_server)
+    assert after[("h3serve_realtime_sessions_open", ())] == 0
+
+    def grew(name: str, labels: tuple = ()) -> float:
+        return after[(name, labels)] - before[(name, labels)]
+
+    assert grew("h3serve_realtime_chunks_sent_total", (("kind", "media"),)) == 4
+    assert grew("h3serve_realtime_chunks_sent_total", (("kind", "trailer"),)) == 1
+    assert grew("h3serve_realtime_first_chunk_seconds_count") == 1
+    assert grew("h3serve_realtime_chunk_seconds_count") == grew("h3serve_realtime_factor_count") == 3
+    # the fake engine makes a chunk every 0.05 s; a chunk holds 17 or 34 frames (0.7 s or 1.4 s)
+    assert 0 < grew("h3serve_realtime_factor_sum") / 3 < 1
