@@ -51,6 +51,7 @@ class FakeRealtimeStream:
         self.closed = self.stopped = False
         self._pending: list[Interaction] = []
         self._index = 0
+        self._ready_at: float | None = None  # when the chunk being made is ready
         self._state = "running"  # running -> ended (trailer next) -> done
         self._lock = threading.Lock()
 
@@ -72,10 +73,17 @@ class FakeRealtimeStream:
             self._finish()
             return RealtimeChunk(self._index, "trailer", 0, 0, limits.AUDIO_SAMPLE_RATE, self.writer.finish(), (), (),
                                  ())
-        if self.prompt == STALL_PROMPT and self._index >= 2 or self.chunk_s > timeout_s:
+        if self.prompt == STALL_PROMPT and self._index >= 2:
             time.sleep(timeout_s)
             raise TimeoutError(f"no chunk within {timeout_s:g} s")
-        time.sleep(self.chunk_s)
+        if self._ready_at is None:  # the chunk is being made from now on
+            self._ready_at = time.monotonic() + self.chunk_s
+        wait = self._ready_at - time.monotonic()
+        if wait > timeout_s:
+            time.sleep(timeout_s)
+            raise TimeoutError(f"no chunk within {timeout_s:g} s")
+        time.sleep(max(wait, 0))
+        self._ready_at = None
         return self._media()
 
     def close(self) -> None:
