@@ -143,19 +143,27 @@ def test_a_vllm_omni_client_completes_a_session(realtime_server, tmp_path):
 
 def test_a_new_prompt_takes_effect_at_a_chunk_boundary(realtime_server, tmp_path):
     client = StreamingVideoClient(realtime_server.ws_url)
-    got = client.receive(client.start(**{**SESSION, "num_frames": 124 + 119}), until_chunks=1)  # 8 chunks
+    got = client.receive(client.start(**{**SESSION, "num_frames": 14_400}), until_chunks=1)
     client.send({"type": "session.interaction",
                  "interaction": {"event_id": "evt-1", "event": {"prompt": "a red fox in snow"}}})
+    while not any(m["started_event_ids"] for m in got.metadata[-3:-2]):  # two chunks past the switch
+        more = client.receive(got.start, until_chunks=1)
+        got.metadata += more.metadata
+        got.segments += more.segments
+        got.other += more.other
+    client.send({"type": "session.stop"})
     rest = client.receive(got.start)
+    assert rest.done is not None and rest.done["stopped"] is True
     assert {"type": "session.interaction.queued", "request_id": got.start["request_id"], "event_id": "evt-1"} in \
-        rest.other
+        got.other + rest.other
     metadata, segments = got.metadata + rest.metadata, got.segments + rest.segments
     switch = next(i for i, m in enumerate(metadata) if m["started_event_ids"] == ["evt-1"])
     assert switch >= 1 and metadata[switch]["active_event_ids"] == ["evt-1"]
     assert metadata[switch]["completed_event_ids"] == ["evt-1"]
     assert all(m["started_event_ids"] == [] for i, m in enumerate(metadata) if i != switch)
+    media = sum(m["kind"] == "media" for m in metadata)
     stream = realtime_server.executor.streams[-1]
-    assert stream.prompts == [SESSION["prompt"]] * switch + ["a red fox in snow"] * (8 - switch)
+    assert stream.prompts == [SESSION["prompt"]] * switch + ["a red fox in snow"] * (media - switch)
     # and the pictures: every frame before the boundary has the first prompt's colour, every one after the new one's
     path = tmp_path / "switch.mp4"
     path.write_bytes(b"".join(segments))
