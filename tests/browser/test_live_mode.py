@@ -64,8 +64,8 @@ def colour_at(page: Page, seconds: float) -> list[float]:
 def test_live_plays_chunks_as_they_come_and_switches_prompt(page, server, screenshots):
     expect(page.locator("#live")).to_be_visible()
     page.get_by_label("Describe the live video").fill(FIRST)
-    page.get_by_label("Live canvas width").fill("64")
-    page.get_by_label("Live canvas height").fill("64")
+    page.get_by_label("Live width").fill("64")
+    page.get_by_label("Live height").fill("64")
     page.get_by_label("Live duration (s)").fill("15")  # 12 chunks, one every 0.6 s
     page.get_by_role("button", name="Start live").click()
     rows = page.locator("#live-chunks li")
@@ -104,8 +104,8 @@ def test_live_plays_chunks_as_they_come_and_switches_prompt(page, server, screen
 
 def test_stop_ends_the_session_after_the_chunk_in_flight(page, server):
     page.get_by_label("Describe the live video").fill(FIRST)
-    page.get_by_label("Live canvas width").fill("64")
-    page.get_by_label("Live canvas height").fill("64")
+    page.get_by_label("Live width").fill("64")
+    page.get_by_label("Live height").fill("64")
     page.get_by_role("button", name="Start live").click()
     expect(page.locator("#live-chunks li").first).to_contain_text("chunk 0")
     page.get_by_role("button", name="Stop").click()
