@@ -1,4 +1,5 @@
-"""The FastAPI app factory: routes, the API key on /v1, the body cap, the error envelope, the job lifecycle."""
+"""The FastAPI app factory: routes (WS /v1/realtime/video among them), the API key on /v1, the body cap, the error
+envelope, the job lifecycle."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import install_error_handlers
 from h3serve.api.last_resort import LastResort
 from h3serve.api.prometheus import Metrics
+from h3serve.api.realtime import route as realtime
 from h3serve.api.routes import system, videos, web
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
@@ -77,6 +79,7 @@ def create_app(
     v1.include_router(videos.router)
     v1.include_router(system.v1_router)
     app.include_router(v1)
+    app.include_router(realtime.router)  # checks the API key at the upgrade itself
     app.include_router(system.router)
     app.include_router(web.router)
     return app

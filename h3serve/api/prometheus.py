@@ -1,5 +1,6 @@
-"""Prometheus metrics (prometheus_client): queue depth, jobs by state, per-replica state, slow-client timeouts and
-latency histograms. One registry per app, so several servers in one process (the tests) never share counts."""
+"""Prometheus metrics (prometheus_client): queue depth, jobs by state, per-replica state, slow-client timeouts,
+latency histograms, and the real-time sessions (open, chunks sent, time to first chunk, chunk interval, real-time
+factor). One registry per app, so several servers in one process (the tests) never share counts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -18,6 +19,9 @@ from h3serve.jobstore.records import JOB_STATUSES, Job
 # Seconds: a tiny CPU job's stage takes milliseconds; a 15 s 1344x768 video denoises for many minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 TIMEOUT_PHASES = ("headers", "body")
+# A chunk's interval over its media duration: below 1 the stream keeps ahead of playback.
+REALTIME_FACTOR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 100)
+CHUNK_KINDS = ("media", "trailer")
 
 # No `*_created` series beside each histogram and counter: the exposition keeps the names it always had.
 prometheus_client.disable_created_metrics()
@@ -50,8 +54,8 @@ class _LiveState(Collector):
             "h3serve_replica_up", "Whether an engine replica's rank processes and job runner are alive.",
             labels=["replica"],
         )
-        busy = GaugeMetricFamily("h3serve_replica_busy", "Whether an engine replica is running a job.",
-                                 labels=["replica"])
+        busy = GaugeMetricFamily("h3serve_replica_busy", "Whether an engine replica is running a job or a real-time "
+                                 "session.", labels=["replica"])
         served = CounterMetricFamily("h3serve_replica_jobs_served", "Jobs an engine replica has run (any outcome).",
                                      labels=["replica"])
         for r in replicas:
@@ -85,8 +89,9 @@ def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
 
 
 class Metrics:
-    """Fed by the job manager (`on_job_started`, `on_job_finished`) and the HTTP server (`count_request_timeout`),
-    rendered on every scrape with the live gauges."""
+    """Fed by the job manager (`on_job_started`, `on_job_finished`), the HTTP server (`count_request_timeout`) and the
+    real-time sessions (`realtime_sessions_open`, `on_realtime_chunk`), rendered on every scrape with the live
+    gauges."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -112,6 +117,43 @@ class Metrics:
             "h3serve_job_duration_seconds", "Wall time of a job from start to finish (queue time excluded).",
             ["status"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self._realtime()
+
+    def _realtime(self) -> None:
+        """The real-time sessions' series (WS /v1/realtime/video), each present from the start."""
+        self.realtime_sessions_open = Gauge(
+            "h3serve_realtime_sessions_open", "WS /v1/realtime/video sessions holding a replica now.",
+            registry=self.registry,
+        )
+        self.realtime_chunks_sent = Counter(
+            "h3serve_realtime_chunks_sent", "Segments real-time sessions sent (media chunks and trailers).", ["kind"],
+            registry=self.registry,
+        )
+        for kind in CHUNK_KINDS:
+            self.realtime_chunks_sent.labels(kind)
+        self.realtime_first_chunk_seconds = Histogram(
+            "h3serve_realtime_first_chunk_seconds", "Time from a session's session.start to its first chunk sent.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.realtime_chunk_seconds = Histogram(
+            "h3serve_realtime_chunk_seconds", "Time between a real-time session's consecutive chunks sent.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.realtime_factor = Histogram(
+            "h3serve_realtime_factor", "A chunk's interval over the duration of its media (below 1: faster than "
+            "real time).", buckets=REALTIME_FACTOR_BUCKETS, registry=self.registry,
+        )
+
+    def on_realtime_chunk(self, kind: str, interval_s: float, media_s: float, first: bool) -> None:
+        """A session sent a chunk: `interval_s` after its previous one (the first: after session.start)."""
+        self.realtime_chunks_sent.labels(kind).inc()
+        if kind != "media":
+            return
+        if first:
+            self.realtime_first_chunk_seconds.observe(interval_s)
+        else:
+            self.realtime_chunk_seconds.observe(interval_s)
+            self.realtime_factor.observe(interval_s / media_s)
 
     def count_request_timeout(self, phase: str) -> None:
         self.request_timeouts.labels(phase).inc()

@@ -50,6 +50,9 @@ class ServerConfig:
     job_timeout_s: float | None = None  # a job running longer fails with code `timeout`; None: no limit
     stall_timeout_s: float = 600.0  # /health says unhealthy when the running job made no progress for this long
     encoder_options: EncoderOptions = field(default_factory=EncoderOptions)
+    realtime: bool = False  # the engine has --realtime-lora: WS /v1/realtime/video serves sessions
+    realtime_start_timeout_s: float = limits.REALTIME_START_TIMEOUT_S  # session.start must come within this
+    realtime_stall_timeout_s: float = limits.REALTIME_STALL_TIMEOUT_S  # a session with no progress this long ends
 
     @property
     def store_path(self) -> Path:
@@ -77,6 +80,10 @@ class ServerConfig:
             (self.max_request_cost is None or self.max_request_cost > 0, "--max-request-cost must be > 0"),
             (self.job_timeout_s is None or self.job_timeout_s > 0, "--job-timeout must be > 0 seconds"),
             (self.stall_timeout_s > 0, f"--stall-timeout must be > 0, got {self.stall_timeout_s:g}"),
+            (self.realtime_start_timeout_s > 0,
+             f"--realtime-start-timeout must be > 0, got {self.realtime_start_timeout_s:g}"),
+            (self.realtime_stall_timeout_s > 0,
+             f"--realtime-stall-timeout must be > 0, got {self.realtime_stall_timeout_s:g}"),
             (self.job_store is None or is_postgres_url(self.job_store),
              f"--job-store: expected a postgresql://USER@HOST/DB URL, got {self.job_store!r}"),
             (self.job_lease_s >= 1, f"--job-lease must be >= 1 second, got {self.job_lease_s:g}"),

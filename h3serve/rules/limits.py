@@ -89,3 +89,11 @@ MAX_MASK_NESTING = 64
 MAX_REALTIME_FRAMES = 10 * 60 * FPS  # 14,400
 REALTIME_SHORT_EDGES = (480, 768, 1088)
 REALTIME_DEFAULT_SIZE = (480, 864)  # (width, height): vLLM-Omni's TaoMate-H3 canvas, the start-up plan's
+
+# WS /v1/realtime/video, as vLLM-Omni's serving_video_output_stream: `session.start` first, within 10 s and at most
+# 4 MiB; every later message at most 128 KiB; a session with no progress (a chunk, or the client's ping) for 60 s
+# is ended.
+REALTIME_START_TIMEOUT_S = 10.0
+REALTIME_START_MESSAGE_BYTES = 4 * 2**20
+REALTIME_CONTROL_MESSAGE_BYTES = 128 * 2**10
+REALTIME_STALL_TIMEOUT_S = 60.0

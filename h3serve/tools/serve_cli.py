@@ -111,6 +111,11 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
                    help="seconds a job may run before it fails with code 'timeout' (default: no limit)")
     p.add_argument("--stall-timeout", type=float, default=server("stall_timeout_s"),
                    help="/health is 503 when the running job made no progress for this long (default %(default)g)")
+    p.add_argument("--realtime-start-timeout", type=float, default=server("realtime_start_timeout_s"),
+                   help="WS /v1/realtime/video: seconds a client has to send session.start (default %(default)g)")
+    p.add_argument("--realtime-stall-timeout", type=float, default=server("realtime_stall_timeout_s"),
+                   help="WS /v1/realtime/video: a session with no new chunk (or client ping) for this long ends "
+                        "(default %(default)g)")
     p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
     p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
     p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
@@ -154,6 +159,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             job_timeout_s=args.job_timeout,
             stall_timeout_s=args.stall_timeout,
             encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate),
+            realtime=engine_config.realtime_lora is not None,
+            realtime_start_timeout_s=args.realtime_start_timeout,
+            realtime_stall_timeout_s=args.realtime_stall_timeout,
         ).validate()
     except (ConfigError, CheckpointError) as e:
         return fail(str(e))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from h3serve.api.prometheus import LATENCY_BUCKETS, Metrics
@@ -12,6 +13,8 @@ from h3serve.jobstore.records import JOB_STATUSES
 # Every series the hand-written exposition had: (sample name, label names).
 HISTOGRAMS = {"h3serve_queue_wait_seconds": "replica", "h3serve_stage_duration_seconds": "stage",
               "h3serve_job_duration_seconds": "status"}
+REALTIME_HISTOGRAMS = ("h3serve_realtime_first_chunk_seconds", "h3serve_realtime_chunk_seconds",
+                       "h3serve_realtime_factor")
 EXPECTED = {
     ("h3serve_queue_depth", ()), ("h3serve_jobs", ("state",)), ("h3serve_engine_up", ()),
     ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
@@ -20,6 +23,10 @@ EXPECTED = {
     ("h3serve_compiled_graphs_total", ("replica",)),
     *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
     *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
+    # the real-time sessions (WS /v1/realtime/video)
+    ("h3serve_realtime_sessions_open", ()), ("h3serve_realtime_chunks_sent_total", ("kind",)),
+    *((f"{name}_bucket", ("le",)) for name in REALTIME_HISTOGRAMS),
+    *((f"{name}_{part}", ()) for name in REALTIME_HISTOGRAMS for part in ("sum", "count")),
 }
 
 
@@ -62,3 +69,20 @@ def test_two_servers_in_one_process_count_apart():
     first.count_request_timeout("headers")
     manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
     assert 'h3serve_request_timeouts_total{phase="headers"} 0.0' in second.render(manager, {})
+
+
+def test_realtime_chunks_feed_their_histograms():
+    metrics = Metrics()
+    metrics.realtime_sessions_open.inc()
+    metrics.on_realtime_chunk("media", 3.0, 34 / 24, first=True)
+    metrics.on_realtime_chunk("media", 0.7, 34 / 24, first=False)
+    metrics.on_realtime_chunk("trailer", 0.01, 0.0, first=False)
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render(manager, {})) for s in family.samples}
+    assert samples[("h3serve_realtime_sessions_open", ())] == 1
+    assert samples[("h3serve_realtime_chunks_sent_total", (("kind", "media"),))] == 2
+    assert samples[("h3serve_realtime_chunks_sent_total", (("kind", "trailer"),))] == 1
+    assert samples[("h3serve_realtime_first_chunk_seconds_sum", ())] == 3.0
+    assert samples[("h3serve_realtime_chunk_seconds_count", ())] == 1  # the first chunk and the trailer: not here
+    assert samples[("h3serve_realtime_factor_sum", ())] == pytest.approx(0.7 / (34 / 24))

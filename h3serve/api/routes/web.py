@@ -105,4 +105,11 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "total_max_s": limits.REF_TOTAL_MAX_S,
         },
         "spritesheet": {"columns": SPRITE_COLUMNS, "rows": SPRITE_ROWS},
+        "realtime": {  # the Live mode (WS /v1/realtime/video): on a server started with --realtime-lora
+            "enabled": ctx.config.realtime,
+            "width": limits.REALTIME_DEFAULT_SIZE[0],
+            "height": limits.REALTIME_DEFAULT_SIZE[1],
+            "short_edges": sorted({*limits.REALTIME_SHORT_EDGES, d.canvas_short_edge}),
+            "max_seconds": limits.MAX_REALTIME_FRAMES // limits.FPS,
+        },
     }

@@ -1,6 +1,6 @@
-"""What a job manager holds, under its one lock: the jobs its replicas run or finish, their plans, the waiters
-of its jobs and its counters. The runner threads, the finishers, the lease heartbeat and the API threads all
-meet here (h3serve.engine.jobs)."""
+"""What a job manager holds, under its one lock: the jobs its replicas run or finish, the replicas its real-time
+sessions hold, the plans, the waiters of its jobs and its counters. The runner threads, the finishers, the lease
+heartbeat and the API threads all meet here (h3serve.engine.jobs)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class JobBook:
         self.active: dict[int, ActiveJob] = {}  # replica -> the job it runs
         self.finishing: dict[int, ActiveJob] = {}  # replica -> its job whose output is being written
         self.finishers: dict[int, threading.Thread] = {}  # replica -> the thread writing it
+        self.sessions: set[int] = set()  # replicas held by a real-time session (their runners claim no job)
         self.served = [0] * replicas
         self.counters: list[dict[str, int]] = [{} for _ in range(replicas)]  # as of each replica's last output
         self.done: dict[str, threading.Event] = {}  # set once the job completes, fails or is deleted

@@ -15,9 +15,9 @@ has at most one job finishing, so at most one decoded output waits beside the ru
 record are the same as without overlap (`overlap_output=False` writes them before the next job starts).
 
 Here: the manager and what the API asks of it (submit, delete, capacity, health). It owns its parts: one
-`ReplicaRunner` per replica (runner.py), the `Outcomes` recorder (outcomes.py), the `LeaseKeeper` (leases.py) and
-the `Recovery` (recovery.py); their shared state, under one lock, is its `JobBook` (book.py), and the settings they
-read its `JobPolicy` (types.py).
+`ReplicaRunner` per replica (runner.py), the `Outcomes` recorder (outcomes.py), the `LeaseKeeper` (leases.py),
+the `Recovery` (recovery.py) and the replicas real-time sessions hold (`SessionSlots`, sessions.py); their shared
+state, under one lock, is its `JobBook` (book.py), and the settings they read its `JobPolicy` (types.py).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from h3serve.engine.jobs.leases import LeaseKeeper
 from h3serve.engine.jobs.outcomes import Outcomes
 from h3serve.engine.jobs.recovery import Recovery
 from h3serve.engine.jobs.replica_runner import ReplicaRunner
+from h3serve.engine.jobs.sessions import SessionSlots
 from h3serve.engine.jobs.types import (
     ExecutorLike,
     JobListener,
@@ -115,6 +116,7 @@ class JobManager:
         ]
         self.leases = LeaseKeeper(store, files, self.book, self.outcomes, self.policy)
         self.recovery = Recovery(store, files, self.book, self.policy, self._replan)
+        self.sessions = SessionSlots(self.book, self.executors, self._retry_after_s)  # real-time sessions' replicas
         self._runner_threads: list[threading.Thread] = []
         self._background: list[threading.Thread] = []
 
@@ -243,7 +245,8 @@ class JobManager:
                 limit = self.stall_timeout_s
                 problem = f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
         job_id = active.job_id if active else None
-        return ReplicaStatus(i, active is not None, job_id, self.book.served[i], problem, dict(self.book.counters[i]))
+        busy = active is not None or i in self.book.sessions
+        return ReplicaStatus(i, busy, job_id, self.book.served[i], problem, dict(self.book.counters[i]))
 
     def add_listener(self, listener: JobListener) -> None:
         """`listener(job)` is called from a runner thread whenever a job completes or fails."""

@@ -75,11 +75,14 @@ class ReplicaRunner:
 
     def _claim(self) -> tuple[Job, ActiveJob] | None:
         """The next job for this replica, registered as active (under the lock, so a delete sees it), or None
-        after waiting for a wake-up; None also once stopping."""
+        after waiting for a wake-up; None also once stopping. None is claimed while a session holds the replica."""
         book = self.book
         with book.cond:
             while not book.stopping:
                 seen = book.wakeups
+                if self.replica in book.sessions:  # a real-time session holds the replica: no job until it ends
+                    book.cond.wait(self.policy.poll_s)
+                    continue
                 try:
                     job = self.store.claim(self.policy.owner, self.policy.lease_s)
                 except Exception:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from h3serve.engine.output import GenerationOutput
+from h3serve.engine.realtime import RealtimeSpec, RealtimeStream
 from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
 from h3serve.media.mp4 import EncoderOptions
@@ -29,6 +30,7 @@ class ExecutorLike(Protocol):
                  encoder: EncoderOptions | None = None) -> GenerationOutput: ...
     def cancel(self, seq: int) -> None: ...
     def alive(self) -> bool: ...
+    def open_realtime(self, spec: RealtimeSpec) -> RealtimeStream: ...
 
 
 class QueueFull(ServerError, RuntimeError):
@@ -53,7 +55,7 @@ class ReplicaStatus:
     """One engine replica as /health and /metrics show it."""
 
     index: int
-    busy: bool
+    busy: bool  # running a job or holding a real-time session
     job_id: str | None
     jobs_served: int
     problem: str | None  # why it cannot serve; None: it can

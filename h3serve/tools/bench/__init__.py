@@ -103,6 +103,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--block-rows", type=int, default=2048, help="FP8 block mode: packed rows (default 2048)")
     p.add_argument(
+        "--realtime",
+        action="store_true",
+        help="real-time mode: sessions of the streaming LoRA through the executor; time to first chunk, chunk "
+        "interval and real-time factor (one --shape, default 64x64x243 on a tiny checkpoint)",
+    )
+    p.add_argument(
+        "--realtime-lora",
+        metavar="DIR",
+        help="real-time mode: the streaming LoRA (default: a tiny one made for the tiny checkpoint's preset)",
+    )
+    p.add_argument(
         "--gpu-acceptance",
         action="store_true",
         help="the first command on a GPU: the selftest and every GPU row of docs/benchmarks.md, within 8 minutes",
@@ -287,6 +298,54 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_realtime(args: argparse.Namespace) -> int:
+    """`--realtime`: real-time sessions' latency (see `h3serve.tools.bench.realtime`)."""
+    import json
+    from dataclasses import asdict, replace
+
+    from h3serve.engine.executor import EngineError
+    from h3serve.engine.realtime import RealtimeSpec
+    from h3serve.errors import ConfigError, RequestError
+    from h3serve.rank.device_checks import resolve_device
+    from h3serve.tools.bench.matrix import MatrixError, load_matrix
+    from h3serve.tools.bench.realtime import measure_realtime, summary
+    from h3serve.tools.tiny_adapter import make_tiny_adapter
+    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+
+    keys = ("model", "preset", "shapes", "engines", "seed", "warmup", "runs", "prompt")
+    try:
+        matrix = load_matrix(args.matrix, {k: getattr(args, k) for k in keys})
+        if len(matrix.shapes) > 1 or len(matrix.engines) != 1:
+            raise MatrixError("--realtime takes one --shape WxHxFRAMES and at most one --engine")
+        if matrix.model and not args.realtime_lora:
+            raise MatrixError("--realtime with --model needs --realtime-lora DIR (the streaming LoRA)")
+        model = Path(matrix.model) if matrix.model else ensure_tiny_checkpoint(matrix.preset)
+        with tempfile.TemporaryDirectory(prefix="h3serve-bench-lora-") as scratch:
+            lora = args.realtime_lora or make_tiny_adapter(Path(scratch) / "taomate", "taomate", matrix.preset)
+            config = matrix.engines[0].config(model)
+            config = replace(config, realtime_lora=str(lora),
+                             task_type=config.task_type if "task_type" in matrix.engines[0].options else "fl2va")
+            shape = matrix.shapes[0] if matrix.shapes else None
+            width, height, frames = (shape.width, shape.height, shape.num_frames) if shape else (64, 64, 243)
+            spec = RealtimeSpec(matrix.prompt, width, height, matrix.seed, frames)
+            sessions = measure_realtime(config.validate(), spec, matrix.runs, matrix.warmup,
+                                           lambda line: print(line, file=sys.stderr))
+        device = str(resolve_device(config))
+    except (MatrixError, ConfigError, RequestError, EngineError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    text = summary(sessions, spec, device)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "realtime.md").write_text(f"Command: `{command_line(args)}`\n\n{text}\n", encoding="utf-8")
+        record = {"command": command_line(args), "device": device, "spec": asdict(spec),
+                  "sessions": [[asdict(c) for c in s.chunks] for s in sessions]}
+        (out / "realtime.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    print(text)
+    return 0
+
+
 def cmd_fp8_block(args: argparse.Namespace) -> int:
     """`--fp8-block`: one block's FP8 error (see `h3serve.tools.bench.fp8_block`)."""
     from h3serve.model.transformer import H3TransformerConfig
@@ -333,6 +392,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_throughput(args)
     if args.outputs is not None:
         return cmd_outputs(args)
+    if args.realtime:
+        return cmd_realtime(args)
     if args.fp8_block:
         return cmd_fp8_block(args)
     if args.dit_forward:

@@ -1,5 +1,5 @@
 // HTTP calls to the server. The API key lives in sessionStorage (this tab only) and travels only in the
-// Authorization header, never in a URL.
+// Authorization header (a WebSocket's in its subprotocol header, live.js), never in a URL.
 const KEY_STORAGE = "h3serve-api-key";
 
 export class ApiError extends Error {

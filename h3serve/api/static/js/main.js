@@ -1,7 +1,9 @@
-// Wires the page together: configuration, API key, the create form, live progress, result and history.
+// Wires the page together: configuration, API key, the create form, live progress, result, history and the
+// Live mode (a real-time session, on a server started with --realtime-lora).
 import { ApiError, apiJson, apiKey, setApiKey } from "./api.js";
 import { CreateForm } from "./form.js";
 import { History } from "./history.js";
+import { LiveView } from "./live.js";
 import { ProgressView } from "./progress.js";
 import { ResultView } from "./result.js";
 
@@ -122,5 +124,6 @@ const progress = new ProgressView(job => {
 const history = new History({ onOpen: open, onError, ready: () => !config.api_key_required || apiKey() });
 $("extend").addEventListener("click", extend);
 setUpKey(config);
+if (config.realtime.enabled) new LiveView(config);
 history.refresh();
 document.body.dataset.ready = "true";
