@@ -25,8 +25,12 @@ def _all_error_classes() -> set[type]:
     return found
 
 
-# Control flow, not errors: a selftest check signals its verdict with these; they never leave the selftest runner.
-VERDICT_SIGNALS = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.Failed"}
+# Control flow, not errors: a selftest check signals its verdict with these (they never leave the selftest runner);
+# a real-time session's socket reports its client gone with the last (it never leaves the session).
+CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.Failed",
+                "h3serve.api.realtime.session.ClientGone"}
+# Client error codes that never become a job's error: refused before a job exists (admission, the body, the WS route).
+NOT_JOB_CODES = {"request_too_costly", "invalid_body", "realtime_unavailable"}
 
 
 def test_every_exception_class_of_the_package_is_on_the_hierarchy():
@@ -37,7 +41,7 @@ def test_every_exception_class_of_the_package_is_on_the_hierarchy():
             if (isinstance(value, type) and issubclass(value, Exception) and value.__module__ == module.__name__
                     and not issubclass(value, H3ServeError) and not value.__name__.startswith("_")):
                 stray.append(f"{module.__name__}.{value.__name__}")
-    assert sorted(set(stray) - VERDICT_SIGNALS) == []
+    assert sorted(set(stray) - CONTROL_FLOW) == []
 
 
 def test_client_errors_carry_a_client_code_and_server_errors_do_not():
@@ -46,8 +50,8 @@ def test_client_errors_carry_a_client_code_and_server_errors_do_not():
             continue
         assert cls.code and cls.code != "internal_error", cls
         if issubclass(cls, ClientError):
-            assert cls.code in CLIENT_ERROR_CODES | {"request_too_costly", "invalid_body"}, cls
-            assert JobError(cls.code, "x").client_error or cls.code in {"request_too_costly", "invalid_body"}
+            assert cls.code in CLIENT_ERROR_CODES | NOT_JOB_CODES, cls
+            assert JobError(cls.code, "x").client_error or cls.code in NOT_JOB_CODES
         else:
             assert cls.code not in CLIENT_ERROR_CODES, cls
 

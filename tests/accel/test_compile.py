@@ -32,6 +32,7 @@ def _run(model: H3Transformer, frames: int, seed: int = 1) -> tuple[torch.Tensor
 @pytest.mark.parametrize("granularity", ["regional", "full"])
 def test_compiled_equals_eager_across_shapes_without_recompiling(granularity):
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # process-wide: graphs an earlier test of this worker compiled count there
     eager, compiled = _model(), _model()
     lines: list[str] = []
     compile_transformer(compiled, granularity, True, CompileState(log=lines.append))

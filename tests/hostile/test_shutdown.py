@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,9 +18,17 @@ GRACE_S = 1.0
 
 
 @pytest.mark.slow
-def test_sigterm_during_a_sync_request_drains_and_cleans_up(tiny_checkpoint, tmp_path):
-    spool_tmp = tmp_path / "tmp"  # the server's TMPDIR: its spool folder must be gone after the exit
-    spool_tmp.mkdir()
+@pytest.fixture
+def spool_tmp():
+    """The server's TMPDIR: its spool folder must be gone after the exit. A short path directly under the system's
+    temp dir: the rank fork server's AF_UNIX socket goes in it (at most 107 bytes; a pytest-xdist worker's tmp_path
+    is too deep)."""
+    path = Path(tempfile.mkdtemp(prefix="h3-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_sigterm_during_a_sync_request_drains_and_cleans_up(tiny_checkpoint, tmp_path, spool_tmp):
     server = start_live_server(
         tiny_checkpoint,
         tmp_path / "data",

@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from h3serve.api.intake.json_values import parse_json, preview
 from h3serve.api.realtime.messages import CONTROL_TYPES, ControlMessage, SessionStart
+from h3serve.errors import ClientError
 from h3serve.rules import limits
 
 # WebSocket close codes (RFC 6455 7.4.1)
@@ -22,8 +23,9 @@ NORMAL, GOING_AWAY, UNSUPPORTED_DATA, POLICY, TOO_BIG, INTERNAL, RESTART, TRY_LA
 _CONTROL = TypeAdapter(ControlMessage)
 
 
-class ProtocolError(Exception):
-    """A message the protocol does not allow: `code` for the `error` message, `close_code` for the close."""
+class ProtocolError(ClientError):
+    """A message the protocol does not allow: `code` (per instance) for the `error` message, `close_code` for the
+    close."""
 
     def __init__(self, code: str, message: str, close_code: int = POLICY):
         super().__init__(message)
