@@ -386,7 +386,7 @@ class Executor:
             try:
                 event = self._next_event(deadline)
             except EngineError:
-                self.restart()
+                self._recover()
                 raise
             if getattr(event, "seq", None) == seq:
                 return event
@@ -395,7 +395,7 @@ class Executor:
         """Raise a session's failure as `EngineError` (several ranks: they exited, so they are restarted first)."""
         message = self._root_cause(event)
         if not self.alive() or self.config.world_size > 1:
-            self.restart()
+            self._recover()
         raise EngineError(message, client_error=event.client_error, code=event.code)
 
     def abort(self, seq: int) -> None:
@@ -406,13 +406,13 @@ class Executor:
             try:
                 event = self.next_event_for(seq, deadline)
             except TimeoutError:
-                self.restart()
+                self._recover()
                 return
             except EngineError:
                 return
             if isinstance(event, JobCancelled | RealtimeEnded | Failed):
                 if isinstance(event, Failed) and self.config.world_size > 1:
-                    self.restart()
+                    self._recover()
                 return
 
     def _end_session(self) -> None:
