@@ -26,12 +26,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import torch
 from rank_plans import DURATION_S, PROMPT, SEED, STEPS, plan_for
 from two_namespaces import JsonLines, NamespacesUnavailable, TwoNodes, log_tail
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.media.raw import read_raw
+from h3serve.rank.local import LocalEngine
 
 pytestmark = pytest.mark.slow
 
@@ -64,10 +66,6 @@ def _node_env(**variables: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def one_rank(parallel_checkpoint):
-    import torch
-
-    from h3serve.rank.local import LocalEngine
-
     threads = torch.get_num_threads()
     try:
         engine = LocalEngine(EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va"))
@@ -208,7 +206,7 @@ def test_a_killed_rank_on_another_node_fails_the_request_and_the_nodes_rejoin(en
     failed = env_var_u2.outcome(KILL_RANK)
     assert failed is not None and "failed" in failed, env_var_u2.logs()
     assert failed["failed"].startswith("rank 0 lost its connection to rank 1 (node 1): "), failed
-    assert env_var_u2.failed_after_s[KILL_RANK] <= COLLECTIVE_TIMEOUT_S + MARGIN_S
+    assert env_var_u2.failed_after_s.get(KILL_RANK, float("inf")) <= COLLECTIVE_TIMEOUT_S + MARGIN_S
     assert "output" in (env_var_u2.outcome(KILL_RANK + 1) or {}), env_var_u2.logs()
 
 
@@ -217,7 +215,7 @@ def test_a_killed_node_fails_the_request_naming_it_within_the_collective_timeout
     failed = run.outcome(KILL_NODE)
     assert failed is not None, f"no answer within {COLLECTIVE_TIMEOUT_S + MARGIN_S:g} s of the kill\n{run.logs()}"
     assert "failed" in failed, f"the request ended before the kill\n{run.logs()}"
-    assert run.failed_after_s[KILL_NODE] <= COLLECTIVE_TIMEOUT_S + MARGIN_S
+    assert run.failed_after_s.get(KILL_NODE, float("inf")) <= COLLECTIVE_TIMEOUT_S + MARGIN_S
     assert failed["failed"].startswith("rank 0 lost its connection to rank 1 (node 1): "), failed
     assert {"closed": True} in run.messages and run.leader_code == 0, run.logs()  # node 0 then shuts down cleanly
     with capsys.disabled():
