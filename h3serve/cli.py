@@ -279,12 +279,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return fail(str(e))
     except Exception as e:  # one line, never a traceback: the request was valid, the run failed
         return fail(f"generation failed: {type(e).__name__}: {e}", EXIT_ERROR)
+    if output is None:
+        print("this node's ranks ran their part of the request; the node with rank 0 writes the output",
+              file=sys.stderr)
+        return 0
     return _write_outputs(args, output, options)
 
 
 def _run_engine(config, plan, output_path, options):
     """Load the weights (in-process, or one process per rank) and run one plan with a progress bar; streamed
-    (`--decode-mode stream`), the MP4 is written at `output_path` as the VAE clips are decoded."""
+    (`--decode-mode stream`), the MP4 is written at `output_path` as the VAE clips are decoded.
+
+    On several nodes (torchrun, or NNODES/NODE_RANK: h3serve.parallel.rendezvous) every node runs the same
+    command: the node with rank 0 runs the request and returns its output; the others only host their ranks
+    until it is done, and return None."""
     from tqdm import tqdm
 
     from h3serve.engine.executor import Executor
@@ -293,6 +301,12 @@ def _run_engine(config, plan, output_path, options):
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
     engine = Executor(config) if multi_rank else LocalEngine(config)
+    if multi_rank and not engine.rendezvous.is_leader:
+        try:
+            engine.run_follower(restart=False)
+        finally:
+            engine.close()
+        return None
     bar = tqdm(total=None, desc="denoise", unit="step", file=sys.stderr)
 
     def on_step(done: int, total: int) -> None:

@@ -69,7 +69,7 @@ class EngineConfig:
     cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
-    collective_timeout_s: float | None = None  # process-group timeout; None: torch's default (gloo 30 min)
+    collective_timeout_s: float | None = None  # --collective-timeout (process group); None: torch's (gloo 30 min)
     offload: OffloadConfig = field(default_factory=OffloadConfig)  # staged / streamed components (h3serve.offload)
     decode_mode: str = "stream"  # stream: VAE clips into the MP4 as they are decoded | full: whole arrays first
     # Several outputs of one prompt denoise as one batch of up to this many (h3serve.model.pipeline); 1: one at a
@@ -314,6 +314,8 @@ class EngineConfig:
             raise ConfigError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if self.init_timeout_s <= 0:
             raise ConfigError(f"--init-timeout must be > 0 seconds, got {self.init_timeout_s:g}")
+        if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
+            raise ConfigError(f"--collective-timeout must be > 0 seconds, got {self.collective_timeout_s:g}")
         if not 0 < self.idle_keepalive_s < (self.collective_timeout_s or float("inf")):
             raise ConfigError("idle_keepalive_s must be > 0 and shorter than collective_timeout_s")
         if not 1 <= self.max_output_batch <= limits.MAX_OUTPUTS_PER_PROMPT:

@@ -4,13 +4,15 @@ The parent never touches the model. It sends a request to rank 0 over a queue; r
 other ranks over `torch.distributed`; every rank runs the pipeline; rank 0 streams progress back and writes
 the result arrays to a spool file (so multi-GB frames never travel through a pipe). The ranks stay alive
 across requests. If any rank dies, the request in flight fails with a clear error and the executor
-restarts every rank (collectives of the survivors would otherwise hang), so the next request succeeds.
+restarts every rank (collectives of the survivors would otherwise hang), so the next request succeeds; across
+nodes that restart runs behind the error, as it waits for every node's ranks (`_recover`).
 """
 
 from __future__ import annotations
 
 import importlib
 import itertools
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
@@ -54,6 +56,7 @@ from h3serve.parallel.start_method import rank_context, start_rank
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 from h3serve.rules.validate.realtime import plan_realtime
 
+log = logging.getLogger("h3serve.engine")
 ProgressCallback = Callable[[int, int], None]
 SPOOL_PREFIX = "h3serve-spool-"
 # How often a wait for rank events wakes to check a cancel request or deadline (a dead rank wakes it at once).
@@ -136,6 +139,7 @@ class Executor:
         self._seq = itertools.count(1)
         self._spool: Path | None = None  # created once the ranks are up, removed by close()
         self._procs: list[mp.process.BaseProcess] = []
+        self._ready = False  # rank 0 reported Ready: the ranks take requests (and a Stop) from the queue
         self._ranks: list[int] = []  # global rank of each local process
         self.defaults: ModelDefaults = ModelDefaults()
         self.tasks: tuple[str, ...] = ()  # what the loaded DiTs serve (sent by rank 0 when ready)
@@ -176,12 +180,14 @@ class Executor:
             except (TimeoutError, EngineError) as e:
                 self._stop_procs()
                 if isinstance(e, TimeoutError):
+                    nodes = "; every node's h3serve must be running" if rendezvous.nnodes > 1 else ""
                     raise EngineError(
                         f"engine failed to start: the ranks did not load within {self.start_timeout_s:g}s "
-                        "(raise --init-timeout)"
+                        f"(raise --init-timeout{nodes})"
                     ) from None
                 raise
             if isinstance(event, Ready):
+                self._ready = True
                 self.defaults, self.tasks = event.defaults, event.tasks
                 self.loads += 1
                 if self._spool is None:
@@ -195,6 +201,7 @@ class Executor:
                 raise EngineError(f"engine failed to start: {event.message}")
 
     def _stop_procs(self) -> None:
+        self._ready = False
         for p in self._procs:
             if p.is_alive():
                 p.kill()
@@ -209,9 +216,33 @@ class Executor:
         self.restarts += 1
         self._start()
 
+    def _recover(self) -> None:
+        """Restart the ranks after a failure, so that the next request finds them loaded.
+
+        Across nodes the new ranks wait until every node's ranks rejoin (a lost node may take long to come back,
+        up to --init-timeout), so only this node's ranks stop now: they restart behind the failed request instead
+        of holding back its error, and the next request waits for that restart (it takes the lock)."""
+        if self.rendezvous.nnodes == 1:
+            self.restart()
+            return
+        self._stop_procs()
+        threading.Thread(target=self._restart_when_free, name="h3serve-rank-restart", daemon=True).start()
+
+    def _restart_when_free(self) -> None:
+        with self._lock:
+            if self._closed or self.alive():
+                return
+            try:
+                self.restart()
+            except (EngineError, ConfigError) as e:
+                if not self._closed:
+                    log.warning("the ranks did not restart (the next request tries again): %s", e)
+            if self._closed:  # closed while the ranks were starting
+                self._stop_procs()
+
     def close(self) -> None:
         self._closed = True
-        if self._procs and all(p.is_alive() for p in self._procs):
+        if self._ready and self.alive():  # else no rank reads the queue (starting, or a node without rank 0)
             self._requests.put(Stop())
             for p in self._procs:
                 p.join(timeout=10)
@@ -225,16 +256,30 @@ class Executor:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
-    def run_follower(self, poll_s: float = 1.0) -> None:
-        """Non-leader nodes: keep the local ranks alive (restarting them after a failure) until they exit
-        cleanly, which they do when the leader closes the engine."""
+    def run_follower(self, poll_s: float = 1.0, restart: bool = True) -> None:
+        """Non-leader nodes: keep the local ranks alive until they exit cleanly, which they do when the leader
+        closes the engine. A rank that fails is restarted (it rejoins the leader's next group); with
+        `restart=False` (one request, `h3serve generate`) the wait ends with `EngineError` instead, naming why."""
         while True:
             mp_connection.wait([p.sentinel for p in self._procs], timeout=poll_s)  # wakes when a rank exits
             codes = [p.exitcode for p in self._procs]
             if all(code == 0 for code in codes):
                 return
-            if any(code not in (None, 0) for code in codes):
+            failed = [(rank, code) for rank, code in zip(self._ranks, codes, strict=True) if code not in (None, 0)]
+            if failed and not restart:
+                raise EngineError(self._follower_failure(*failed[0]))
+            if failed:
                 self.restart()
+
+    def _follower_failure(self, rank: int, code: int) -> str:
+        """Why a follower's rank ended: its own report (a rank reports before it exits), else its exit code."""
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return f"rank {rank} exited with code {code}"
+            if isinstance(event, Failed):
+                return event.message
 
     # -- requests --------------------------------------------------------------------------------------------
 
@@ -294,7 +339,7 @@ class Executor:
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
                 if not self.alive() or self.config.world_size > 1:
-                    self.restart()
+                    self._recover()
                 raise
             finally:
                 self._cancel_requested = None
@@ -341,7 +386,7 @@ class Executor:
             try:
                 event = self._next_event(deadline)
             except EngineError:
-                self.restart()
+                self._recover()
                 raise
             if getattr(event, "seq", None) == seq:
                 return event
@@ -350,7 +395,7 @@ class Executor:
         """Raise a session's failure as `EngineError` (several ranks: they exited, so they are restarted first)."""
         message = self._root_cause(event)
         if not self.alive() or self.config.world_size > 1:
-            self.restart()
+            self._recover()
         raise EngineError(message, client_error=event.client_error, code=event.code)
 
     def abort(self, seq: int) -> None:
@@ -361,13 +406,13 @@ class Executor:
             try:
                 event = self.next_event_for(seq, deadline)
             except TimeoutError:
-                self.restart()
+                self._recover()
                 return
             except EngineError:
                 return
             if isinstance(event, JobCancelled | RealtimeEnded | Failed):
                 if isinstance(event, Failed) and self.config.world_size > 1:
-                    self.restart()
+                    self._recover()
                 return
 
     def _end_session(self) -> None:
@@ -388,7 +433,7 @@ class Executor:
         if requested is None or requested[0] != seq:
             self.cancel(seq)  # first: stop at the next step, with `cancel_grace_s` to do so
             return
-        self.restart()
+        self._recover()
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"generation timed out after {timeout_s:g}s; the ranks were restarted to stop it")
         raise Cancelled(f"job {seq} was cancelled; the ranks were restarted to stop it within its step")

@@ -36,7 +36,7 @@ def process_group_options(cuda: bool) -> dict:
 
 def join_group(rank: int, world: int, init_method: str, cuda: bool, timeout: timedelta | None) -> None:
     """`init_process_group` for one rank on h3serve's own rendezvous (on CUDA, after `set_device`)."""
-    rank_environment(os.environ)
+    rank_environment(os.environ, init_method)
     dist.init_process_group(
         init_method=init_method, rank=rank, world_size=world, timeout=timeout, **process_group_options(cuda)
     )

@@ -8,14 +8,21 @@ the ranks (`world / nnodes`, global ranks `node · local .. node · local + loca
 rank 0, which takes the requests; the other nodes only keep their ranks alive. Under torchrun the agent
 already listens on MASTER_PORT, so the ranks meet on MASTER_PORT + 1 (H3SERVE_DIST_PORT overrides), where global
 rank 0 hosts the store: the ranks must not inherit torchrun's TORCHELASTIC_USE_AGENT_STORE (see `rank_environment`).
+The ranks' gloo connections use the network interface that routes to MASTER_ADDR (GLOO_SOCKET_IFNAME overrides):
+gloo's own default, the address the host name resolves to, is a loopback address on many hosts. docs/scaling.md
+has the recipe.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import psutil
 
 from h3serve.errors import ConfigError
 
@@ -49,16 +56,56 @@ def nodes_from_env(env: Mapping[str, str] | None = None) -> int:
 
 
 AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+GLOO_INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
 
 
-def rank_environment(env: dict[str, str] | os._Environ) -> None:
+def route_address(host: str) -> str | None:
+    """The local address this machine's packets to `host` leave from (None if `host` does not resolve).
+
+    A UDP socket's `connect` only asks the kernel for the route: nothing is sent."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.connect(address)
+            return s.getsockname()[0].split("%")[0]  # an IPv6 link-local address carries its %scope
+    except OSError:
+        return None
+
+
+def interface_with(address: str) -> str | None:
+    """The name of the network interface that holds `address` (None if none does)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addresses):
+            return name
+    return None
+
+
+def rendezvous_host(init_method: str) -> str:
+    """HOST of a tcp://HOST:PORT init method."""
+    return urlsplit(init_method).hostname or ""
+
+
+def rank_environment(env: MutableMapping[str, str], init_method: str) -> None:
     """Prepare a rank process' environment (in place) for `init_process_group` on h3serve's own rendezvous.
 
     torchrun sets TORCHELASTIC_USE_AGENT_STORE=True for the processes it starts: torch.distributed then makes
     every rank, rank 0 included, a client of the agent's store at the init address. h3serve's ranks meet on their
     own port (MASTER_PORT + 1, or a free local one), where nobody would serve that store, and the start hangs;
-    without the variable global rank 0 hosts the store there, as planned."""
+    without the variable global rank 0 hosts the store there, as planned.
+
+    Across nodes, gloo announces to its peers the address the host name resolves to: on many hosts (/etc/hosts
+    naming the host 127.0.1.1 or 127.0.0.1) a loopback address, which the other nodes cannot reach, and the start
+    fails. Unless GLOO_SOCKET_IFNAME names one already, the interface that routes to the rendezvous host is used.
+    """
     env.pop(AGENT_STORE_VARIABLE, None)
+    if GLOO_INTERFACE_VARIABLE in env:
+        return
+    local = route_address(rendezvous_host(init_method))
+    if local is None or ipaddress.ip_address(local).is_loopback:  # one machine (or an unknown host): gloo's default
+        return
+    interface = interface_with(local)
+    if interface is not None:
+        env[GLOO_INTERFACE_VARIABLE] = interface
 
 
 @dataclass(frozen=True)

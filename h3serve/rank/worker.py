@@ -36,7 +36,9 @@ from h3serve.engine.messages import (
 )
 from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
+from h3serve.parallel.peers import Peers, is_lost_connection
 from h3serve.rank.device_checks import check_engine
+from h3serve.rank.local import LocalEngine
 from h3serve.rank.realtime import Inbox, run_session, spool_chunk
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
@@ -98,10 +100,13 @@ class CancelVote:
         return bool(host[0])
 
 
-def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "") -> Failed:
-    """What a client may read about a failure: request/media errors say what is wrong with the input; anything
-    else is summarised by its type only (the traceback, with its internal paths, goes to the server log)."""
+def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: Peers | None = None) -> Failed:
+    """What a client may read about a failure: request/media errors say what is wrong with the input; a collective
+    that lost a peer names the rank and node it lost; anything else is summarised by its type only (the
+    traceback, with its internal paths and addresses, goes to the server log)."""
     failure = job_error_for(e)
+    if peers is not None and rank is not None and is_lost_connection(e):
+        return Failed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
     message = str(e) if failure.client else f"internal error during generation ({type(e).__name__}); see the server log"
     return Failed(seq, prefix + message, rank, failure.client, failure.code)
 
@@ -167,11 +172,12 @@ def rank_gpu(device: torch.device, rank: int, world: int, local_rank: int | None
     return rank if world > 1 else device.index or 0
 
 
-def _start(rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None):
-    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group, the weights. A rank that
-    cannot start exits, after rank 0 reported why (the parent turns the report into a start-up error)."""
-    from h3serve.rank.local import LocalEngine
-
+def _start(
+    rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None
+) -> tuple[LocalEngine, Peers | None]:
+    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group and where every rank runs
+    (several ranks), the weights. A rank that cannot start exits, after rank 0 reported why (the parent turns the
+    report into a start-up error)."""
     try:  # before any CUDA work: the flags only torch can check
         setup = check_engine(config)
     except ConfigError as e:
@@ -181,17 +187,21 @@ def _start(rank: int, world: int, init_method: str, config: EngineConfig, events
         gpu = rank_gpu(setup.device, rank, world, local_rank)
         if gpu is not None:  # before any CUDA work: NCCL, every allocation and pinned buffer go to this GPU
             torch.cuda.set_device(gpu)
+        peers = None
         if world > 1:
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
-        return LocalEngine(config, rank=rank, world_size=world, setup=setup)
+            peers = Peers.gather(init_method, world)
+        return LocalEngine(config, rank=rank, world_size=world, setup=setup), peers
     except Exception as e:
         if rank == 0:
             events.put(Fatal(f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from None
 
 
-def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, comm_device: torch.device) -> None:
+def _run_job(
+    engine, job: RankJob, rank: int, world: int, events, cancel_value, comm_device: torch.device, peers: Peers | None
+) -> None:
     """One job on this rank; rank 0 reports its progress and its outcome."""
     from h3serve.media.raw import write_raw
     from h3serve.media.sink import DiscardSink, Mp4Sink
@@ -219,7 +229,7 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
         if world > 1:
             # Another rank may be waiting in a collective this rank will never join: continuing would
             # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
-            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
+            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: ", peers=peers))
             events.close()
             events.join_thread()  # flush the report before the hard exit
             os._exit(1)
@@ -236,7 +246,9 @@ def _run_job(engine, job: RankJob, rank: int, world: int, events, cancel_value, 
                         outputs=len(output.outputs)))
 
 
-def _run_realtime(engine, job: RealtimeOpen, rank: int, world: int, requests, events, cancel_value) -> bool:
+def _run_realtime(
+    engine, job: RealtimeOpen, rank: int, world: int, requests, events, cancel_value, peers: Peers | None
+) -> bool:
     """A real-time session on this rank (h3serve.rank.realtime); True when the parent asked the ranks to exit."""
     decide = Inbox(requests, job.seq, cancel_value).boundary if rank == 0 else None
     try:
@@ -244,7 +256,7 @@ def _run_realtime(engine, job: RealtimeOpen, rank: int, world: int, requests, ev
     except Exception as e:
         traceback.print_exc()
         if world > 1:  # as in _run_job: a peer may wait in a collective this rank will never join
-            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: "))
+            events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: ", peers=peers))
             events.close()
             events.join_thread()
             os._exit(1)
@@ -264,7 +276,7 @@ def worker_main(
 ) -> None:
     """Entry point of a rank process (spawned by `Executor`). `local_rank` picks the GPU on this node."""
     _exit_with_parent()
-    engine = _start(rank, world, init_method, config, events, local_rank)
+    engine, peers = _start(rank, world, init_method, config, events, local_rank)
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
     if rank == 0:
         events.put(Ready(engine.defaults, engine.tasks))
@@ -275,10 +287,10 @@ def worker_main(
         if isinstance(job, RealtimeInteract | RealtimeRead | RealtimeStop):
             continue  # a control message that reached a session's end too late
         if isinstance(job, RealtimeOpen):
-            if _run_realtime(engine, job, rank, world, requests, events, cancel_value):
+            if _run_realtime(engine, job, rank, world, requests, events, cancel_value, peers):
                 break
             continue
-        _run_job(engine, job, rank, world, events, cancel_value, comm_device)
+        _run_job(engine, job, rank, world, events, cancel_value, comm_device, peers)
     if world > 1:
         dist.destroy_process_group()
     os._exit(0)

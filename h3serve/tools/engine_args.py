@@ -99,6 +99,14 @@ def _add_parallel_args(p: argparse._ArgumentGroup) -> None:
     p.add_argument("--vae-use-tiling", action="store_true", help="tiled VAE decode (always on for H3)")
     p.add_argument("--cfg-parallel-size", type=int, default=1, help="must be 1: H3 is CFG-distilled")
     p.add_argument(
+        "--collective-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a rank waits in one collective before the request fails (default: torch's, 30 min on CPU, "
+        "10 min on NCCL); across nodes, how long a node that stops answering goes unnoticed (a dead process is "
+        "noticed at once). Keep it above the slowest stage a rank waits through (loading, text encoding, decode)",
+    )
+    p.add_argument(
         "--decode-mode",
         default="stream",
         help="stream (default): VAE clips go into the MP4 as they are decoded, in bounded memory | full: the whole "
@@ -406,6 +414,14 @@ def layout_fields(args: argparse.Namespace) -> dict:
     }
 
 
+def collective_fields(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields of --collective-timeout: the timeout, and an idle keepalive well under it."""
+    seconds = args.collective_timeout
+    if seconds is None:
+        return {}
+    return {"collective_timeout_s": seconds, "idle_keepalive_s": min(EngineConfig.idle_keepalive_s, seconds / 4)}
+
+
 def lora_fields(args: argparse.Namespace) -> dict:
     """The EngineConfig fields of the LoRA flags (`generate --lora PATH` preloads PATH under its own name)."""
     values = list(getattr(args, "lora_path", None) or [])
@@ -446,6 +462,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         threads=args.threads,
         qkv_layout=getattr(args, "qkv_layout", None),
         **layout_fields(args),
+        **collective_fields(args),
         vae_parallel_mode=args.vae_parallel_mode,
         cfg_parallel_size=args.cfg_parallel_size,
         enforce_eager=args.enforce_eager,

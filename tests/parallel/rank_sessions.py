@@ -7,21 +7,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.local import LocalEngine
-from h3serve.rules.request import GenerationRequest
-from h3serve.rules.validate import GenerationPlan, ModelDefaults, validate
-
-# 17 byte-level tokens: with 4 s at 128x64 the packed sequence is 17 + 2·178 audio + 256 video = 629 rows,
-# which no degree used here (2, 3, 4) divides, so every layout runs with padded chunks.
-PROMPT = "waves on a beach!"
-
-
-def plan_for(defaults: ModelDefaults) -> GenerationPlan:
-    return validate(GenerationRequest(prompt=PROMPT, steps=2, seed=1, duration_s=4), defaults)
+from h3serve.rules.validate import GenerationPlan
 
 
 def packed_length(plan: GenerationPlan) -> int:

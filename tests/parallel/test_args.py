@@ -80,6 +80,7 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
         ("--diffusion-compile-granularity full --enable-layerwise-offload", "use 'regional' compilation instead"),
         ("--cfg-parallel-size 2", "CFG-distilled"),
         ("--usp 8", "choose from: 1, 2, 4"),
+        ("--collective-timeout 0", "--collective-timeout must be > 0 seconds, got 0"),
     ],
 )
 def test_what_cannot_apply_is_refused_with_the_fix(parallel_checkpoint, line, message):
@@ -98,6 +99,15 @@ def test_compile_flags_become_engine_fields(parallel_checkpoint):
     assert config.compile_backend == "eager"  # Dynamo capture only (tests/api/test_lora_live.py counts graphs)
     config = engine_config_from_args(_parse(line + " --enforce-eager"), parallel_checkpoint)
     assert config.compile_mode("cpu") is None
+
+
+def test_the_collective_timeout_sets_the_process_group_timeout_with_a_keepalive_under_it(parallel_checkpoint):
+    default = engine_config_from_args(_parse("--device cpu"), parallel_checkpoint)
+    assert (default.collective_timeout_s, default.idle_keepalive_s) == (None, 60.0)  # torch's timeout (gloo: 30 min)
+    short = engine_config_from_args(_parse("--device cpu --collective-timeout 20"), parallel_checkpoint)
+    assert (short.collective_timeout_s, short.idle_keepalive_s) == (20.0, 5.0)
+    long = engine_config_from_args(_parse("--device cpu --collective-timeout 900"), parallel_checkpoint)
+    assert (long.collective_timeout_s, long.idle_keepalive_s) == (900.0, 60.0)
 
 
 def test_cache_flags_become_the_server_profile(parallel_checkpoint):

@@ -6,6 +6,8 @@ import pytest
 
 from h3serve.parallel.rendezvous import Rendezvous, nodes_from_env
 
+LOCAL = "tcp://127.0.0.1:29500"
+
 
 def test_rendezvous_from_torchrun_environment():
     env = {
@@ -50,7 +52,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from h3serve.parallel.rendezvous import rank_environment
 from h3serve.parallel.launch import process_group_options
-rank_environment(os.environ)
+rank_environment(os.environ, sys.argv[1])
 dist.init_process_group(init_method=sys.argv[1], rank=0, world_size=1, timeout=timedelta(seconds=20),
                         **process_group_options(cuda=False))
 dist.barrier()
@@ -69,12 +71,39 @@ def test_a_rank_started_under_torchrun_hosts_its_own_store(monkeypatch):
     from h3serve.parallel.rendezvous import rank_environment
 
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "PATH": "/bin"}
-    rank_environment(env)
+    rank_environment(env, LOCAL)
     assert env == {"PATH": "/bin"}
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     assert _torchelastic_use_agent_store()  # what torch.distributed reads: every rank would be a store client
-    rank_environment(os.environ)
+    rank_environment(os.environ, LOCAL)
     assert not _torchelastic_use_agent_store()
+
+
+def test_ranks_on_several_nodes_use_the_interface_that_routes_to_the_rendezvous(monkeypatch):
+    """gloo would announce the address the host name resolves to (often loopback); across nodes the ranks use
+    the interface the route to MASTER_ADDR leaves from, unless GLOO_SOCKET_IFNAME names one. (The two-namespace
+    test, tests/parallel/test_two_namespaces.py, runs this on real interfaces.)"""
+    from types import SimpleNamespace
+
+    from h3serve.parallel import rendezvous
+    from h3serve.parallel.rendezvous import interface_with, rank_environment, route_address
+
+    assert interface_with(route_address("127.0.0.1")) == "lo"  # the kernel's own answer, on any Linux host
+    assert route_address("no-such-host.invalid") is None
+    one_machine = {}
+    rank_environment(one_machine, LOCAL)
+    assert one_machine == {}  # a loopback rendezvous: gloo's default serves
+
+    monkeypatch.setattr(rendezvous, "route_address", lambda host: {"10.9.0.1": "10.9.0.2"}[host])
+    interfaces = {"lo": ["127.0.0.1"], "eth0": ["192.0.2.5"], "ens5": ["fe80::1%ens5", "10.9.0.2"]}
+    table = {name: [SimpleNamespace(address=a) for a in found] for name, found in interfaces.items()}
+    monkeypatch.setattr(rendezvous.psutil, "net_if_addrs", lambda: table)
+    other_node = {}
+    rank_environment(other_node, "tcp://10.9.0.1:29501")
+    assert other_node == {"GLOO_SOCKET_IFNAME": "ens5"}
+    chosen = {"GLOO_SOCKET_IFNAME": "eth0"}
+    rank_environment(chosen, "tcp://10.9.0.1:29501")
+    assert chosen == {"GLOO_SOCKET_IFNAME": "eth0"}
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """Defect 10 of issue 29, on a CPU with torch.cuda and the process group faked: a single rank on `--device cuda:N`
-makes GPU N its current device, and the per-step cancellation vote never waits for its own step's broadcast."""
+makes GPU N its current device, and the per-step cancellation vote never waits for its own step's broadcast. And
+what a rank reports when it fails."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collective_devices import CollectiveDevices
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from h3serve.config import EngineConfig
+from h3serve.parallel.peers import Peers
 from h3serve.rank import local, worker
 from h3serve.rank.device_checks import RankDevice
 from h3serve.rank.worker import CancelVote, rank_gpu
@@ -42,7 +44,7 @@ def test_a_single_rank_worker_on_cuda_n_sets_its_device_first(monkeypatch):
         assert chosen == [2], "the device must be current before the engine does any CUDA work"
         return SimpleNamespace(device=setup.device)
 
-    monkeypatch.setattr(local, "LocalEngine", engine)
+    monkeypatch.setattr(worker, "LocalEngine", engine)
     worker._start(0, 1, "unused://", EngineConfig(model="unused", device="cuda:2"), events=None, local_rank=None)
     assert chosen == [2]
 
@@ -151,3 +153,15 @@ def test_on_cuda_a_step_broadcasts_on_the_gpu_and_waits_only_for_the_previous_st
     vote.pending = (torch.ones(1, dtype=torch.int32), vote.pending[1])  # the copy's value (fakes hold no data)
     assert vote._collect() is True
     assert FakeEvent.log == ["record", "synchronize"] and vote.pending is None
+
+
+def test_a_rank_that_lost_a_peer_names_it_other_failures_stay_summarised():
+    peers = Peers(("10.0.0.1", "10.0.0.2"))
+    reset = RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:28388: "
+                         "Connection reset by peer")
+    lost = worker._failed(7, reset, 0, prefix="rank 0: ", peers=peers)
+    assert (lost.seq, lost.rank, lost.client_error, lost.code) == (7, 0, False, "internal_error")
+    assert lost.message == ("rank 0 lost its connection to rank 1 (node 1): its process or node died, or the network "
+                            "failed")
+    other = worker._failed(7, RuntimeError("shape mismatch"), 0, prefix="rank 0: ", peers=peers)
+    assert other.message == "rank 0: internal error during generation (RuntimeError); see the server log"
