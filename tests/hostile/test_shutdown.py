@@ -17,7 +17,6 @@ KEY = "sk-test"
 GRACE_S = 1.0
 
 
-@pytest.mark.slow
 @pytest.fixture
 def spool_tmp():
     """The server's TMPDIR: its spool folder must be gone after the exit. A short path directly under the system's
@@ -28,6 +27,7 @@ def spool_tmp():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_sync_request_drains_and_cleans_up(tiny_checkpoint, tmp_path, spool_tmp):
     server = start_live_server(
         tiny_checkpoint,
