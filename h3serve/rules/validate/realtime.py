@@ -55,9 +55,9 @@ def plan_realtime(
                            f"the short edge must be one of {', '.join(map(str, allowed))}, got {short}")
     if max(w, h) > limits.MAX_ASPECT_RATIO * short:
         raise RequestError("width" if w > h else "height", f"{w}x{h} is wider than 4:1")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise RequestError("seed", f"must be an integer, got {seed!r}")
-    check_int("seed", seed, limits.SEED_MIN, limits.SEED_MAX, 0)
+    if seed is None:  # required here: check_int would take its default
+        raise RequestError("seed", "must be an integer, got None")
+    seed = check_int("seed", seed, limits.SEED_MIN, limits.SEED_MAX, 0)
     frames = check_int("num_frames", num_frames, 1, limits.MAX_REALTIME_FRAMES, limits.MAX_REALTIME_FRAMES)
     _check_extra(dict(extra or {}))
     return RealtimePlan(text, w, h, seed, frames, chunks_for_frames(frames))
