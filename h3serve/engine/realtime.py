@@ -32,6 +32,7 @@ from h3serve.errors import ClientError, RequestError, ServerError
 from h3serve.media.raw import read_chunk
 from h3serve.rules import limits
 from h3serve.rules.validate.realtime import RealtimePlan
+from h3serve.rules.validate.resolve import check_prompt
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,7 @@ class RealtimeStream:
         """Queue a new prompt for the next chunk boundary (the last one queued before a boundary wins)."""
         if self._state != "running":
             raise RequestError("session", "the session has ended; it takes no more interactions")
-        if not isinstance(interaction.prompt, str) or not interaction.prompt.strip():
-            raise RequestError("interaction.event.prompt", "must be a non-empty string")
-        if len(interaction.prompt) > limits.MAX_PROMPT_CHARS:
-            raise RequestError("interaction.event.prompt", f"is longer than {limits.MAX_PROMPT_CHARS} characters")
+        check_prompt(interaction.prompt, "interaction.event.prompt")
         if not isinstance(interaction.event_id, str) or not interaction.event_id:
             raise RequestError("interaction.event_id", "must be a non-empty string")
         self.executor.send(RealtimeInteract(self.seq, interaction.prompt, interaction.event_id))

@@ -205,14 +205,14 @@ def _check_quality(quality: str | None) -> str | None:
     return quality
 
 
-def check_prompt(prompt: object) -> str:
-    """The prompt, or a RequestError naming it (not a string, empty, over the limit)."""
+def check_prompt(prompt: object, field: str = "prompt") -> str:
+    """The prompt, or a RequestError naming `field` (not a string, empty, over the limit)."""
     if not isinstance(prompt, str):
-        raise RequestError("prompt", "must be a string")
+        raise RequestError(field, "must be a string")
     if not prompt.strip():
-        raise RequestError("prompt", "must not be empty")
+        raise RequestError(field, "must not be empty")
     if len(prompt) > limits.MAX_PROMPT_CHARS:
-        raise RequestError("prompt", f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}")
+        raise RequestError(field, f"is {len(prompt)} characters long; the limit is {limits.MAX_PROMPT_CHARS}")
     return prompt
 
 
