@@ -132,7 +132,7 @@ class FakeRealtimeExecutor(FakeExecutor):
 
     def open_realtime(self, spec: RealtimeSpec) -> FakeRealtimeStream:
         if not self.realtime:
-            raise RealtimeUnavailable("this server runs no real-time sessions (start it with --realtime-lora DIR)")
+            raise RealtimeUnavailable()
         plan = plan_realtime(spec.prompt, spec.width, spec.height, spec.seed, spec.num_frames, spec.negative_prompt,
                              spec.extra, self.defaults)
         if not self._lock.acquire(blocking=False):

@@ -350,7 +350,7 @@ class Executor:
         """Check `spec`, take the ranks for a session (`RealtimeBusy` while a job or another session runs) and start
         it; `writer_factory` makes its segment writer (default: the fragmented-MP4 writer)."""
         if self.config.realtime_lora is None:
-            raise RealtimeUnavailable("this server runs no real-time sessions (start it with --realtime-lora DIR)")
+            raise RealtimeUnavailable()
         plan = plan_realtime(spec.prompt, spec.width, spec.height, spec.seed, spec.num_frames, spec.negative_prompt,
                              spec.extra, self.defaults)
         if writer_factory is None:

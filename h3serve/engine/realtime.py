@@ -97,6 +97,9 @@ class RealtimeUnavailable(ClientError):
 
     code = "realtime_unavailable"
 
+    def __init__(self) -> None:
+        super().__init__("this server runs no real-time sessions: start it with --realtime-lora DIR (a streaming LoRA)")
+
 
 class RealtimeBusy(ServerError):
     """The replica runs a job or another session; try again after `retry_after_s`."""

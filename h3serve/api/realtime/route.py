@@ -17,11 +17,10 @@ from h3serve.api.realtime.messages import ErrorMessage
 from h3serve.api.realtime.protocol import POLICY, TRY_LATER
 from h3serve.api.realtime.session import RealtimeSession
 from h3serve.engine.jobs.types import ShuttingDown
-from h3serve.engine.realtime import RealtimeBusy
+from h3serve.engine.realtime import RealtimeBusy, RealtimeUnavailable
 
 router = APIRouter()
 PATH = "/v1/realtime/video"
-UNAVAILABLE = "this server runs no real-time sessions: start it with --realtime-lora DIR (a streaming LoRA)"
 
 
 @router.websocket(PATH)
@@ -34,7 +33,8 @@ async def realtime_video(websocket: WebSocket) -> None:
     subprotocol = _plain_subprotocol(websocket)
     if not config.realtime:
         await websocket.accept(subprotocol)
-        await websocket.send_text(ErrorMessage(message=UNAVAILABLE, code="realtime_unavailable").model_dump_json(
+        unavailable = RealtimeUnavailable()
+        await websocket.send_text(ErrorMessage(message=str(unavailable), code=unavailable.code).model_dump_json(
             exclude_none=True))
         await websocket.close(POLICY)
         return
