@@ -32,11 +32,12 @@ def build_components(spec: Preset, seed: int) -> dict[str, Any]:
 
 
 def _build_transformer(spec: Preset, generator: Generator) -> nn.Module:
+    import torch
     from diffusers import MiniMaxH3Transformer3DModel
 
     model = construct(MiniMaxH3Transformer3DModel, **spec.transformer)
     randomize_(model, generator)
-    return model.eval()
+    return model.to(getattr(torch, spec.dit_dtype)).eval()
 
 
 def _build_vae(spec: Preset, generator: Generator) -> nn.Module:

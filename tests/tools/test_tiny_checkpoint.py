@@ -14,6 +14,7 @@ from diffusers import ModularPipeline
 
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.tools import tiny_checkpoint as tc
+from h3serve.tools import tiny_weights
 from h3serve.tools.tiny_checkpoint import (
     PRESETS,
     build_tiny_checkpoint,
@@ -102,6 +103,7 @@ def test_presets() -> None:
     gpu = PRESETS["gpu-accept"].transformer
     differ = {k for k, v in gpu.items() if getattr(released, k) != v}
     assert differ == {"num_layers", "num_refiner_layers", "text_dim"} and gpu["num_layers"] == 2
+    assert PRESETS["gpu-accept"].dit_dtype == "bfloat16" and PRESETS["tiny"].dit_dtype == "float32"
     bench = PRESETS["cpu-bench"]
     assert (bench.canvas_short_edge, bench.canvas_max_pixels, bench.reference_image_short_edge) == (
         256,
@@ -245,3 +247,25 @@ def test_t2va_runs_in_diffusers_after_moving(moved_checkpoint: Path) -> None:
     assert np.isfinite(videos).all() and torch.isfinite(audio).all()
     assert 0.01 < float(videos.std()) and 0.01 < float(audio.std())
     assert float((audio.abs() == 1).float().mean()) < 0.2  # the random audio decoder is mostly unclamped
+
+
+def test_large_tensors_are_drawn_in_chunks_with_bits_independent_of_the_thread_count(monkeypatch) -> None:
+    """The released width's tensors (gpu-accept) are drawn on every core; the bits depend on the seed alone, the
+    values keep the fan-in scale and a constant's offset, and a tensor at the threshold is drawn as before."""
+    monkeypatch.setattr(tiny_weights, "CHUNKED_DRAW_ELEMENTS", 3000)
+    monkeypatch.setattr(tiny_weights, "DRAW_CHUNK_ELEMENTS", 1000)
+    weight = torch.nn.Parameter(torch.empty(64, 100))
+    ones = torch.nn.Parameter(torch.ones(5000))
+    draws = []
+    for threads in (1, 3):
+        monkeypatch.setattr(tiny_weights.os, "cpu_count", lambda threads=threads: threads)
+        generator = torch.Generator().manual_seed(0)
+        draws.append((tiny_weights._draw_like(weight, generator), tiny_weights._draw_like(ones, generator)))
+    (w1, o1), (w3, o3) = draws
+    assert torch.equal(w1, w3) and torch.equal(o1, o3) and w1.dtype == torch.float32
+    assert abs(float(w1.std()) * 10 - 1) < 0.05  # N(0, 1/fan_in), fan_in 100
+    assert abs(float(o1.mean()) - 1) < 0.01 and abs(float(o1.std()) - 0.1) < 0.01
+    assert not torch.equal(w1[:10], w1[10:20])  # chunks are not repeats of one another
+    small = torch.nn.Parameter(torch.empty(30, 100))  # 3000 elements: the one-generator draw, bit for bit
+    expected = torch.randn(30, 100, generator=torch.Generator().manual_seed(1), dtype=torch.float64) / 10
+    assert torch.equal(tiny_weights._draw_like(small, torch.Generator().manual_seed(1)), expected)
