@@ -1,4 +1,8 @@
-"""Inspect an output MP4 with the system ffprobe/ffmpeg and check it against the H3 output contract."""
+"""Inspect an output MP4 and check it against the H3 output contract.
+
+The file is read with the system ffprobe/ffmpeg when both are on PATH (a reader independent of the PyAV that
+wrote it), else with PyAV's bundled libav (`h3serve.media.probe_pyav`); `ProbeResult.reader` says which.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +20,16 @@ CONTRACT_SAMPLE_RATE = 32000
 CONTRACT_CHANNELS = 2
 AAC_FRAME_SAMPLES = 1024
 _TIMEOUT_S = 300.0
+NO_STREAMS = "no video or audio stream (truncated, or not a media file?)"
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What ffprobe/ffmpeg found in a file; fields are None where a stream or value is missing.
+    """What a reader found in a file; fields are None where a stream or value is missing.
 
     ``nb_frames`` and ``audio_duration`` come from decoding, not from the header.
     ``error`` is set when the file cannot be opened or parsed at all.
+    ``reader`` is what `probe` read it with: "ffprobe" (the ffprobe/ffmpeg binaries) or "pyav".
     """
 
     path: str
@@ -42,15 +48,17 @@ class ProbeResult:
     audio_duration: float | None = None
     duration: float | None = None
     decode_errors: tuple[str, ...] = ()
+    reader: str | None = None
+
+
+def _binaries() -> tuple[str, str] | None:
+    """The paths of ffprobe and ffmpeg when both are on PATH, else None (PyAV reads the file)."""
+    ffprobe, ffmpeg = shutil.which("ffprobe"), shutil.which("ffmpeg")
+    return (ffprobe, ffmpeg) if ffprobe is not None and ffmpeg is not None else None
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which(args[0])
-    if exe is None:
-        raise RuntimeError(f"{args[0]} not found on PATH; install ffmpeg (e.g. `apt-get install ffmpeg`)")
-    return subprocess.run(
-        [exe, *args[1:]], capture_output=True, text=True, errors="replace", timeout=_TIMEOUT_S, check=False
-    )
+    return subprocess.run(args, capture_output=True, text=True, errors="replace", timeout=_TIMEOUT_S, check=False)
 
 
 def _first_line(text: str, default: str) -> str:
@@ -73,12 +81,22 @@ def _float(value: object) -> float | None:
 
 
 def decode_errors(path: PathLike) -> tuple[str, ...]:
-    """Fully decode ``path`` with ``ffmpeg -v error -f null``; return its error lines (empty if clean).
+    """Fully decode ``path``; return the error lines (empty if clean).
 
-    ffmpeg exits 0 even for a truncated file ("partial file", "Invalid data"), so stderr is what counts.
+    With ``ffmpeg -v error -f null`` when ffprobe/ffmpeg are installed, else with PyAV. ffmpeg exits 0 even for
+    a truncated file ("partial file", "Invalid data"), so stderr is what counts.
     """
+    binaries = _binaries()
+    if binaries is None:
+        from h3serve.media import probe_pyav
+
+        return probe_pyav.decode_errors(str(path))
+    return _ffmpeg_decode_errors(binaries[1], str(path))
+
+
+def _ffmpeg_decode_errors(ffmpeg: str, path: str) -> tuple[str, ...]:
     try:
-        proc = _run(["ffmpeg", "-nostdin", "-hide_banner", "-v", "error", "-i", str(path), "-f", "null", "-"])
+        proc = _run([ffmpeg, "-nostdin", "-hide_banner", "-v", "error", "-i", str(path), "-f", "null", "-"])
     except subprocess.TimeoutExpired:
         return (f"ffmpeg decode timed out after {_TIMEOUT_S:.0f} s",)
     errors = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
@@ -88,32 +106,45 @@ def decode_errors(path: PathLike) -> tuple[str, ...]:
 
 
 def probe(path: PathLike) -> ProbeResult:
-    """Probe ``path``: stream parameters via ffprobe, frame/sample counts by decoding, plus a full decode check.
+    """Probe ``path``: stream parameters from the header, frame/sample counts by decoding, a full decode check.
 
-    Never raises for a missing, unreadable or corrupt file: ``error`` (or ``decode_errors``) says what is wrong.
-    Raises RuntimeError only when ffprobe/ffmpeg are not installed.
+    Read with ffprobe/ffmpeg when both are on PATH, else with PyAV (``reader`` says which). Never raises for a
+    missing, unreadable or corrupt file: ``error`` (or ``decode_errors``) says what is wrong.
     """
     p = str(path)
+    binaries = _binaries()
+    reader = "pyav" if binaries is None else "ffprobe"
     if not Path(p).is_file():
-        return ProbeResult(p, error="file not found" if not Path(p).exists() else "not a regular file")
-    cmd = ["ffprobe", "-v", "error", "-show_format", "-show_streams"]
+        return ProbeResult(p, error="file not found" if not Path(p).exists() else "not a regular file", reader=reader)
+    if binaries is None:
+        from h3serve.media import probe_pyav
+
+        return probe_pyav.probe(p)
+    return _ffprobe(p, *binaries)
+
+
+def _ffprobe(p: str, ffprobe: str, ffmpeg: str) -> ProbeResult:
+    reader = "ffprobe"
+    cmd = [ffprobe, "-v", "error", "-show_format", "-show_streams"]
     cmd += ["-show_entries", "frame=media_type,nb_samples", "-of", "json", p]
     try:
         proc = _run(cmd)
     except subprocess.TimeoutExpired:
-        return ProbeResult(p, error=f"ffprobe timed out after {_TIMEOUT_S:.0f} s")
+        return ProbeResult(p, error=f"ffprobe timed out after {_TIMEOUT_S:.0f} s", reader=reader)
     try:
         info = json.loads(proc.stdout) if proc.stdout.strip() else {}
     except json.JSONDecodeError:
         info = {}
     if proc.returncode != 0 or "format" not in info:
-        return ProbeResult(p, error=f"ffprobe cannot read the file: {_first_line(proc.stderr, 'no output')}")
+        return ProbeResult(
+            p, error=f"ffprobe cannot read the file: {_first_line(proc.stderr, 'no output')}", reader=reader
+        )
 
     streams = info.get("streams", [])
     video = next((s for s in streams if s.get("codec_type") == "video"), None)
     audio = next((s for s in streams if s.get("codec_type") == "audio"), None)
     if video is None and audio is None:
-        return ProbeResult(p, error="no video or audio stream (truncated, or not a media file?)")
+        return ProbeResult(p, error=NO_STREAMS, reader=reader)
     frames = info.get("frames", [])
     n_video = sum(1 for f in frames if f.get("media_type") == "video")
     n_samples = sum(_int(f.get("nb_samples")) or 0 for f in frames if f.get("media_type") == "audio")
@@ -134,7 +165,8 @@ def probe(path: PathLike) -> ProbeResult:
         audio_samples=n_samples if audio else None,
         audio_duration=n_samples / sample_rate if audio and sample_rate else None,
         duration=_float(info["format"].get("duration")),
-        decode_errors=decode_errors(p),
+        decode_errors=_ffmpeg_decode_errors(ffmpeg, p),
+        reader=reader,
     )
 
 
@@ -186,9 +218,13 @@ def check_output_contract(result: ProbeResult) -> list[str]:
 
 
 def summary_line(result: ProbeResult) -> str:
-    """One line describing ``result``, e.g. ``out.mp4: h264 yuv420p 1344x768 24/1 124f | aac ... | 5.167s``."""
+    """One line describing ``result``, e.g. ``out.mp4: h264 yuv420p 1344x768 24/1 124f | aac ... | 5.167s | pyav``.
+
+    The last part is the reader (when known); ``| N decode errors`` precedes it when there are any.
+    """
+    by = f" | {result.reader}" if result.reader is not None else ""
     if result.error is not None:
-        return f"{result.path}: ERROR {result.error}"
+        return f"{result.path}: ERROR {result.error}{by}"
     if result.video_codec is None:
         vpart = "no video"
     else:
@@ -203,4 +239,4 @@ def summary_line(result: ProbeResult) -> str:
         apart = f"{result.audio_codec} {result.sample_rate}Hz {result.channels}ch {dur}"
     total = f"{result.duration:.3f}s" if result.duration is not None else "?s"
     errs = f" | {len(result.decode_errors)} decode errors" if result.decode_errors else ""
-    return f"{result.path}: {vpart} | {apart} | {total}{errs}"
+    return f"{result.path}: {vpart} | {apart} | {total}{errs}{by}"

@@ -1,4 +1,5 @@
-"""probe / check_output_contract / summary_line on good, off-contract and broken files."""
+"""probe / check_output_contract / summary_line on good, off-contract and broken files, read with ffprobe and with
+PyAV (the reader when the ffprobe/ffmpeg binaries are not on PATH, forced here by hiding them)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 FAST = EncoderOptions(preset="veryfast")
+_which = shutil.which
+
+
+def hide_ffmpeg(monkeypatch) -> None:
+    """Make `probe` find no ffprobe/ffmpeg on PATH (other names are still looked up), so PyAV reads the files."""
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name in ("ffprobe", "ffmpeg") else _which(name))
+
+
+@pytest.fixture(autouse=True, params=["ffprobe", "pyav"])
+def reader(request, monkeypatch) -> str:
+    """Every test here runs once per reader."""
+    if request.param == "pyav":
+        hide_ffmpeg(monkeypatch)
+    return request.param
 
 
 def make_content(frames: int, height: int = 32, width: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -42,8 +57,9 @@ def good(tmp_path_factory) -> Path:
     return path
 
 
-def test_good_file_passes(good):
+def test_good_file_passes(good, reader):
     r = probe(good)
+    assert r.reader == reader
     assert check_output_contract(r) == []
     assert (r.video_codec, r.pix_fmt, r.width, r.height, r.r_frame_rate) == ("h264", "yuv420p", 64, 32, "24/1")
     assert r.nb_frames == 124
@@ -53,6 +69,7 @@ def test_good_file_passes(good):
     assert r.error is None and r.decode_errors == ()
     line = summary_line(r)
     assert "h264 yuv420p 64x32 24/1 124f" in line and "aac 32000Hz 2ch" in line and "\n" not in line
+    assert line.endswith(f" | {reader}")
 
 
 def test_wrong_frame_count(tmp_path):

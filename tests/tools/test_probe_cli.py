@@ -66,3 +66,22 @@ def test_contract_violations_are_refused_with_the_reason(tmp_path, capsys, fps, 
 def test_missing_file_is_refused(tmp_path, capsys):
     assert main(["probe", str(tmp_path / "absent.mp4")]) == 1
     assert "contract violated: unreadable" in capsys.readouterr().err
+
+
+def test_without_ffmpeg_on_path_pyav_reads_the_file(tmp_path, capsys, monkeypatch):
+    """No ffprobe/ffmpeg binaries (PyAV alone): the file is still checked, and the output names the reader."""
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name in ("ffprobe", "ffmpeg") else which(name))
+    path = tmp_path / "ok.mp4"
+    write_mp4(path, _frames(), np.zeros((2, FRAMES * 32_000 // 24), np.float32))
+    assert main(["probe", str(path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("| pyav")
+    assert main(["probe", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["reader"], data["violations"], data["nb_frames"]) == ("pyav", [], FRAMES)
+    bad = tmp_path / "30fps.mp4"
+    _encode(bad, 30, True)
+    assert main(["probe", str(bad)]) == 1
+    assert "contract violated: r_frame_rate is 30/1, expected 24/1" in capsys.readouterr().err

@@ -72,12 +72,13 @@ def _request(ctx: Context, request, inspect=None) -> tuple[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "selftest.mp4"
         write_mp4(path, out.video, out.audio)
-        problems = check_output_contract(probe(path))
+        result = probe(path)
+        problems = check_output_contract(result)
         if problems:
-            raise Failed(f"the MP4 breaks the output contract: {'; '.join(problems)}")
+            raise Failed(f"the MP4 breaks the output contract (read by {result.reader}): {'; '.join(problems)}")
         extra = f"; {inspect(path)}" if inspect is not None else ""
     figure = f"{plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} steps: engine load {load_s:.1f} s, " \
-             f"request {run_s:.1f} s; MP4 meets the output contract{extra}"
+             f"request {run_s:.1f} s; MP4 meets the output contract (read by {result.reader}){extra}"
     return figure, {"load_s": load_s, "request_s": run_s}
 
 
