@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
+from h3serve.media import probe_pyav
+from h3serve.media.probe_result import NO_STREAMS, ProbeResult
 from h3serve.media.raw import PathLike
+
+__all__ = ["ProbeResult", "check_output_contract", "decode_errors", "probe", "summary_line"]
 
 CONTRACT_FPS = "24/1"
 CONTRACT_FPS_VALUE = 24
@@ -20,37 +23,6 @@ CONTRACT_SAMPLE_RATE = 32000
 CONTRACT_CHANNELS = 2
 AAC_FRAME_SAMPLES = 1024
 _TIMEOUT_S = 300.0
-NO_STREAMS = "no video or audio stream (truncated, or not a media file?)"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """What a reader found in a file; fields are None where a stream or value is missing.
-
-    ``nb_frames`` and ``audio_duration`` come from decoding, not from the header.
-    ``error`` is set when the file cannot be opened or parsed at all.
-    ``reader`` is what `probe` read it with: "ffprobe" (the ffprobe/ffmpeg binaries) or "pyav".
-    """
-
-    path: str
-    error: str | None = None
-    video_codec: str | None = None
-    pix_fmt: str | None = None
-    width: int | None = None
-    height: int | None = None
-    r_frame_rate: str | None = None
-    nb_frames: int | None = None
-    audio_codec: str | None = None
-    audio_profile: str | None = None
-    sample_rate: int | None = None
-    channels: int | None = None
-    audio_samples: int | None = None
-    audio_duration: float | None = None
-    duration: float | None = None
-    decode_errors: tuple[str, ...] = ()
-    reader: str | None = None
-
-
 def _binaries() -> tuple[str, str] | None:
     """The paths of ffprobe and ffmpeg when both are on PATH, else None (PyAV reads the file)."""
     ffprobe, ffmpeg = shutil.which("ffprobe"), shutil.which("ffmpeg")
@@ -88,8 +60,6 @@ def decode_errors(path: PathLike) -> tuple[str, ...]:
     """
     binaries = _binaries()
     if binaries is None:
-        from h3serve.media import probe_pyav
-
         return probe_pyav.decode_errors(str(path))
     return _ffmpeg_decode_errors(binaries[1], str(path))
 
@@ -117,8 +87,6 @@ def probe(path: PathLike) -> ProbeResult:
     if not Path(p).is_file():
         return ProbeResult(p, error="file not found" if not Path(p).exists() else "not a regular file", reader=reader)
     if binaries is None:
-        from h3serve.media import probe_pyav
-
         return probe_pyav.probe(p)
     return _ffprobe(p, *binaries)
 

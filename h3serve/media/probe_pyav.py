@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import av
 import av.logging
 
-from h3serve.media.probe import NO_STREAMS, ProbeResult
+from h3serve.media.probe_result import NO_STREAMS, ProbeResult
 
 READER = "pyav"
 _OWN = "h3serve"  # the log name under which an exception is recorded among the captured libav lines
