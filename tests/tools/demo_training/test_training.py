@@ -3,6 +3,8 @@ lays out a request, and `train-demo` writes a checkpoint that loads and generate
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -120,6 +122,10 @@ def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
     recipe = Recipe().scaled(0.004)
     out = train_demo(tmp_path / "demo", recipe, progress=False)
     assert (out / LOSS_PLOT).stat().st_size > 1000 and (out / TRAINING_FILE).is_file()
+    record = json.loads((out / TRAINING_FILE).read_text(encoding="utf-8"))
+    stages = ("video_vae", "audio_vae", "examples", "transformer", "transformer_ref")
+    assert set(record["stage_minutes"]) == set(stages)  # every stage charged
+    assert sum(record["stage_minutes"].values()) <= record["minutes"] + 0.1
     layout = read_layout(out)
     pipeline = H3Pipeline(load_components(layout))
     plan = validate(GenerationRequest(prompt="a red ball bouncing, with a high beep", duration_s=4, steps=1,
