@@ -66,7 +66,7 @@ class Recipe:
     continuation_clips: int = 10  # each gives three windows
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own.
     # These are the shipped weights' counts; 1,400 + 2,400 steps (55 minutes in all) scored better on T2VA but got
-    # `make demo`'s pan wrong (docs/demo_world.md, stop 41), so they are not the default yet.
+    # `make demo`'s pan wrong (docs/demo_world.md, the runs of 2026-12-04), so they are not the default yet.
     dit_prior_steps: int = 1000
     dit_steps: int = 1100
     ref_prior_steps: int = 120  # `transformer_ref`, the same on its own examples
