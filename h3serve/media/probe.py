@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 from h3serve.media import probe_pyav
-from h3serve.media.probe_result import NO_STREAMS, ProbeResult
+from h3serve.media.probe_result import FFPROBE_READER, NO_STREAMS, PYAV_READER, ProbeResult
 from h3serve.media.raw import PathLike
 
 __all__ = ["ProbeResult", "check_output_contract", "decode_errors", "probe", "summary_line"]
@@ -83,7 +83,7 @@ def probe(path: PathLike) -> ProbeResult:
     """
     p = str(path)
     binaries = _binaries()
-    reader = "pyav" if binaries is None else "ffprobe"
+    reader = PYAV_READER if binaries is None else FFPROBE_READER
     if not Path(p).is_file():
         return ProbeResult(p, error="file not found" if not Path(p).exists() else "not a regular file", reader=reader)
     if binaries is None:
@@ -92,7 +92,7 @@ def probe(path: PathLike) -> ProbeResult:
 
 
 def _ffprobe(p: str, ffprobe: str, ffmpeg: str) -> ProbeResult:
-    reader = "ffprobe"
+    reader = FFPROBE_READER
     cmd = [ffprobe, "-v", "error", "-show_format", "-show_streams"]
     cmd += ["-show_entries", "frame=media_type,nb_samples", "-of", "json", p]
     try:

@@ -14,9 +14,8 @@ from contextlib import contextmanager
 import av
 import av.logging
 
-from h3serve.media.probe_result import NO_STREAMS, ProbeResult
+from h3serve.media.probe_result import NO_STREAMS, PYAV_READER, ProbeResult
 
-READER = "pyav"
 _OWN = "h3serve"  # the log name under which an exception is recorded among the captured libav lines
 
 
@@ -128,12 +127,12 @@ def probe(path: str) -> ProbeResult:
         except (av.FFmpegError, OSError) as e:
             said = _error_lines(logs)
             return ProbeResult(
-                path, error=f"PyAV cannot read the file: {said[0] if said else _reason(e)}", reader=READER
+                path, error=f"PyAV cannot read the file: {said[0] if said else _reason(e)}", reader=PYAV_READER
             )
         with container:  # the streams are read inside it: they are freed with the container
             video, audio = _streams(container)
             if video is None and audio is None:
-                return ProbeResult(path, error=NO_STREAMS, reader=READER)
+                return ProbeResult(path, error=NO_STREAMS, reader=PYAV_READER)
             fields = {**_video_fields(video), **_audio_fields(audio)}  # the header's, before decoding
             counts = _decode(container, [s for s in (video, audio) if s is not None], logs)
             if video is not None:
@@ -142,4 +141,4 @@ def probe(path: str) -> ProbeResult:
                 samples, rate = counts[audio.index], fields["sample_rate"]
                 fields.update(audio_samples=samples, audio_duration=samples / rate if rate else None)
             duration = container.duration / av.time_base if container.duration is not None else None
-    return ProbeResult(path, **fields, duration=duration, decode_errors=_error_lines(logs), reader=READER)
+    return ProbeResult(path, **fields, duration=duration, decode_errors=_error_lines(logs), reader=PYAV_READER)

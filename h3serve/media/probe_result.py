@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NO_STREAMS = "no video or audio stream (truncated, or not a media file?)"
+FFPROBE_READER = "ffprobe"  # the ffprobe/ffmpeg binaries on PATH
+PYAV_READER = "pyav"  # PyAV's bundled libav (no binaries)
 
 
 @dataclass(frozen=True)
@@ -13,7 +15,7 @@ class ProbeResult:
 
     ``nb_frames`` and ``audio_duration`` come from decoding, not from the header.
     ``error`` is set when the file cannot be opened or parsed at all.
-    ``reader`` is what `probe` read it with: "ffprobe" (the ffprobe/ffmpeg binaries) or "pyav".
+    ``reader`` is what `probe` read it with: FFPROBE_READER or PYAV_READER.
     """
 
     path: str

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ffmpeg_path import hide_ffmpeg
 
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.media.probe import ProbeResult, check_output_contract, probe, summary_line
@@ -19,12 +20,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 FAST = EncoderOptions(preset="veryfast")
-_which = shutil.which
-
-
-def hide_ffmpeg(monkeypatch) -> None:
-    """Make `probe` find no ffprobe/ffmpeg on PATH (other names are still looked up), so PyAV reads the files."""
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name in ("ffprobe", "ffmpeg") else _which(name))
 
 
 @pytest.fixture(autouse=True, params=["ffprobe", "pyav"])

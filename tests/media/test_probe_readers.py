@@ -6,7 +6,6 @@ tests need no ffmpeg at all (every file here is written with PyAV)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import shutil
 from pathlib import Path
 
@@ -14,21 +13,14 @@ import av
 import av.logging
 import numpy as np
 import pytest
+from ffmpeg_path import hide_ffmpeg
 
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.media.probe import NO_STREAMS, ProbeResult, check_output_contract, decode_errors, probe
 
-probe_module = importlib.import_module("h3serve.media.probe")  # `h3serve.media.probe` the name is the function
 HAVE_FFMPEG = shutil.which("ffprobe") is not None and shutil.which("ffmpeg") is not None
 needs_ffmpeg = pytest.mark.skipif(not HAVE_FFMPEG, reason="needs ffmpeg/ffprobe to compare with")
 FRAMES, H, W = 124, 32, 64
-_which = shutil.which
-
-
-def hide_ffmpeg(monkeypatch) -> None:
-    monkeypatch.setattr(
-        probe_module.shutil, "which", lambda name, *a, **k: None if name in ("ffprobe", "ffmpeg") else _which(name)
-    )
 
 
 def content(frames: int = FRAMES) -> tuple[np.ndarray, np.ndarray]:

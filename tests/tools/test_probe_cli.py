@@ -8,6 +8,7 @@ from fractions import Fraction
 import av
 import numpy as np
 import pytest
+from ffmpeg_path import hide_ffmpeg
 
 from h3serve.cli import main
 from h3serve.media.mp4 import write_mp4
@@ -70,10 +71,7 @@ def test_missing_file_is_refused(tmp_path, capsys):
 
 def test_without_ffmpeg_on_path_pyav_reads_the_file(tmp_path, capsys, monkeypatch):
     """No ffprobe/ffmpeg binaries (PyAV alone): the file is still checked, and the output names the reader."""
-    import shutil
-
-    which = shutil.which
-    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name in ("ffprobe", "ffmpeg") else which(name))
+    hide_ffmpeg(monkeypatch)
     path = tmp_path / "ok.mp4"
     write_mp4(path, _frames(), np.zeros((2, FRAMES * 32_000 // 24), np.float32))
     assert main(["probe", str(path)]) == 0
