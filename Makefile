@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-PROMPT ?= a red ball moving left, with a low hum
+# `make demo`'s prompt is the package's (h3serve.tools.demo_model.DEMO_PROMPT), read once the venv exists.
+PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.tools.demo_model import DEMO_PROMPT; print(DEMO_PROMPT)')
 
 .PHONY: demo test lint ffmpeg chromium postgresql venv clean
 

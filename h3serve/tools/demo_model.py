@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEMO_PROMPT = "a red ball moving left, with a low hum"  # one the shipped weights get right (docs/demo_world.md)
+DEMO_PROMPT = "a red square moving right, with a high beep"  # one the shipped weights get right (docs/demo_world.md)
 DEMO_DURATION_S = 4.0  # the length the demo DiTs are trained on (107 frames)
 DEMO_STEPS = 20
 DEMO_CHECKPOINT_DIR = Path(__file__).with_name("demo_checkpoint")

@@ -10,10 +10,13 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
+from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.validate import GenerationPlan
+from h3serve.tools.demo_eval import DemoEvaluator
+from h3serve.tools.demo_model import DEMO_PROMPT
 
 
 def packed_length(plan: GenerationPlan) -> int:
@@ -107,3 +110,23 @@ def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, di
         out[name] = summary(LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world))
     return out
 
+
+def demo_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]]) -> dict:
+    """`make demo`'s request on the trained demo checkpoint (h3serve.tools.demo_model), its decoded video and
+    soundtrack: rank 0 first on one rank and then with its DiT streamed layer by layer (layerwise offload), then every
+    rank through each layout."""
+
+    def run(engine: LocalEngine) -> dict:
+        evaluator = DemoEvaluator(engine.pipeline, engine.defaults)
+        result = engine.pipeline.generate(evaluator.plan(DEMO_PROMPT, 0))
+        return {"video": result.video.numpy(), "audio": result.audio.numpy()}
+
+    out = {}
+    if rank == 0:
+        out["reference"] = run(LocalEngine(EngineConfig(model=checkpoint, threads=1), 0, 1))
+        layerwise = EngineConfig(model=checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))
+        out["layerwise"] = run(LocalEngine(layerwise, 0, 1))
+    for name, overrides in cases:
+        config = EngineConfig(model=checkpoint, threads=1, num_ranks=world, **overrides)
+        out[name] = run(LocalEngine(config, rank, world))
+    return out

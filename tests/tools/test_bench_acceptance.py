@@ -85,9 +85,16 @@ def test_rows_past_the_global_budget_are_skipped_and_a_crash_fails_only_its_row(
 
 def test_a_row_past_its_budget_is_killed_and_fails(tmp_path):
     start = time.perf_counter()
-    with pytest.raises(Failed, match="over its budget of 1 s"):
+    with pytest.raises(Failed, match="over its budget of 1 s") as failed:
         acceptance.h3serve(["selftest", "--device", "cpu"], 1.0, lambda line: None)
     assert time.perf_counter() - start < 10
+    assert "its last output: " in str(failed.value)  # where the child was when it was killed
+
+
+def test_a_failed_childs_message_ends_with_its_last_printed_line():
+    assert acceptance._last_line("loading\n  [bench] run 1 of 2: denoise  \n\n") == "[bench] run 1 of 2: denoise"
+    assert acceptance._last_line("") == acceptance._last_line(None) == "no output"
+    assert len(acceptance._last_line("x" * 1000)) == 300
 
 
 def test_the_request_rows_matrices_are_valid_bench_matrices(tiny_checkpoint):
@@ -111,3 +118,9 @@ def test_skip_and_the_gpu_guard():
     ctx.gpu()  # no exception on a GPU
     with pytest.raises(Skip, match="the checkpoint row did not build"):
         acceptance._needs_checkpoint(ctx)
+
+
+def test_every_row_fits_in_the_global_budget():
+    """A row starts only while the global budget still holds its own: together they must fit, or the last rows never
+    run on a GPU."""
+    assert sum(row.budget_s for row in acceptance.ROWS) <= acceptance.GLOBAL_BUDGET_S

@@ -79,7 +79,7 @@ def layout_key(example: Example) -> str:
     digest = hashlib.sha256()
     packed = example.layout.packed
     for tensor in (packed.position_ids, packed.token_tags, example.layout.roles):
-        digest.update(tensor.contiguous().numpy().tobytes())
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -105,16 +105,18 @@ def batch_loss(
     sigma_v, sigma_a = shift_sigma(base, video_shift), shift_sigma(base, audio_shift)
     video = torch.stack([e.video for e in items])  # [B, Nv, C·4]
     audio = torch.stack([e.audio for e in items])  # [B, 2·A, 32]
-    eps_v = torch.randn(video.shape, generator=generator)
-    eps_a = torch.randn(audio.shape, generator=generator)
+    device = video.device  # the examples' and the DiT's; `generator` must be on it too
+    eps_v = torch.randn(video.shape, generator=generator, device=device)
+    eps_a = torch.randn(audio.shape, generator=generator, device=device)
     conditions = torch.stack([e.conditions for e in items])
     if conditions.shape[1]:
-        noise = torch.randn(conditions.shape, generator=generator)
+        noise = torch.randn(conditions.shape, generator=generator, device=device)
         conditions = scale_noise(conditions, limits.KEYFRAME_NOISE_AUG_T, noise)
     references = torch.stack([e.audio_references for e in items])
     video_rows = torch.cat([conditions, (1 - sigma_v) * video + sigma_v * eps_v], dim=1)
     audio_rows = torch.cat([references, (1 - sigma_a) * audio + sigma_a * eps_a], dim=1)
     timestep, row_index = layout.row_timesteps(1 - sigma_v, 1 - sigma_a, limits.KEYFRAME_NOISE_AUG_T)
+    timestep, row_index = timestep.to(device), row_index.to(device)
     text = dit.embed_text(torch.cat([e.text_states for e in items]))
     v_vel, a_vel = dit(video_rows, audio_rows, text, timestep, row_index, layout.packed)
     nv, na = conditions.shape[1], references.shape[1]
@@ -167,7 +169,7 @@ def train_dit(
     group of its phase's examples (weighted by its size), `batch` of its examples (with replacement) and one base
     position (`draw_base`). The EMA weights are left in `dit`."""
     rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(next(dit.parameters()).device).manual_seed(seed)
     dit.train().requires_grad_(True)
     optimizer = torch.optim.AdamW(dit.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
     ema = EMA(dit, ema_decay)
@@ -189,7 +191,7 @@ def train_dit(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             ema.update(dit, step)
-            log(name, step, float(loss))
+            log(name, step, float(loss.detach()))
             step += 1
     ema.copy_to(dit)
     dit.eval().requires_grad_(False)

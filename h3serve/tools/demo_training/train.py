@@ -54,7 +54,7 @@ CONTINUATION_FRAMES = 277  # three 107-frame windows with 22 frames of overlap
 class Recipe:
     """Everything that decides the trained weights (with the seed)."""
 
-    video_vae_steps: int = 1000  # the loss is flat from ~900 (0.12)
+    video_vae_steps: int = 900  # the loss is flat from ~900 (0.16)
     audio_vae_steps: int = 600
     latent_stat_clips: int = 48  # 22-frame clips the latent statistics are measured on
     t2va_clips: int = 120  # canonical starts, spread evenly over the 80 attribute combinations
@@ -64,13 +64,13 @@ class Recipe:
     ref2va_clips: int = 40  # each laid out with and without a reference sound
     ref2va_short_clips: int = 60
     continuation_clips: int = 10  # each gives three windows
-    # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own.
-    # These are the shipped weights' counts; 1,400 + 2,400 steps (55 minutes in all) scored better on T2VA but got
-    # `make demo`'s pan wrong (docs/demo_world.md, the runs of 2026-12-04), so they are not the default yet.
-    dit_prior_steps: int = 1000
-    dit_steps: int = 1100
-    ref_prior_steps: int = 120  # `transformer_ref`, the same on its own examples
-    ref_dit_steps: int = 300
+    # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
+    # `transformer_ref` the same on its own examples. The shipped weights' counts: 53.6 minutes in all on 2 EPYC
+    # cores (docs/demo_world.md, run 3; steps are what moved T2VA, and a higher learning rate did not help).
+    dit_prior_steps: int = 1400
+    dit_steps: int = 2600
+    ref_prior_steps: int = 120
+    ref_dit_steps: int = 420
     dit_batch: int = 8
     seed: int = 0
 
