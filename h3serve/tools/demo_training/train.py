@@ -65,12 +65,12 @@ class Recipe:
     ref2va_short_clips: int = 60
     continuation_clips: int = 10  # each gives three windows
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
-    # `transformer_ref` the same on its own examples. The shipped weights' counts: 53.6 minutes in all on 2 EPYC
-    # cores (docs/demo_world.md, run 3; steps are what moved T2VA, and a higher learning rate did not help).
+    # `transformer_ref` the same on its own examples. The shipped weights' counts: 51.0 minutes in all on 2 EPYC
+    # cores (docs/demo_world.md, run 4; steps are what moved T2VA, and a higher learning rate did not help).
     dit_prior_steps: int = 1400
     dit_steps: int = 2600
     ref_prior_steps: int = 120
-    ref_dit_steps: int = 420
+    ref_dit_steps: int = 600
     dit_batch: int = 8
     seed: int = 0
 
