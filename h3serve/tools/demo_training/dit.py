@@ -42,6 +42,10 @@ LossLog = Callable[[str, int, float], None]
 HIGH_NOISE_SHARE = 0.3
 HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
 PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ_a >= 0.92 (shift 3)
+# The loss weight of the target rows a condition row gives (`Example.anchored_rows`: frame 0 under a first keyframe),
+# against 1 for the others. Unweighted, frame 0 is one latent frame in 17-32 and the DiT never learnt to copy its
+# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_world.md, run 5).
+ANCHOR_WEIGHT = 10.0
 
 
 @torch.no_grad()
@@ -99,8 +103,8 @@ def batch_loss(
     video_shift: float = 12.0,
     audio_shift: float = 3.0,
 ) -> torch.Tensor:
-    """The velocity MSE of a batch of same-layout examples at one base position (video and audio rows weighted
-    alike, each averaged over its own rows)."""
+    """The velocity MSE of a batch of same-layout examples at one base position (video and audio each averaged over
+    its own rows; the anchored video rows weighted ANCHOR_WEIGHT, the weights normalised to a mean of 1)."""
     layout = items[0].layout
     sigma_v, sigma_a = shift_sigma(base, video_shift), shift_sigma(base, audio_shift)
     video = torch.stack([e.video for e in items])  # [B, Nv, C·4]
@@ -120,7 +124,9 @@ def batch_loss(
     text = dit.embed_text(torch.cat([e.text_states for e in items]))
     v_vel, a_vel = dit(video_rows, audio_rows, text, timestep, row_index, layout.packed)
     nv, na = conditions.shape[1], references.shape[1]
-    video_loss = (v_vel[:, nv:] - (video - eps_v)).pow(2).mean()
+    weight = torch.ones(video.shape[1], 1, device=device)
+    weight[: items[0].anchored_rows] = ANCHOR_WEIGHT  # the same for every example of one layout
+    video_loss = (weight / weight.mean() * (v_vel[:, nv:] - (video - eps_v)).pow(2)).mean()
     audio_loss = (a_vel[:, na:] - (audio - eps_a)).pow(2).mean()
     return video_loss + audio_loss
 

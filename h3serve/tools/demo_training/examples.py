@@ -39,6 +39,7 @@ class Example:
     audio_references: torch.Tensor  # [Nar, 32] clean reference (or guide) audio rows
     video: torch.Tensor  # [Nv, C·4] clean target rows
     audio: torch.Tensor  # [2·A, 32] clean target rows, channel-major
+    anchored_rows: int = 0  # leading target rows a condition row gives (frame 0 under a first keyframe)
 
 
 @dataclass(frozen=True)
@@ -118,8 +119,9 @@ class ExampleBuilder:
         video, audio = self._targets(clip)
         conditions = _stack([patchify(z) for z in enc.visual], self.patch_dim)
         kind = "fl2va" if anchors else "t2va"
+        anchored = video.shape[0] // target.latent_frames if "first" in anchors else 0
         return Example(kind, prompt, enc.text_states, enc.layout, conditions, torch.zeros(0, self.audio_dim),
-                       video, audio)
+                       video, audio, anchored)
 
     def references(self, clip: Clip, with_sound: bool) -> Example:
         """Ref2VA: a reference image of the object (its colour), and with `with_sound` a reference audio clip of the

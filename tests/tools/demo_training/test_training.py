@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.pipeline import H3Pipeline
@@ -15,9 +16,18 @@ from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
-from h3serve.tools.demo_training.dit import EMA, Phase, draw_base, layout_groups, train_dit, training_init_
+from h3serve.tools.demo_training.dit import (
+    ANCHOR_WEIGHT,
+    EMA,
+    Phase,
+    batch_loss,
+    draw_base,
+    layout_groups,
+    train_dit,
+    training_init_,
+)
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
-from h3serve.tools.demo_training.train import LOSS_PLOT, TRAINING_FILE, Recipe, train_demo
+from h3serve.tools.demo_training.train import LOSS_PLOT, TEXT_RESIDUAL_SCALE, TRAINING_FILE, Recipe, train_demo
 from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import Attributes
@@ -26,6 +36,7 @@ from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
 pytestmark = pytest.mark.slow
 
 ATTRS = Attributes("green", "square", "moving right", "low hum")
+TEXT_ENCODER_FILE = "text_encoder/model.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +85,10 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert t2va.video.shape == (32 * 2 * 4, 96) and t2va.audio.shape == (2 * 178, 32)
     assert fl2va.conditions.shape == (2 * 2 * 4, 96)  # two keyframes, one latent frame each
     assert fl2va.layout.num_video_condition_rows == 16
+    # The first keyframe gives target frame 0: those rows are anchored (weighted in the loss, below; that the
+    # trained VAE encodes both alike is tested on the shipped checkpoint).
+    assert fl2va.anchored_rows == 8 and t2va.anchored_rows == 0
+    assert builder.keyframes(clip, ("last",)).anchored_rows == 0
 
     windows = builder.continuation(render(world.sample_scene(np.random.default_rng(1), "t2va", 128, 64, 277,
                                                              ATTRS)), 107)
@@ -93,6 +108,17 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     video, audio = dit(t2va.video[None], t2va.audio[None], dit.embed_text(t2va.text_states), timestep, rows,
                        t2va.layout.packed)
     assert not video.any() and not audio.any()
+
+    # With a zero velocity the loss is the weighted target error: the anchored rows weigh ANCHOR_WEIGHT.
+    noise = torch.Generator().manual_seed(0)
+    eps_video = torch.randn(fl2va.video.shape, generator=noise)  # batch_loss's first two draws
+    eps_audio = torch.randn(fl2va.audio.shape, generator=noise)
+    weight = torch.ones(fl2va.video.shape[0])
+    weight[:8] = ANCHOR_WEIGHT
+    expected = (weight / weight.mean() * (fl2va.video - eps_video).pow(2).mean(1)).mean() + (
+        fl2va.audio - eps_audio).pow(2).mean()
+    loss = batch_loss(dit, [fl2va], torch.Generator().manual_seed(0), 0.5)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
 
     losses, log = recorder()
     phases = [Phase([t2va, other], 6, prior=True), Phase([t2va, other, fl2va, windows[0]], 18)]
@@ -121,6 +147,16 @@ def test_ema_and_the_base_position_draw():
 def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
     recipe = Recipe().scaled(0.004)
     out = train_demo(tmp_path / "demo", recipe, progress=False)
+    for name in ("vae", "audio_vae"):  # nothing of the temporary folder it was trained in
+        assert "_name_or_path" not in json.loads((out / name / "config.json").read_text(encoding="utf-8"))
+    # The frozen text encoder ships as it was trained with: the seed's, its residual projections scaled, in float16.
+    random = build_tiny_checkpoint(tmp_path / "random", seed=recipe.seed, preset="demo") / TEXT_ENCODER_FILE
+    with safe_open(random, "pt") as before, safe_open(out / TEXT_ENCODER_FILE, "pt") as after:
+        assert set(before.keys()) == set(after.keys())
+        for key in before.keys():
+            scale = TEXT_RESIDUAL_SCALE if key.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")) else 1.0
+            expected = (before.get_tensor(key) * scale).to(torch.float16)
+            assert torch.equal(after.get_tensor(key), expected), key
     assert (out / LOSS_PLOT).stat().st_size > 1000 and (out / TRAINING_FILE).is_file()
     record = json.loads((out / TRAINING_FILE).read_text(encoding="utf-8"))
     stages = ("video_vae", "audio_vae", "examples", "transformer", "transformer_ref")
