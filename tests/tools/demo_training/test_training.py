@@ -40,10 +40,15 @@ TEXT_ENCODER_FILE = "text_encoder/model.safetensors"
 
 
 @pytest.fixture(scope="module")
-def demo_random(tmp_path_factory):
-    """The demo preset with random weights: the trainers' starting point."""
-    path = build_tiny_checkpoint(tmp_path_factory.mktemp("demo") / "random", seed=0, preset="demo")
-    layout = read_layout(path)
+def demo_random_path(tmp_path_factory):
+    """The demo preset with random weights at seed 0, on disk: `train-demo`'s staging checkpoint."""
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("demo") / "random", seed=0, preset="demo")
+
+
+@pytest.fixture(scope="module")
+def demo_random(demo_random_path):
+    """The demo preset with random weights, loaded: the trainers' starting point."""
+    layout = read_layout(demo_random_path)
     return load_components(layout), layout.defaults()
 
 
@@ -144,14 +149,15 @@ def test_ema_and_the_base_position_draw():
     assert prior.min() >= 0.8 and prior.max() <= 1.0 and prior.std() > 0.04
 
 
-def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path):
+def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path, demo_random_path):
     recipe = Recipe().scaled(0.004)
+    assert recipe.seed == 0  # the seed demo_random_path was built at
     out = train_demo(tmp_path / "demo", recipe, progress=False)
     for name in ("vae", "audio_vae"):  # nothing of the temporary folder it was trained in
         assert "_name_or_path" not in json.loads((out / name / "config.json").read_text(encoding="utf-8"))
     # The frozen text encoder ships as it was trained with: the seed's, its residual projections scaled, in float16.
-    random = build_tiny_checkpoint(tmp_path / "random", seed=recipe.seed, preset="demo") / TEXT_ENCODER_FILE
-    with safe_open(random, "pt") as before, safe_open(out / TEXT_ENCODER_FILE, "pt") as after:
+    random, trained = demo_random_path / TEXT_ENCODER_FILE, out / TEXT_ENCODER_FILE
+    with safe_open(random, "pt") as before, safe_open(trained, "pt") as after:
         assert set(before.keys()) == set(after.keys())
         for key in before.keys():
             scale = TEXT_RESIDUAL_SCALE if key.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")) else 1.0
