@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from h3serve import cli
 from h3serve.checkpoint.resolver import read_layout
@@ -15,25 +16,25 @@ from h3serve.rank.checkpoint import load_components
 from h3serve.tools.demo_eval import DemoEvaluator, evaluate
 from h3serve.tools.demo_model import DEMO_PROMPT, shipped_demo_checkpoint
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
-from h3serve.tools.demo_world import world
+from h3serve.tools.demo_world import checks, world
 from h3serve.tools.demo_world.grammar import Attributes
 
 pytestmark = pytest.mark.slow
 
-# Seeds 0-4 per task (demo_eval.case_attributes: every motion once). The shipped weights (run 5), on the CPU that
-# trained them: T2VA 4 of 5 whole (colour 5, pitch 5, motion 4, pan 2 of 2); FL2VA 0 of 5 (keyframe 4, colour 3,
-# pitch 5, motion 1); Ref2VA 4 of 5 (colour 5, pitch 5, motion 5; the bounce's clicks never). The continuation (three
-# 4 s windows, seeds 0-2): window 0 right in colour, motion and pitch in all 3, and the pitch in every later window;
-# the later windows' colour and motion are what it has left. The floors sit one below (another CPU may round a
-# borderline case the other way; the window count is the plan's); docs/demo_world.md has all five tasks over 10 seeds.
+# Seeds 0-4 per task (demo_eval.case_attributes: every motion once). The shipped weights (run 8), on the CPU that
+# trained them: T2VA 4 of 5 whole (colour 5, pitch 5, motion 5, pan 2 of 2; the bounce's rebounds, not its clicks);
+# FL2VA 0 of 5 (keyframe 5, colour 4, pitch 5, motion 0); Ref2VA 2 of 5 (colour 3, pitch 5, motion 5). The
+# continuation (three 4 s windows, seeds 0-2): 1 of 3 whole; colour, motion and pitch right in 3 / 3 / 3 of window 0
+# and window 1, the pitch in every window. The floors sit one below (another CPU may round a borderline case the
+# other way; the window count is the plan's); docs/demo_world.md has all five tasks over 10 seeds.
 SEEDS = {"t2va": 5, "fl2va": 5, "ref2va": 5, "continuation": 3}
-MIN_PASSED = {"t2va": 3, "fl2va": 0, "ref2va": 3, "continuation": 0}
+MIN_PASSED = {"t2va": 3, "fl2va": 0, "ref2va": 1, "continuation": 0}
 MIN_RIGHT = {
-    "t2va": {"color": 4, "pitch": 4, "motion": 3, "pan": 1},
-    "fl2va": {"keyframe": 3, "color": 2, "pitch": 4},
-    "ref2va": {"color": 4, "pitch": 4, "motion": 4},
-    "continuation": {"windows": 3, "window0_color": 2, "window0_motion": 2, "window0_pitch": 2, "window1_pitch": 2,
-                     "window2_pitch": 2},
+    "t2va": {"color": 4, "pitch": 4, "motion": 4, "pan": 1},
+    "fl2va": {"keyframe": 4, "color": 3, "pitch": 4},
+    "ref2va": {"color": 2, "pitch": 4, "motion": 4},
+    "continuation": {"windows": 3, "window0_color": 2, "window0_motion": 2, "window0_pitch": 2, "window1_color": 2,
+                     "window1_motion": 2, "window1_pitch": 2, "window2_pitch": 2},
 }
 
 
@@ -86,6 +87,22 @@ def test_the_selftests_end_to_end_check_runs_the_demo_and_checks_what_it_shows(t
     capsys.readouterr()
     assert code == 0 and checks["end_to_end"]["status"] == "pass", checks
     assert f"shows {DEMO_PROMPT!r}" in checks["end_to_end"]["figure"]
+
+
+@pytest.mark.parametrize("sound", ["low hum", "high beep"])
+def test_the_audio_vae_keeps_every_click_of_a_bounce(evaluator, sound):
+    """What a generated click needs first: the shipped audio VAE encodes and decodes the world's bouncing soundtrack
+    with a click at every impact (the VAEs of runs 1-5 kept none), and its tone at its pitch."""
+    audio_vae = evaluator.pipeline.components.audio_vae
+    scene = world.sample_scene(np.random.default_rng(0), "t2va", 128, 64, 97,
+                               Attributes("red", "ball", "bouncing", sound))
+    wave = world.render_audio(scene)
+    with torch.no_grad():
+        latents = audio_vae.encode(torch.from_numpy(wave)[:, None].to(audio_vae.dtype)).latent_dist.mode()
+        decoded = audio_vae.decode(latents).sample[:, 0, : wave.shape[1]].float().numpy()
+    assert len(world.impact_frames(scene)) == 3
+    assert checks.click_frames(decoded) == world.impact_frames(scene)
+    assert checks.measure_pitch(decoded) == checks.measure_pitch(wave) == sound
 
 
 def test_a_first_keyframe_gives_target_frame_0(evaluator):

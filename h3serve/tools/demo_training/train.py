@@ -75,9 +75,9 @@ class Recipe:
     ref2va_short_clips: int = 60
     continuation_clips: int = 10  # each gives three windows
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
-    # `transformer_ref` the same on its own examples and the long T2VA ones. The shipped weights' counts: 53 minutes
-    # in all on 2 EPYC cores (docs/demo_world.md, run 5; steps are what moved T2VA, and a higher learning rate did
-    # not help).
+    # `transformer_ref` the same on its own examples and the long T2VA ones. The shipped weights' counts: 53-54 minutes
+    # in all on 2 EPYC cores alone (docs/demo_world.md, runs 5 and 8; steps are what moved T2VA, and a higher learning
+    # rate did not help).
     dit_prior_steps: int = 1400
     dit_steps: int = 2600
     ref_prior_steps: int = 120

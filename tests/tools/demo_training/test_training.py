@@ -28,7 +28,7 @@ from h3serve.tools.demo_training.dit import (
 )
 from h3serve.tools.demo_training.examples import ExampleBuilder, render
 from h3serve.tools.demo_training.train import LOSS_PLOT, TEXT_RESIDUAL_SCALE, TRAINING_FILE, Recipe, train_demo
-from h3serve.tools.demo_training.vaes import Canvas, train_audio_vae, train_video_vae
+from h3serve.tools.demo_training.vaes import Canvas, audio_batch, train_audio_vae, train_video_vae
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import Attributes
 from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
@@ -69,10 +69,37 @@ def test_video_vae_loss_falls(demo_random):
 
 
 def test_audio_vae_loss_falls(demo_random):
-    components, _ = demo_random
+    """On a held-out batch: the training batches mix burst crops and the world's, so their losses are not alike."""
+    audio_vae = demo_random[0].audio_vae
+    held_out = audio_batch(np.random.default_rng(99), 4)
+
+    def error() -> float:
+        with torch.no_grad():
+            decoded = audio_vae.decode(audio_vae.encode(held_out).latent_dist.mode()).sample
+        return float((decoded - held_out).pow(2).mean())
+
+    before = error()
     losses, log = recorder()
-    train_audio_vae(components.audio_vae, 16, seed=0, log=log)
-    assert len(losses) == 16 and falls(losses, 4), losses
+    train_audio_vae(audio_vae, 16, seed=0, log=log)
+    assert len(losses) == 16 and error() < 0.8 * before, (before, error(), losses)
+
+
+def is_burst_crop(crop: torch.Tensor) -> bool:
+    """The click alone, in some (not all) of the crop's whole latents."""
+    click = torch.from_numpy(world.click_wave(0)).float()
+    latents = crop.reshape(-1, world.SAMPLES_PER_LATENT)
+    on = [bool(latent.any()) for latent in latents]
+    whole = all(torch.allclose(latent, click, atol=1e-6) for latent, lit in zip(latents, on, strict=True) if lit)
+    return whole and 0 < sum(on) < len(on)
+
+
+def test_audio_batches_start_on_the_latent_grid_with_burst_crops_first():
+    crops = audio_batch(np.random.default_rng(0), 4, bursts=2)[:, 0]  # [4, 16000]
+    assert [is_burst_crop(crop) for crop in crops] == [True, True, False, False]
+    world_crops = crops[2:]
+    assert world_crops.abs().amax(dim=1).min() > 0.1  # the world's tones
+    assert world_crops[:, 0].abs().max() < 1e-6  # on the grid every tone (and click) is at phase 0
+    assert all(is_burst_crop(crop) for crop in audio_batch(np.random.default_rng(1), 3, bursts=3)[:, 0])  # warm-up
 
 
 def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_random):

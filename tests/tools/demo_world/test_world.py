@@ -19,10 +19,12 @@ from h3serve.tools.demo_world.grammar import (
     prompt_for,
 )
 from h3serve.tools.demo_world.world import (
+    SAMPLES_PER_LATENT,
     Scene,
     audio_samples,
     canonical_start,
-    click,
+    click_start,
+    click_wave,
     impact_frames,
     impact_times,
     object_size,
@@ -207,7 +209,6 @@ def test_everything_is_deterministic():
     for scene in (scenes[0], scenes[2], bounce):
         np.testing.assert_array_equal(render_video(scene), render_video(scene))
         np.testing.assert_array_equal(render_audio(scene), render_audio(scene))
-    np.testing.assert_array_equal(click(), click())
 
 
 def test_sample_scene_tasks_and_attributes():
@@ -264,17 +265,26 @@ def test_the_tone_pans_with_the_object():
     np.testing.assert_allclose(centred[:, : reference.shape[1]], reference, atol=1e-6)
 
 
-def test_clicks_sit_at_the_exact_impact_times():
-    bounce = render_audio(_scene("bouncing", 56.0, 0.0)).astype(np.float64)
+def test_each_click_fills_the_audio_latent_nearest_its_impact():
+    bounce_scene = _scene("bouncing", 56.0, 10.0)  # impacts off the latent grid: 0.534 s, 1.602 s, ...
+    bounce = render_audio(bounce_scene).astype(np.float64)
     still = render_audio(_scene("bouncing", 56.0, H - S)).astype(np.float64)  # resting: the same tone and pan
-    difference = np.abs(bounce - still).max(axis=0) > 1e-6
-    length = len(click())
-    expected = np.zeros(len(difference), dtype=bool)
-    for t in (0.6, 1.8, 3.0, 4.2):
-        start = round(t * AUDIO_SAMPLE_RATE)
-        expected[start : start + length] = True
-    assert np.array_equal(difference & ~expected, np.zeros_like(difference))
-    for t in (0.6, 1.8, 3.0, 4.2):
-        start = round(t * AUDIO_SAMPLE_RATE)
-        assert difference[start] and np.abs(bounce - still)[:, start : start + 10].max() > 0.1
-    np.testing.assert_allclose(bounce[0] - still[0], bounce[1] - still[1], atol=1e-6)  # clicks are centred
+    clicks = bounce - still
+    np.testing.assert_allclose(clicks[0], clicks[1], atol=1e-6)  # clicks are centred
+    expected = np.zeros(clicks.shape[1])
+    times = impact_times(bounce_scene, clicks.shape[1] / AUDIO_SAMPLE_RATE)
+    assert len(times) == 4
+    for t in times:
+        start = click_start(t)
+        assert start % SAMPLES_PER_LATENT == 0 and abs(start / AUDIO_SAMPLE_RATE - t) <= 0.0125
+        expected[start : start + SAMPLES_PER_LATENT] = click_wave(start)
+    np.testing.assert_allclose(clicks[0], expected, atol=1e-6)
+
+
+def test_the_click_is_a_whole_latent_of_5khz_in_the_global_phase():
+    wave = click_wave(0)
+    assert len(wave) == SAMPLES_PER_LATENT and np.abs(wave).max() == pytest.approx(0.3, abs=1e-3)
+    np.testing.assert_allclose(click_wave(7 * SAMPLES_PER_LATENT), wave, atol=1e-9)  # the same on every latent
+    assert abs(wave[0]) < 1e-12 and abs(wave[-1]) < 0.3 * np.sin(2 * np.pi * 5000 / AUDIO_SAMPLE_RATE) + 1e-9
+    spectrum = np.abs(np.fft.rfft(wave))
+    assert np.fft.rfftfreq(len(wave), 1 / AUDIO_SAMPLE_RATE)[np.argmax(spectrum)] == 5000.0
