@@ -21,7 +21,8 @@ from h3serve.tools.demo_world.grammar import BACKGROUND_RGB, Attributes
 # One video VAE clip: 22 frames = 17 + 5, the shortest length the pipeline encodes (7 latent frames), decoded by
 # one temporal chunk of the decoder, as every window of a request is.
 VIDEO_CLIP_FRAMES = 22
-AUDIO_CROP_SAMPLES = 16_000  # 0.5 s = 20 latents
+AUDIO_CROP_SAMPLES = 16_000  # 0.5 s
+CROP_LATENTS = AUDIO_CROP_SAMPLES // world.SAMPLES_PER_LATENT  # 20 audio latents
 FOREGROUND_WEIGHT = 8.0  # the object covers ~3 % of the canvas: its pixels weigh this much more than background
 VIDEO_KL_WEIGHT = 1e-6
 INITIAL_LOGVAR = -10.0  # the posterior starts near-deterministic: keyframe conditions sample it (seed 42)
@@ -95,21 +96,21 @@ def audio_batch(rng: np.random.Generator, batch: int, bursts: int = AUDIO_BURST_
     first `bursts` the click alone in a random BURST_SHARE of their latents (`_burst_crop`), the others the
     world's soundtracks (half of them bouncing, with their clicks)."""
     crops = [_burst_crop(rng) for _ in range(min(batch, bursts))]
-    latents = AUDIO_CROP_SAMPLES // world.SAMPLES_PER_LATENT
     while len(crops) < batch:
         attrs = world.random_attributes(rng)
         if rng.random() < 0.5:
             attrs = Attributes(attrs.color, attrs.shape, "bouncing", attrs.sound)
         scene = world.sample_scene(rng, "fl2va", 128, 64, 39, attrs)
         wave = world.render_audio(scene)  # [2, N], 39 frames: 1.6 s
-        start = int(rng.integers(0, wave.shape[1] // world.SAMPLES_PER_LATENT - latents + 1)) * world.SAMPLES_PER_LATENT
+        first = int(rng.integers(0, wave.shape[1] // world.SAMPLES_PER_LATENT - CROP_LATENTS + 1))
+        start = first * world.SAMPLES_PER_LATENT
         crops.append(torch.from_numpy(wave[int(rng.integers(2)), start : start + AUDIO_CROP_SAMPLES].copy()))
     return torch.stack(crops)[:, None]
 
 
 def _burst_crop(rng: np.random.Generator) -> torch.Tensor:
     """A crop of silence with the world's click in a random BURST_SHARE of its latents, float32 [16000]."""
-    on = np.repeat(rng.random(AUDIO_CROP_SAMPLES // world.SAMPLES_PER_LATENT) < BURST_SHARE, world.SAMPLES_PER_LATENT)
+    on = np.repeat(rng.random(CROP_LATENTS) < BURST_SHARE, world.SAMPLES_PER_LATENT)
     return torch.from_numpy((world.click_wave(0, AUDIO_CROP_SAMPLES) * on).astype(np.float32))
 
 
