@@ -46,6 +46,11 @@ PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ
 # against 1 for the others. Unweighted, frame 0 is one latent frame in 17-32 and the DiT never learnt to copy its
 # keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_world.md, run 5).
 ANCHOR_WEIGHT = 10.0
+# The loss weight of a bounce's click rows (`Example.click_rows`), against 1 for the other audio rows. A click is one
+# latent of 178 per channel in a bouncing 4 s clip; unweighted, run 8's DiT made no click in any bouncing case of any
+# task though its audio VAE decodes them all; weighted, 600 steps more made every T2VA bounce click
+# (docs/demo_world.md).
+CLICK_WEIGHT = 10.0
 
 
 @torch.no_grad()
@@ -104,7 +109,8 @@ def batch_loss(
     audio_shift: float = 3.0,
 ) -> torch.Tensor:
     """The velocity MSE of a batch of same-layout examples at one base position (video and audio each averaged over
-    its own rows; the anchored video rows weighted ANCHOR_WEIGHT, the weights normalised to a mean of 1)."""
+    its own rows; the anchored video rows weighted ANCHOR_WEIGHT and the click rows CLICK_WEIGHT, each modality's
+    weights normalised to a mean of 1 over the batch)."""
     layout = items[0].layout
     sigma_v, sigma_a = shift_sigma(base, video_shift), shift_sigma(base, audio_shift)
     video = torch.stack([e.video for e in items])  # [B, Nv, C·4]
@@ -127,7 +133,10 @@ def batch_loss(
     weight = torch.ones(video.shape[1], 1, device=device)
     weight[: items[0].anchored_rows] = ANCHOR_WEIGHT  # the same for every example of one layout
     video_loss = (weight / weight.mean() * (v_vel[:, nv:] - (video - eps_v)).pow(2)).mean()
-    audio_loss = (a_vel[:, na:] - (audio - eps_a)).pow(2).mean()
+    audio_weight = torch.ones(audio.shape[0], audio.shape[1], 1, device=device)
+    for row, example in enumerate(items):
+        audio_weight[row, list(example.click_rows)] = CLICK_WEIGHT
+    audio_loss = (audio_weight / audio_weight.mean() * (a_vel[:, na:] - (audio - eps_a)).pow(2)).mean()
     return video_loss + audio_loss
 
 

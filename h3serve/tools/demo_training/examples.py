@@ -40,6 +40,7 @@ class Example:
     video: torch.Tensor  # [Nv, C·4] clean target rows
     audio: torch.Tensor  # [2·A, 32] clean target rows, channel-major
     anchored_rows: int = 0  # leading target rows a condition row gives (frame 0 under a first keyframe)
+    click_rows: tuple[int, ...] = ()  # target audio rows holding a bounce's click (both channels)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,13 @@ def _stack(rows: list[torch.Tensor], width: int) -> torch.Tensor:
     return torch.cat(rows) if rows else torch.zeros(0, width)
 
 
+def click_rows(scene: world.Scene, start: int, latents: int) -> tuple[int, ...]:
+    """The channel-major target audio rows [2·latents] of the clicks in the scene's audio latents [start, start +
+    latents): a window of the soundtrack (the whole of it for start 0)."""
+    clicks = [i - start for i in world.click_latents(scene, start + latents) if i >= start]
+    return tuple(channel * latents + i for channel in range(limits.AUDIO_CHANNELS) for i in clicks)
+
+
 class ExampleBuilder:
     """Lays out examples of every kind on loaded components (VAEs trained, latent statistics set)."""
 
@@ -121,7 +129,7 @@ class ExampleBuilder:
         kind = "fl2va" if anchors else "t2va"
         anchored = video.shape[0] // target.latent_frames if "first" in anchors else 0
         return Example(kind, prompt, enc.text_states, enc.layout, conditions, torch.zeros(0, self.audio_dim),
-                       video, audio, anchored)
+                       video, audio, anchored, click_rows(clip.scene, 0, target.audio_latents))
 
     def references(self, clip: Clip, with_sound: bool) -> Example:
         """Ref2VA: a reference image of the object (its colour), and with `with_sound` a reference audio clip of the
@@ -139,7 +147,8 @@ class ExampleBuilder:
         video, audio = self._targets(clip)
         conditions = _stack([patchify(z) for z in enc.visual], self.patch_dim)
         audio_references = _stack(enc.audio_rows, self.audio_dim)
-        return Example("ref2va", prompt, enc.text_states, enc.layout, conditions, audio_references, video, audio)
+        return Example("ref2va", prompt, enc.text_states, enc.layout, conditions, audio_references, video, audio,
+                       click_rows=click_rows(clip.scene, 0, target.audio_latents))
 
     def continuation(self, clip: Clip, window_frames: int) -> list[Example]:
         """Every window of a continuation over the clip (no references), as the pipeline lays them out: the first
@@ -171,7 +180,8 @@ class ExampleBuilder:
             kind = "continuation" if window.index else "plain"
             target_audio = audio.permute(0, 2, 1).reshape(-1, self.audio_dim)
             examples.append(Example(kind, prompt, enc.text_states, enc.layout, conditions,
-                                    _stack(enc.audio_rows, self.audio_dim), patchify(video), target_audio))
+                                    _stack(enc.audio_rows, self.audio_dim), patchify(video), target_audio,
+                                    click_rows=click_rows(clip.scene, window.audio_start, window.audio_latents)))
         return examples
 
 

@@ -229,6 +229,13 @@ def click_wave(start: int, samples: int = SAMPLES_PER_LATENT) -> np.ndarray:
     return CLICK_AMPLITUDE * np.sin(2 * np.pi * CLICK_HZ * (start + np.arange(samples)) / AUDIO_SAMPLE_RATE)
 
 
+def click_latents(scene: Scene, audio_latents: int) -> list[int]:
+    """The audio latents (25 ms each, from the clip's start) that hold a click, among the first `audio_latents`."""
+    until = audio_latents / AUDIO_LATENTS_PER_SECOND
+    starts = (click_start(t) // SAMPLES_PER_LATENT for t in impact_times(scene, until))
+    return [index for index in starts if index < audio_latents]
+
+
 def _add_clicks(audio: np.ndarray, times: list[float]) -> None:
     total = audio.shape[1]
     for t in times:

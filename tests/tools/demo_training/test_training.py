@@ -3,6 +3,7 @@ lays out a request, and `train-demo` writes a checkpoint that loads and generate
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,10 +15,12 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
+from h3serve.rules.long_video import plan_windows
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 from h3serve.tools.demo_training.dit import (
     ANCHOR_WEIGHT,
+    CLICK_WEIGHT,
     EMA,
     Phase,
     batch_loss,
@@ -128,6 +131,22 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert windows[1].conditions.shape[0] == 7 * 2 * 4  # the 22-frame guide: 7 latent frames
     assert torch.equal(windows[1].conditions, windows[0].video[-7 * 8 :])  # the previous window's last latents
 
+    # A bounce's click rows: the clicks' audio latents in both channels, on each window's own rows.
+    assert t2va.click_rows == () and windows[1].click_rows == ()
+    bouncing = world.sample_scene(np.random.default_rng(2), "t2va", 128, 64, 277,
+                                  Attributes("red", "ball", "bouncing", "high beep"))
+    window_plan = plan_windows(277, 107, 22)
+    clicks = world.click_latents(bouncing, window_plan[-1].audio_end)
+    assert len(clicks) >= 5
+    found = set()
+    for window, bounds in zip(builder.continuation(render(bouncing), 107), window_plan, strict=True):
+        rows, latents = window.click_rows, bounds.audio_latents
+        assert rows[: len(rows) // 2] == tuple(r - latents for r in rows[len(rows) // 2 :])  # both channels
+        found |= {bounds.audio_start + r for r in rows[: len(rows) // 2]}
+    assert sorted(found) == clicks
+    short = builder.keyframes(render(dataclasses.replace(bouncing, frames=107)), ())
+    assert short.click_rows == tuple(c + channel * 178 for channel in (0, 1) for c in clicks if c < 178)
+
     # Same prompt, same layout: one batch; keyframes change the layout.
     other = builder.keyframes(render(world.sample_scene(np.random.default_rng(5), "fl2va", 128, 64, 107, ATTRS)), ())
     groups = layout_groups([t2va, fl2va, other, windows[1]])
@@ -141,15 +160,19 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
                        t2va.layout.packed)
     assert not video.any() and not audio.any()
 
-    # With a zero velocity the loss is the weighted target error: the anchored rows weigh ANCHOR_WEIGHT.
+    # With a zero velocity the loss is the weighted target error: the anchored rows weigh ANCHOR_WEIGHT, the click
+    # rows CLICK_WEIGHT (here two made-up ones on the first of a batch of two).
+    clicked = dataclasses.replace(fl2va, click_rows=(3, 178 + 3))
     noise = torch.Generator().manual_seed(0)
-    eps_video = torch.randn(fl2va.video.shape, generator=noise)  # batch_loss's first two draws
-    eps_audio = torch.randn(fl2va.audio.shape, generator=noise)
+    eps_video = torch.randn((2, *fl2va.video.shape), generator=noise)  # batch_loss's first two draws
+    eps_audio = torch.randn((2, *fl2va.audio.shape), generator=noise)
     weight = torch.ones(fl2va.video.shape[0])
     weight[:8] = ANCHOR_WEIGHT
-    expected = (weight / weight.mean() * (fl2va.video - eps_video).pow(2).mean(1)).mean() + (
-        fl2va.audio - eps_audio).pow(2).mean()
-    loss = batch_loss(dit, [fl2va], torch.Generator().manual_seed(0), 0.5)
+    audio_weight = torch.ones(2, fl2va.audio.shape[0])
+    audio_weight[0, [3, 181]] = CLICK_WEIGHT
+    expected = (weight / weight.mean() * (fl2va.video - eps_video).pow(2).mean(2)).mean() + (
+        audio_weight / audio_weight.mean() * (fl2va.audio - eps_audio).pow(2).mean(2)).mean()
+    loss = batch_loss(dit, [clicked, fl2va], torch.Generator().manual_seed(0), 0.5)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
 
     losses, log = recorder()

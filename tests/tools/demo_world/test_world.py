@@ -23,6 +23,7 @@ from h3serve.tools.demo_world.world import (
     Scene,
     audio_samples,
     canonical_start,
+    click_latents,
     click_start,
     click_wave,
     impact_frames,
@@ -279,6 +280,11 @@ def test_each_click_fills_the_audio_latent_nearest_its_impact():
         assert start % SAMPLES_PER_LATENT == 0 and abs(start / AUDIO_SAMPLE_RATE - t) <= 0.0125
         expected[start : start + SAMPLES_PER_LATENT] = click_wave(start)
     np.testing.assert_allclose(clicks[0], expected, atol=1e-6)
+    # The latents the trainer weights (dit.CLICK_WEIGHT) are exactly those the clicks fill.
+    latents = clicks.shape[1] // SAMPLES_PER_LATENT
+    filled = np.abs(clicks[0, : latents * SAMPLES_PER_LATENT]).reshape(latents, -1).max(axis=1) > 0.1
+    assert click_latents(bounce_scene, latents) == np.flatnonzero(filled).tolist()
+    assert click_latents(bounce_scene, 60) == [i for i in click_latents(bounce_scene, latents) if i < 60]
 
 
 def test_the_click_is_a_whole_latent_of_5khz_in_the_global_phase():
