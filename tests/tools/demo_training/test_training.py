@@ -125,21 +125,20 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert fl2va.anchored_rows == 8 and t2va.anchored_rows == 0
     assert builder.keyframes(clip, ("last",)).anchored_rows == 0
 
-    windows = builder.continuation(render(world.sample_scene(np.random.default_rng(1), "t2va", 128, 64, 277,
-                                                             ATTRS)), 107)
+    bouncing = world.sample_scene(np.random.default_rng(2), "t2va", 128, 64, 277,
+                                  Attributes("red", "ball", "bouncing", "high beep"))
+    windows = builder.continuation(render(bouncing), 107)
     assert [e.kind for e in windows] == ["plain", "continuation", "continuation"]
     assert windows[1].conditions.shape[0] == 7 * 2 * 4  # the 22-frame guide: 7 latent frames
     assert torch.equal(windows[1].conditions, windows[0].video[-7 * 8 :])  # the previous window's last latents
 
     # A bounce's click rows: the clicks' audio latents in both channels, on each window's own rows.
-    assert t2va.click_rows == () and windows[1].click_rows == ()
-    bouncing = world.sample_scene(np.random.default_rng(2), "t2va", 128, 64, 277,
-                                  Attributes("red", "ball", "bouncing", "high beep"))
+    assert t2va.click_rows == () and fl2va.click_rows == ()  # moving right: no bounce
     window_plan = plan_windows(277, 107, 22)
     clicks = world.click_latents(bouncing, window_plan[-1].audio_end)
     assert len(clicks) >= 5
     found = set()
-    for window, bounds in zip(builder.continuation(render(bouncing), 107), window_plan, strict=True):
+    for window, bounds in zip(windows, window_plan, strict=True):
         rows, latents = window.click_rows, bounds.audio_latents
         assert rows[: len(rows) // 2] == tuple(r - latents for r in rows[len(rows) // 2 :])  # both channels
         found |= {bounds.audio_start + r for r in rows[: len(rows) // 2]}
