@@ -83,7 +83,8 @@ class Recipe:
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
     # `transformer_ref` the same on its own examples and the long T2VA ones. The shipped weights' counts: 58 minutes in
     # all on 2 EPYC cores alone (docs/demo_world.md, runs 5, 8 and 9; steps are what moved T2VA, and a higher learning
-    # rate did not help).
+    # rate did not help). Run 10 (300 prior steps fewer, FL2VA back to 110 clips, 400 more `transformer_ref` steps)
+    # got Ref2VA 5 -> 7 and lost T2VA 9 -> 8 and the edit 9 -> 4.
     dit_prior_steps: int = 1400
     dit_steps: int = 2600
     ref_prior_steps: int = 120
