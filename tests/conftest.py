@@ -12,6 +12,11 @@ os.environ.setdefault("H3SERVE_CACHE_DIR", str(Path(os.environ.get("TMPDIR", "/t
 # Rank processes fork from one server that has imported the rank side once (h3serve/parallel/start_method.py),
 # instead of each spending seconds of CPU on imports; tests/parallel/test_start_method.py runs the spawn default.
 os.environ.setdefault("H3SERVE_RANK_START", "forkserver")
+# Under pytest-xdist each worker gets its share of the cores for torch's intra-op threads (read when torch is first
+# imported, after this file): two workers of two threads each on two cores spend their time preempting each other.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
 
 
 @pytest.fixture(scope="session")
