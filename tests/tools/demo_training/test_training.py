@@ -18,6 +18,7 @@ from h3serve.rank.checkpoint import load_components
 from h3serve.rules.long_video import plan_windows
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
+from h3serve.tools.demo_model import shipped_demo_checkpoint
 from h3serve.tools.demo_training.dit import (
     ANCHOR_WEIGHT,
     CLICK_WEIGHT,
@@ -196,6 +197,19 @@ def test_ema_and_the_base_position_draw():
     assert 0.3 < np.mean(bases >= 0.9) < 0.45  # the top tenth gets its uniform share plus HIGH_NOISE_SHARE
     prior = np.array([draw_base(np.random.default_rng(seed), prior=True) for seed in range(200)])
     assert prior.min() >= 0.8 and prior.max() <= 1.0 and prior.std() > 0.04
+
+
+def test_the_shipped_weights_were_trained_by_the_default_recipe():
+    """`h3serve train-demo` with its defaults is the command that made the shipped weights (the same bits on the CPU
+    that trained them; a run that rounds differently is another draw, docs/demo_world.md, run 11): the recipe recorded
+    beside them is `Recipe()`, and CI's few-step recipe scales the counts only."""
+    demo = shipped_demo_checkpoint()
+    assert demo is not None
+    record = json.loads((demo / TRAINING_FILE).read_text(encoding="utf-8"))
+    assert record["recipe"] == dataclasses.asdict(Recipe())
+    few = Recipe().scaled(0.01)
+    assert (few.dit_steps, few.ref_dit_steps, few.seed) == (26, 8, 0)
+    assert (few.dit_lr, few.ref_lr) == (Recipe().dit_lr, Recipe().ref_lr)
 
 
 def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path, demo_random_path):
