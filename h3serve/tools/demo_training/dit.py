@@ -175,8 +175,9 @@ def train_dit(
     seed: int,
     log: LossLog,
     name: str,
-    batch: int = 8,
-    lr: float = 2e-3,
+    *,
+    batch: int,
+    lr: float,
     ema_decay: float = 0.995,
     warmup: int = 50,
 ) -> None:
