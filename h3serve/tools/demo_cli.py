@@ -1,5 +1,6 @@
-"""`h3serve train-demo` (the shipped demo checkpoint, from scratch) and `h3serve check-demo` (does an MP4 show and
-sound what its demo-world prompt asks for?)."""
+"""`h3serve train-demo` (the shipped demo checkpoint, from scratch), `h3serve check-demo` (does an MP4 show and
+sound what its demo-world prompt asks for?) and `h3serve eval-demo` (every task over seeds: docs/demo_world.md's
+tables)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
-from h3serve.tools.cli_util import EXIT_ERROR, fail
+from h3serve.tools.cli_util import EXIT_ERROR, fail, model_dir
+
+MAX_EVAL_SEEDS = 1000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +28,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", required=True, help="the prompt it was made from (the README's grammar)")
     p.add_argument("--json", action="store_true", help="print the checks as JSON")
     p.set_defaults(func=cmd_check_demo)
+
+    p = sub.add_parser(
+        "eval-demo", help="run demo-world tasks over seeds on a checkpoint and count the cases right in every check"
+    )
+    p.add_argument("--model", help="checkpoint folder (default: the shipped demo checkpoint)")
+    p.add_argument("--tasks", help="comma-separated tasks (default: all; a wrong one lists them)")
+    p.add_argument("--seeds", type=int, default=10, help=f"seeds 0..N-1 for each task (1-{MAX_EVAL_SEEDS})")
+    p.add_argument("--steps", type=int, help="denoiser steps (default: the demo's)")
+    p.add_argument("--quantization", help="fp8: FP8 weights, as `generate --quantization fp8`")
+    p.add_argument("--json", dest="json_out", help="also write the scores to this JSON file")
+    p.set_defaults(func=cmd_eval_demo)
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
@@ -73,3 +87,41 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
             print(f"{'ok  ' if ok else 'FAIL'} {name}")
         print("all checks passed" if verdict.passed else f"failed: {', '.join(verdict.failed)}")
     return 0 if verdict.passed else EXIT_ERROR
+
+
+def cmd_eval_demo(args: argparse.Namespace) -> int:
+    from h3serve.accel.quant_config import QuantizationError, parse_quantization
+    from h3serve.checkpoint.resolver import read_layout
+    from h3serve.model.pipeline import H3Pipeline
+    from h3serve.rank.checkpoint import load_components
+    from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate, summarize
+    from h3serve.tools.demo_model import DEMO_STEPS
+
+    tasks = args.tasks.split(",") if args.tasks else list(TASKS)
+    if unknown := [task for task in tasks if task not in TASKS]:
+        return fail(f"--tasks: unknown {', '.join(unknown)}; choose from: {', '.join(TASKS)}")
+    if not 1 <= args.seeds <= MAX_EVAL_SEEDS:
+        return fail(f"--seeds: must be 1-{MAX_EVAL_SEEDS}, got {args.seeds}")
+    steps = DEMO_STEPS if args.steps is None else args.steps
+    if steps < 1:
+        return fail(f"--steps: must be >= 1, got {steps}")
+    try:
+        quantization = parse_quantization(args.quantization, None)
+    except QuantizationError as e:
+        return fail(str(e))
+    model = model_dir(args.model)
+    if not model.is_dir():
+        return fail(f"--model: no such folder {model}")
+    layout = read_layout(model)
+    evaluator = DemoEvaluator(
+        H3Pipeline(load_components(layout, quantization=quantization)), layout.defaults(), steps=steps
+    )
+    scores = {}
+    for task in tasks:
+        scores[task] = score = summarize(evaluate(evaluator, task, range(args.seeds)))
+        wrong = ", ".join(f"{name} {count}" for name, count in score["wrong"].items()) or "none"
+        print(f"{task}: {score['right']} of {score['cases']} right; wrong: {wrong}", flush=True)
+    if args.json_out:
+        record = {"model": str(model), "steps": steps, "quantization": args.quantization, "tasks": scores}
+        Path(args.json_out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0

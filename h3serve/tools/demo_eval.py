@@ -152,3 +152,19 @@ def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.nd
 
 def evaluate(evaluator: DemoEvaluator, task: str, seeds: range) -> list[Case]:
     return [evaluator.run(task, seed) for seed in seeds]
+
+
+def summarize(cases: list[Case]) -> dict:
+    """One task's cases as docs/demo_world.md tables them: how many are right, how often each check is wrong, and
+    the seeds of the cases that are not right."""
+    wrong: dict[str, int] = {}
+    for case in cases:
+        for name, ok in case.checks.items():
+            if not ok:
+                wrong[name] = wrong.get(name, 0) + 1
+    return {
+        "cases": len(cases),
+        "right": sum(case.passed for case in cases),
+        "wrong": dict(sorted(wrong.items(), key=lambda item: (-item[1], item[0]))),
+        "failed_seeds": [case.seed for case in cases if not case.passed],
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from h3serve.tools.demo_eval import TASKS, DemoEvaluator, band_mask, case_attributes
+from h3serve.tools.demo_eval import TASKS, Case, DemoEvaluator, band_mask, case_attributes, summarize
 from h3serve.tools.demo_world import world
 from h3serve.tools.demo_world.grammar import MOTIONS, SOUNDS
 
@@ -21,6 +21,16 @@ def test_band_mask_covers_the_path_and_keeps_the_rest():
     scene = world.Scene(case_attributes(1), x0=8.0, y0=0.0)  # moving right in latent row 0, plus one row of margin
     mask = band_mask(scene, 32, 4, 8)
     assert mask.shape == (32, 4, 8) and mask[:, 0:2].all() and not mask[:, 2:].any()
+
+
+def test_summarize_counts_right_cases_and_each_wrong_check():
+    cases = [
+        Case("t2va", 0, "p", {"color": True, "motion": True}),
+        Case("t2va", 1, "p", {"color": False, "motion": False}),
+        Case("t2va", 2, "p", {"color": True, "motion": False}),
+        Case("t2va", 3, "p", {}),  # nothing measured is not right
+    ]
+    assert summarize(cases) == {"cases": 4, "right": 1, "wrong": {"motion": 2, "color": 1}, "failed_seeds": [1, 2, 3]}
 
 
 @pytest.fixture(scope="module")
