@@ -92,8 +92,10 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
 def cmd_eval_demo(args: argparse.Namespace) -> int:
     from h3serve.accel.quant_config import QuantizationError, parse_quantization
     from h3serve.checkpoint.resolver import read_layout
+    from h3serve.errors import RequestError
     from h3serve.model.pipeline import H3Pipeline
     from h3serve.rank.checkpoint import load_components
+    from h3serve.rules.schedule import resolve_steps
     from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate, summarize
     from h3serve.tools.demo_model import DEMO_STEPS
 
@@ -102,9 +104,10 @@ def cmd_eval_demo(args: argparse.Namespace) -> int:
         return fail(f"--tasks: unknown {', '.join(unknown)}; choose from: {', '.join(TASKS)}")
     if not 1 <= args.seeds <= MAX_EVAL_SEEDS:
         return fail(f"--seeds: must be 1-{MAX_EVAL_SEEDS}, got {args.seeds}")
-    steps = DEMO_STEPS if args.steps is None else args.steps
-    if steps < 1:
-        return fail(f"--steps: must be >= 1, got {steps}")
+    try:
+        steps = resolve_steps(args.steps, None, DEMO_STEPS)  # a request's bounds
+    except RequestError as e:
+        return fail(f"--{e}")
     try:
         quantization = parse_quantization(args.quantization, None)
     except QuantizationError as e:

@@ -73,7 +73,8 @@ def test_eval_demo_reports_the_cases_it_ran(tmp_path, capsys):
     [
         (["--tasks", "t2va,fly"], "--tasks: unknown fly; choose from: t2va, fl2va"),
         (["--seeds", "0"], "--seeds: must be 1-1000, got 0"),
-        (["--steps", "0"], "--steps: must be >= 1, got 0"),
+        (["--steps", "0"], "--steps: must be between 1 and 200, got 0"),
+        (["--steps", "500"], "--steps: must be between 1 and 200, got 500"),
         (["--quantization", "int3"], "--quantization 'int3'; choose from: fp8"),
         (["--model", "/nonexistent/h3"], "--model: no such folder /nonexistent/h3"),
     ],
