@@ -13,9 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 from h3serve.accel.quant_config import parse_quantization
-from h3serve.checkpoint.resolver import read_layout
-from h3serve.model.pipeline import H3Pipeline
-from h3serve.rank.checkpoint import load_components
 from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate
 from h3serve.tools.demo_model import DEMO_STEPS
 
@@ -38,15 +35,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True, help="a checkpoint written by `h3serve train-demo`")
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
-    layout = read_layout(args.model)
-    defaults = layout.defaults()
     seeds = range(args.seeds)
-    base = H3Pipeline(load_components(layout))
-    fp8 = H3Pipeline(load_components(layout, quantization=parse_quantization("fp8", None)))
+    fp8 = parse_quantization("fp8", None)
     lines = ["| task | run | right (all checks) | failed checks | per case |", "|---|---|---|---|---|"]
-    lines += rows(f"fp32, {DEMO_STEPS} steps", DemoEvaluator(base, defaults), TASKS, seeds)
-    lines += rows("fp32, 4 steps", DemoEvaluator(base, defaults, steps=4), ("t2va",), seeds)
-    lines += rows(f"FP8 weights, {DEMO_STEPS} steps", DemoEvaluator(fp8, defaults), ("t2va",), seeds)
+    lines += rows(f"fp32, {DEMO_STEPS} steps", DemoEvaluator.load(args.model), TASKS, seeds)
+    lines += rows("fp32, 4 steps", DemoEvaluator.load(args.model, steps=4), ("t2va",), seeds)
+    lines += rows(f"FP8 weights, {DEMO_STEPS} steps", DemoEvaluator.load(args.model, fp8), ("t2va",), seeds)
     print("\n".join(lines))
 
 

@@ -91,10 +91,7 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
 
 def cmd_eval_demo(args: argparse.Namespace) -> int:
     from h3serve.accel.quant_config import QuantizationError, parse_quantization
-    from h3serve.checkpoint.resolver import read_layout
     from h3serve.errors import RequestError
-    from h3serve.model.pipeline import H3Pipeline
-    from h3serve.rank.checkpoint import load_components
     from h3serve.rules.schedule import resolve_steps
     from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate, summarize
     from h3serve.tools.demo_model import DEMO_STEPS
@@ -115,10 +112,7 @@ def cmd_eval_demo(args: argparse.Namespace) -> int:
     model = model_dir(args.model)
     if not model.is_dir():
         return fail(f"--model: no such folder {model}")
-    layout = read_layout(model)
-    evaluator = DemoEvaluator(
-        H3Pipeline(load_components(layout, quantization=quantization)), layout.defaults(), steps=steps
-    )
+    evaluator = DemoEvaluator.load(model, quantization, steps)
     scores = {}
     for task in tasks:
         scores[task] = score = summarize(evaluate(evaluator, task, range(args.seeds)))

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from h3serve.accel.quant_config import QuantizationConfig
+from h3serve.checkpoint.resolver import read_layout
 from h3serve.media.mp4 import rgb8
 from h3serve.model.conditioning import AudioReference, normalize_image_reference
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
+from h3serve.rank.checkpoint import load_components
 from h3serve.rules import limits
 from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.request import GenerationRequest
@@ -58,6 +62,14 @@ class DemoEvaluator:
 
     def __init__(self, pipeline: H3Pipeline, defaults: ModelDefaults, steps: int = DEMO_STEPS):
         self.pipeline, self.defaults, self.steps = pipeline, defaults, steps
+
+    @classmethod
+    def load(
+        cls, model: Path, quantization: QuantizationConfig | None = None, steps: int = DEMO_STEPS
+    ) -> DemoEvaluator:
+        """An evaluator on the checkpoint in `model` (fp32 on the CPU; its weights quantised with `quantization`)."""
+        layout = read_layout(model)
+        return cls(H3Pipeline(load_components(layout, quantization=quantization)), layout.defaults(), steps)
 
     def plan(self, prompt: str, seed: int, **fields):
         request = GenerationRequest(prompt=prompt, duration_s=DEMO_DURATION_S, steps=self.steps, seed=seed, **fields)

@@ -9,11 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from h3serve.checkpoint.resolver import read_layout
 from h3serve.cli import main
 from h3serve.media.mp4 import write_mp4
-from h3serve.model.pipeline import H3Pipeline
-from h3serve.rank.checkpoint import load_components
 from h3serve.tools.demo_eval import DemoEvaluator, evaluate, summarize
 from h3serve.tools.demo_model import shipped_demo_checkpoint
 from h3serve.tools.demo_world import world
@@ -59,8 +56,7 @@ def test_eval_demo_reports_the_cases_it_ran(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out.splitlines()
     record = json.loads(out.read_text(encoding="utf-8"))
-    layout = read_layout(shipped_demo_checkpoint())
-    evaluator = DemoEvaluator(H3Pipeline(load_components(layout)), layout.defaults(), steps=4)
+    evaluator = DemoEvaluator.load(shipped_demo_checkpoint(), steps=4)
     expected = {task: summarize(evaluate(evaluator, task, range(2))) for task in ("t2va", "fl2va")}
     assert record["tasks"] == expected and record["steps"] == 4 and record["quantization"] is None
     assert expected["fl2va"]["wrong"], "the shipped FL2VA moves wrong: a report with nothing wrong would hide it"
