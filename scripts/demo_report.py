@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections import Counter
 from pathlib import Path
 
 from h3serve.accel.quant_config import parse_quantization
-from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate
+from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate, summarize
 from h3serve.tools.demo_model import DEMO_STEPS
 
 
@@ -23,10 +22,9 @@ def rows(label: str, evaluator: DemoEvaluator, tasks: tuple[str, ...], seeds: ra
         started = time.perf_counter()
         cases = evaluate(evaluator, task, seeds)
         seconds = (time.perf_counter() - started) / len(cases)
-        wrong = Counter(name for case in cases for name, ok in case.checks.items() if not ok)
-        misses = ", ".join(f"{name} ×{count}" for name, count in sorted(wrong.items())) or "none"
-        right = sum(case.passed for case in cases)
-        out.append(f"| {task} | {label} | **{right} / {len(cases)}** | {misses} | {seconds:.1f} s |")
+        score = summarize(cases)
+        misses = ", ".join(f"{name} ×{count}" for name, count in sorted(score["wrong"].items())) or "none"
+        out.append(f"| {task} | {label} | **{score['right']} / {score['cases']}** | {misses} | {seconds:.1f} s |")
     return out
 
 
@@ -36,11 +34,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
     seeds = range(args.seeds)
-    fp8 = parse_quantization("fp8", None)
+    base = DemoEvaluator.load(args.model)
+    fp8 = DemoEvaluator.load(args.model, parse_quantization("fp8", None))
     lines = ["| task | run | right (all checks) | failed checks | per case |", "|---|---|---|---|---|"]
-    lines += rows(f"fp32, {DEMO_STEPS} steps", DemoEvaluator.load(args.model), TASKS, seeds)
-    lines += rows("fp32, 4 steps", DemoEvaluator.load(args.model, steps=4), ("t2va",), seeds)
-    lines += rows(f"FP8 weights, {DEMO_STEPS} steps", DemoEvaluator.load(args.model, fp8), ("t2va",), seeds)
+    lines += rows(f"fp32, {DEMO_STEPS} steps", base, TASKS, seeds)
+    lines += rows("fp32, 4 steps", DemoEvaluator(base.pipeline, base.defaults, steps=4), ("t2va",), seeds)
+    lines += rows(f"FP8 weights, {DEMO_STEPS} steps", fp8, ("t2va",), seeds)
     print("\n".join(lines))
 
 
