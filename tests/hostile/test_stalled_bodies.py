@@ -96,9 +96,9 @@ def test_a_slow_but_steady_upload_of_a_large_reference_succeeds(guarded):
 def test_a_trickling_body_meets_the_overall_deadline(guarded):
     """One byte every 0.5 s never trips the idle timeout; the deadline for its 10 kB (2 s + 0.15 s) does."""
     sock = socket.create_connection(("127.0.0.1", guarded.port), timeout=5)
+    start = time.monotonic()  # before the head goes: the server may start its clock before sendall returns here
     sock.sendall(HEAD.format(key=API_KEY, length=10_000).encode()
                  + b'--b\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n')
-    start = time.monotonic()
     sock.settimeout(0.5)
     answer = b""
     while time.monotonic() - start < BODY_TIMEOUT_S + MARGIN_S:
