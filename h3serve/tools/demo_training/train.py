@@ -81,26 +81,29 @@ class Recipe:
     ref2va_short_clips: int = 60
     continuation_clips: int = 10  # each gives three windows
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
-    # `transformer_ref` the same on its own examples and the long T2VA ones. The shipped weights' counts: 58.0 minutes
-    # in all on 2 EPYC cores alone (docs/demo_world.md, runs 5, 8, 9, 12 and 13; steps are what moved T2VA, and a
-    # higher learning rate did not help). A run is one draw: run 11 (the VAEs' convolutions in another memory order,
-    # which rounds differently, and 200 more `transformer_ref` steps at lr 1e-3) trained `transformer` on this recipe
-    # and got the edit 16 of 30 seeds right where run 9 got 27, so a recipe change is judged over 30 seeds, not from
-    # one run's 10. Runs 12 and 13 changed only `ref_dit_steps` (800 to 1,050, then 1,200), so their `transformer` is
-    # run 9's bit for bit, and Ref2VA went from 19 to 23, then 26 of 30.
+    # `transformer_ref` the same on its own examples and the long T2VA ones. The shipped weights' counts (run 15):
+    # 55.9 minutes in all on 2 EPYC cores alone, the DiTs on two replicas (`dit_replicas`) and the video VAE
+    # channels-last, which bought `transformer_ref` 1,600 ladder steps where run 13 had 1,200 in 58.0 minutes
+    # (docs/demo_world.md, runs 13-15; steps are what moved T2VA and Ref2VA, and a higher learning rate did not help).
+    # A run is one draw: run 11 (the VAE rounded otherwise) got the edit 16 of 30 seeds right where run 9 got 27 on
+    # the same recipe, so a recipe change is judged over 30 seeds, not from one run's 10.
     dit_prior_steps: int = 1400
     dit_steps: int = 2600
     ref_prior_steps: int = 120
-    ref_dit_steps: int = 1200
+    ref_dit_steps: int = 1600
     dit_batch: int = 8
+    dit_replicas: int = 2  # each batch split over this many DiT replicas on threads (dit.Replicas; 2 cores)
     dit_lr: float = 2e-3
     ref_lr: float = 2e-3
     seed: int = 0
 
     def scaled(self, factor: float) -> Recipe:
         """The same recipe with every count multiplied by `factor` (at least 1): CI's few-step runs."""
-        return Recipe(**{k: max(1, round(v * factor)) if isinstance(v, int) and k != "seed" else v
+        return Recipe(**{k: max(1, round(v * factor)) if isinstance(v, int) and k not in _NOT_COUNTS else v
                          for k, v in asdict(self).items()})
+
+
+_NOT_COUNTS = ("seed", "dit_replicas")  # the integer fields `Recipe.scaled` keeps
 
 
 Logger = Callable[[str, int, float], None]
@@ -154,6 +157,9 @@ def train_demo(
         bar = Progress(recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_prior_steps + recipe.dit_steps
                        + recipe.ref_prior_steps + recipe.ref_dit_steps, progress)
         torch.manual_seed(recipe.seed)
+        # The video VAE's conv3d weights channels-last while it trains and encodes the examples: its steps and
+        # encodes run ~20 % faster on the CPU (the same losses to five digits, rounded differently; run 11).
+        components.vae.to(memory_format=torch.channels_last_3d)
         train_video_vae(components.vae, recipe.video_vae_steps, canvas, recipe.seed, bar.log)
         train_audio_vae(components.audio_vae, recipe.audio_vae_steps, recipe.seed + 1, bar.log)
         bar.stage_done("audio_vae")
@@ -166,11 +172,12 @@ def train_demo(
         builder = ExampleBuilder(components, canvas.width, canvas.height, defaults.reference_image_short_edge)
         bar.bar.set_description("examples")
         t2va, plain, referenced = build_examples(builder, recipe, canvas)
+        components.vae.to(memory_format=torch.contiguous_format)
         bar.stage_done("examples")  # with the latent statistics
         training_init_(components.transformer)
         phases = [Phase(t2va, recipe.dit_prior_steps, prior=True), Phase(plain, recipe.dit_steps)]
         train_dit(components.transformer, phases, recipe.seed + 3, bar.log, "transformer", batch=recipe.dit_batch,
-                  lr=recipe.dit_lr)
+                  lr=recipe.dit_lr, replicas=recipe.dit_replicas)
         # Ref2VA and continuation start from what T2VA/FL2VA learned (the world, the motions, the sounds): the
         # second DiT only has to learn to take the colour, the pitch and the start from its reference rows.
         # The long T2VA examples stay in its mix: a continuation's first window is laid out exactly as T2VA, and
@@ -180,7 +187,7 @@ def train_demo(
         mix = referenced + t2va[: recipe.t2va_clips]
         phases = [Phase(mix, recipe.ref_prior_steps, prior=True), Phase(mix, recipe.ref_dit_steps)]
         train_dit(components.transformer_ref, phases, recipe.seed + 4, bar.log, "transformer_ref",
-                  batch=recipe.dit_batch, lr=recipe.ref_lr)
+                  batch=recipe.dit_batch, lr=recipe.ref_lr, replicas=recipe.dit_replicas)
         bar.stage_done("transformer_ref")
         bar.close()
         out.mkdir(parents=True, exist_ok=True)

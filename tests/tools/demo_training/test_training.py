@@ -3,6 +3,7 @@ lays out a request, and `train-demo` writes a checkpoint that loads and generate
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -24,8 +25,10 @@ from h3serve.tools.demo_training.dit import (
     CLICK_WEIGHT,
     EMA,
     Phase,
+    Replicas,
     batch_loss,
     draw_base,
+    intra_op_threads,
     layout_groups,
     train_dit,
     training_init_,
@@ -176,10 +179,43 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
 
     losses, log = recorder()
+    threads = torch.get_num_threads()
     phases = [Phase([t2va, other], 6, prior=True), Phase([t2va, other, fl2va, windows[0]], 18)]
-    train_dit(dit, phases, seed=0, log=log, name="t", batch=2, lr=3e-3, warmup=4)
+    train_dit(dit, phases, seed=0, log=log, name="t", batch=2, lr=3e-3, replicas=2, warmup=4)
     assert len(losses) == 24 and falls(losses, 6), losses
     assert not dit.training and not any(p.requires_grad for p in dit.parameters())
+    assert torch.get_num_threads() == threads  # the replicas' one intra-op thread is given back
+
+
+def test_replicas_leave_the_batch_gradient_of_their_shards(demo_random):
+    """Three examples over two replicas on threads: shards of two and one, each shard's loss weighted by its share,
+    and the gradients left in the DiT are those of the weighted sum computed on one thread (bit for bit but where
+    autograd sums a parameter's contributions in another order); `sync` then gives the copy the DiT's weights."""
+    components, defaults = demo_random
+    builder = ExampleBuilder(components, 128, 64, defaults.reference_image_short_edge)
+    items = [builder.keyframes(render(world.sample_scene(np.random.default_rng(seed), "t2va", 128, 64, 107, ATTRS)),
+                               ()) for seed in range(3)]
+    dit = copy.deepcopy(components.transformer).train().requires_grad_(True)
+    expected = copy.deepcopy(dit)
+    with intra_op_threads(1):
+        parallel = Replicas(dit, 2, seed=7)
+        loss = parallel.loss_backward(items, 0.6)
+        first = batch_loss(expected, items[:2], torch.Generator().manual_seed(7), 0.6)
+        second = batch_loss(expected, items[2:], torch.Generator().manual_seed(10_007), 0.6)
+        (first * (2 / 3) + second * (1 / 3)).backward()
+        parallel.close()
+    assert loss == pytest.approx(float(first) * 2 / 3 + float(second) / 3, rel=1e-6)
+    copy_ = parallel.modules[1]
+    assert all(p.grad is None for p in copy_.parameters())
+    pairs = list(zip(dit.named_parameters(), expected.parameters(), strict=True))
+    close = [torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-8) for (_, p), q in pairs]
+    assert all(close), [name for ((name, _), _), ok in zip(pairs, close, strict=True) if not ok]
+    assert sum(torch.equal(p.grad, q.grad) for (_, p), q in pairs) >= 0.9 * len(pairs)  # most bit for bit
+    with torch.no_grad():
+        for param in dit.parameters():
+            param.add_(param.grad)
+    parallel.sync()
+    assert all(torch.equal(p, q) for p, q in zip(dit.parameters(), copy_.parameters(), strict=True))
 
 
 def test_ema_and_the_base_position_draw():
@@ -208,7 +244,7 @@ def test_the_shipped_weights_were_trained_by_the_default_recipe():
     record = json.loads((demo / TRAINING_FILE).read_text(encoding="utf-8"))
     assert record["recipe"] == dataclasses.asdict(Recipe())
     few = Recipe().scaled(0.01)
-    assert (few.dit_steps, few.ref_dit_steps, few.seed) == (26, 12, 0)
+    assert (few.dit_steps, few.ref_dit_steps, few.seed, few.dit_replicas) == (26, 16, 0, 2)
     assert (few.dit_lr, few.ref_lr) == (Recipe().dit_lr, Recipe().ref_lr)
 
 
