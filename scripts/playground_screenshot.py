@@ -67,6 +67,9 @@ def main() -> None:
                 scrub.scroll_into_view_if_needed()
                 box = scrub.bounding_box()
                 scrub.hover(position={"x": box["width"] * 0.5, "y": box["height"] / 2})
+                # the seek done and the frame there decoded, so the player shows no loading spinner
+                page.wait_for_function("(() => { const p = document.getElementById('player');"
+                                       " return !p.seeking && p.readyState >= 3; })()")
                 page.wait_for_timeout(500)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(args.out), full_page=True)
