@@ -68,12 +68,13 @@ def load_transformer(
     layout = resolve_qkv_layout(files, qkv_layout, declared) if native else "interleaved"
     if native:
         check_native_shapes(files, cfg, model.state_dict())
+        check_native_rope(files, cfg)
     fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
     lazy = pieces.lazy if pieces is not None else lambda name: False
     name_of = native_keys.native_to_diffusers_name if native else lambda key: key
 
-    def read_now(key: str) -> bool:
-        return not lazy(name_of(key))
+    def read_now(key: str) -> bool:  # a native `rope.inv_freq` is read only by check_native_rope
+        return not lazy(name_of(key)) and not (native and key == "rope.inv_freq")
 
     if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
         from h3serve.parallel.dit_loading import iter_dit_shards
@@ -151,6 +152,24 @@ def check_native_shapes(files: list[Path], cfg: H3TransformerConfig, expected: d
                 raise CheckpointError(
                     f"{file.name}: checkpoint key '{key}' has shape {tuple(info['shape'])}, expected {want}"
                 )
+
+
+def check_native_rope(files: list[Path], cfg: H3TransformerConfig) -> None:
+    """A native checkpoint's `rope.inv_freq` (never loaded: the table is rebuilt from the config) must be the table
+    of the config's `rope_theta`, so that a config without it (the default 10000) or with another one cannot silently
+    rotate every token otherwise than the weights were trained with. To 1 % (a bf16 copy passes)."""
+    want = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).inv_freq
+    for file in files:
+        if "rope.inv_freq" not in weight_keys([file]):
+            continue
+        stored = dict(iter_tensors([file], lambda key: key == "rope.inv_freq"))["rope.inv_freq"].float().flatten()
+        if stored.shape == want.shape and torch.allclose(stored, want, rtol=1e-2):
+            return
+        theta = float(stored[1]) ** (-cfg.rope_freq_dim) if len(stored) > 1 and float(stored[1]) > 0 else float("nan")
+        raise CheckpointError(
+            f"{file.name}: checkpoint key 'rope.inv_freq' is the RoPE table of rope_theta ≈ {theta:.4g}, but "
+            f"config.json gives rope_theta {cfg.rope_theta:g}: set rope_theta in the config to the trained value"
+        )
 
 
 def _native_rows(scale_name: str, cfg: H3TransformerConfig, expected: dict[str, torch.Tensor]) -> int:

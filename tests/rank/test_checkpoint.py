@@ -161,6 +161,18 @@ def test_misshaped_native_tensors_name_their_checkpoint_key(tmp_path, tiny_nativ
         load_transformer(folder)
 
 
+def test_a_config_theta_that_contradicts_the_shipped_rope_table_is_refused(tmp_path, tiny_native_checkpoint):
+    """The native `rope.inv_freq` is not loaded (the table is rebuilt from the config), so a config whose rope_theta
+    is not the table's would rotate every token otherwise than trained: refused, naming both values."""
+    folder = _native_folder(tmp_path, tiny_native_checkpoint)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["rope_theta"] == 10000.0
+    (folder / "config.json").write_text(json.dumps({**cfg, "rope_theta": 100.0}))
+    with pytest.raises(CheckpointError, match=r"'rope\.inv_freq' is the RoPE table of rope_theta ≈ 1e\+04, but "
+                                              r"config\.json gives rope_theta 100"):
+        load_transformer(folder)
+
+
 def test_contradicting_config_names_are_refused(tmp_path, tiny_native_checkpoint):
     folder = _native_folder(tmp_path, tiny_native_checkpoint)
     cfg = json.loads((folder / "config.json").read_text())
