@@ -70,7 +70,7 @@ def main() -> None:
                 # the seek done and the frame there decoded, so the player shows no loading spinner
                 page.wait_for_function("(() => { const p = document.getElementById('player');"
                                        " return !p.seeking && p.readyState >= 3; })()")
-                page.wait_for_timeout(500)
+                page.wait_for_timeout(1500)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(args.out), full_page=True)
                 browser.close()
