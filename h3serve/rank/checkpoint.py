@@ -158,18 +158,17 @@ def check_native_rope(files: list[Path], cfg: H3TransformerConfig) -> None:
     """A native checkpoint's `rope.inv_freq` (never loaded: the table is rebuilt from the config) must be the table
     of the config's `rope_theta`, so that a config without it (the default 10000) or with another one cannot silently
     rotate every token otherwise than the weights were trained with. To 1 % (a bf16 copy passes)."""
-    want = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).inv_freq
-    for file in files:
-        if "rope.inv_freq" not in weight_keys([file]):
-            continue
-        stored = dict(iter_tensors([file], lambda key: key == "rope.inv_freq"))["rope.inv_freq"].float().flatten()
-        if stored.shape == want.shape and torch.allclose(stored, want, rtol=1e-2):
-            return
-        theta = float(stored[1]) ** (-cfg.rope_freq_dim) if len(stored) > 1 and float(stored[1]) > 0 else float("nan")
-        raise CheckpointError(
-            f"{file.name}: checkpoint key 'rope.inv_freq' is the RoPE table of rope_theta ≈ {theta:.4g}, but "
-            f"config.json gives rope_theta {cfg.rope_theta:g}: set rope_theta in the config to the trained value"
-        )
+    stored = dict(iter_tensors(files, lambda key: key == "rope.inv_freq")).get("rope.inv_freq")
+    if stored is None:
+        return
+    stored, want = stored.float().flatten(), RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).inv_freq
+    if stored.shape == want.shape and torch.allclose(stored, want, rtol=1e-2):
+        return
+    theta = float(stored[1]) ** (-cfg.rope_freq_dim) if len(stored) > 1 and float(stored[1]) > 0 else float("nan")
+    raise CheckpointError(
+        f"checkpoint key 'rope.inv_freq' is the RoPE table of rope_theta ≈ {theta:.4g}, but config.json gives "
+        f"rope_theta {cfg.rope_theta:g}: set rope_theta in the config to the trained value"
+    )
 
 
 def _native_rows(scale_name: str, cfg: H3TransformerConfig, expected: dict[str, torch.Tensor]) -> int:

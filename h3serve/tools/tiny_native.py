@@ -49,12 +49,11 @@ def _dit_config(model) -> dict:
 
 def write_dit(model, folder: Path) -> None:
     """The DiT in native names, interleaved QKV, two shards + an index; markers only in the second shard."""
-    import torch
+    from h3serve.model.transformer import RotaryEmbedding3D
 
     cfg = model.config
     native = dit_keys.diffusers_to_native(model.state_dict(), cfg.attention_head_dim, "interleaved")
-    exponents = torch.arange(0, 2 * cfg.rope_freq_dim, 2, dtype=torch.float32) / (2 * cfg.rope_freq_dim)
-    native["rope.inv_freq"] = 1.0 / cfg.rope_theta**exponents
+    native["rope.inv_freq"] = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).inv_freq
     second = {k for k in native if dit_keys.is_native_key_set([k])}
     shards = ({k: v for k, v in native.items() if k not in second}, {k: native[k] for k in second})
     for name, tensors in zip(_DIT_FILES, shards, strict=True):
