@@ -221,7 +221,9 @@ class Recorder:
 
 def test_tiny_pipeline_matches_comfyui_on_recorded_velocities(tiny_pipeline, monkeypatch):
     """3 forwards on the tiny checkpoint: each modality's trajectory, replayed through ComfyUI's loop on its own
-    shifted sigmas (video 12, audio 3) from the same noise, ends where h3serve's does, to 1e-6."""
+    shifted sigmas (video 12, audio 3) from the same noise, ends where h3serve's float32 trajectory does, to 4 float32
+    ulps of the largest latent (~2.7e-6 here; an absolute 1e-6 failed at 1.003e-6 on an Intel Xeon, whose kernels
+    round otherwise; Euler's update in its place ends 7.5 away)."""
     pipeline, defaults = tiny_pipeline
     recorder = Recorder(monkeypatch)
     latents(pipeline, monkeypatch, defaults, steps=3, sample_solver="res_multistep")
@@ -232,7 +234,8 @@ def test_tiny_pipeline_matches_comfyui_on_recorded_velocities(tiny_pipeline, mon
         velocities = [v.double() for _, v, _, _ in steps]
         start, final = steps[0][2].double(), steps[-1][3].double()
         reference = comfy_res_multistep(lambda y, i, v=velocities, s=sigmas: y + s[i] * v[i], start, sigmas)
-        assert (final - reference).abs().max() <= 1e-6
+        ulps = 4 * torch.finfo(torch.float32).eps * reference.abs().max()
+        assert (final - reference).abs().max() <= ulps
         assert [i for i, *_ in steps] == [0, 1, 2]
 
 
