@@ -239,6 +239,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.errors import ConfigError, H3ServeError
     from h3serve.media.mp4 import EncoderOptions
     from h3serve.rank.device_checks import check_engine
+    from h3serve.rank.local import guide_serving
     from h3serve.rank.placement import device_memory_of, long_request_refusal
     from h3serve.rules.request import tasks_served
     from h3serve.tools.engine_args import engine_config_from_args
@@ -251,7 +252,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         _check_writable("--save-raw", args.save_raw)
         model = model_dir(args.model)
         config = engine_config_from_args(args, model)
-        device = check_engine(config).device  # the ranks' own start-up check, before any rank starts
+        setup = check_engine(config)  # the ranks' own start-up check, before any rank starts
+        device = setup.device
         if config.realtime_lora is not None:  # a real-time session, offline (h3serve.tools.realtime_cli)
             from h3serve.tools.realtime_cli import generate_realtime
 
@@ -260,7 +262,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, decode_mode="full")
         layout = read_layout(model, config.dits)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
-        defaults = engine_defaults(config, layout.defaults())
+        defaults = guide_serving(config, engine_defaults(config, layout.defaults()), setup.attention["self"])
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
         refusal = long_request_refusal(config, plan, device_memory_of(config, device))
         if refusal is not None:  # the planner's verdict, before a weight is read

@@ -30,6 +30,7 @@ from h3serve.offload.modes import (
 )
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules import limits
+from h3serve.rules.guide_limits import GuideLimits
 from h3serve.rules.names import TASK_TYPES
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
@@ -67,6 +68,7 @@ class EngineConfig:
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
     cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
     cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
+    timeline_guide_limits: str = ""  # --timeline-guide-limits JSON object: GuideLimits overrides (rules/guides.py)
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # --collective-timeout (process group); None: torch's (gloo 30 min)
@@ -279,7 +281,15 @@ class EngineConfig:
         self._validate_lora()
         self._validate_controlnet()
         self._validate_realtime()
+        self.guide_limits()
         return self
+
+    def guide_limits(self) -> GuideLimits:
+        """The server's limits on timeline guides: vLLM-Omni's defaults under --timeline-guide-limits' overrides."""
+        try:
+            return GuideLimits.from_json(json.loads(self.timeline_guide_limits or "{}"))
+        except ValueError as e:  # json.JSONDecodeError is one
+            raise ConfigError(f"--timeline-guide-limits: {e}") from None
 
     def _validate_device(self) -> None:
         if not DEVICE.fullmatch(self.device):

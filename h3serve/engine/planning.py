@@ -6,6 +6,7 @@ No torch here: the API process calls this on the event loop's executor to answer
 from __future__ import annotations
 
 from h3serve.media import intake
+from h3serve.media.guide_intake import probe_guides
 from h3serve.media.source import check_source, frames_at_24fps
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import (
@@ -46,7 +47,8 @@ def plan_request(
         starts = resolve_start_times(request, task)
         intake.check_references(request.references, starts)  # every rule, without keeping decoded frames
     extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
-    plan = validate(request, defaults, keyframe_size, extend_frames)
+    probes = probe_guides(request.guides, defaults.guide_limits) if request.guides else ()
+    plan = validate(request, defaults, keyframe_size, extend_frames, probes)
     sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
         if ref is not None:

@@ -12,7 +12,7 @@ from h3serve.media.media_errors import MediaDecodeError, MediaError, MediaFormat
 from h3serve.rules import limits
 from h3serve.rules.request import MediaRef
 
-_IMAGE_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "heif": "HEIF"}  # sniffed name -> PIL format
+IMAGE_FORMATS = {"jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "heif": "HEIF"}  # sniffed name -> PIL format
 
 
 @dataclass(frozen=True, eq=False)
@@ -22,7 +22,7 @@ class ImageMedia:
 
 
 @functools.cache
-def _register_heif() -> None:
+def register_heif() -> None:
     import pillow_heif
 
     pillow_heif.register_heif_opener()
@@ -31,12 +31,12 @@ def _register_heif() -> None:
 def load_image(ref: MediaRef, field: str = "image") -> ImageMedia:
     """Decode a JPEG/PNG/WEBP/HEIC/HEIF image to RGB with its EXIF orientation applied."""
     fmt = inspect_file(ref, field, "image")
-    if fmt.name not in _IMAGE_FORMATS:
+    if fmt.name not in IMAGE_FORMATS:
         raise MediaFormatError(ref.name, field, f"unsupported image format {fmt.label}", ACCEPTED["image"])
     try:
         if fmt.name == "heif":
-            _register_heif()
-        with Image.open(ref.path, formats=[_IMAGE_FORMATS[fmt.name]]) as img:
+            register_heif()
+        with Image.open(ref.path, formats=[IMAGE_FORMATS[fmt.name]]) as img:
             # The header's size is checked before any pixel is decoded: refuses decompression bombs cheaply. The
             # limits are symmetric in width and height, so the orientation applied below cannot change the outcome.
             check_image_size(ref, field, *img.size)

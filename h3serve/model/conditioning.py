@@ -39,6 +39,17 @@ class AudioReference:
 Reference = ImageReference | VideoReference | AudioReference
 
 
+@dataclass
+class GuideMedia:
+    """A timeline guide decoded (h3serve/rules/guides.py): the output frame it starts at, its picture's G frames on
+    the canvas and its sound; the sound's latents are cropped to `audio_latents` once encoded."""
+
+    start_frame: int
+    frames: np.ndarray | None = None  # [G, H, W, 3] uint8 on the canvas (G = 1 or 17k + 5)
+    audio: torch.Tensor | None = None  # (2, N) float32 at 32 kHz, whole
+    audio_latents: int = 0  # latents per channel it may keep: min(its own, those from its frame to the end)
+
+
 def reference_kind(ref: Reference) -> str:
     return {ImageReference: "image", VideoReference: "video", AudioReference: "audio"}[type(ref)]
 

@@ -3,11 +3,14 @@ latents and the packed layout, for T2VA / FL2VA keyframes and for Ref2VA referen
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 from PIL import Image
 
 from h3serve.model.conditioning import (
+    GuideMedia,
     ImageReference,
     Presentation,
     Reference,
@@ -20,7 +23,7 @@ from h3serve.model.conditioning import (
     sample_condition_frames,
     video_condition_pixels,
 )
-from h3serve.model.layout import ReferenceBlock, build_keyframe_layout, build_reference_layout
+from h3serve.model.layout import GuideBlock, ReferenceBlock, build_keyframe_layout, build_reference_layout
 from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, ReferenceMedia, StageClock, Target
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
@@ -28,6 +31,42 @@ from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
 
 VideoBlocks = list[tuple[int, list[float]]]  # (tokens per block, block timestamps) per video reference
+
+
+@dataclass
+class EncodedGuides:
+    """Timeline guides encoded: their condition latents and clean audio rows (packed order) and their blocks."""
+
+    visual: list[torch.Tensor] = field(default_factory=list)  # [1, 24, F, lh, lw] per guide with a picture
+    audio_rows: list[torch.Tensor] = field(default_factory=list)  # [2·L, 32] channel-major per guide with a sound
+    blocks: tuple[GuideBlock, ...] = ()
+
+
+def guides_encoded(
+    components: H3Components, device: torch.device, guides: list[GuideMedia], clock: StageClock
+) -> EncodedGuides:
+    """Each guide's picture through the condition recipe (`encode_visual_condition`: 1 latent frame for an image,
+    5k + 2 for 17k + 5 frames) and its sound through the audio VAE, whole, then cropped per channel to the latents
+    the output has room for. Guides never enter the text encoder: the presentation and its labels are unchanged."""
+    out = EncodedGuides()
+    if not guides:
+        return out
+    blocks = []
+    with clock("vae_encode"):
+        for guide in guides:
+            latent_frames = audio_latents = 0
+            if guide.frames is not None:
+                pixels = torch.from_numpy(guide.frames).permute(3, 0, 1, 2)[None]  # [1, 3, G, H, W] uint8
+                out.visual.append(encode_visual_condition(components.vae, pixels, device))
+                latent_frames = out.visual[-1].shape[2]
+            if guide.audio is not None:
+                rows = encode_audio_condition(components.audio_vae, guide.audio)
+                per_channel = rows.reshape(limits.AUDIO_CHANNELS, -1, rows.shape[-1])
+                audio_latents = min(per_channel.shape[1], guide.audio_latents)
+                out.audio_rows.append(per_channel[:, :audio_latents].reshape(-1, rows.shape[-1]))
+            blocks.append(GuideBlock(guide.start_frame, latent_frames, audio_latents))
+    out.blocks = tuple(blocks)
+    return out
 
 
 def image_inputs(components: H3Components, images: list[Image.Image]) -> dict[str, torch.Tensor]:
@@ -45,8 +84,11 @@ def keyframes_encoded(
     keyframes: list[Image.Image],
     anchors: tuple[str, ...],
     clock: StageClock,
+    guides: EncodedGuides | None = None,
 ) -> Encoded:
-    """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt."""
+    """T2VA (no keyframes) and FL2VA: "<Picture k>: " + vision block per keyframe, then the prompt; timeline
+    guides' rows before the keyframes'."""
+    guides = guides or EncodedGuides()
     text = Presentation(components.text.tokenizer)
     vision: dict[str, torch.Tensor] = {}
     visual: list[torch.Tensor] = []
@@ -68,8 +110,10 @@ def keyframes_encoded(
         plan.latent_width,
         plan.audio_latents,
         anchors,
+        guides.blocks,
     )
-    return Encoded(text.ids, text_states, layout, visual, [])
+    return Encoded(text.ids, text_states, layout, [*guides.visual, *visual], list(guides.audio_rows),
+                   guide_visuals=len(guides.visual))
 
 
 def _reference_vision(components: H3Components, refs: list[Reference]) -> tuple[dict[str, torch.Tensor], VideoBlocks]:
@@ -159,11 +203,16 @@ def reference_encoded(
     guide: tuple[ReferenceBlock, LatentGuide] | None = None,
     media_origin: float | None = None,
     time_offset: float = 0.0,
+    guides: EncodedGuides | None = None,
 ) -> Encoded:
-    """Text states and the packed layout of references (and a continuation window's guide) before `target`."""
+    """Text states and the packed layout of references (and a continuation window's guide) before `target`;
+    timeline guides' rows before the references'."""
+    guides = guides or EncodedGuides()
     with clock("text_encode"):
         text_states = components.text.encode(text.ids, media.vision)
-    blocks, visual, audio_rows = list(media.blocks), list(media.visual), list(media.audio_rows)
+    blocks = list(media.blocks)
+    visual = [*guides.visual, *media.visual]
+    audio_rows = [*guides.audio_rows, *media.audio_rows]
     if guide is not None:
         block, latents = guide
         blocks.append(block)
@@ -178,5 +227,6 @@ def reference_encoded(
         target.audio_latents,
         media_origin=media_origin,
         time_offset=time_offset,
+        guides=guides.blocks,
     )
-    return Encoded(text.ids, text_states, layout, visual, audio_rows)
+    return Encoded(text.ids, text_states, layout, visual, audio_rows, guide_visuals=len(guides.visual))

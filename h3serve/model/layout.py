@@ -1,9 +1,11 @@
 """Packed-sequence layout: which row is what, where it sits in RoPE space, and its per-step timestep.
 
 Pure functions over shapes (spec §2.4, §2.5, §3.2, §8). The packed order is
-  T2VA   [text | target audio ch0, ch1 | target video]
-  FL2VA  [text | keyframe rows (first, then last) | target audio | target video]
-  Ref2VA [text | reference blocks in request order | target audio | target video]
+  T2VA   [text | guides | target audio ch0, ch1 | target video]
+  FL2VA  [text | guides | keyframe rows (first, then last) | target audio | target video]
+  Ref2VA [text | guides | reference blocks in request order | target audio | target video]
+Timeline guides (h3serve/rules/guides.py) are optional condition prefixes, each on the RoPE clock at the targets'
+origin plus (5/3)·its start frame.
 Every coordinate is float64, exactly as the reference computes it, and cast to fp32 only inside RoPE.
 """
 
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from h3serve.model.transformer import PackedLayout
+from h3serve.rules.guides import guide_time_offset
 
 VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
 ROPE_SPATIAL_SCALE = 32.0
@@ -124,6 +127,18 @@ class _Rows:
     def add_audio(self, origin: float, num_latents: int, width_axis: torch.Tensor, role: Role) -> None:
         self.add(audio_positions(origin, num_latents, width_axis), AUDIO_TAG, role)
 
+    def add_guides(
+        self, guides: tuple[GuideBlock, ...], t0: float, grid: torch.Tensor, width_axis: torch.Tensor
+    ) -> None:
+        """Each guide at T0 + (5/3)·start (the fraction kept): its picture's frames on the target grid at the video
+        cadence, then its sound, one latent per unit, on the target width axis' extremes."""
+        for guide in guides:
+            origin = t0 + guide_time_offset(guide.start_frame)
+            if guide.latent_frames:
+                self.add_video_frames(frame_times(guide.latent_frames, origin), grid, Role.VIDEO_CONDITION)
+            if guide.audio_latents:
+                self.add_audio(origin, guide.audio_latents, width_axis, Role.AUDIO_REFERENCE)
+
     def build(self) -> Layout:
         positions = torch.cat(self.positions)
         tags = torch.cat(self.tags)
@@ -151,6 +166,16 @@ def text_positions(num_text: int) -> torch.Tensor:
     return positions
 
 
+@dataclass(frozen=True)
+class GuideBlock:
+    """Geometry of one timeline guide as encoded, on the target canvas: the output frame it starts at, its picture's
+    latent frames (0: none) and its sound's latents per channel (0: none)."""
+
+    start_frame: int
+    latent_frames: int = 0
+    audio_latents: int = 0
+
+
 def build_keyframe_layout(
     text_tags: torch.Tensor,  # [L]: 1 for text, 0 for vision-block tokens of the presentation
     latent_frames: int,
@@ -158,14 +183,16 @@ def build_keyframe_layout(
     latent_w: int,
     audio_latents: int,
     anchors: tuple[str, ...] = (),  # () for T2VA; ("first",), ("last",) or ("first", "last") for FL2VA
+    guides: tuple[GuideBlock, ...] = (),
 ) -> Layout:
-    """The T2VA / FL2VA layout: [text | keyframe rows | target audio | target video]."""
+    """The T2VA / FL2VA layout: [text | guides | keyframe rows | target audio | target video]."""
     num_text = text_tags.shape[0]
     origin = float(num_text)  # the media clock starts after the text rows
     grid, width_axis = frame_grid(latent_h, latent_w)
 
     rows = _Rows()
     rows.add(text_positions(num_text), text_tags, Role.TEXT)
+    rows.add_guides(guides, origin, grid, width_axis)
     for anchor in anchors:
         if anchor == "first":
             t = origin
@@ -194,6 +221,22 @@ class ReferenceBlock:
     audio_latents: int = 0  # a video's soundtrack, or an audio reference
 
 
+def reference_span(ref: ReferenceBlock) -> float:
+    """How far a reference moves the Ref2VA clock: an image one unit, an audio clip its latents, a video the longer
+    of its soundtrack and its frames; a continuation's latent guide none (it sits on the targets' first times)."""
+    if ref.kind == "image":
+        return 1.0
+    if ref.kind == "audio":
+        return float(ref.audio_latents)
+    if ref.kind == "video":
+        # Sequential Python float sum, as the reference computes this span (not numpy's pairwise sum).
+        span = sum(ROPE_FRAME_RESCALE * ROPE_FRAMES_PER_LATENT[i % 5] for i in range(ref.latent_frames))
+        return max(float(ref.audio_latents), span)
+    if ref.kind == "latent_guide":
+        return 0.0
+    raise ValueError(f"reference kind must be 'image', 'video', 'audio' or 'latent_guide', got {ref.kind!r}")
+
+
 def build_reference_layout(
     text_tags: torch.Tensor,
     references: list[ReferenceBlock],
@@ -203,10 +246,12 @@ def build_reference_layout(
     audio_latents: int,
     media_origin: float | None = None,
     time_offset: float = 0.0,
+    guides: tuple[GuideBlock, ...] = (),
 ) -> Layout:
     """The Ref2VA layout. A clock starts after the text; each reference occupies the next stretch of it:
     an image one unit, an audio clip its latent count, a video the longer of its soundtrack and its frames.
-    The targets start at the final clock.
+    The targets start at the final clock. Timeline guides are packed after the text, before the references, on
+    the targets' clock (they do not move it).
 
     Continuation windows: `media_origin` starts the clock there instead (after the longest window prompt, so
     every window's media share one clock), and `time_offset` (the window's start · 40/24) shifts the temporal
@@ -216,22 +261,21 @@ def build_reference_layout(
     target_grid, target_width_axis = frame_grid(latent_h, latent_w)
     rows = _Rows()
     rows.add(text_positions(text_tags.shape[0]), text_tags, Role.TEXT)
+    targets_clock = clock
+    for ref in references:  # the targets' clock, summed as the loop below moves it (the same float rounding)
+        targets_clock += reference_span(ref)
+    rows.add_guides(guides, targets_clock + time_offset, target_grid, target_width_axis)
     for index, ref in enumerate(references):
         if ref.kind == "image":
             grid, _ = frame_grid(ref.latent_h, ref.latent_w)
             rows.add_video_frames(torch.tensor([clock], dtype=torch.float64), grid, Role.VIDEO_CONDITION)
-            clock += 1.0
         elif ref.kind == "audio":
             rows.add_audio(clock + time_offset, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
-            clock += float(ref.audio_latents)
         elif ref.kind == "video":
             grid, width_axis = frame_grid(ref.latent_h, ref.latent_w)
             if ref.audio_latents:  # the soundtrack sits right before its frames, on the video's own width axis
                 rows.add_audio(clock + time_offset, ref.audio_latents, width_axis, Role.AUDIO_REFERENCE)
             rows.add_video_frames(frame_times(ref.latent_frames, clock + time_offset), grid, Role.VIDEO_CONDITION)
-            # Sequential Python float sum, as the reference computes this span (not numpy's pairwise sum).
-            span = sum(ROPE_FRAME_RESCALE * ROPE_FRAMES_PER_LATENT[i % 5] for i in range(ref.latent_frames))
-            clock += max(float(ref.audio_latents), span)
         elif ref.kind == "latent_guide":
             if index != len(references) - 1 or (ref.latent_h, ref.latent_w) != (latent_h, latent_w):
                 raise ValueError("a latent guide must be the last reference and on the target canvas")
@@ -241,8 +285,7 @@ def build_reference_layout(
             rows.add_audio(origin, ref.audio_latents, target_width_axis, Role.AUDIO_REFERENCE)
             times = frame_times(latent_frames, origin)[: ref.latent_frames]  # the target's first latent times
             rows.add_video_frames(times, target_grid, Role.VIDEO_CONDITION)
-        else:
-            raise ValueError(f"reference kind must be 'image', 'video', 'audio' or 'latent_guide', got {ref.kind!r}")
+        clock += reference_span(ref)
     rows.add_audio(clock + time_offset, audio_latents, target_width_axis, Role.AUDIO)
     rows.add_video_frames(frame_times(latent_frames, clock + time_offset), target_grid, Role.VIDEO)
     return rows.build()

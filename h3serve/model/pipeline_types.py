@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from h3serve.model.conditioning import Reference
+from h3serve.model.conditioning import GuideMedia, Reference
 from h3serve.model.controlnet import ControlInput
 from h3serve.model.layout import Layout, ReferenceBlock
 from h3serve.model.text_encoder import TextConditioner
@@ -166,6 +166,7 @@ class Conditioning:
     extend_video: np.ndarray | None = None  # an extension's source frames (T, H, W, 3) uint8: window 0
     extend_audio: torch.Tensor | None = None  # ... and its soundtrack (2, N) at 32 kHz, if it has one
     control: ControlPixels | None = None  # a ControlNet request's media on the canvas
+    guides: list[GuideMedia] = field(default_factory=list)  # timeline guides, decoded, in the request's order
 
 
 @dataclass
@@ -229,3 +230,6 @@ class Encoded:
     visual: list[torch.Tensor]  # normalised condition latents [1, 24, F, h, w], packed order
     audio_rows: list[torch.Tensor]  # clean reference audio rows [2·La, 32], packed order
     control: ControlInput | None = None  # a control video's rows for the ControlNet branch
+    # Leading entries of `visual` that are timeline guides: their condition noise comes from a CPU generator of
+    # their own, seeded with the request's seed (vLLM-Omni's guided mode), so a guide leaves the targets' noise as is.
+    guide_visuals: int = 0

@@ -15,7 +15,13 @@ from h3serve.model.conditioning import (
     encode_visual_condition,
 )
 from h3serve.model.controlnet import ControlInput, control_rows
-from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
+from h3serve.model.encode_inputs import (
+    guides_encoded,
+    keyframes_encoded,
+    presentation,
+    reference_encoded,
+    reference_media,
+)
 from h3serve.model.latent_edit import MaskedTarget, audio_target, video_target
 from h3serve.model.pipeline_types import (
     Conditioning,
@@ -39,11 +45,12 @@ class RequestEncoder:
 
     def encode(self, plan: GenerationPlan, cond: Conditioning, clock: StageClock) -> Encoded:
         """Presentation -> text states, condition latents and the packed layout."""
+        guides = guides_encoded(self.components, self.device, cond.guides, clock)
         if cond.references:
             media = self.reference_media(cond.references, clock)
-            target = Target.of(plan)
-            return reference_encoded(self.components, media, self.presentation(media, plan.prompt), target, clock)
-        enc = keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
+            text = self.presentation(media, plan.prompt)
+            return reference_encoded(self.components, media, text, Target.of(plan), clock, guides=guides)
+        enc = keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock, guides)
         if cond.control is not None:
             enc.control = self.control_input(plan, cond.control, clock)
         return enc

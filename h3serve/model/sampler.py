@@ -64,17 +64,14 @@ class Sampler:
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
         # Conditions may arrive on the host (VAE encodes) or on the device (a continuation window's guide is the
         # previous window's output): each is mixed with its noise on the device, never across devices.
+        # Timeline guides (the first `enc.guide_visuals` conditions) draw theirs from a fresh generator each, seeded
+        # with the same seed (vLLM-Omni's guided mode): the other draws are those of the request without guides.
         generator = torch.Generator("cpu").manual_seed(seed)
-        condition_rows = [
-            patchify(
-                scale_noise(
-                    z.to(self.device),
-                    limits.KEYFRAME_NOISE_AUG_T,
-                    torch.randn(z.shape, generator=generator).to(self.device),
-                )
-            )
-            for z in enc.visual
-        ]
+        condition_rows = []
+        for index, z in enumerate(enc.visual):
+            draw = torch.Generator("cpu").manual_seed(seed) if index < enc.guide_visuals else generator
+            noise = torch.randn(z.shape, generator=draw).to(self.device)
+            condition_rows.append(patchify(scale_noise(z.to(self.device), limits.KEYFRAME_NOISE_AUG_T, noise)))
         channels = self.components.vae.config.latent_channels
         video_noise = torch.randn(
             (1, channels, target.latent_frames, target.latent_height, target.latent_width), generator=generator

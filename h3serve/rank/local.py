@@ -5,6 +5,7 @@ The executor runs one of these in every rank process; tests and tools may use it
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -42,8 +43,9 @@ from h3serve.rank.placement import (
     placement_for_engine,
 )
 from h3serve.rank.quantization import resolve_kernel
+from h3serve.rules.guides import attention_refusal
 from h3serve.rules.request import GenerationRequest
-from h3serve.rules.validate import GenerationPlan, RequestError
+from h3serve.rules.validate import GenerationPlan, ModelDefaults, RequestError
 
 
 class LocalEngine:
@@ -56,6 +58,7 @@ class LocalEngine:
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
+        self.defaults = guide_serving(self.config, self.defaults, setup.attention["self"])
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -194,7 +197,7 @@ class LocalEngine:
                 f"({cache.cached_steps} cached steps)",
                 file=sys.stderr,
             )
-        if plan.task != "t2va":
+        if plan.task != "t2va" or plan.guides:
             result.stage_durations = {"media_load": load_s, **result.stage_durations}
         output = _media(result)
         output.stage_durations, output.peak_memory_mb = result.stage_durations, memory.mb
@@ -209,6 +212,14 @@ class LocalEngine:
         compiled = self.config.compile_mode(self.device.type) is not None  # eager: Dynamo is never imported
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
         return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}
+
+
+def guide_serving(config: EngineConfig, defaults: ModelDefaults, self_attention: str) -> ModelDefaults:
+    """The defaults with this engine's timeline guide serving: its limits, why it serves none (a backend that is not
+    dense attention) and the cache an omitted `quality` runs under (guides refuse it per request)."""
+    cache = None if config.cache_backend == "none" else config.cache_backend
+    return dataclasses.replace(defaults, guide_limits=config.guide_limits(),
+                               guide_refusal=attention_refusal(self_attention), server_cache=cache)
 
 
 def _media(result: GenerationResult) -> GenerationOutput:

@@ -8,9 +8,11 @@ import torch.nn.functional as F
 
 from h3serve.media import intake
 from h3serve.media.control_media import read_control_frames
+from h3serve.media.guide_intake import load_guide_picture, load_guide_sound
 from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (
     AudioReference,
+    GuideMedia,
     Reference,
     StreamingVideoNormalizer,
     normalize_image_reference,
@@ -19,6 +21,7 @@ from h3serve.model.conditioning import (
 )
 from h3serve.model.pipeline_types import Conditioning, ControlPixels
 from h3serve.rules import limits
+from h3serve.rules.guides import entry_field
 from h3serve.rules.request import MediaRef
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
@@ -90,12 +93,27 @@ def load_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditio
     cond = _load_task_conditioning(plan, defaults)
     cond.control = control_pixels(plan)
     cond.edit_video, cond.edit_audio = load_edit_sources(plan)
+    cond.guides = load_guides(plan)
     if plan.extend_video is not None:  # window 0 of the extension: the source on the canvas, and its soundtrack
         frames, audio = load_source_video(
             plan.extend_video, "extend_video", plan.windows[0].end, plan.width, plan.height, with_audio=True
         )
         cond.extend_video, cond.extend_audio = frames, None if audio is None else torch.from_numpy(audio)
     return cond
+
+
+def load_guides(plan: GenerationPlan) -> list[GuideMedia]:
+    """The plan's timeline guides decoded: pictures as their G frames on the canvas, sounds stereo 32 kHz."""
+    guides = []
+    for i, guide in enumerate(plan.guides):
+        frames = audio = None
+        if guide.visual is not None:
+            field = entry_field(i, guide.visual.kind or "image")
+            frames = load_guide_picture(guide, field, plan.width, plan.height)
+        if guide.audio is not None:
+            audio = torch.from_numpy(load_guide_sound(guide, entry_field(i, "audio")))
+        guides.append(GuideMedia(guide.start, frames, audio, guide.audio_latents))
+    return guides
 
 
 def _load_task_conditioning(plan: GenerationPlan, defaults: ModelDefaults) -> Conditioning:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h3serve.rules import limits
+from h3serve.rules.guide_limits import GuideLimits
 from h3serve.rules.schedule import PinnedSchedule
 
 
@@ -21,3 +22,8 @@ class ModelDefaults:
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (schedule.py)
     fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+    # Timeline guides (h3serve/rules/guides.py) on this server: its limits, why it serves none (a sparse attention
+    # backend), and the --cache-backend an omitted `quality` runs under (guides refuse a DiT cache).
+    guide_limits: GuideLimits = GuideLimits()
+    guide_refusal: str | None = None
+    server_cache: str | None = None

@@ -97,3 +97,16 @@ REALTIME_START_TIMEOUT_S = 10.0
 REALTIME_START_MESSAGE_BYTES = 4 * 2**20
 REALTIME_CONTROL_MESSAGE_BYTES = 128 * 2**10
 REALTIME_STALL_TIMEOUT_S = 60.0
+
+# Timeline guides (h3serve/rules/guides.py): vLLM-Omni's server limits (its `minimax_h3_timeline_guides` model config),
+# the defaults of `GuideLimits`, which a server may lower or raise (--timeline-guide-limits). Per-file bytes by kind
+# are MAX_IMAGE_BYTES / MAX_VIDEO_BYTES / MAX_AUDIO_BYTES above (the same 30 / 50 / 15 MiB).
+GUIDE_MAX_ENTRIES = 8
+GUIDE_MAX_UNIQUE_FILES = 16
+GUIDE_MAX_TOTAL_UPLOAD_BYTES = 128 * 2**20
+GUIDE_MAX_GUIDE_ROWS = 65_536
+GUIDE_MAX_PACKED_ROWS = 262_144
+GUIDE_MAX_SOURCE_PIXELS = 16_777_216  # one image, or one frame of a clip, as decoded
+GUIDE_MAX_DECODED_VISUAL_PIXELS = 268_435_456  # all visual guides together (clip work: frames x pixels)
+GUIDE_MAX_DECODED_AUDIO_SAMPLES = 8_388_608  # all audio guides together, per channel at the source rate
+GUIDE_PACKED_ROW_MULTIPLE = 64  # vLLM-Omni counts packed rows padded to a multiple of 64

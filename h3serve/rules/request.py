@@ -45,6 +45,17 @@ class ControlRequest:
 
 
 @dataclass(frozen=True)
+class TimelineGuide:
+    """One timeline guide (h3serve/rules/guides.py): an image or a clip (`visual`, its `kind` "image" or "video"),
+    a sound (`audio`), or a picture with a sound, placed at output frame `frame_index` (counted from the end when
+    negative: -1 is the last frame). Its position in the request's tuple names it in errors (timeline_guides[i])."""
+
+    frame_index: int
+    visual: MediaRef | None = None
+    audio: MediaRef | None = None
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """What a user asked for, before validation. `None` means "use the model's default"."""
 
@@ -89,3 +100,4 @@ class GenerationRequest:
     # A per-request LoRA adapter, resolved by the entry point against the server's catalog (h3serve.adapters).
     lora: AdapterChoice | None = None
     control: ControlRequest | None = None  # a ControlNet control video (served with --controlnet-model-path)
+    guides: tuple[TimelineGuide, ...] = ()  # timeline guides, in manifest order (h3serve/rules/guides.py)

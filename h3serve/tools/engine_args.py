@@ -157,6 +157,10 @@ def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
         help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
         '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
     )
+    r.add_argument(
+        "--timeline-guide-limits",
+        help='JSON over the timeline guide limits (docs/guides.md), e.g. {"max_entries": 4, "max_guide_rows": 32768}',
+    )
 
 
 def _add_weight_args(r: argparse._ArgumentGroup) -> None:
@@ -475,6 +479,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         cache_config=json.dumps(_json_arg("--cache-config", args.cache_config), sort_keys=True)
         if args.cache_config
         else "",
+        timeline_guide_limits=args.timeline_guide_limits or "",
         offload=offload,
         decode_mode=args.decode_mode,
         max_output_batch=args.max_output_batch,

@@ -13,6 +13,8 @@ from h3serve.rules import limits
 from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.edit_mask import LatentMask
+from h3serve.rules.guides import GuideContext, GuideProbe, PlacedGuide, place_guides
 from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
 from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
@@ -32,12 +34,14 @@ def validate(
     defaults: ModelDefaults = ModelDefaults(),  # noqa: B008 (frozen)
     keyframe_size: tuple[int, int] | None = None,
     extend_frames: int | None = None,
+    guide_probes: tuple[GuideProbe, ...] = (),
 ) -> GenerationPlan:
     """Check every rule and resolve every default. Raises `RequestError` on the first violation.
 
     `keyframe_size` is the (width, height) of the first present FL2VA keyframe: its aspect sets the canvas
     unless the request gives a size or an aspect ratio. `extend_frames`: the 24 fps frame count of an
-    extension's source video (measured by the caller).
+    extension's source video (measured by the caller). `guide_probes`: what the media intake measured of each
+    timeline guide's files, in the request's order.
     """
     request = driving_audio_split(request)
     task = resolve_task(request)
@@ -63,6 +67,7 @@ def validate(
     seed = check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
     control = resolve_control(request, task, mode, masks, quality)
+    guides = resolve_guides(request, defaults, guide_probes, num_frames, height, width, quality, mode, masks)
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -92,7 +97,46 @@ def validate(
         sample_solver=sample_solver,
         num_outputs=num_outputs,
         control=control,
+        guides=guides,
     )
+
+
+def resolve_guides(
+    request: GenerationRequest,
+    defaults: ModelDefaults,
+    probes: tuple[GuideProbe, ...],
+    num_frames: int,
+    height: int,
+    width: int,
+    quality: str | None,
+    mode: str | None,
+    masks: tuple[LatentMask | None, LatentMask | None],
+) -> tuple[PlacedGuide, ...]:
+    """The request's timeline guides placed (h3serve/rules/guides.py), under the adapter's pinned schedule (after
+    `_adapter_pin`), the quality and the server's cache; refused beside a continuation, an edit or a control video."""
+    if not request.guides:
+        return ()
+    other = None
+    if mode == "continuation":
+        other = ("guides are placed on one pass's frames; a continuation's windows each denoise their own "
+                 "(use long_video_mode=full, or no long video)")
+    elif any(m is not None for m in masks):
+        other = "a latent-mask edit already fixes the frames it keeps from its source; it takes no guides"
+    elif request.control is not None:
+        other = "a control video's rows line up with the generated rows only; it takes no guides"
+    pin = defaults.pinned_schedule
+    ctx = GuideContext(
+        num_frames=num_frames,
+        latent_h=height // limits.VAE_SPATIAL_COMPRESSION,
+        latent_w=width // limits.VAE_SPATIAL_COMPRESSION,
+        keyframes=sum(k is not None for k in (request.image, request.last_image)),
+        quality=quality,
+        server_cache=defaults.server_cache,
+        pinned_owner=None if pin is None else pin.owner,
+        refusal=defaults.guide_refusal,
+        other=other,
+    )
+    return place_guides(request.guides, probes, ctx, defaults.guide_limits)
 
 
 def resolve_control(
