@@ -73,7 +73,8 @@ async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: 
     (`deadline`: its deadline, started when the job is ready to queue) waits for a queue slot until then."""
     try:
         await ensure_capacity(ctx, sync)  # before spending time on uploads
-        create = await read_create_request(request, ctx.config.max_body_bytes)
+        guide_files = ctx.manager.defaults.guide_limits.max_unique_files
+        create = await read_create_request(request, ctx.config.max_body_bytes, guide_files=guide_files)
         check_model(create.fields, ctx)
         job_id = new_job_id()
         wait = None

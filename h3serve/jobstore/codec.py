@@ -12,7 +12,7 @@ from typing import Any
 
 from h3serve.jobstore.records import Job, JobError
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.rules.request import ControlRequest, GenerationRequest, MediaRef
+from h3serve.rules.request import ControlRequest, GenerationRequest, MediaRef, TimelineGuide
 
 log = logging.getLogger("h3serve.store")
 COLUMNS = tuple(f.name for f in fields(Job) if f.name != "seq")
@@ -26,6 +26,8 @@ def encode_request(request: GenerationRequest) -> str:
             return {"$lora": dataclasses.asdict(value)}
         if isinstance(value, ControlRequest):
             return {"$control": {f.name: encode(getattr(value, f.name)) for f in fields(value)}}
+        if isinstance(value, TimelineGuide):
+            return {"$guide": {f.name: encode(getattr(value, f.name)) for f in fields(value)}}
         if isinstance(value, tuple | list):
             return [encode(v) for v in value]
         return value
@@ -42,6 +44,8 @@ def decode_request(text: str) -> GenerationRequest:
             return AdapterChoice.from_dict(value["$lora"])
         if isinstance(value, dict) and "$control" in value:
             return ControlRequest(**{k: decode(v) for k, v in value["$control"].items()})
+        if isinstance(value, dict) and "$guide" in value:
+            return TimelineGuide(**{k: decode(v) for k, v in value["$guide"].items()})
         if isinstance(value, list):
             return tuple(decode(v) for v in value)
         return value

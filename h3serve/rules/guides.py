@@ -121,6 +121,10 @@ def parse_manifest(value: object, max_entries: int = limits.GUIDE_MAX_ENTRIES) -
     return tuple(entries)
 
 
+def _article(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
 def check_uploads(entries: Sequence[ManifestEntry], upload_kinds: Sequence[MediaKind | None]) -> None:
     """The uploads against the manifest: every index in range, every upload used, each of the kind its entry says
     (from its bytes; None: unrecognised, left to the media intake), and no upload used as two kinds."""
@@ -137,11 +141,11 @@ def check_uploads(entries: Sequence[ManifestEntry], upload_kinds: Sequence[Media
                                           f"{'' if count == 1 else 's'}, numbered from 0)")
             kind = upload_kinds[index]
             if kind is not None and kind != source.kind:
-                raise RequestError(field, f"upload {index} is a {kind} file, not a {source.kind}")
+                raise RequestError(field, f"upload {index} is {_article(kind)} file, not {_article(source.kind)}")
             first = used_as.setdefault(index, (source.kind, field))
             if first[0] != source.kind:
-                raise RequestError(field, f"upload {index} is used as a {first[0]} by {first[1]}; one upload serves "
-                                          "one kind")
+                raise RequestError(field, f"upload {index} is used as {_article(first[0])} by {first[1]}; one upload "
+                                          "serves one kind")
     unused = [i for i in range(len(upload_kinds)) if i not in used_as]
     if unused:
         raise RequestError(f"guide_files[{unused[0]}]", "is not referenced by any timeline_guides entry")

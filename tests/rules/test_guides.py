@@ -170,7 +170,7 @@ def test_uploads_must_all_be_used_in_range_of_their_kind_and_one_kind_each():
     field, message = refused_uploads([image0], ["image", "audio"])
     assert field == "guide_files[1]" and "not referenced" in message
     field, message = refused_uploads([{"frame_index": 0, "video": {"upload_index": 0}}], ["image"])
-    assert field == "timeline_guides[0].video.upload_index" and "is a image file, not a video" in message
+    assert field == "timeline_guides[0].video.upload_index" and "is an image file, not a video" in message
     field, message = refused_uploads([image0, {"frame_index": 5, "audio": {"upload_index": 0}}], [None])
     assert field == "timeline_guides[1].audio.upload_index" and "one upload serves one kind" in message
 

@@ -48,7 +48,7 @@ class _ClosedMultiPartParser(MultiPartParser):
         self.closed = True
 
 
-async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
+async def read_body(request: Request, max_part_bytes: int, max_files: int = limits.MAX_MEDIA_FILES) -> RequestBody:
     mime = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if mime == JSON_TYPE:
         return RequestBody(await asyncio.to_thread(_json_object, await request.body()))
@@ -61,7 +61,7 @@ async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
             f"Unsupported Content-Type {mime or '(none)'!r}: send {', '.join(FORM_TYPES)} or {JSON_TYPE}.",
             "unsupported_media_type",
         )
-    form = await _multipart(request, max_part_bytes)
+    form = await _multipart(request, max_part_bytes, max_files)
     pairs: list[tuple[str, Any]] = []
     uploads: dict[str, list[UploadFile]] = defaultdict(list)
     for key, value in form.multi_items():
@@ -74,11 +74,11 @@ async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
     return _form_body(pairs, dict(uploads))
 
 
-async def _multipart(request: Request, max_part_bytes: int) -> FormData:
+async def _multipart(request: Request, max_part_bytes: int, max_files: int) -> FormData:
     parser = _ClosedMultiPartParser(
         request.headers,
         request.stream(),
-        max_files=limits.MAX_MEDIA_FILES,
+        max_files=max_files,
         max_fields=MAX_FORM_FIELDS,
         max_part_size=max_part_bytes,
     )
@@ -87,7 +87,8 @@ async def _multipart(request: Request, max_part_bytes: int) -> FormData:
     except MultiPartException as e:
         if _files_exceeded(e):  # the same rule and code as media sent any other way
             raise bad_request(
-                f"at most {limits.MAX_MEDIA_FILES} media inputs per request (every media field together)",
+                f"at most {limits.MAX_MEDIA_FILES} media inputs per request (every media field together), and "
+                f"{max_files - limits.MAX_MEDIA_FILES} guide_files",
                 code="too_many_files",
             ) from None
         raise bad_request(f"Invalid form body: {e.message}", code="invalid_body") from None

@@ -35,6 +35,7 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.intake.control import CONTROL_UPLOADS, control_request
+from h3serve.api.intake.guides import FILES_FIELD, guide_sources, manifest_entries, placed_guides
 from h3serve.api.intake.read import KEYFRAME_FIELD, SOURCE_FIELDS, CreateRequest, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.intake import MAX_BYTES
@@ -62,17 +63,34 @@ async def build_generation_request(
 ) -> tuple[GenerationRequest, dict[str, str]]:
     """The request to queue, with its media stored in the job's inputs and placed, and its adapter resolved; and
     how validation errors name each value (-> the field the client sent it in). 400/413 naming the field."""
-    media = []
-    if create.sources:
+    guide_limits = ctx.manager.defaults.guide_limits
+    entries = manifest_entries(create.guides, guide_limits.max_entries, guide_limits.max_unique_files)
+    guide_inputs = [MediaSource(field, None, upload=value) if isinstance(value, UploadFile)
+                    else MediaSource(field, _kind_of(field), url=value)
+                    for field, value in guide_sources(entries, create.guides.uploads)]
+    media: list[StoredMedia] = []
+    if create.sources or guide_inputs:
         folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
-        media = await store_media(create.sources, folder, ctx.fetcher)
+        media = await store_media((*create.sources, *guide_inputs), folder, ctx.fetcher)
+    guide_media = media[len(create.sources) :]
+    media = media[: len(create.sources)]
+    upload_kinds = [m.kind for m in guide_media if m.source.field.startswith(FILES_FIELD)]
+    guides = placed_guides(entries, {m.source.field: m.ref for m in guide_media}, upload_kinds)
     fields = create.fields
     controls = {m.source.field: m.ref for m in media if m.source.field in CONTROL_UPLOADS}
     placed = place_media(fields.to_request(), [m for m in media if m.source.field not in CONTROL_UPLOADS],
                          fields.frame_indices())
     control = control_request(fields, controls, ctx.config.control_dir)
-    generation_request = with_lora(dataclasses.replace(placed, control=control), create.lora, ctx)
+    generation_request = with_lora(dataclasses.replace(placed, control=control, guides=guides), create.lora, ctx)
     return generation_request, {**fields.client_names(), **media_aliases(generation_request, media)}
+
+
+def _kind_of(field: str) -> MediaKind:
+    """The kind a URL source's field names: timeline_guides[2].video -> video."""
+    kind = field.rsplit(".", 1)[-1]
+    if kind not in BYTE_LIMITS:
+        raise ValueError(f"not a guide source field: {field}")
+    return kind
 
 
 def with_lora(generation_request: GenerationRequest, field: LoraField | None, ctx: ServerContext) -> GenerationRequest:

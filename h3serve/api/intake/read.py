@@ -30,6 +30,7 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.api.error_envelope import bad_request
 from h3serve.api.intake.body import RequestBody, read_body
 from h3serve.api.intake.field_errors import field_error
+from h3serve.api.intake.guides import FILES_FIELD, MANIFEST_FIELD, GuideFields, check_extra_params, read_guide_fields
 from h3serve.api.intake.json_values import as_json, as_object, as_text, reject_unknown
 from h3serve.api.intake.request_model import MASK_FIELDS, SCALAR_FIELDS, ExtraParams, Target, VideoCreateFields
 from h3serve.rules import limits
@@ -108,16 +109,23 @@ class CreateRequest:
     sources: tuple[MediaSource, ...]
     lora: LoraField | None  # the `lora` object, shape-checked (resolved against the catalog when the job is built)
     video: MediaSource | str | None = None  # an uploaded file, or a completed video's id
+    guides: GuideFields = GuideFields()  # timeline guides: the manifest (unchecked) and the guide_files uploads
 
 
-async def read_create_request(request: Request, max_body_bytes: int, take_video: bool = False) -> CreateRequest:
+async def read_create_request(
+    request: Request, max_body_bytes: int, take_video: bool = False, guide_files: int = limits.GUIDE_MAX_UNIQUE_FILES
+) -> CreateRequest:
     """The body read, every field typed and range-checked and every media input read (400/413/415 naming the field).
-    `take_video`: the route's `video` field (edits, extensions) is read apart from the other media."""
-    body = await read_body(request, max_body_bytes)
+    `take_video`: the route's `video` field (edits, extensions) is read apart from the other media. `guide_files`:
+    the timeline guide uploads a multipart body may hold beside the other media."""
+    body = await read_body(request, max_body_bytes, limits.MAX_MEDIA_FILES + guide_files)
     body, video = _split_video(body) if take_video else (body, None)
+    guides = read_guide_fields(body)
+    body = RequestBody({k: v for k, v in body.fields.items() if k != MANIFEST_FIELD},
+                       {k: v for k, v in body.uploads.items() if k != FILES_FIELD})
     fields = await run_in_threadpool(read_request_fields, body)  # JSON text in form fields, long strings
     sources = await run_in_threadpool(media_sources, body)
-    return CreateRequest(fields, sources, fields.lora_field(), video)
+    return CreateRequest(fields, sources, fields.lora_field(), video, guides)
 
 
 def read_request_fields(body: RequestBody) -> VideoCreateFields:
@@ -154,6 +162,7 @@ def _check_field_names(body: RequestBody) -> None:
 def _extra_params(fields: dict[str, Any]) -> None:
     """400 naming every unknown key of extra_params and of its target (or an extra_params that is no object)."""
     extra = as_object(fields["extra_params"], "extra_params") if "extra_params" in fields else {}
+    check_extra_params(extra)
     reject_unknown(
         [f"extra_params.{k}" for k in extra if k not in EXTRA_KEYS], f"extra_params accepts: {', '.join(EXTRA_KEYS)}."
     )
