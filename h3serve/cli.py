@@ -90,6 +90,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         "--continuation-prompt", action="append", metavar="TEXT",
         help="one per window, in order (repeat); each is appended to the main prompt for its window",
     )
+    p.add_argument(
+        "--guide", action="append", metavar="INDEX=FILE",
+        help="a timeline guide (repeatable): an image, a clip or a sound placed at output frame INDEX, counted from "
+        "the end when negative (-1: the last frame); e.g. --guide 36=red.png --guide -22=ending.mp4",
+    )
     p.add_argument("--control", metavar="TYPE[=FILE]",
                    help=f"a control video for the ControlNet (--controlnet-model-path): TYPE one of "
                    f"{', '.join(CONTROL_TYPES)}, FILE the control video (inpaint: --control-mask instead)")
@@ -166,7 +171,28 @@ def _request_from_args(args: argparse.Namespace):
         long_video=True if args.extend else args.long_video,
         long_video_mode="continuation" if args.extend else args.long_video_mode,
         control=_control(args),
+        guides=tuple(_guide(text) for text in args.guide or ()),
     )
+
+
+def _guide(text: str):
+    """`--guide INDEX=FILE` as a timeline guide; the file's kind (image, clip or sound) from its bytes."""
+    from h3serve.media.sniff import sniff
+    from h3serve.rules.request import MediaRef, TimelineGuide
+    from h3serve.rules.validate import RequestError
+
+    index, _, path = text.partition("=")
+    try:
+        frame = int(index.strip())
+    except ValueError:
+        frame = None
+    if frame is None or not path:
+        raise RequestError("--guide", f"expects INDEX=FILE (an output frame, negative from the end), got {text!r}")
+    kind = sniff(path)
+    if kind is None:
+        raise RequestError("--guide", f"{path}: not a readable image, video or audio file")
+    ref = MediaRef(path=Path(path), name=path, kind=kind)
+    return TimelineGuide(frame, audio=ref) if kind == "audio" else TimelineGuide(frame, visual=ref)
 
 
 def _control(args: argparse.Namespace):
@@ -436,8 +462,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _joined_guides(argv: list[str]) -> list[str]:
+    """`--guide -22=clip.mp4` as `--guide=-22=clip.mp4`: argparse would read a value starting with "-" as a flag."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--guide" and arg.startswith("-") and arg[1:2].isdigit():
+            out[-1] = f"--guide={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_joined_guides(sys.argv[1:] if argv is None else argv))
     return args.func(args)
 
 

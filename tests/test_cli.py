@@ -156,3 +156,46 @@ def test_several_outputs_are_each_their_single_run(outputs, tiny_checkpoint, tmp
     assert capsys.readouterr().out.split() == [str(out.resolve()), str((tmp_path / "out.1.mp4").resolve())]
     assert _sha(tmp_path / "out.1.mp4") == _sha(outputs["a"][0])
     assert _sha(out) != _sha(outputs["a"][0])
+
+
+def _guide_files(folder):
+    from PIL import Image
+
+    image = folder / "guide.png"
+    Image.new("RGB", (96, 64), (220, 40, 40)).save(image)
+    tone = folder / "tone.wav"
+    samples = (8000 * np.sin(2 * np.pi * 440 * np.arange(16_000) / 32_000)).astype("<i2")
+    import wave
+
+    with wave.open(str(tone), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(32_000)
+        w.writeframes(samples.tobytes())
+    return image, tone
+
+
+def test_guide_flags_become_timeline_guides_counted_from_either_end(tmp_path):
+    from h3serve.cli import _joined_guides, _request_from_args, build_parser
+
+    image, tone = _guide_files(tmp_path)
+    argv = _joined_guides(["generate", "x", "-o", "o.mp4", "--guide", "-1=" + str(image), "--guide", f"36={tone}"])
+    request = _request_from_args(build_parser().parse_args(argv))
+    first, second = request.guides
+    assert (first.frame_index, first.visual.kind, first.audio) == (-1, "image", None)
+    assert (second.frame_index, second.visual, second.audio.kind) == (36, None, "audio")
+
+
+def test_generate_with_guides_writes_the_mp4_and_refuses_a_guide_outside_the_output(tiny_checkpoint, tmp_path,
+                                                                                      capsys):
+    image, tone = _guide_files(tmp_path)
+    mp4 = tmp_path / "guided.mp4"
+    argv = ["generate", "a lighthouse", "-o", str(mp4), "--model", str(tiny_checkpoint), "--duration", "4",
+            "--steps", "1", "--guide", "-1=" + str(image), "--guide", f"36={tone}"]
+    assert main(argv) == 0
+    streams = _ffprobe(mp4)
+    assert int(streams["video"]["nb_read_frames"]) == 107 and streams["audio"]["sample_rate"] == "32000"
+    err = _refused(capsys, *argv[:-4], "--guide", f"107={image}")
+    assert "timeline_guides[0].frame_index: 107 places" in err and len(err.strip().splitlines()) == 1
+    err = _refused(capsys, *argv[:-4], "--guide", "frame=x.png")
+    assert "--guide: expects INDEX=FILE" in err

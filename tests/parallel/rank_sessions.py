@@ -10,10 +10,12 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
+from h3serve.model.pipeline_types import StageClock, Target
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.local import LocalEngine
+from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rules.validate import GenerationPlan
 from h3serve.tools.demo_eval import DemoEvaluator
 from h3serve.tools.demo_model import DEMO_PROMPT
@@ -53,21 +55,37 @@ def _summary(engine: LocalEngine, keep_video: bool, several: bool = False) -> di
     }
 
 
+def guided_latents(engine: LocalEngine, plan: GenerationPlan) -> dict:
+    """A plan with timeline guides on this engine, its media decoded on this rank: the target latents (no decode)."""
+    pipeline = engine.pipeline
+    clock = StageClock(torch.device("cpu"))
+    enc = pipeline.encode(plan, load_conditioning(plan, engine.defaults), clock)
+    video, audio = pipeline.sampler.sample(plan, enc, pipeline.components.transformer, Target.of(plan), plan.seed,
+                                           clock, None)
+    return {"video_latents": video, "audio_latents": audio, "condition_rows": enc.layout.num_video_condition_rows,
+            "audio_condition_rows": enc.layout.num_audio_reference_rows}
+
+
 def pipeline_cases(
     rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]], tile_decodes: bool = False,
-    several: bool = False,
+    several: bool = False, guided: GenerationPlan | None = None, guided_cases: tuple[str, ...] = (),
 ) -> dict:
     """Rank 0 first runs the one-rank reference (same thread count), then every rank runs each layout
     (and, with `tile_decodes`, the standalone VAE tile-parallel decodes; with `several`, each layout also runs
-    two outputs as one batch)."""
+    two outputs as one batch; the `guided` plan (timeline guides) on one rank and in the `guided_cases` layouts)."""
     out = {}
     if tile_decodes:
         out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
     if rank == 0:  # the other ranks wait for it in the next case's first collective
-        out["reference"] = _summary(LocalEngine(_config(checkpoint), 0, 1), keep_video=True)
+        engine = LocalEngine(_config(checkpoint), 0, 1)
+        out["reference"] = _summary(engine, keep_video=True)
+        if guided is not None:
+            out["reference"]["guided"] = guided_latents(engine, guided)
     for name, overrides in cases:
         engine = LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world)
         out[name] = _summary(engine, keep_video=name.startswith("vae"), several=several)
+        if guided is not None and name in guided_cases:
+            out[name]["guided"] = guided_latents(engine, guided)
         del engine
     return out
 

@@ -1,8 +1,8 @@
 """Every parallel layout against one rank, end to end on the tiny checkpoint (gloo ranks, 1 thread each).
 
 Two sessions: 2 ranks (TP2, U2, R2, text-encoder TP2, VAE tile PP2, TP2 and U2 compiled, standalone tile
-decodes) and 4 ranks (U2×R2, TP2×U2, each also with two outputs as one batch). The packed sequence (629 rows) is
-divisible by none of the degrees, so padding is always exercised.
+decodes; TP2 and U2 also with timeline guides) and 4 ranks (U2×R2, TP2×U2, each also with two outputs as one
+batch). The packed sequence (629 rows) is divisible by none of the degrees, so padding is always exercised.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from rank_harness import run_ranks
+from rank_plans import guided_plan
 from rank_sessions import packed_length, pipeline_cases, plan_for
 
 from h3serve.checkpoint.resolver import read_layout
@@ -45,9 +46,14 @@ APPLIED = {
 }
 
 
+GUIDED_CASES = ("tp2", "u2")
+
+
 @pytest.fixture(scope="module")
-def two_ranks(parallel_checkpoint):
-    return run_ranks(2, pipeline_cases, parallel_checkpoint, TWO_RANK_CASES, True)
+def two_ranks(parallel_checkpoint, tmp_path_factory):
+    guided = guided_plan(tmp_path_factory.mktemp("guides"), read_layout(parallel_checkpoint).defaults())
+    assert [(g.start, g.frames, g.audio_latents) for g in guided.guides] == [(37, 1, 0), (102, 5, 0), (12, 0, 20)]
+    return run_ranks(2, pipeline_cases, parallel_checkpoint, TWO_RANK_CASES, True, False, guided, GUIDED_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +66,9 @@ def test_packed_length_is_not_divisible_by_any_degree(parallel_checkpoint):
     assert length == 629 and all(length % d for d in (2, 3, 4))
 
 
-def _check_latents(reference: dict, got: dict, name: str) -> None:
-    assert got["applied"] == APPLIED[name]
+def _check_latents(reference: dict, got: dict, name: str, applied: bool = True) -> None:
+    if applied:
+        assert got["applied"] == APPLIED[name]
     for key in ("video_latents", "audio_latents"):
         ref, mine = reference[key], got[key]
         assert mine.shape == ref.shape
@@ -74,6 +81,19 @@ def _check_latents(reference: dict, got: dict, name: str) -> None:
 def test_two_rank_layouts_match_one_rank(two_ranks, name):
     for rank in two_ranks:  # every rank ends with the same latents
         _check_latents(two_ranks[0]["reference"], rank[name], name)
+
+
+@pytest.mark.parametrize("name", GUIDED_CASES)
+def test_a_request_with_timeline_guides_matches_one_rank(two_ranks, name):
+    """Guide rows (an image and a clip's two latent frames, near clean; a sound, clean) and their fractional RoPE times
+    are packed, padded and split like any other rows."""
+    reference = two_ranks[0]["reference"]["guided"]
+    assert reference["condition_rows"] == (1 + 2) * 2 * 4  # latent frames x (4/2)·(8/2) rows on the 64x128 canvas
+    assert reference["audio_condition_rows"] == 2 * 20  # half a second: 20 latents per channel
+    for rank in two_ranks:
+        _check_latents(reference, rank[name]["guided"], name, applied=False)
+    unguided = two_ranks[0]["reference"]["video_latents"]
+    assert (reference["video_latents"] - unguided).abs().max() > 0.1  # the guides take part
 
 
 @pytest.mark.parametrize("name", [name for name, _ in FOUR_RANK_CASES])
