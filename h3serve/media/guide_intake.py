@@ -57,7 +57,9 @@ def _format(ref: MediaRef, field: str) -> Format:
     kind = ref.kind or "image"
     if fmt is None or fmt.kind != kind:
         found = "not a recognised media file" if fmt is None else f"a {fmt.kind} file ({fmt.label})"
-        raise MediaFormatError(ref.name, field, f"declared as a {kind} guide, but the file is {found}", ACCEPTED[kind])
+        article = "an" if kind == "image" or kind == "audio" else "a"
+        raise MediaFormatError(ref.name, field, f"declared as {article} {kind} guide, but the file is {found}",
+                               ACCEPTED[kind])
     if fmt.name not in (IMAGE_FORMATS if kind == "image" else _CONTAINERS[kind]):
         raise MediaFormatError(ref.name, field, f"unsupported {kind} format {fmt.label}", ACCEPTED[kind])
     return fmt
