@@ -4,7 +4,9 @@ pixels and samples with h3serve.tools.demo_world.checks (the tests and docs/demo
 Cases per seed (deterministic): T2VA cycles the five motions with both sounds and the four colours; FL2VA places the
 object at a random start with a first keyframe; Ref2VA takes the colour from a reference image and the pitch from a
 reference sound; a continuation of three 4 s windows keeps the object, its colour and its motion in each window; a
-latent-mask edit repaints the object inside a band mask and keeps the source outside it.
+latent-mask edit repaints the object inside a band mask and keeps the source outside it; timeline guides put the
+object of an image guide's colour at its place at the guide's mid-clip frame (counted from the end for odd seeds), and
+a sound guide of the other pitch sets the pitch from that frame on.
 """
 
 from __future__ import annotations
@@ -20,22 +22,25 @@ from PIL import Image
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.media.mp4 import rgb8
-from h3serve.model.conditioning import AudioReference, normalize_image_reference
+from h3serve.model.conditioning import AudioReference, GuideMedia, normalize_image_reference
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.checkpoint import load_components
 from h3serve.rules import limits
 from h3serve.rules.edit_mask import LatentMask
-from h3serve.rules.request import GenerationRequest
+from h3serve.rules.guides import GuideProbe
+from h3serve.rules.request import GenerationRequest, MediaRef, TimelineGuide
 from h3serve.rules.validate import ModelDefaults, validate
 from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_STEPS
 from h3serve.tools.demo_world import checks, world
 from h3serve.tools.demo_world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
 
-TASKS = ("t2va", "fl2va", "ref2va", "continuation", "edit")
+TASKS = ("t2va", "fl2va", "ref2va", "continuation", "edit", "guides")
 CONTINUATION_WINDOW_FRAMES = 107
 CONTINUATION_DURATION_S = 11.5  # 277 frames: three 107-frame windows overlapping by 22
 EDIT_KEEP_MIN_PSNR = 25.0  # dB, outside the mask, against the source
+GUIDE_FIRST_FRAME, GUIDE_FRAME_SPAN = 24, 60  # guides: frame k in 24..83 of the 107, away from either end
+SAMPLES_PER_AUDIO_LATENT = limits.AUDIO_SAMPLE_RATE // limits.AUDIO_LATENTS_PER_SECOND
 
 
 @dataclass
@@ -146,6 +151,36 @@ class DemoEvaluator:
         result = {"color": checks.measure_color(video) == attrs.color, "kept": kept >= EDIT_KEEP_MIN_PSNR,
                   "motion": checks.measure_motion(video) == attrs.motion}
         return Case("edit", seed, plan.prompt, result)
+
+
+    def guides(self, seed: int) -> Case:
+        """An image guide at a mid-clip frame k (a frame of a world clip with a random start; counted from the end for
+        odd seeds) and a sound guide of the other pitch than the prompt's from frame k: at output frame k the object
+        of the guide's colour at the guide's place, and from frame k on the guide's pitch."""
+        attrs = case_attributes(seed)
+        plan = self.plan(prompt_for(attrs), seed)
+        frames = plan.num_frames
+        k = GUIDE_FIRST_FRAME + (seed * 13) % GUIDE_FRAME_SPAN
+        scene = world.sample_scene(np.random.default_rng(3000 + seed), "fl2va", plan.width, plan.height, frames, attrs)
+        picture = world.render_video(scene)[k]
+        other = SOUNDS[1 - SOUNDS.index(attrs.sound)]
+        sound = world.reference_audio(other, (frames - k) / limits.FPS)
+        index = k if seed % 2 == 0 else k - frames
+        request = GenerationRequest(  # the rules place the guides (the media are in memory: probes stand for files)
+            prompt=plan.prompt, duration_s=DEMO_DURATION_S, steps=self.steps, seed=seed,
+            guides=(TimelineGuide(index, MediaRef(Path("guide.png"), "guide.png", "image"),
+                                  MediaRef(Path("guide.wav"), "guide.wav", "audio")),),
+        )
+        samples = sound.shape[1]
+        probe = GuideProbe(1, 1, plan.width * plan.height, samples, -(-samples // SAMPLES_PER_AUDIO_LATENT))
+        guided = validate(request, self.defaults, guide_probes=(probe,))
+        placed = guided.guides[0]
+        guide = GuideMedia(placed.start, picture[None], torch.from_numpy(sound), placed.audio_latents)
+        video, audio = self.generate(guided, Conditioning(guides=[guide]))
+        result = checks.check_guide_frame(video, placed.start, picture)
+        start = round(placed.start * limits.AUDIO_SAMPLE_RATE / limits.FPS)
+        result["pitch_from_frame"] = checks.measure_pitch(audio[:, start:]) == other
+        return Case("guides", seed, plan.prompt, result)
 
 
 def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.ndarray:

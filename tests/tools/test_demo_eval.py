@@ -47,4 +47,5 @@ def test_every_task_reports_its_checks(cases):
     assert cases["continuation"].checks["windows"] is True
     assert {k.split("_")[0] for k in cases["continuation"].checks} == {"windows", "window0", "window1", "window2"}
     assert set(cases["edit"].checks) == {"color", "kept", "motion"}
+    assert set(cases["guides"].checks) == {"placed", "color", "pitch_from_frame"}
     assert cases["ref2va"].prompt == "the ball from the reference image moving right, with the reference sound"

@@ -1,28 +1,41 @@
 """Training examples for the demo DiTs, laid out by the pipeline's own first stage.
 
 Every example goes through the functions a request goes through (`keyframes_encoded`, `reference_media`,
-`presentation`, `reference_encoded`, the condition recipe `encode_visual_condition`), so the token layouts, RoPE
-positions, row roles and text states the DiT learns on are exactly those of T2VA, FL2VA, Ref2VA and a continuation
-window. Targets are the VAEs' normalised posterior means of the world's clips.
+`presentation`, `reference_encoded`, `guides_encoded`, the condition recipe `encode_visual_condition`), so the token
+layouts, RoPE positions, row roles and text states the DiT learns on are exactly those of T2VA, FL2VA, Ref2VA, a
+continuation window and timeline guides. Targets are the VAEs' normalised posterior means of the world's clips.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import astuple, dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
-from h3serve.model.conditioning import AudioReference, encode_audio_condition, normalize_image_reference
-from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
+from h3serve.model.conditioning import (
+    AudioReference,
+    GuideMedia,
+    encode_audio_condition,
+    normalize_image_reference,
+)
+from h3serve.model.encode_inputs import (
+    guides_encoded,
+    keyframes_encoded,
+    presentation,
+    reference_encoded,
+    reference_media,
+)
 from h3serve.model.layout import Layout, ReferenceBlock, patchify
 from h3serve.model.pipeline_types import H3Components, LatentGuide, StageClock, Target
 from h3serve.rules import geometry, limits
+from h3serve.rules.guides import guide_audio_latents, guide_start
 from h3serve.rules.long_video import plan_windows
 from h3serve.tools.demo_training.vaes import normalised_pixels
 from h3serve.tools.demo_world import world
-from h3serve.tools.demo_world.grammar import prompt_for
+from h3serve.tools.demo_world.grammar import SOUNDS, prompt_for
 
 CONTINUATION_OVERLAP_FRAMES = limits.DEFAULT_OVERLAP_FRAMES  # 22: the guide is 7 latent frames
 
@@ -31,7 +44,7 @@ CONTINUATION_OVERLAP_FRAMES = limits.DEFAULT_OVERLAP_FRAMES  # 22: the guide is 
 class Example:
     """One laid-out training example: conditions clean (the trainer noise-augments them as the sampler does)."""
 
-    kind: str  # t2va | fl2va | ref2va | plain | continuation
+    kind: str  # t2va | fl2va | ref2va | plain | continuation | guides
     prompt: str
     text_states: torch.Tensor  # [1, L, text_dim]
     layout: Layout
@@ -183,6 +196,43 @@ class ExampleBuilder:
                                     _stack(enc.audio_rows, self.audio_dim), patchify(video), target_audio,
                                     click_rows=click_rows(clip.scene, window.audio_start, window.audio_latents)))
         return examples
+
+
+    def guides(self, clip: Clip, frame_index: int, switch_sound: bool = False) -> Example:
+        """T2VA with timeline guides taken from the clip (its object at a random start, so only the guide says where
+        it is): the clip's frame at `frame_index` (a mid-clip frame, counted from the end when negative) as an image
+        guide there, and with `switch_sound` a sound guide from that frame: the soundtrack switches there to the other
+        pitch than the prompt's, which the sound guide holds, so the guide sets the pitch from its frame on.
+
+        The layout is a request's (`guides_encoded`, `keyframes_encoded`): the guide's rows after the text, at T0 +
+        (5/3)·its frame; examples of one frame index share one layout (the trainer batches by layout)."""
+        attrs = clip.scene.attrs
+        prompt = prompt_for(attrs)
+        frames = clip.frames.shape[0]
+        start = guide_start(frame_index, frames)
+        if not 0 <= start < frames:
+            raise ValueError(f"frame index {frame_index} is outside the clip's {frames} frames")
+        target = self._target(frames)
+        wave = clip.wave
+        sound = None
+        if switch_sound:
+            switched = dataclasses.replace(attrs, sound=SOUNDS[1 - SOUNDS.index(attrs.sound)])
+            other = dataclasses.replace(clip.scene, attrs=switched)
+            cut = round(start * limits.AUDIO_SAMPLE_RATE / limits.FPS)
+            wave = np.concatenate([clip.wave[:, :cut], world.render_audio(other, clip.wave.shape[1])[:, cut:]], axis=1)
+            sound = torch.from_numpy(np.ascontiguousarray(wave[:, cut:]))
+        latents = guide_audio_latents(start, frames) if sound is not None else 0
+        media = GuideMedia(start, clip.frames[start][None], sound, latents)
+        guides = guides_encoded(self.components, torch.device("cpu"), [media], self.clock)
+        plan = _Plan(prompt, *astuple(target))
+        enc = keyframes_encoded(self.components, torch.device("cpu"), plan, [], (), self.clock, guides)
+        video, audio = self._targets(clip)
+        if switch_sound:
+            audio = encode_audio_condition(self.components.audio_vae, torch.from_numpy(np.ascontiguousarray(wave)))
+        conditions = _stack([patchify(z) for z in enc.visual], self.patch_dim)
+        references = _stack(enc.audio_rows, self.audio_dim)
+        return Example("guides", prompt, enc.text_states, enc.layout, conditions, references, video, audio,
+                       click_rows=click_rows(clip.scene, 0, target.audio_latents))
 
 
 @dataclass(frozen=True)

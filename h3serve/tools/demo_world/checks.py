@@ -267,6 +267,21 @@ def check_keyframe(video: np.ndarray, keyframe: np.ndarray) -> bool:
     return distance <= object_size(height) / 2
 
 
+def check_guide_frame(video: np.ndarray, frame: int, guide: np.ndarray) -> dict[str, bool]:
+    """A timeline guide's image at output frame `frame`: that frame shows an object of the guide's named colour
+    ("color") with its centre within size / 2 of the guide's object's ("placed"). No PSNR: the rest of the frame is
+    background either way, and a frame mid-motion may blur the object's edge."""
+    shown, wanted = _object_in(_check_video(video)[frame]), _object_in(np.asarray(guide))
+    if wanted is None:
+        raise ValueError("the guide image shows no object")
+    if shown is None:
+        return {"placed": False, "color": False}
+    height, width = guide.shape[:2]
+    offset = shown[0] - wanted[0]
+    distance = math.hypot(_wrapped(offset[0], width), _wrapped(offset[1], height))
+    return {"placed": distance <= object_size(height) / 2, "color": shown[1] == wanted[1]}
+
+
 # -- audio ------------------------------------------------------------------------------------------------------------
 
 

@@ -275,3 +275,48 @@ def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path, demo_
     assert tuple(result.video.shape) == (107, 64, 128, 3) and torch.isfinite(result.audio).all()
     with pytest.raises(FileExistsError):
         train_demo(out, recipe, progress=False)
+
+
+def test_guide_examples_are_a_guided_requests_own_layout(demo_random, tmp_path):
+    """A guide example (a mid-clip frame counted from the end, with a sound that switches the pitch there) is laid
+    out as the same request through the server's path (its files written, planned, decoded and encoded): the same
+    packed rows, the same picture rows, the sound's rows to within its 16-bit WAV."""
+    import wave
+
+    from h3serve.engine.planning import plan_request
+    from h3serve.model.conditioning import encode_audio_condition
+    from h3serve.rank.media_conditioning import load_conditioning
+    from h3serve.rules.request import MediaRef, TimelineGuide
+
+    components, defaults = demo_random
+    builder = ExampleBuilder(components, 128, 64, defaults.reference_image_short_edge)
+    clip = render(world.sample_scene(np.random.default_rng(3), "fl2va", 128, 64, 107, ATTRS))
+    example = builder.guides(clip, -40, switch_sound=True)  # frame 67
+    assert example.kind == "guides" and example.conditions.shape == (2 * 4, 96)
+    audio_latents = (3 * 178 - 5 * 67) // 3
+    assert example.audio_references.shape == (2 * audio_latents, 32)
+    unswitched = encode_audio_condition(components.audio_vae, torch.from_numpy(clip.wave))
+    assert torch.equal(example.audio[:40], unswitched[:40]) and not torch.equal(example.audio, unswitched)
+
+    picture = tmp_path / "frame.png"
+    from PIL import Image
+
+    Image.fromarray(clip.frames[67]).save(picture)
+    cut = round(67 * 32_000 / 24)
+    other = dataclasses.replace(clip.scene, attrs=dataclasses.replace(ATTRS, sound="high beep"))
+    sound = world.render_audio(other, clip.wave.shape[1])[:, cut:]
+    with wave.open(str(tmp_path / "sound.wav"), "wb") as w:
+        w.setnchannels(2)
+        w.setsampwidth(2)
+        w.setframerate(32_000)
+        w.writeframes(np.round(sound.T * 32767).astype("<i2").tobytes())
+    guide = TimelineGuide(-40, MediaRef(picture, "frame.png", "image"),
+                          MediaRef(tmp_path / "sound.wav", "sound.wav", "audio"))
+    request = GenerationRequest(prompt=example.prompt, duration_s=4, steps=1, seed=0, guides=(guide,))
+    plan = plan_request(request, defaults)
+    encoded = H3Pipeline(components).encode(plan, load_conditioning(plan, defaults))
+    for field in ("token_tags", "position_ids", "video_indices", "audio_indices", "text_indices"):
+        assert torch.equal(getattr(encoded.layout.packed, field), getattr(example.layout.packed, field))
+    assert torch.equal(encoded.visual[0].flatten(), example.conditions.reshape(1, 2, 4, 24, 2, 2).permute(
+        0, 3, 1, 4, 2, 5).flatten())
+    assert (encoded.audio_rows[0] - example.audio_references).abs().max() < 0.05
