@@ -502,3 +502,46 @@ def test_latent_mask_edit_from_the_page(page, live, tmp_path):
     expect(page.locator("#video_noise_mask-error")).to_contain_text("values must be in [0, 1]")
     page.fill("#video-mask", "0")
     generate_and_wait(page)
+
+
+def test_timeline_guides_on_the_track_checked_and_sent(page, live):
+    """Guides on the timeline: an image at frame 36 (typed), a sound from a click near the track's end; a frame
+    outside the output is refused by the guide's own line before anything is sent; the job runs with the manifest
+    and one guide_files upload per guide (as the copied curl line shows)."""
+    fill(page, "a lantern swings in the wind")
+    page.locator("#guide-box summary").click()
+    page.fill("#guide-frame", "36")
+    page.get_by_label("Guide file").set_input_files(
+        [{"name": "lantern.png", "mimeType": "image/png", "buffer": png(96, 64, (220, 180, 40))}])
+    track = page.locator("#guide-track")
+    box = track.bounding_box()
+    track.click(position={"x": box["width"] - 2, "y": box["height"] / 2})  # the last frame
+    expect(page.locator("#guide-frame")).to_have_value(str(FRAMES_4S - 1))
+    page.get_by_label("Guide file").set_input_files([{"name": "wind.wav", "mimeType": "audio/wav", "buffer": wav(1)}])
+    markers = page.locator(".guide-marker")
+    expect(markers).to_have_count(2)
+    expect(markers.nth(0)).to_have_attribute("aria-label", "Guide 1: image at frame 36")
+    left = markers.nth(0).evaluate("el => parseFloat(el.style.left)")
+    assert left == pytest.approx(100 * 36 / FRAMES_4S, abs=0.01)
+    expect(page.locator("#guide-count")).to_have_text("(2 of at most 8)")
+
+    frame = page.get_by_label("Guide 1 frame (negative: from the end)")
+    frame.fill("107")
+    frame.dispatch_event("change")
+    first = page.locator("#guide-list li").nth(0)
+    expect(first.locator(".field-error")).to_have_text("frame 107 places 1 frame at 107..107, outside the output's "
+                                                       "frames 0..106")
+    before = len(jobs(live))
+    page.get_by_role("button", name="Generate").click()
+    expect(first.locator(".field-error")).to_contain_text("guide 1: frame 107 places")
+    assert len(jobs(live)) == before  # refused in the page
+    frame = page.get_by_label("Guide 1 frame (negative: from the end)")
+    frame.fill("-71")  # the same frame 36, counted from the end
+    frame.dispatch_event("change")
+    expect(page.locator("#guide-list li").nth(0).locator(".field-error")).to_be_empty()
+    assert_no_serious_violations(page)
+    generate_and_wait(page)
+    curl = copied(page, "Copy as curl")
+    manifest = '[{"frame_index":-71,"image":{"upload_index":0}},{"frame_index":106,"audio":{"upload_index":1}}]'
+    assert f"timeline_guides={manifest}" in curl
+    assert "-F 'guide_files=@lantern.png' -F 'guide_files=@wind.wav'" in curl

@@ -68,6 +68,7 @@ def page_config(ctx: Context) -> dict[str, Any]:
             "duration_s": limits.DEFAULT_DURATION_S,
             "aspect_ratio": "{}:{}".format(*limits.DEFAULT_ASPECT_RATIO),
         },
+        "guides": {"max_entries": d.guide_limits.max_entries, "max_unique_files": d.guide_limits.max_unique_files},
         "names": {"tasks": TASKS, "audio_modes": AUDIO_MODES, "long_video_modes": LONG_VIDEO_MODES,
                   "sample_solvers": SAMPLE_SOLVERS, "control_types": CONTROL_TYPES},
         "limits": {

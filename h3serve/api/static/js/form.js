@@ -2,6 +2,7 @@
 // description that the submission, the history and the curl / Python snippets all share, so the snippets
 // reproduce exactly what was sent.
 import { apiJson } from "./api.js";
+import { GuideTimeline } from "./guides.js";
 import { Inputs } from "./inputs.js";
 import { canvasForAspect, durationInfo, onGrid, parseAspect, ratioAllowed, sizeProblem } from "./rules.js";
 
@@ -39,6 +40,7 @@ export class CreateForm {
   constructor(config, onSubmit) {
     this.config = config;
     this.inputs = new Inputs(config, () => this.update());
+    this.guides = new GuideTimeline(config, () => this.update());
     const d = config.defaults;
     $("seconds").value = d.duration_s;
     $("steps").value = d.steps;
@@ -115,6 +117,7 @@ export class CreateForm {
     $("seconds-info").textContent = info
       ? `${seconds} s → ${info.frames} frames, ${info.seconds.toFixed(2)} s`
       : `between ${lo} and ${hi} s`;
+    this.guides.setFrames(info ? info.frames : 0);
     const explicit = $("size-mode").value === "size";
     $("size-field").hidden = !explicit;
     $("aspect-field").hidden = explicit;
@@ -160,6 +163,9 @@ export class CreateForm {
     for (const [name, id] of Object.entries(optional)) if ($(id).value.trim()) fields[name] = $(id).value.trim();
     if (!fields.seconds) delete fields.seconds;
     const { files, extra } = this.inputs.files(task);
+    const guides = this.guides.request();  // the manifest as JSON text, one guide_files upload per guide
+    if (guides.manifest) fields.timeline_guides = guides.manifest;
+    files.push(...guides.files);
     const audioShift = $("audio_flow_shift").value.trim();
     if (audioShift) extra.audio_flow_shift = Number(audioShift);
     const solver = $("sample_solver").value;
@@ -201,14 +207,15 @@ export class CreateForm {
       const max = this.config.limits.max_prompt_chars;
       problems.push(["prompt", `prompt: is ${codePoints(prompt)} characters long; the limit is ${max}`]);
     }
-    const bytes = this.inputs.files(this.task).files.reduce((sum, [, file]) => sum + file.size, 0);
+    const sent = [...this.inputs.files(this.task).files, ...this.guides.request().files];
+    const bytes = sent.reduce((sum, [, file]) => sum + file.size, 0);
     const cap = this.config.max_body_bytes;
     if (bytes > cap) {
       const message = `the files add up to ${(bytes / 2 ** 20).toFixed(1)} MiB; ` +
         `a request is at most ${cap / 2 ** 20} MiB`;
       problems.push([this.task === "ref2va" ? "references" : "keyframes", message]);
     }
-    return [...problems, ...this.inputs.problems(this.task)];
+    return [...problems, ...this.inputs.problems(this.task), ...this.guides.problems()];
   }
 
   clearErrors() {
@@ -220,7 +227,7 @@ export class CreateForm {
 
   // Show `message` next to the control the server's `param` names (else under the Generate button).
   showError(param, message) {
-    const mediaLine = this.inputs.errorElementFor(this.task, param);
+    const mediaLine = this.inputs.errorElementFor(this.task, param) || this.guides.errorElementFor(param);
     const controlParam = /^extra_params\.(canny|depth|hed|mlsd|pose|inpaint)\b/.test(param || "");
     const field = FIELD_OF_PARAM[param] || (controlParam ? "control" : undefined);
     const line = mediaLine || (field && $(`${field}-error`)) || $("form-error");
