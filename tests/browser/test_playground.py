@@ -504,7 +504,7 @@ def test_latent_mask_edit_from_the_page(page, live, tmp_path):
     generate_and_wait(page)
 
 
-def test_timeline_guides_on_the_track_checked_and_sent(page, live):
+def test_timeline_guides_on_the_track_checked_and_sent(page, live, screenshots):
     """Guides on the timeline: an image at frame 36 (typed), a sound from a click near the track's end; a frame
     outside the output is refused by the guide's own line before anything is sent; the job runs with the manifest
     and one guide_files upload per guide (as the copied curl line shows)."""
@@ -521,8 +521,8 @@ def test_timeline_guides_on_the_track_checked_and_sent(page, live):
     markers = page.locator(".guide-marker")
     expect(markers).to_have_count(2)
     expect(markers.nth(0)).to_have_attribute("aria-label", "Guide 1: image at frame 36")
-    left = markers.nth(0).evaluate("el => parseFloat(el.style.left)")
-    assert left == pytest.approx(100 * 36 / FRAMES_4S, abs=0.01)
+    left = markers.nth(0).evaluate("el => el.getBoundingClientRect().left - el.parentElement.getBoundingClientRect().left")
+    assert left == pytest.approx(box["width"] * 36 / FRAMES_4S, abs=2)  # at frame 36's place on the track
     expect(page.locator("#guide-count")).to_have_text("(2 of at most 8)")
 
     frame = page.get_by_label("Guide 1 frame (negative: from the end)")
@@ -539,6 +539,7 @@ def test_timeline_guides_on_the_track_checked_and_sent(page, live):
     frame.fill("-71")  # the same frame 36, counted from the end
     frame.dispatch_event("change")
     expect(page.locator("#guide-list li").nth(0).locator(".field-error")).to_be_empty()
+    page.locator("#guide-box").screenshot(path=screenshots / "guides.png")
     assert_no_serious_violations(page)
     generate_and_wait(page)
     curl = copied(page, "Copy as curl")

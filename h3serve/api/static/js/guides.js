@@ -88,9 +88,10 @@ export class GuideTimeline {
     marker.textContent = String(i + 1);
     marker.setAttribute("aria-label", `Guide ${i + 1}: ${info.kind || "file"} at frame ${start}`);
     const frames = Math.max(1, this.frames);
-    marker.style.left = `${(100 * Math.max(0, Math.min(start, frames - 1))) / frames}%`;
-    marker.style.width = info.kind === "audio"
-      ? `${(100 * Math.max(1, frames - start)) / frames}%` : `max(1.2rem, ${(100 * span) / frames}%)`;
+    const left = (100 * Math.max(0, Math.min(start, frames - 1))) / frames;
+    const width = (100 * (info.kind === "audio" ? Math.max(1, frames - start) : span)) / frames;
+    marker.style.left = `min(${left}%, calc(100% - 1.2rem))`;  // a marker at the last frame stays on the track
+    marker.style.width = `max(1.2rem, ${width}%)`;
     marker.addEventListener("click", () => $("guide-list").children[i]?.querySelector("input")?.focus());
     return marker;
   }
