@@ -55,7 +55,10 @@ def plan_largest(
 
 
 def longest_pass(plan: GenerationPlan) -> RequestShape:
-    """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window."""
+    """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window. A
+    timeline guide's latent frames count as condition images (each is one canvas-sized latent frame of rows)."""
     frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
     source = plan.num_frames if plan.source_video is not None or plan.extend_video is not None else 0
-    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source)
+    shape = RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source)
+    guide_frames = sum(guide.latent_frames for guide in plan.guides)
+    return replace(shape, condition_images=shape.images + guide_frames) if guide_frames else shape

@@ -178,7 +178,8 @@ class LocalEngine:
                                "this server serves no ControlNet (start it with --controlnet-model-path)")
         refusal = long_request_refusal(self.config, plan, device_memory_of(self.config, self.device))
         if refusal is not None:
-            field = "long_video_mode" if plan.long_video_mode is not None else "video"
+            field = ("long_video_mode" if plan.long_video_mode is not None else "timeline_guides" if plan.guides
+                     else "video")
             raise RequestError(field, f"this server cannot run the request: {refusal}")
         if self.lora is not None:
             self.lora.activate_for(plan)

@@ -173,10 +173,11 @@ def output_batch(config: EngineConfig, plan: GenerationPlan, device_memory: int 
 
 
 def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memory: int | None) -> str | None:
-    """The planner's verdict on a long video request (`long_video_mode` set), or one that encodes a source video (an
-    edit, an extension), before it starts: why its longest pass cannot fit the device, or None (it fits, the
-    start-up plan covers it, or the device size is unknown)."""
-    sourced = plan.source_video is not None or plan.extend_video is not None
+    """The planner's verdict on a long video request (`long_video_mode` set), one that encodes a source video (an
+    edit, an extension) or one with timeline guides (their rows lengthen the sequence), before it starts: why its
+    longest pass cannot fit the device, or None (it fits, the start-up plan covers it, or the device size is
+    unknown)."""
+    sourced = plan.source_video is not None or plan.extend_video is not None or bool(plan.guides)
     if (plan.long_video_mode is None and not sourced) or device_memory is None:
         return None
     shape = longest_pass(plan)
@@ -186,6 +187,7 @@ def long_request_refusal(config: EngineConfig, plan: GenerationPlan, device_memo
     return (
         f"its longest pass ({shape.num_frames} frames at {shape.width}x{shape.height}) needs "
         f"{verdict.peak_device_bytes / GiB:.2f} GiB + {verdict.headroom / GiB:.2f} GiB headroom on a "
-        f"{device_memory / GiB:.2f} GiB device; use fewer seconds, long_video_mode=continuation, a smaller size or "
-        "more offload (`h3serve plan` shows where the memory goes)"
+        f"{device_memory / GiB:.2f} GiB device; use fewer seconds, long_video_mode=continuation, a smaller size"
+        f"{', fewer or shorter timeline guides' if plan.guides else ''} or more offload (`h3serve plan` shows where "
+        "the memory goes)"
     )

@@ -123,6 +123,14 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
     assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
     assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
     assert long_request_refusal(config, ordinary, GiB // 4) is None
+    # Timeline guides lengthen the sequence by their latent frames' rows (each one canvas-sized latent frame, as a
+    # condition image): a guided request is put to the planner too.
+    from h3serve.rules.guides import PlacedGuide
+
+    guided = replace(ordinary, guides=(PlacedGuide(0, 1, MediaRef(Path("g.png"), "g.png", "image")),
+                                       PlacedGuide(100, 22, MediaRef(Path("c.mp4"), "c.mp4", "video"))))
+    assert longest_pass(guided).images == longest_pass(ordinary).images + 1 + 7
+    assert "fewer or shorter timeline guides" in long_request_refusal(config, guided, GiB // 4)
 
 
 def test_several_outputs_batch_as_many_as_the_planner_fits(tiny_checkpoint):
