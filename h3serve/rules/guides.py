@@ -20,6 +20,7 @@ Every refusal is a `RequestError` naming the entry (`timeline_guides[i]`) and th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Literal, get_args
 
 from h3serve.errors import RequestError
 from h3serve.rules import geometry, limits
+from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.guide_limits import GuideLimits
 from h3serve.rules.request import MediaKind, MediaRef, TimelineGuide
 
@@ -355,3 +357,21 @@ def _check_rows(placed: tuple[PlacedGuide, ...], ctx: GuideContext, guide_limits
     if packed > guide_limits.max_packed_rows:
         raise RequestError(FIELD, f"guides, keyframes and targets pack into {packed:,} rows; the limit is "
                                   f"{guide_limits.max_packed_rows:,}")
+
+
+def guide_capability(defaults: ModelDefaults) -> dict[str, object]:
+    """Timeline guides on a server, as its `GET /v1/models` card states them: whether they are served (and why not),
+    the request's fields, the limits, and what a request may not combine them with."""
+    card: dict[str, object] = {
+        "served": defaults.guide_refusal is None,
+        "fields": {"manifest": FIELD, "files": "guide_files", "sources": list(SOURCE_KEYS)},
+        "kinds": list(GUIDE_KINDS),
+        "limits": dataclasses.asdict(defaults.guide_limits),
+        "not_with": ["quality=high", "a distilled (pinned) schedule", "long_video_mode=continuation",
+                     "latent-mask edits", "control videos"],
+    }
+    if defaults.guide_refusal is not None:
+        card["reason"] = defaults.guide_refusal
+    if defaults.server_cache is not None:
+        card["quality"] = f"lossless (this server's --cache-backend {defaults.server_cache} runs when it is omitted)"
+    return card

@@ -240,3 +240,13 @@ def test_refused_combinations_name_the_reason():
 
 def test_the_intake_must_have_measured_every_guide():
     assert "not measured" in refused("timeline_guides", GUIDE, [])
+
+
+def test_the_model_card_states_whether_guides_are_served_and_their_limits():
+    from h3serve.rules.guides import guide_capability
+
+    card = guide_capability(ModelDefaults(guide_limits=GuideLimits(max_entries=3)))
+    assert card["served"] is True and card["limits"]["max_entries"] == 3 and "reason" not in card
+    assert card["fields"] == {"manifest": "timeline_guides", "files": "guide_files", "sources": ["upload_index", "url"]}
+    sparse = guide_capability(ModelDefaults(guide_refusal=attention_refusal("VIDEO_SPARSE_ATTN"), server_cache="x"))
+    assert sparse["served"] is False and "not dense" in sparse["reason"] and "lossless" in sparse["quality"]
