@@ -30,6 +30,24 @@ _MEDIA_URLS: dict[str, Any] = {
     "mask_reference": _url_objects("image_url"),
 }
 _BINARY = {"type": "string", "format": "binary"}
+_GUIDE_SOURCE = {"anyOf": [
+    {"type": "object", "properties": {"upload_index": {"type": "integer", "minimum": 0}}, "required": ["upload_index"],
+     "additionalProperties": False, "description": "the N-th guide_files upload (multipart)"},
+    {"type": "object", "properties": {"url": _URL}, "required": ["url"], "additionalProperties": False},
+]}
+_GUIDES = {
+    "type": "array",
+    "maxItems": limits.GUIDE_MAX_ENTRIES,
+    "items": {
+        "type": "object",
+        "properties": {"frame_index": {"type": "integer", "description": "output frame; negative counts from the end"},
+                       "image": _GUIDE_SOURCE, "video": _GUIDE_SOURCE, "audio": _GUIDE_SOURCE},
+        "required": ["frame_index"],
+        "additionalProperties": False,
+    },
+    "description": "timeline guides (docs/guides.md): an image, a clip or a sound at an output frame; each entry one "
+                   "picture (image or video) and/or one sound",
+}
 
 
 def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
@@ -93,11 +111,12 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
         fields["properties"]["model"]["enum"] = [served_model_name]
     rules = "; ".join(CROSS_FIELD_RULES.values())
     json_body = copy.deepcopy(fields)
-    json_body["properties"].update(_MEDIA_URLS)
+    json_body["properties"].update(_MEDIA_URLS, timeline_guides=_GUIDES)
     json_body["description"] = f"Rules no schema can state (each a 400 naming the field): {rules}."
     # Form bodies carry strings; the object fields go as JSON text or bracketed keys (extra_params[task]=ref2va).
     form = _form_fields(fields)
     form["properties"].update({k: {"type": "string", "pattern": _URL_PATTERN} for k in _MEDIA_URLS})
+    form["properties"]["timeline_guides"] = {"type": "string", "description": "the timeline guides as JSON text"}
     form["description"] = json_body["description"] + f" {_FORM_OBJECTS}"
     multipart = copy.deepcopy(form)
     multipart["properties"].update(
@@ -106,6 +125,7 @@ def create_body_schema(served_model_name: str | None = None) -> dict[str, Any]:
         control_reference=_BINARY,
         source_reference=_BINARY,
         mask_reference=_BINARY,
+        guide_files={"type": "array", "items": _BINARY, "maxItems": limits.GUIDE_MAX_UNIQUE_FILES},
     )
     return _request_body(json_body, form, multipart)
 

@@ -39,6 +39,7 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "required": ("missing_field", r"is required"),
     "form_json": ("invalid_json", r"invalid JSON"),
     "lora": ("invalid_value", r"^lora"),
+    "guides": ("invalid_value", r"^(timeline_guides|guide_files)"),
     "control": ("invalid_value", r"control type|control_path|source_path|mask_path|control needs|needs a mask|"
                                  r"T2VA requests only|control video cannot|control video runs"),
 }

@@ -109,6 +109,9 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "is read as a JSON list: either must then parse (code invalid_json)",
     "control": "one control type per request, with its media (inpaint: a mask; the others: a control video; a "
     "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path",
+    "guides": "timeline_guides: each frame_index places its guide inside the output (a clip keeps 1 or 5+17k frames), "
+    "each upload_index names a guide_files upload of that kind and every upload is used; not with quality=high, a "
+    "server cache with quality omitted, a distilled adapter, a continuation, an edit or a control video",
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
