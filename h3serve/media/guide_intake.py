@@ -73,10 +73,13 @@ class _Files:
     sizes: dict[str, int]
 
     def add(self, ref: MediaRef, field: str) -> None:
-        key = os.path.realpath(ref.path)
+        try:
+            key = os.path.realpath(ref.path)
+            size = os.stat(ref.path).st_size
+        except OSError as exc:
+            raise MediaDecodeError(ref.name, field, f"cannot read the file ({exc.strerror})", "a readable file") from None
         if key in self.sizes:
             return
-        size = os.stat(ref.path).st_size
         limit = self.guide_limits.max_bytes(ref.kind or "image")
         if size > limit:
             raise MediaLimitError(ref.name, field, f"file is {size:,} bytes", f"{ref.kind} guides at most "
