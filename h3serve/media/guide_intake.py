@@ -77,7 +77,8 @@ class _Files:
             key = os.path.realpath(ref.path)
             size = os.stat(ref.path).st_size
         except OSError as exc:
-            raise MediaDecodeError(ref.name, field, f"cannot read the file ({exc.strerror})", "a readable file") from None
+            reason_ = f"cannot read the file ({exc.strerror})"
+            raise MediaDecodeError(ref.name, field, reason_, "a readable file") from None
         if key in self.sizes:
             return
         limit = self.guide_limits.max_bytes(ref.kind or "image")
