@@ -117,3 +117,11 @@ def test_a_mono_sound_is_duplicated_to_stereo_at_32khz(tmp_path):
     assert wave_.shape == (2, 16_000) and wave_.dtype == np.float32
     assert np.array_equal(wave_[0], wave_[1])
     assert 0.45 < np.abs(wave_).max() < 0.5  # 16000 / 32768: duplicated, not scaled by 1/sqrt(2)
+
+
+def test_a_missing_file_is_a_media_error_naming_the_entry(tmp_path):
+    from h3serve.media.media_errors import MediaDecodeError
+
+    with pytest.raises(MediaDecodeError) as e:
+        probe_guides([TimelineGuide(0, MediaRef(tmp_path / "gone.png", "gone.png", "image"))], GuideLimits())
+    assert e.value.field == "timeline_guides[0].image" and "cannot read" in e.value.message
