@@ -228,7 +228,7 @@ def test_refused_combinations_name_the_reason():
     pinned = ModelDefaults(pinned_schedule=PinnedSchedule(owner="the Turbo LoRA t.safetensors", steps=4,
                                                           flow_shift=5.0))
     assert "distilled" in refused("timeline_guides", GUIDE, PROBE, pinned)
-    sparse = ModelDefaults(guide_refusal=attention_refusal("VIDEO_SPARSE_ATTN"))
+    sparse = ModelDefaults(guide_refusal=attention_refusal("FASTVIDEO_VSA"))
     assert "not dense" in refused("timeline_guides", GUIDE, PROBE, sparse)
     assert attention_refusal("TORCH_SDPA") is None and attention_refusal("FLASH_ATTN") is None
     message = refused("timeline_guides", GUIDE, PROBE, references=(IMAGE,), long_video=True, duration_s=20,
@@ -248,5 +248,5 @@ def test_the_model_card_states_whether_guides_are_served_and_their_limits():
     card = guide_capability(ModelDefaults(guide_limits=GuideLimits(max_entries=3)))
     assert card["served"] is True and card["limits"]["max_entries"] == 3 and "reason" not in card
     assert card["fields"] == {"manifest": "timeline_guides", "files": "guide_files", "sources": ["upload_index", "url"]}
-    sparse = guide_capability(ModelDefaults(guide_refusal=attention_refusal("VIDEO_SPARSE_ATTN"), server_cache="x"))
+    sparse = guide_capability(ModelDefaults(guide_refusal=attention_refusal("FASTVIDEO_VSA"), server_cache="x"))
     assert sparse["served"] is False and "not dense" in sparse["reason"] and "lossless" in sparse["quality"]
