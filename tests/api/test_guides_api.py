@@ -142,3 +142,19 @@ def test_a_manifest_that_is_not_json_and_guide_files_as_text_are_refused(client)
     assert "invalid JSON" in client.post("/v1/videos", files=parts).json()["error"]["message"]
     response = client.post("/v1/videos", json={**REQUEST, "guide_files": "a.png"})
     assert "must be file uploads" in error(response, "guide_files")
+
+
+def test_a_server_that_serves_no_guides_refuses_them_before_storing_anything(client, fake_server, monkeypatch):
+    import dataclasses
+
+    from h3serve.rules.guides import attention_refusal
+
+    sparse = dataclasses.replace(fake_server.executor.defaults, guide_refusal=attention_refusal("FASTVIDEO_VSA"))
+    monkeypatch.setattr(fake_server.executor, "defaults", sparse)
+    jobs_dir = fake_server.config.jobs_dir
+    before = sorted(p.name for p in jobs_dir.iterdir()) if jobs_dir.exists() else []
+    manifest = [{"frame_index": 0, "image": {"upload_index": 0}}]
+    response = client.post("/v1/videos", files=form(REQUEST, manifest, [("a.png", png())]))
+    assert "serves no timeline guides" in error(response, "timeline_guides") and "FASTVIDEO_VSA" in response.text
+    assert (sorted(p.name for p in jobs_dir.iterdir()) if jobs_dir.exists() else []) == before
+    assert client.post("/v1/videos", files=form({**REQUEST, "prompt": "no guides here"}, [], [])).status_code == 200

@@ -63,8 +63,10 @@ async def build_generation_request(
 ) -> tuple[GenerationRequest, dict[str, str]]:
     """The request to queue, with its media stored in the job's inputs and placed, and its adapter resolved; and
     how validation errors name each value (-> the field the client sent it in). 400/413 naming the field."""
-    guide_limits = ctx.manager.defaults.guide_limits
-    entries = manifest_entries(create.guides, guide_limits.max_entries, guide_limits.max_unique_files)
+    defaults = ctx.manager.defaults
+    guide_limits = defaults.guide_limits
+    entries = manifest_entries(create.guides, guide_limits.max_entries, guide_limits.max_unique_files,
+                               defaults.guide_refusal)
     guide_inputs = [MediaSource(field, None, upload=value) if isinstance(value, UploadFile)
                     else MediaSource(field, _kind_of(field), url=value)
                     for field, value in guide_sources(entries, create.guides.uploads)]

@@ -61,8 +61,13 @@ def read_guide_fields(body: RequestBody) -> GuideFields:
     return GuideFields(value, tuple(body.uploads.get(FILES_FIELD, [])))
 
 
-def manifest_entries(fields: GuideFields, max_entries: int, max_files: int) -> tuple[ManifestEntry, ...]:
-    """The manifest checked for shape (400 naming the entry and the rule); files without a manifest are refused."""
+def manifest_entries(
+    fields: GuideFields, max_entries: int, max_files: int, refusal: str | None = None
+) -> tuple[ManifestEntry, ...]:
+    """The manifest checked for shape (400 naming the entry and the rule); files without a manifest are refused, and
+    so are guides on a server that serves none (`refusal`: why), before any file is stored."""
+    if refusal is not None and fields.given and fields.manifest != []:
+        raise bad_request(f"{MANIFEST_FIELD}: this server serves no timeline guides: {refusal}", MANIFEST_FIELD)
     if fields.manifest is None:
         if fields.uploads:
             raise bad_request(f"{FILES_FIELD}: uploads need a {MANIFEST_FIELD} manifest that places them",
