@@ -11,7 +11,9 @@ import math
 import struct
 import wave
 
+import openai
 import pytest
+from api_servers import API_KEY
 from PIL import Image
 from waiting import wait_until
 
@@ -158,3 +160,21 @@ def test_a_server_that_serves_no_guides_refuses_them_before_storing_anything(cli
     assert "serves no timeline guides" in error(response, "timeline_guides") and "FASTVIDEO_VSA" in response.text
     assert (sorted(p.name for p in jobs_dir.iterdir()) if jobs_dir.exists() else []) == before
     assert client.post("/v1/videos", files=form({**REQUEST, "prompt": "no guides here"}, [], [])).status_code == 200
+
+
+def test_the_openai_sdk_and_indexed_form_fields_carry_the_manifest(client, fake_server):
+    """The OpenAI SDK: `extra_body={"timeline_guides": json.dumps([...])}` (JSON text, as vLLM-Omni takes it; the SDK
+    would flatten a list of objects key by key across entries). A form may also index the entries
+    (`timeline_guides[0][frame_index]=-22`): its leaves are text, and the manifest's integers are read there."""
+    url = "data:image/png;base64," + base64.b64encode(png()).decode()
+    guides = [{"frame_index": -22, "image": {"url": url}}, {"frame_index": 3, "image": {"url": url}}]
+    with openai.OpenAI(base_url=f"{fake_server.url}/v1", api_key=API_KEY, max_retries=0) as sdk:
+        video = sdk.videos.create(prompt="an sdk guide", seconds="4", size="128x64",
+                                  extra_body={"timeline_guides": json.dumps(guides), "num_inference_steps": 2})
+    assert video.status in ("queued", "in_progress", "completed")
+    assert [(g.start, g.frames) for g in planned(fake_server, "an sdk guide").guides] == [(85, 1), (3, 1)]
+    indexed = [(k, (None, v)) for k, v in {**REQUEST, "prompt": "indexed guides"}.items() if isinstance(v, str)]
+    indexed += [("timeline_guides[0][frame_index]", (None, "-22")), ("timeline_guides[0][image][upload_index]",
+                (None, "0")), ("guide_files", ("a.png", png()))]
+    assert client.post("/v1/videos", files=indexed).status_code == 200
+    assert planned(fake_server, "indexed guides").guides[0].start == 85

@@ -35,6 +35,7 @@ class RequestBody:
 
     fields: dict[str, Any]
     uploads: dict[str, list[UploadFile]] = field(default_factory=dict)
+    form: bool = False  # a form body: every leaf is text (a JSON body keeps its types)
 
 
 class _ClosedMultiPartParser(MultiPartParser):
@@ -102,7 +103,7 @@ async def _multipart(request: Request, max_part_bytes: int, max_files: int) -> F
 
 def _form_body(pairs: list[tuple[str, Any]], uploads: dict[str, list[UploadFile]]) -> RequestBody:
     try:
-        return RequestBody(unflatten(pairs), uploads)
+        return RequestBody(unflatten(pairs), uploads, form=True)
     except BracketError as e:
         raise bad_request(str(e), param=base_name(e.key), code="invalid_body") from None
 

@@ -12,6 +12,7 @@ without guides. The files are stored with the job's other inputs; a file used by
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from h3serve.rules.request import MediaKind, MediaRef, TimelineGuide
 
 MANIFEST_FIELD = FIELD  # "timeline_guides"
 FILES_FIELD = "guide_files"
+INTEGER_KEYS = ("frame_index", "upload_index")
+_INTEGER = re.compile(r"[-+]?\d{1,18}")
 RESERVED_EXTRA_KEYS = {  # what extra_params may not carry, with why
     MANIFEST_FIELD: "is a top-level field (beside repeated guide_files uploads), not an extra_params key",
     "_minimax_h3_timeline_guides": "is reserved for the server (it holds the stored guide files' paths)",
@@ -58,7 +61,26 @@ def read_guide_fields(body: RequestBody) -> GuideFields:
                           'a {"url": ...}', FILES_FIELD)
     if isinstance(value, str):
         value = as_json(value, MANIFEST_FIELD)
+    elif body.form and value is not None:
+        value = _form_integers(value)
     return GuideFields(value, tuple(body.uploads.get(FILES_FIELD, [])))
+
+
+def _form_integers(value: Any) -> Any:
+    """A manifest sent as bracketed form fields (the OpenAI SDK's `extra_body` in a multipart body:
+    `timeline_guides[0][frame_index]=36`): its leaves are text, so the integer fields are read as integers there
+    (the JSON manifest keeps vLLM-Omni's strict types)."""
+    if isinstance(value, list):
+        return [_form_integers(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if key in INTEGER_KEYS and isinstance(item, str) and _INTEGER.fullmatch(item.strip()):
+            out[key] = int(item)
+        else:
+            out[key] = _form_integers(item)
+    return out
 
 
 def manifest_entries(

@@ -122,7 +122,7 @@ async def read_create_request(
     body, video = _split_video(body) if take_video else (body, None)
     guides = read_guide_fields(body)
     body = RequestBody({k: v for k, v in body.fields.items() if k != MANIFEST_FIELD},
-                       {k: v for k, v in body.uploads.items() if k != FILES_FIELD})
+                       {k: v for k, v in body.uploads.items() if k != FILES_FIELD}, body.form)
     fields = await run_in_threadpool(read_request_fields, body)  # JSON text in form fields, long strings
     sources = await run_in_threadpool(media_sources, body)
     return CreateRequest(fields, sources, fields.lora_field(), video, guides)
@@ -274,7 +274,7 @@ def _split_video(body: RequestBody) -> tuple[RequestBody, MediaSource | str | No
     value = fields.pop(VIDEO_FIELD, None)
     if len(files) + (value is not None) > 1:
         raise bad_request("video: give one file or one {\"id\": ...}", VIDEO_FIELD)
-    rest = RequestBody(fields, uploads)
+    rest = RequestBody(fields, uploads, body.form)
     if files:
         return rest, MediaSource(VIDEO_FIELD, "video", upload=files[0])
     if value is None:
