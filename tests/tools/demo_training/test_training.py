@@ -277,10 +277,11 @@ def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path, demo_
         train_demo(out, recipe, progress=False)
 
 
-def test_guide_examples_are_a_guided_requests_own_layout(demo_random, tmp_path):
+def test_guide_examples_are_a_guided_requests_own_layout(demo_random, tmp_path, monkeypatch):
     """A guide example (a mid-clip frame counted from the end, with a sound that switches the pitch there) is laid
     out as the same request through the server's path (its files written, planned, decoded and encoded): the same
-    packed rows, the same picture rows, the sound's rows to within its 16-bit WAV."""
+    packed rows, the same picture rows, the sound's rows to within its 16-bit WAV. (Both read the same
+    presentation; the text encoder answers zeros here, its states are not at stake.)"""
     import wave
 
     from h3serve.engine.planning import plan_request
@@ -289,6 +290,13 @@ def test_guide_examples_are_a_guided_requests_own_layout(demo_random, tmp_path):
     from h3serve.rules.request import MediaRef, TimelineGuide
 
     components, defaults = demo_random
+    read = []
+
+    def encode(ids, vision=None):
+        read.append(ids)
+        return torch.zeros(1, len(ids), 8)
+
+    monkeypatch.setattr(components.text, "encode", encode)
     builder = ExampleBuilder(components, 128, 64, defaults.reference_image_short_edge)
     clip = render(world.sample_scene(np.random.default_rng(3), "fl2va", 128, 64, 107, ATTRS))
     example = builder.guides(clip, -40, switch_sound=True)  # frame 67
@@ -315,6 +323,7 @@ def test_guide_examples_are_a_guided_requests_own_layout(demo_random, tmp_path):
     request = GenerationRequest(prompt=example.prompt, duration_s=4, steps=1, seed=0, guides=(guide,))
     plan = plan_request(request, defaults)
     encoded = H3Pipeline(components).encode(plan, load_conditioning(plan, defaults))
+    assert read[0] == read[1]  # the same presentation (guides never reach the text encoder)
     for field in ("token_tags", "position_ids", "video_indices", "audio_indices", "text_indices"):
         assert torch.equal(getattr(encoded.layout.packed, field), getattr(example.layout.packed, field))
     assert torch.equal(encoded.visual[0].flatten(), example.conditions.reshape(1, 2, 4, 24, 2, 2).permute(
