@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# `make demo`'s prompt is the package's (h3serve.tools.demo_model.DEMO_PROMPT), read once the venv exists.
-PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.tools.demo_model import DEMO_PROMPT; print(DEMO_PROMPT)')
+# `make demo`'s prompt is the package's (h3serve.demo.defaults.DEMO_PROMPT), read once the venv exists.
+PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.defaults import DEMO_PROMPT; print(DEMO_PROMPT)')
 
 .PHONY: demo test lint ffmpeg chromium postgresql venv clean
 
@@ -45,7 +45,7 @@ postgresql:
 	    echo "error: could not install postgresql with apt-get; install it by hand, then rerun make" >&2; \
 	    exit 1; }; }
 
-# The shipped demo checkpoint (h3serve/tools/demo_checkpoint): a tiny H3 trained on the demo world (README).
+# The shipped demo checkpoint (h3serve/demo/checkpoint): a tiny H3 trained on the demo world (README).
 demo: venv ffmpeg
 	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 4 --steps 20 --seed 0
 	@echo "wrote $$(pwd)/demo.mp4"

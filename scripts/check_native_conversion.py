@@ -33,7 +33,7 @@ from h3serve.rank.checkpoint import load_components
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import GenerationPlan, validate
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs
-from h3serve.tools.tiny_native import build_native_checkpoint
+from h3serve.tools.tiny.make_native import build_native_checkpoint
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 CANVAS_KEYS = ("canvas_short_edge", "canvas_max_pixels", "reference_image_short_edge")

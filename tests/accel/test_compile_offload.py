@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 
 def _engine(checkpoint, flags: str) -> LocalEngine:

@@ -28,10 +28,10 @@ from h3serve.api.app import create_app
 from h3serve.api.http_server import build_server
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
+from h3serve.entrypoints import serve as serve_cli
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.tools import serve_cli
 
 GRACE_S = 0.2  # --shutdown-grace
 REQUESTS_WAIT_S = 1.0  # uvicorn's timeout_graceful_shutdown (5 s in production): then it cancels the requests

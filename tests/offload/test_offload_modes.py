@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from h3serve.config import ConfigError
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.placement_plan import stages_for
@@ -20,7 +21,6 @@ from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.request import GenerationRequest, MediaRef
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 MODES = {
     "none": "",

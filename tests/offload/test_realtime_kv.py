@@ -14,7 +14,7 @@ from h3serve.offload.realtime import REALTIME_KV
 from h3serve.rank.checkpoint import load_components
 from h3serve.rank.placement import plan_for_engine, realtime_refusal
 from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 
 class _NoLora:

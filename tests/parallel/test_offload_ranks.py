@@ -18,7 +18,7 @@ from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import ADALN_MEMO
 from h3serve.rank.dit_pieces import BlockPieces
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from h3serve.rank.local import LocalEngine
 from h3serve.rank.realtime import generate_offline
 from h3serve.rules import realtime as rt
 from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import write_taomate_adapter
+from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
 pytestmark = pytest.mark.slow
 

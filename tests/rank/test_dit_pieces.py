@@ -25,7 +25,7 @@ from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.rank.checkpoint import load_transformer
 from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.rank.lora import LoraLinear, LoraScale, install_lora
-from h3serve.tools.tiny_adapter import write_fasth3_adapter
+from h3serve.tools.tiny.make_adapter import write_fasth3_adapter
 
 CPU = torch.device("cpu")
 BF16, PER_CHANNEL, PER_TENSOR = torch.bfloat16, ComponentQuant(), ComponentQuant(granularity="per_tensor")

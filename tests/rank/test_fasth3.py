@@ -14,7 +14,7 @@ from h3serve.adapters.fasth3 import adapter_path, is_fasth3_path, read_fasth3
 from h3serve.adapters.header import AdapterError
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.checkpoint import load_transformer
-from h3serve.tools.tiny_adapter import fasth3_metadata, fasth3_tensors, write_fasth3_adapter
+from h3serve.tools.tiny.make_adapter import fasth3_metadata, fasth3_tensors, write_fasth3_adapter
 
 CFG = {**SMALL_DIT, "in_channels": 24}
 
@@ -102,7 +102,7 @@ def test_a_fasth3_file_given_to_lora_path_is_fused_and_a_bad_one_is_refused(tiny
     import argparse
 
     from h3serve.config import ConfigError
-    from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
+    from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 
     cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
     good = write_fasth3_adapter(tmp_path / "good", cfg, rank=2)

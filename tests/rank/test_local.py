@@ -66,8 +66,8 @@ def test_a_pinned_denoise_row_chunk_reaches_every_block_and_keeps_the_output(tin
 
 
 def test_a_denoise_row_chunk_below_the_floor_is_refused():
+    from h3serve.entrypoints.engine_args import denoise_chunk_rows
     from h3serve.errors import ConfigError
-    from h3serve.tools.engine_args import denoise_chunk_rows
 
     assert denoise_chunk_rows(None) == "auto" and denoise_chunk_rows(" OFF ") is None
     assert denoise_chunk_rows("4096") == 4096

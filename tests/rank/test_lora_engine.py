@@ -21,7 +21,7 @@ from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 
 def _merge_into(dit, adapter, scale: float, alpha: float, rank: int) -> None:

@@ -20,7 +20,7 @@ from h3serve.config import EngineConfig
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError
-from h3serve.tools.tiny_adapter import save_file, write_pdd_adapter
+from h3serve.tools.tiny.make_adapter import save_file, write_pdd_adapter
 
 PROMPT = "a red ball moving left"
 

@@ -66,7 +66,7 @@ def test_auto_needs_a_device_size_on_cpu(tiny_checkpoint):
 
 def test_generate_refuses_at_start_up_with_one_line(tiny_checkpoint, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "h3serve.cli", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
+        [sys.executable, "-m", "h3serve", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
          "--model", str(tiny_checkpoint), "--device", "cpu", "--device-memory", "64MiB", "--steps", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

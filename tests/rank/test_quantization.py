@@ -19,12 +19,12 @@ from torch import nn
 from h3serve.accel.fp8 import FP8, Fp8Linear, quantize_fp8
 from h3serve.accel.quant_config import ComponentQuant, parse_quantization
 from h3serve.accel.quantize import selected_linears
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.offload.inventory import build_inventory
 from h3serve.offload.runtime import tensor_bytes
 from h3serve.rank.checkpoint import load_transformer
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 
 def _checkpoint_tensors(folder) -> dict[str, torch.Tensor]:

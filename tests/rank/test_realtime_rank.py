@@ -30,7 +30,7 @@ from h3serve.rank.realtime import Boundary, Inbox, generate_offline, realtime_ch
 from h3serve.rules import realtime as rt
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 
 @pytest.fixture(scope="module")

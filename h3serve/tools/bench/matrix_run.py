@@ -39,7 +39,7 @@ class BenchResult:
 def resolve_model(matrix: BenchMatrix) -> Path:
     if matrix.model:
         return Path(matrix.model).expanduser()
-    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+    from h3serve.tools.tiny.make_checkpoint import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(preset=matrix.preset)
 
@@ -84,7 +84,7 @@ def streams(engine: EngineSpec) -> bool:
 
 
 def _fidelity(reference: Any, raw_path: str, label: str) -> dict[str, Any]:
-    from h3serve.tools.compare import compare_clips, load_clip
+    from h3serve.tools.clip_compare import compare_clips, load_clip
 
     return {"reference": label, **compare_clips(reference, load_clip(raw_path)).to_json()}
 
@@ -107,7 +107,7 @@ class _Bench:
         self.first_raw: dict[tuple[str, Shape], tuple[str, str]] = {}  # (task, shape) -> (raw path, label)
         self.file_reference = None
         if matrix.reference not in ("peer", "first"):
-            from h3serve.tools.compare import load_clip
+            from h3serve.tools.clip_compare import load_clip
 
             self.file_reference = load_clip(matrix.reference)
 
@@ -225,7 +225,7 @@ class _Bench:
         return _jsonable(asdict(self.engine_config(engine)))
 
     def _add_fidelity(self, case: Case, records: list[dict[str, Any]]) -> None:
-        from h3serve.tools.compare import load_clip
+        from h3serve.tools.clip_compare import load_clip
 
         measured = [r for r in records if r["phase"] == "measured"]
         if self.m.reference == "peer":

@@ -41,7 +41,7 @@ def load_reference_pipeline(
     """`ModularPipeline` for `task`, with its processor assembled without torchvision."""
     from diffusers import ModularPipeline
 
-    from h3serve.tools.tiny_checkpoint import load_processor
+    from h3serve.tools.tiny.make_checkpoint import load_processor
 
     pipe = ModularPipeline.from_pretrained(str(checkpoint), workflow=task)
     pipe.load_components(names=COMPONENTS[task], torch_dtype=dtype)

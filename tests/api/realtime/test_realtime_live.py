@@ -21,7 +21,7 @@ from h3serve.media.fragments import FragmentWriter
 from h3serve.rank.local import LocalEngine
 from h3serve.rank.realtime import generate_offline
 from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 KEY = "live-realtime-key"
 pytestmark = pytest.mark.slow  # a server with rank processes
