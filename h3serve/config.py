@@ -88,7 +88,7 @@ class EngineConfig:
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
     # --realtime-lora: TaoMate-H3's causal-streaming LoRA directory (h3serve.adapters.taomate); enables real-time
-    # sessions (h3serve.rank.realtime) on the T2VA DiT, applied unmerged beside any per-request LoRA.
+    # sessions (h3serve.rank.realtime_loop) on the T2VA DiT, applied unmerged beside any per-request LoRA.
     realtime_lora: str | None = None
     # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
     # forward computes its modulations.

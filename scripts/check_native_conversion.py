@@ -26,10 +26,10 @@ import torch
 from PIL import Image
 
 from h3serve.checkpoint.resolver import read_json, read_layout
+from h3serve.loading.components import load_components
 from h3serve.model.conditioning import normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.rank.checkpoint import load_components
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import GenerationPlan, validate
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs

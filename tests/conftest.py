@@ -37,8 +37,8 @@ def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
     from h3serve.checkpoint.resolver import read_layout
+    from h3serve.loading.components import load_components
     from h3serve.model.pipeline import H3Pipeline
-    from h3serve.rank.checkpoint import load_components
 
     layout = read_layout(tiny_checkpoint)
     return H3Pipeline(load_components(layout)), layout.defaults()

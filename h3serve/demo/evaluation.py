@@ -22,11 +22,11 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_STEPS
 from h3serve.demo.world import checks, world
 from h3serve.demo.world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
+from h3serve.loading.components import load_components
 from h3serve.media.mp4 import rgb8
 from h3serve.model.conditioning import AudioReference, normalize_image_reference
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.rank.checkpoint import load_components
 from h3serve.rules import limits
 from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.request import GenerationRequest
@@ -39,7 +39,7 @@ EDIT_KEEP_MIN_PSNR = 25.0  # dB, outside the mask, against the source
 
 
 @dataclass
-class Case:
+class EvalCase:
     """One generated request and what was measured on it."""
 
     task: str
@@ -79,16 +79,16 @@ class DemoEvaluator:
         result = self.pipeline.generate(plan, conditioning)
         return rgb8(result.video.numpy()), result.audio.numpy()
 
-    def run(self, task: str, seed: int) -> Case:
+    def run(self, task: str, seed: int) -> EvalCase:
         return getattr(self, task)(seed)
 
-    def t2va(self, seed: int) -> Case:
+    def t2va(self, seed: int) -> EvalCase:
         attrs = case_attributes(seed)
         prompt = prompt_for(attrs)
         video, audio = self.generate(self.plan(prompt, seed))
-        return Case("t2va", seed, prompt, checks.check_t2va(video, audio, attrs))
+        return EvalCase("t2va", seed, prompt, checks.check_t2va(video, audio, attrs))
 
-    def fl2va(self, seed: int) -> Case:
+    def fl2va(self, seed: int) -> EvalCase:
         attrs = case_attributes(seed)
         plan = self.plan(prompt_for(attrs), seed)
         scene = world.sample_scene(np.random.default_rng(1000 + seed), "fl2va", plan.width, plan.height, 1, attrs)
@@ -96,9 +96,9 @@ class DemoEvaluator:
         cond = Conditioning(keyframes=[Image.fromarray(keyframe)], anchors=("first",))
         video, audio = self.generate(dataclasses.replace(plan, task="fl2va"), cond)
         result = checks.check_t2va(video, audio, attrs)
-        return Case("fl2va", seed, plan.prompt, {"keyframe": checks.check_keyframe(video, keyframe), **result})
+        return EvalCase("fl2va", seed, plan.prompt, {"keyframe": checks.check_keyframe(video, keyframe), **result})
 
-    def ref2va(self, seed: int) -> Case:
+    def ref2va(self, seed: int) -> EvalCase:
         attrs = case_attributes(seed)
         prompt = prompt_for(attrs, reference_image=True, reference_sound=True)
         image = Image.fromarray(world.reference_image(attrs.color, attrs.shape))
@@ -108,9 +108,9 @@ class DemoEvaluator:
         ]
         plan = dataclasses.replace(self.plan(prompt, seed), task="ref2va")
         video, audio = self.generate(plan, Conditioning(references=refs))
-        return Case("ref2va", seed, prompt, checks.check_t2va(video, audio, attrs))
+        return EvalCase("ref2va", seed, prompt, checks.check_t2va(video, audio, attrs))
 
-    def continuation(self, seed: int) -> Case:
+    def continuation(self, seed: int) -> EvalCase:
         """Three windows: in each window's own frames the same colour and the prompt's motion."""
         attrs = case_attributes(seed)
         prompt = prompt_for(attrs)
@@ -126,9 +126,9 @@ class DemoEvaluator:
             a1 = round(window.end * limits.AUDIO_SAMPLE_RATE / limits.FPS)
             part = checks.check_t2va(video[window.start : window.end], audio[:, a0:a1], attrs)
             result.update({f"window{window.index}_{name}": ok for name, ok in part.items()})
-        return Case("continuation", seed, prompt, result)
+        return EvalCase("continuation", seed, prompt, result)
 
-    def edit(self, seed: int) -> Case:
+    def edit(self, seed: int) -> EvalCase:
         """A source clip of the world re-coloured inside a band mask over the object's path (its latent rows for a
         left/right motion, its latent columns otherwise): the object takes the prompt's new colour, and the source
         is kept outside the band."""
@@ -145,7 +145,7 @@ class DemoEvaluator:
         kept = checks.psnr(video[:, ~pixels], source[:, ~pixels]) if (~pixels).any() else float("inf")
         result = {"color": checks.measure_color(video) == attrs.color, "kept": kept >= EDIT_KEEP_MIN_PSNR,
                   "motion": checks.measure_motion(video) == attrs.motion}
-        return Case("edit", seed, plan.prompt, result)
+        return EvalCase("edit", seed, plan.prompt, result)
 
 
 def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.ndarray:
@@ -162,11 +162,11 @@ def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.nd
     return mask
 
 
-def evaluate(evaluator: DemoEvaluator, task: str, seeds: range) -> list[Case]:
+def evaluate(evaluator: DemoEvaluator, task: str, seeds: range) -> list[EvalCase]:
     return [evaluator.run(task, seed) for seed in seeds]
 
 
-def summarize(cases: list[Case]) -> dict:
+def summarize(cases: list[EvalCase]) -> dict:
     """One task's cases as docs/demo_world.md tables them: how many are right, how often each check is wrong, and
     the seeds of the cases that are not right."""
     wrong: dict[str, int] = {}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from h3serve.engine.output import GenerationOutput
 from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
 from h3serve.media.previews import output_file_name, output_prefix, preview_indices, write_previews
+from h3serve.messages import GenerationOutput
 
 
 def discard_files(output: GenerationOutput) -> None:

@@ -164,7 +164,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     """`--replicas`: jobs per minute by replica count (see `h3serve.tools.bench.throughput`)."""
     from h3serve.engine.executor import EngineError
     from h3serve.errors import ConfigError
-    from h3serve.tools.bench.throughput import Layout, measure, summary
+    from h3serve.tools.bench.throughput import ReplicaLayout, measure, summary
     from h3serve.tools.tiny.make_checkpoint import ensure_tiny_checkpoint
 
     try:
@@ -179,7 +179,7 @@ def cmd_throughput(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    layouts = [Layout(n, overlap) for n in counts for overlap in overlaps]
+    layouts = [ReplicaLayout(n, overlap) for n in counts for overlap in overlaps]
     steps = args.steps or 3
     model = Path(args.model) if args.model else ensure_tiny_checkpoint(args.preset or "tiny")
     try:
@@ -300,16 +300,16 @@ def cmd_dit_forward(args: argparse.Namespace) -> int:
 
 
 def cmd_realtime(args: argparse.Namespace) -> int:
-    """`--realtime`: real-time sessions' latency (see `h3serve.tools.bench.realtime`)."""
+    """`--realtime`: real-time sessions' latency (see `h3serve.tools.bench.realtime_latency`)."""
     import json
     from dataclasses import asdict, replace
 
     from h3serve.engine.executor import EngineError
-    from h3serve.engine.realtime import RealtimeSpec
+    from h3serve.engine.realtime_stream import RealtimeSpec
     from h3serve.errors import ConfigError, RequestError
     from h3serve.rank.device_checks import resolve_device
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
-    from h3serve.tools.bench.realtime import measure_realtime, summary
+    from h3serve.tools.bench.realtime_latency import measure_realtime, summary
     from h3serve.tools.tiny.make_adapter import make_tiny_adapter
     from h3serve.tools.tiny.make_checkpoint import ensure_tiny_checkpoint
 

@@ -1,6 +1,6 @@
 """`h3serve generate --realtime-lora DIR --duration S`: a real-time session run offline into one MP4.
 
-The same plan and the same chunks a streaming client of `WS /v1/realtime/video` receives (h3serve.rank.realtime):
+The same plan and the same chunks a streaming client of `WS /v1/realtime/video` receives (h3serve.rank.realtime_loop):
 whole five-second requests, so the file holds at least S seconds (124 + 119·k frames), written chunk by chunk as
 they are generated. One rank runs in this process; several run as rank processes behind the executor's session.
 """
@@ -15,16 +15,16 @@ from pathlib import Path
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import RealtimeSpec
+from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.entrypoints.cli_util import EXIT_ERROR, fail
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.media.sink import Mp4Chunks
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
+from h3serve.rank.realtime_loop import generate_offline
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
-from h3serve.rules.realtime import CHUNKS_PER_REQUEST, session_frames
-from h3serve.rules.validate.realtime import RealtimePlan, plan_realtime
+from h3serve.rules.realtime_geometry import CHUNKS_PER_REQUEST, session_frames
+from h3serve.rules.validate.realtime_plan import RealtimePlan, plan_realtime
 
 # generate's flags a session has no use for (each refused with its name when given)
 _NOT_REALTIME = ("aspect_ratio", "short_edge", "long_video", "long_video_mode", "window_frames", "overlap_frames",

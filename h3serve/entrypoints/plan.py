@@ -138,7 +138,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.offload.model_configs import model_dims
     from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
-    from h3serve.offload.realtime import realtime_kv_bytes, with_realtime_cache
+    from h3serve.offload.realtime_kv import realtime_kv_bytes, with_realtime_cache
     from h3serve.offload.request_shapes import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.rules import limits

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from h3serve.engine.executor import Executor
     from h3serve.engine.jobs import JobManager
     from h3serve.jobstore.job_files import JobFiles
-    from h3serve.jobstore.protocol import JobStore
+    from h3serve.jobstore.store import JobStore
     from h3serve.parallel.rendezvous import Rendezvous
 
 log = logging.getLogger("h3serve.serve")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from h3serve.jobstore.postgres import PostgresJobStore, is_postgres_url
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.sqlite import SQLiteJobStore
+from h3serve.jobstore.store import JobStore
 
 
 def open_job_store(target: str | Path) -> JobStore:

@@ -30,7 +30,7 @@ def is_postgres_url(target: str) -> bool:
 
 
 class PostgresJobStore(SQLJobStore):
-    """`h3serve.jobstore.protocol.JobStore` on a PostgreSQL database."""
+    """`h3serve.jobstore.store.JobStore` on a PostgreSQL database."""
 
     shared = True
     lock_clause = "FOR UPDATE SKIP LOCKED"

@@ -17,8 +17,13 @@ from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.adapters.serving import catalog_for, engine_defaults
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
-from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
+from h3serve.loading.adaln_sidecar import load_sidecars
+from h3serve.loading.components import load_components
+from h3serve.loading.controlnet_weights import read_controlnet
+from h3serve.loading.dit_pieces import BlockPieces
+from h3serve.loading.quantize_on_load import resolve_kernel
+from h3serve.messages import GenerationOutput
 from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
@@ -26,11 +31,7 @@ from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.runtime import OffloadRuntime
 from h3serve.parallel.setup import RankParallel
-from h3serve.rank.adaln_sidecar import load_sidecars
-from h3serve.rank.checkpoint import load_components
-from h3serve.rank.controlnet import read_controlnet
 from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, start_up_notices
-from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.rank.lora import lora_runtime
 from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rank.memory import PeakMemory
@@ -41,7 +42,6 @@ from h3serve.rank.placement import (
     output_batch,
     placement_for_engine,
 )
-from h3serve.rank.quantization import resolve_kernel
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
 

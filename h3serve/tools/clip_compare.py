@@ -16,7 +16,7 @@ from h3serve.media import fidelity
 
 
 @dataclass
-class Clip:
+class DecodedClip:
     """Decoded media: video [T, H, W, 3] float32 in [0, 1], audio [C, N] float32 in [-1, 1]."""
 
     video: np.ndarray
@@ -54,7 +54,7 @@ THRESHOLDS = {
 }
 
 
-def decode_mp4(path: str | Path) -> Clip:
+def decode_mp4(path: str | Path) -> DecodedClip:
     """Every video frame (RGB) and every audio sample of an MP4."""
     import av
 
@@ -64,16 +64,16 @@ def decode_mp4(path: str | Path) -> Clip:
         chunks = [f.to_ndarray() for f in container.decode(audio=0)] if container.streams.audio else []
     video = np.stack(frames).astype(np.float32) / 255.0 if frames else np.zeros((0, 0, 0, 3), np.float32)
     audio = np.concatenate(chunks, axis=-1).astype(np.float32) if chunks else np.zeros((0, 0), np.float32)
-    return Clip(video=video, audio=audio)
+    return DecodedClip(video=video, audio=audio)
 
 
-def load_clip(path: str | Path) -> Clip:
+def load_clip(path: str | Path) -> DecodedClip:
     """An MP4 (decoded) or a `.npz` raw-array file as written by `--save-raw`."""
     if Path(path).suffix.lower() == ".npz":
         from h3serve.media.raw import read_raw
 
         video, audio = read_raw(path)[:2]
-        return Clip(video=np.asarray(video, np.float32), audio=np.asarray(audio, np.float32))
+        return DecodedClip(video=np.asarray(video, np.float32), audio=np.asarray(audio, np.float32))
     return decode_mp4(path)
 
 
@@ -93,7 +93,7 @@ def ssim(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean(scores))
 
 
-def compare_clips(a: Clip, b: Clip) -> Comparison:
+def compare_clips(a: DecodedClip, b: DecodedClip) -> Comparison:
     """Metrics of `b` against `a` over the frames and samples both have. Different frame sizes are an error."""
     if a.video.shape[1:] != b.video.shape[1:]:
         raise ValueError(f"frame sizes differ: {a.video.shape[1:3]} vs {b.video.shape[1:3]}")

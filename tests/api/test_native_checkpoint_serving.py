@@ -3,7 +3,7 @@ Ref2VA through `h3serve generate` on one rank (raw arrays equal, MP4s byte-ident
 layout through a live `h3serve serve` on two tensor-parallel CPU ranks (MP4s byte-identical).
 
 The weights load bit-identical (tests/tools/tiny/test_make_native.py) onto aligned storage
-(h3serve.checkpoint.weights.aligned): no result depends on where a tensor sits in either layout's files."""
+(h3serve.loading.tensors.aligned): no result depends on where a tensor sits in either layout's files."""
 
 from __future__ import annotations
 

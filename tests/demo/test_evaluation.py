@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from h3serve.demo.evaluation import TASKS, Case, DemoEvaluator, band_mask, case_attributes, summarize
+from h3serve.demo.evaluation import TASKS, DemoEvaluator, EvalCase, band_mask, case_attributes, summarize
 from h3serve.demo.world import world
 from h3serve.demo.world.grammar import MOTIONS, SOUNDS
 
@@ -25,10 +25,10 @@ def test_band_mask_covers_the_path_and_keeps_the_rest():
 
 def test_summarize_counts_right_cases_and_each_wrong_check():
     cases = [
-        Case("t2va", 0, "p", {"color": True, "motion": True}),
-        Case("t2va", 1, "p", {"color": False, "motion": False}),
-        Case("t2va", 2, "p", {"color": True, "motion": False}),
-        Case("t2va", 3, "p", {}),  # nothing measured is not right
+        EvalCase("t2va", 0, "p", {"color": True, "motion": True}),
+        EvalCase("t2va", 1, "p", {"color": False, "motion": False}),
+        EvalCase("t2va", 2, "p", {"color": True, "motion": False}),
+        EvalCase("t2va", 3, "p", {}),  # nothing measured is not right
     ]
     assert summarize(cases) == {"cases": 4, "right": 1, "wrong": {"motion": 2, "color": 1}, "failed_seeds": [1, 2, 3]}
 

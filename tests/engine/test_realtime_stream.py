@@ -10,12 +10,12 @@ from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import Interaction, RealtimeBusy, RealtimeSpec, RealtimeUnavailable
+from h3serve.engine.realtime_stream import Interaction, RealtimeBusy, RealtimeSpec, RealtimeUnavailable
 from h3serve.errors import RequestError
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules import realtime as rt
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules import realtime_geometry as rt
+from h3serve.rules.validate.realtime_plan import plan_realtime
 from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 

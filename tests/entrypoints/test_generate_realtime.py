@@ -15,9 +15,9 @@ from h3serve.media.mp4 import EncoderOptions, audio_samples_for
 from h3serve.media.probe import check_output_contract, probe
 from h3serve.media.sink import Mp4Chunks
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules import realtime as rt
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules import realtime_geometry as rt
+from h3serve.rules.validate.realtime_plan import plan_realtime
 from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from h3serve.entrypoints.cli import main
-from h3serve.rules.realtime import kv_rows_bound
+from h3serve.rules.realtime_geometry import kv_rows_bound
 
 FIVE_090 = [
     "--preset",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from h3serve.checkpoint.resolver import read_layout
+from h3serve.loading.components import load_components, load_transformer
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
@@ -21,7 +22,6 @@ from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.offload.request_shapes import default_shape, plan_largest
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.rank.checkpoint import load_components, load_transformer
 
 DITS = ("transformer", "transformer_ref")
 MODULE = OffloadConfig(staged=frozenset({"dit", "text_encoder", "vae", "audio_vae"}))

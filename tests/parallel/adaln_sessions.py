@@ -9,9 +9,9 @@ from offload_sessions import dlo
 from rank_sessions import plan_for
 
 from h3serve.config import EngineConfig
+from h3serve.loading.adaln_sidecar import load_sidecars
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.modes import OffloadConfig
-from h3serve.rank.adaln_sidecar import load_sidecars
 from h3serve.rank.local import LocalEngine
 
 ADALN_HOST = OffloadConfig(adaln=True)  # the DiT resident, its AdaLN projections in host memory

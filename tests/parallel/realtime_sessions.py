@@ -8,8 +8,8 @@ from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules.validate.realtime_plan import plan_realtime
 
 
 def _arrays(engine: LocalEngine, plan) -> tuple:

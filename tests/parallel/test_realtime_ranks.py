@@ -15,11 +15,11 @@ from tiny_parallel import PARALLEL_DIT
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import Interaction, RealtimeSpec
+from h3serve.engine.realtime_stream import Interaction, RealtimeSpec
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules import realtime as rt
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules import realtime_geometry as rt
+from h3serve.rules.validate.realtime_plan import plan_realtime
 from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,9 @@ import torch
 from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import (
+from h3serve.errors import ConfigError
+from h3serve.media.raw import read_chunk
+from h3serve.messages import (
     JobCancelled,
     RealtimeChunkReady,
     RealtimeEnded,
@@ -22,14 +24,12 @@ from h3serve.engine.messages import (
     RealtimeRead,
     RealtimeStop,
 )
-from h3serve.errors import ConfigError
-from h3serve.media.raw import read_chunk
 from h3serve.model.realtime.prompt import encode_prompt
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import Boundary, Inbox, generate_offline, realtime_choice, run_session, spool_chunk
-from h3serve.rules import realtime as rt
+from h3serve.rank.realtime_loop import Boundary, Inbox, generate_offline, realtime_choice, run_session, spool_chunk
+from h3serve.rules import realtime_geometry as rt
 from h3serve.rules.request import GenerationRequest
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rules.validate.realtime_plan import plan_realtime
 from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from h3serve.engine.realtime import RealtimeSpec
+from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.entrypoints.cli import main
-from h3serve.tools.bench.realtime import ChunkTiming, SessionTiming, summary
+from h3serve.tools.bench.realtime_latency import ChunkTiming, SessionTiming, summary
 
 
 def test_the_figures_of_a_session():

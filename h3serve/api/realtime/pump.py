@@ -1,4 +1,4 @@
-"""The bridge from a `RealtimeStream` (blocking calls, h3serve.engine.realtime) to the event loop.
+"""The bridge from a `RealtimeStream` (blocking calls, h3serve.engine.realtime_stream) to the event loop.
 
 One thread owns the stream's blocking calls, `next_chunk` and `close`, which must never run at once (both read the
 executor's events). It takes the next chunk only once the previous one was sent (`sent`), so a slow client holds
@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from h3serve.engine.realtime import RealtimeChunk, RealtimeStream
+from h3serve.engine.realtime_stream import RealtimeChunk, RealtimeStream
 
 log = logging.getLogger("h3serve.realtime")
 POLL_S = 0.25  # how often the thread looks up from a wait to see whether the session wants it to stop

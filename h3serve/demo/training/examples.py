@@ -20,7 +20,7 @@ from h3serve.demo.world.grammar import prompt_for
 from h3serve.model.conditioning import AudioReference, encode_audio_condition, normalize_image_reference
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.layout import Layout, ReferenceBlock, patchify
-from h3serve.model.pipeline_types import H3Components, LatentGuide, StageClock, Target
+from h3serve.model.pipeline_types import H3Components, LatentGuide, LatentTarget, StageClock
 from h3serve.rules import geometry, limits
 from h3serve.rules.long_video import plan_windows
 
@@ -44,7 +44,7 @@ class Example:
 
 
 @dataclass(frozen=True)
-class Clip:
+class SceneClip:
     """A rendered scene: frames, soundtrack and its attributes."""
 
     scene: world.Scene
@@ -52,8 +52,8 @@ class Clip:
     wave: np.ndarray  # [2, N] float32
 
 
-def render(scene: world.Scene) -> Clip:
-    return Clip(scene, world.render_video(scene), world.render_audio(scene))
+def render(scene: world.Scene) -> SceneClip:
+    return SceneClip(scene, world.render_video(scene), world.render_audio(scene))
 
 
 @torch.no_grad()
@@ -103,13 +103,13 @@ class ExampleBuilder:
         self.clock = StageClock(torch.device("cpu"))
         self.patch_dim = components.vae.config.latent_channels * 4
         self.audio_dim = components.audio_vae.config.latent_channels
-        self._last_targets: tuple[Clip, torch.Tensor, torch.Tensor] | None = None
+        self._last_targets: tuple[SceneClip, torch.Tensor, torch.Tensor] | None = None
 
-    def _target(self, frames: int) -> Target:
+    def _target(self, frames: int) -> LatentTarget:
         lh, lw = self.height // limits.VAE_SPATIAL_COMPRESSION, self.width // limits.VAE_SPATIAL_COMPRESSION
-        return Target(geometry.latent_frames(frames), lh, lw, geometry.audio_latents(frames))
+        return LatentTarget(geometry.latent_frames(frames), lh, lw, geometry.audio_latents(frames))
 
-    def _targets(self, clip: Clip) -> tuple[torch.Tensor, torch.Tensor]:
+    def _targets(self, clip: SceneClip) -> tuple[torch.Tensor, torch.Tensor]:
         """The clip's target rows, encoded once for all the examples laid out from it."""
         if self._last_targets is None or self._last_targets[0] is not clip:
             video = target_video_rows(self.components.vae, clip.frames)
@@ -117,7 +117,7 @@ class ExampleBuilder:
             self._last_targets = (clip, video, audio)
         return self._last_targets[1], self._last_targets[2]
 
-    def keyframes(self, clip: Clip, anchors: tuple[str, ...]) -> Example:
+    def keyframes(self, clip: SceneClip, anchors: tuple[str, ...]) -> Example:
         """T2VA (no anchors) or FL2VA with a first and/or last keyframe taken from the clip itself."""
         prompt = prompt_for(clip.scene.attrs)
         images = [Image.fromarray(clip.frames[0 if a == "first" else -1]) for a in anchors]
@@ -131,7 +131,7 @@ class ExampleBuilder:
         return Example(kind, prompt, enc.text_states, enc.layout, conditions, torch.zeros(0, self.audio_dim),
                        video, audio, anchored, click_rows(clip.scene, 0, target.audio_latents))
 
-    def references(self, clip: Clip, with_sound: bool) -> Example:
+    def references(self, clip: SceneClip, with_sound: bool) -> Example:
         """Ref2VA: a reference image of the object (its colour), and with `with_sound` a reference audio clip of the
         tone (its pitch); the prompt names only the shape and the motion (and the sound without a reference)."""
         attrs = clip.scene.attrs
@@ -150,7 +150,7 @@ class ExampleBuilder:
         return Example("ref2va", prompt, enc.text_states, enc.layout, conditions, audio_references, video, audio,
                        click_rows=click_rows(clip.scene, 0, target.audio_latents))
 
-    def continuation(self, clip: Clip, window_frames: int) -> list[Example]:
+    def continuation(self, clip: SceneClip, window_frames: int) -> list[Example]:
         """Every window of a continuation over the clip (no references), as the pipeline lays them out: the first
         plain, each next one guided by the previous window's last overlap latents, on the global timeline."""
         prompt = prompt_for(clip.scene.attrs)
@@ -173,7 +173,7 @@ class ExampleBuilder:
                 guide_audio = audio[:, :, : window.overlap_audio_latents]
                 block = ReferenceBlock("latent_guide", *guide_video.shape[2:], guide_audio.shape[2])
                 guide = (block, LatentGuide(guide_video, guide_audio))
-            target = Target(window.latent_frames, video.shape[3], video.shape[4], window.audio_latents)
+            target = LatentTarget(window.latent_frames, video.shape[3], video.shape[4], window.audio_latents)
             enc = reference_encoded(self.components, media, text, target, self.clock, guide, float(len(text.ids)),
                                     window.temporal_offset)
             conditions = _stack([patchify(z) for z in enc.visual], self.patch_dim)

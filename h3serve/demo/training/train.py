@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.demo.training.dit import Phase, train_dit, training_init_
-from h3serve.demo.training.examples import Clip, Example, ExampleBuilder, render
+from h3serve.demo.training.examples import Example, ExampleBuilder, SceneClip, render
 from h3serve.demo.training.vaes import Canvas, set_latent_stats, train_audio_vae, train_video_vae
 from h3serve.demo.world import world
 from h3serve.demo.world.grammar import all_t2va_attributes
+from h3serve.loading.components import load_components
 from h3serve.model.transformer import H3Transformer
-from h3serve.rank.checkpoint import load_components
 from h3serve.tools.tiny.build_files import quiet_progress_bars, write_json
 from h3serve.tools.tiny.make_checkpoint import MARKER_FILE, build_tiny_checkpoint
 
@@ -109,7 +109,7 @@ _NOT_COUNTS = ("seed", "dit_replicas")  # the integer fields `Recipe.scaled` kee
 Logger = Callable[[str, int, float], None]
 
 
-class Progress:
+class TrainingProgress:
     """One tqdm bar over every stage's steps; losses kept per stage for the plot, and each stage's minutes (from the
     previous stage's end, or from the bar's start, to its last step), so the hour's budget is measured per stage."""
 
@@ -154,8 +154,8 @@ def train_demo(
         staging = build_tiny_checkpoint(Path(tmp) / "random", seed=recipe.seed, preset=PRESET)
         _freeze_text_encoder(staging)
         components = load_components(read_layout(staging))
-        bar = Progress(recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_prior_steps + recipe.dit_steps
-                       + recipe.ref_prior_steps + recipe.ref_dit_steps, progress)
+        bar = TrainingProgress(recipe.video_vae_steps + recipe.audio_vae_steps + recipe.dit_prior_steps
+                               + recipe.dit_steps + recipe.ref_prior_steps + recipe.ref_dit_steps, progress)
         torch.manual_seed(recipe.seed)
         # The video VAE's conv3d weights channels-last while it trains and encodes the examples: its steps and
         # encodes run ~20 % faster on the CPU (the same losses to five digits, rounded differently; run 11).
@@ -226,7 +226,7 @@ def build_examples(
     return t2va, plain, referenced
 
 
-def _clip(rng: np.random.Generator, task: str, canvas: Canvas, frames: int, attrs) -> Clip:
+def _clip(rng: np.random.Generator, task: str, canvas: Canvas, frames: int, attrs) -> SceneClip:
     return render(world.sample_scene(rng, task, canvas.width, canvas.height, frames, attrs))
 
 

@@ -10,8 +10,8 @@ from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import Outcomes
 from h3serve.engine.jobs.types import JobPolicy
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED
+from h3serve.jobstore.store import JobStore
 
 log = logging.getLogger("h3serve.jobs")
 

@@ -49,8 +49,8 @@ from h3serve.engine.jobs.types import (
 from h3serve.engine.planning import plan_request
 from h3serve.engine.submission import Admission, PreparedJob, prepare_job
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.store import JobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults

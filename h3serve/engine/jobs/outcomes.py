@@ -14,11 +14,11 @@ from h3serve.engine.artifacts import discard_files, write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
-from h3serve.engine.output import GenerationOutput
 from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.jobstore.store import JobStore
+from h3serve.messages import GenerationOutput
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.jobs")

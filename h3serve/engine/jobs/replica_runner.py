@@ -11,11 +11,11 @@ import time
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.outcomes import Outcomes, job_error
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
-from h3serve.engine.output import GenerationOutput
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job
+from h3serve.jobstore.store import JobStore
 from h3serve.media.intake import MediaError
+from h3serve.messages import GenerationOutput
 from h3serve.rules.validate import GenerationPlan, RequestError
 
 log = logging.getLogger("h3serve.jobs")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.types import ExecutorLike, ShuttingDown
-from h3serve.engine.realtime import RealtimeBusy, RealtimeSpec, RealtimeStream
+from h3serve.engine.realtime_stream import RealtimeBusy, RealtimeSpec, RealtimeStream
 
 
 class SessionLease:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from h3serve.config import EngineConfig
-from h3serve.engine.output import GenerationOutput
+from h3serve.messages import GenerationOutput
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from h3serve.checkpoint.weights import realign
+from h3serve.loading.tensors import realign
 from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
 from h3serve.rules.validate import GenerationPlan
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from h3serve.accel import attention
-from h3serve.checkpoint.weights import materialize
+from h3serve.loading.tensors import materialize
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.offload.activations import RequestShape
 from h3serve.parallel.degrees import ParallelDegrees

@@ -17,9 +17,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from h3serve.checkpoint import native_names
 from h3serve.checkpoint.native_config import DIT_NAMES
-from h3serve.model import keys as dit_keys
-from h3serve.model import vae_keys
+from h3serve.loading import dit_keys as dit_keys
+from h3serve.loading import vae_keys
 from h3serve.tools.tiny import make_checkpoint as tiny
 from h3serve.tools.tiny.build_files import file_lock, make_readable, quiet_progress_bars, replace_dir, write_json
 from h3serve.tools.tiny.make_components import build_components
@@ -54,7 +55,7 @@ def write_dit(model, folder: Path) -> None:
     cfg = model.config
     native = dit_keys.diffusers_to_native(model.state_dict(), cfg.attention_head_dim, "interleaved")
     native["rope.inv_freq"] = RotaryEmbedding3D(cfg.rope_freq_dim, cfg.rope_theta).inv_freq
-    second = {k for k in native if dit_keys.is_native_key_set([k])}
+    second = {k for k in native if native_names.is_native_key_set([k])}
     shards = ({k: v for k, v in native.items() if k not in second}, {k: native[k] for k in second})
     for name, tensors in zip(_DIT_FILES, shards, strict=True):
         _save(tensors, folder / name)
@@ -179,7 +180,7 @@ def native_from_modular(modular_dir: str | Path, out_dir: str | Path) -> Path:
     the same files as `build_native_checkpoint` of its preset and seed, without drawing the weights again."""
     from diffusers import AutoencoderKLMiniMaxH3, MiniMaxH3Scheduler, MiniMaxH3Transformer3DModel
 
-    from h3serve.rank.native_vaes import quiet_weight_norm
+    from h3serve.loading.native_vaes import quiet_weight_norm
 
     src = Path(modular_dir)
     marker = json.loads((src / MARKER).read_text(encoding="utf-8"))

@@ -19,8 +19,8 @@ from websockets.sync.client import ClientConnection, connect
 from h3serve.config import EngineConfig
 from h3serve.media.fragments import FragmentWriter
 from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules.validate.realtime_plan import plan_realtime
 from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 KEY = "live-realtime-key"

@@ -32,9 +32,9 @@ from h3serve.demo.training.train import LOSS_PLOT, TEXT_RESIDUAL_SCALE, TRAINING
 from h3serve.demo.training.vaes import Canvas, audio_batch, train_audio_vae, train_video_vae
 from h3serve.demo.world import world
 from h3serve.demo.world.grammar import Attributes
+from h3serve.loading.components import load_components
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.rank.checkpoint import load_components
 from h3serve.rules.long_video import plan_windows
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate

@@ -10,7 +10,7 @@ import torch
 
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.entrypoints.cli import main
-from h3serve.rank.checkpoint import load_components
+from h3serve.loading.components import load_components
 
 
 def _digests(root) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Loading an H3 checkpoint inside a rank process: the DiTs, VAEs, text conditioner and processor settings.
 
-Weights are never read whole (h3serve.checkpoint.weights); a sharded folder (`*.safetensors.index.json`) and a single
+Weights are never read whole (h3serve.loading.tensors); a sharded folder (`*.safetensors.index.json`) and a single
 file
 load the same way; diffusers and native key names both work.
 """
@@ -15,18 +15,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
-from h3serve.accel.quantize import load_stored_fp8, prepare_fp8, quantizing
-from h3serve.checkpoint import native_config
+from h3serve.accel.quantize import prepare_fp8, quantizing
+from h3serve.checkpoint import native_config, native_names
 from h3serve.checkpoint.file_reading import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
-from h3serve.checkpoint.weights import iter_tensors, materialize, realign
-from h3serve.model import keys as native_keys
+from h3serve.loading import dit_keys as native_keys
+from h3serve.loading import dit_pieces
+from h3serve.loading import fasth3_fusion as fuse_adapter
+from h3serve.loading.dit_pieces import BlockPieces
+from h3serve.loading.native_vaes import load_native_audio_vae, load_native_video_vae
+from h3serve.loading.quantize_on_load import TextQuantizer, load_stored_fp8, text_quantizer
+from h3serve.loading.tensors import iter_tensors, materialize, realign
+from h3serve.loading.text_encoder_shards import load_parallel_text_conditioner
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
-from h3serve.rank import dit_pieces
-from h3serve.rank import fasth3_fusion as fuse_adapter
-from h3serve.rank.dit_pieces import BlockPieces
-from h3serve.rank.native_vaes import load_native_audio_vae, load_native_video_vae
-from h3serve.rank.quantization import TextQuantizer, text_quantizer
 
 if TYPE_CHECKING:
     from h3serve.parallel.setup import RankParallel
@@ -51,10 +52,10 @@ def load_transformer(
     else the config's `qkv_layout`, else "interleaved" (the MiniMaxAI shards). With `tp`, the model is this rank's
     tensor-parallel shard and only its slices are read. With `quant` (or FP8 weights in the checkpoint) the selected
     linears load as FP8 (h3serve.accel.quantize), each weight quantised on `device` as it is read. `adapter`: a
-    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.rank.fasth3_fusion).
+    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.loading.fasth3_fusion).
     `pieces` (DLO all-gather): the streamed blocks are not read; they stay on the meta device, Q/K/V fused, with a
     source for each tensor in `pieces.sources`, from which the offload units read only this rank's piece
-    (h3serve.rank.dit_pieces).
+    (h3serve.loading.dit_pieces).
     """
     folder = Path(folder)
     config_path = folder / "config.json"
@@ -64,20 +65,20 @@ def load_transformer(
     with torch.device("meta"):
         model = H3Transformer(cfg)
     files = safetensors_files(folder)
-    native = native_keys.is_native_key_set(weight_keys(files))
+    native = native_names.is_native_key_set(weight_keys(files))
     layout = resolve_qkv_layout(files, qkv_layout, declared) if native else "interleaved"
     if native:
         check_native_shapes(files, cfg, model.state_dict())
         check_native_rope(files, cfg)
     fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
     lazy = pieces.lazy if pieces is not None else lambda name: False
-    name_of = native_keys.native_to_diffusers_name if native else lambda key: key
+    name_of = native_names.native_to_diffusers_name if native else lambda key: key
 
     def read_now(key: str) -> bool:  # a native `rope.inv_freq` is read only by check_native_rope
         return not lazy(name_of(key)) and not (native and key == "rope.inv_freq")
 
     if tp is not None:  # tensor parallel (h3serve.parallel): shard-shaped modules, sliced reads
-        from h3serve.parallel.dit_loading import iter_dit_shards
+        from h3serve.loading.dit_shards import iter_dit_shards
 
         tp.shard_module(model)
         tensors = iter_dit_shards(files, cfg, native, layout, tp, read_now)
@@ -88,14 +89,14 @@ def load_transformer(
     if fasth3 is not None:
         tensors = fuse_adapter.fused(tensors, fasth3, tp, frozenset(filter(lazy, fasth3.edited)))
     # After sharding (FP8 twins of the shard-shaped linears), before offload placement.
-    rename = native_keys.native_module_names if native else None
+    rename = native_names.native_module_names if native else None
     fp8 = prepare_fp8(model, component, quant, files, dtype, kernel, rename)
     if fp8 is not None:
         tensors = quantizing(tensors, fp8, device, tp)
     stored = fp8.stored if fp8 is not None else frozenset()
     keep_fp32 = H3Transformer.keep_in_fp32_modules
     sources = {}
-    if pieces is not None:  # the streamed blocks: sources, no reads (h3serve.rank.dit_pieces)
+    if pieces is not None:  # the streamed blocks: sources, no reads (h3serve.loading.dit_pieces)
         rules = dit_pieces.LoadRules(cfg, native, layout, tp, dtype, keep_fp32, fp8, fasth3)
         shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
         sources = dit_pieces.block_sources(files, rules, lazy, shapes)
@@ -136,7 +137,7 @@ def check_native_shapes(files: list[Path], cfg: H3TransformerConfig, expected: d
         for key, info in safetensors_header(file).items():
             if key == "__metadata__":
                 continue
-            name = native_keys.native_to_diffusers_name(key)
+            name = native_names.native_to_diffusers_name(key)
             if name.endswith(".weight_scale"):  # an FP8 scale: one, or one per output row of its weight
                 _check_scale(file, key, tuple(info["shape"]), _native_rows(name, cfg, expected))
                 continue
@@ -191,7 +192,7 @@ def _converted(
     tensors: Iterator[tuple[str, torch.Tensor]], cfg: H3TransformerConfig, qkv_layout: native_keys.QkvLayout
 ) -> Iterator[tuple[str, torch.Tensor]]:
     for key, tensor in tensors:
-        name = native_keys.native_to_diffusers_name(key)
+        name = native_names.native_to_diffusers_name(key)
         yield from native_keys.split_native_tensor(
             name, tensor, cfg.num_attention_heads, cfg.attention_head_dim, qkv_layout
         )
@@ -221,8 +222,8 @@ def load_text_conditioner(
     from transformers import AutoConfig, AutoTokenizer, Qwen3VLForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
+    from h3serve.checkpoint.text_encoder_names import checkpoint_module_names
     from h3serve.model.text_encoder import TextConditioner
-    from h3serve.parallel.text_encoder_tp import checkpoint_module_names
     from h3serve.rules import limits
 
     config = AutoConfig.from_pretrained(folder)
@@ -328,7 +329,7 @@ def load_components(
         vae = load_native_video_vae(layout.component("vae"), dtype, where("vae"))
     else:
         vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
-        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.checkpoint.weights
+        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.loading.tensors
     # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
     if layout.is_native("audio_vae"):
         audio_vae = load_native_audio_vae(layout.component("audio_vae"), where("audio_vae"))
@@ -338,7 +339,8 @@ def load_components(
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
-        text = parallel.load_text_conditioner(
+        text = load_parallel_text_conditioner(
+            parallel,
             *text_folders,
             dtype,
             device,

@@ -7,10 +7,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from h3serve.loading.adaln_sidecar import load_sidecars
 from h3serve.model.adaln_memo import AdaLNMemo
 from h3serve.model.pipeline import H3Pipeline
-from h3serve.model.pipeline_types import Conditioning, StageClock, Target
-from h3serve.rank.adaln_sidecar import load_sidecars
+from h3serve.model.pipeline_types import Conditioning, LatentTarget, StageClock
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 
@@ -20,7 +20,8 @@ STEPS = 3  # the "default" schedule these sidecars hold (the engine uses the def
 def _latents(pipeline: H3Pipeline, plan) -> tuple[torch.Tensor, torch.Tensor]:
     clock = StageClock(pipeline.device)
     enc = pipeline.encode(plan, Conditioning(), clock)
-    return pipeline.sampler.sample(plan, enc, pipeline.components.transformer, Target.of(plan), plan.seed, clock, None)
+    target = LatentTarget.of(plan)
+    return pipeline.sampler.sample(plan, enc, pipeline.components.transformer, target, plan.seed, clock, None)
 
 
 def test_a_sidecar_is_written_then_read_with_the_same_bits_and_another_digest_is_refused(tiny_pipeline, tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import RealtimeSpec
+from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.rules import limits
 
 

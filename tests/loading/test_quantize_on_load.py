@@ -20,9 +20,9 @@ from h3serve.accel.fp8 import FP8, Fp8Linear, quantize_fp8
 from h3serve.accel.quant_config import ComponentQuant, parse_quantization
 from h3serve.accel.quantize import selected_linears
 from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from h3serve.loading.components import load_transformer
 from h3serve.offload.inventory import build_inventory
 from h3serve.offload.runtime import tensor_bytes
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.rank.local import LocalEngine
 from h3serve.rules.request import GenerationRequest
 
@@ -151,7 +151,7 @@ def _same_layers(loaded: nn.Module, reference: nn.Module) -> None:
 
 def _stored_modular_checkpoint(tiny_checkpoint, out):
     """A copy of the tiny checkpoint whose DiT and text encoder store the default FP8 module sets."""
-    from h3serve.parallel.text_encoder_tp import checkpoint_key_to_name
+    from h3serve.checkpoint.text_encoder_names import checkpoint_key_to_name
 
     shutil.copytree(tiny_checkpoint, out)
     quant = ComponentQuant()
@@ -183,7 +183,7 @@ def test_a_stored_fp8_modular_checkpoint_runs_as_the_online_quantised_one(tiny_c
 
 
 def test_a_stored_fp8_native_dit_loads_its_bytes_and_runs_as_the_online_one(tiny_native_checkpoint, tmp_path):
-    from h3serve.model import keys
+    from h3serve.loading import dit_keys as keys
     from h3serve.tools.bench.dit_forward import DitBenchSpec, forward_inputs
 
     source = tiny_native_checkpoint / "FL2VA" / "transformer"
@@ -208,8 +208,8 @@ def test_a_stored_fp8_native_dit_loads_its_bytes_and_runs_as_the_online_one(tiny
 def _each_shard_reads_its_rows(folder, whole: nn.Module) -> None:
     """Under TP2 a stored native FP8 checkpoint yields each rank exactly its rows (and scales) of the one-rank
     FP8 tensors: q/k/v cut from the fused qkv_proj by heads, the FFN input as its [value; gate] pair split."""
+    from h3serve.loading.dit_shards import iter_dit_shards
     from h3serve.model.transformer import H3Transformer
-    from h3serve.parallel.dit_loading import iter_dit_shards
     from h3serve.parallel.tensor_parallel import TensorParallel
 
     full = whole.state_dict()
@@ -228,7 +228,7 @@ def _each_shard_reads_its_rows(folder, whole: nn.Module) -> None:
 
 def test_the_planner_counts_a_stored_fp8_checkpoint_without_the_flag(tiny_checkpoint, tmp_path):
     from h3serve.checkpoint.resolver import read_layout
-    from h3serve.rank.checkpoint import load_components
+    from h3serve.loading.components import load_components
 
     stored = _stored_modular_checkpoint(tiny_checkpoint, tmp_path / "stored")
     inv = build_inventory(stored, dits=("transformer",), device_type="cpu")  # no quantization asked

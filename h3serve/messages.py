@@ -1,4 +1,5 @@
-"""Typed messages between the executor (parent) and its rank processes, instead of positional tuples.
+"""Typed messages between the executor (parent) and its rank processes, and what a run hands back
+(`GenerationOutput`): the leaf both sides import, so that neither imports the other.
 
 Parent -> rank 0: `RankJob`, `RealtimeOpen` (then, while the session runs, `RealtimeInteract`, `RealtimeRead` and
 `RealtimeStop`), or `Stop`. Rank 0 -> parent: every other class here. All are picklable frozen dataclasses; `seq`
@@ -7,11 +8,13 @@ ties a message to the job or session it is about.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
-from h3serve.rules.validate.realtime import RealtimePlan
+from h3serve.rules.validate.realtime_plan import RealtimePlan
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class Fatal:
 
 
 @dataclass(frozen=True)
-class Progress:
+class JobProgress:
     seq: int
     done: int
     total: int
@@ -139,7 +142,7 @@ class JobCancelled:
 
 
 @dataclass(frozen=True)
-class Failed:
+class JobFailed:
     """A rank raised. `rank` is set when the rank exits after reporting (several ranks); `client_error` when the
     request itself was at fault, and `code` its job error code (h3serve.errors.job_error_for)."""
 
@@ -150,4 +153,30 @@ class Failed:
     code: str = "invalid_request"
 
 
-Event = Ready | Fatal | Progress | Done | JobCancelled | Failed | RealtimeChunkReady | RealtimeEnded
+Event = Ready | Fatal | JobProgress | Done | JobCancelled | JobFailed | RealtimeChunkReady | RealtimeEnded
+
+
+@dataclass
+class GenerationOutput:
+    """The decoded arrays (`--decode-mode full`), or, streamed, the files the engine wrote (by download variant:
+    video, thumbnail, spritesheet), and the soundtrack either way."""
+
+    video: np.ndarray | None  # [T, H, W, 3] float32 in [0, 1]; None when streamed into files
+    audio: np.ndarray | None  # [2, N] float32 in [-1, 1] at 32 kHz; None when streamed by rank processes
+    stage_durations: dict[str, float] = field(default_factory=dict)
+    peak_memory_mb: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)  # streamed: variant -> path of the file written
+    streamed_frames: int = 0  # streamed: frames in the MP4
+    # The engine's running totals (LocalEngine.counters), and from the executor "engine_loads": model loads.
+    counters: dict[str, int] = field(default_factory=dict)
+    # Several outputs of one prompt: outputs 1..N-1, each its own media (the measurements above are the run's).
+    others: list[GenerationOutput] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[GenerationOutput]:
+        """Every output in index order: this one (output 0), then the others."""
+        return [self, *self.others]
+
+    @property
+    def num_frames(self) -> int:
+        return self.streamed_frames if self.video is None else int(self.video.shape[0])

@@ -6,7 +6,7 @@ Server -> client: `video.start`; per chunk a `video.chunk_metadata` then one bin
 
 `session.start` carries vLLM-Omni's video request fields; its `sampling_params` are folded in as vLLM-Omni folds
 them (a key the request has moves to the top level unless given there, any other joins `extra_params`). What a
-session cannot do is refused by the session's rules (h3serve.rules.validate.realtime), naming the field.
+session cannot do is refused by the session's rules (h3serve.rules.validate.realtime_plan), naming the field.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from h3serve.engine.realtime import RealtimeChunk, RealtimeSpec
+from h3serve.engine.realtime_stream import RealtimeChunk, RealtimeSpec
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 

@@ -4,7 +4,7 @@ Rank 0 holds the parent's side of the conversation: at every chunk boundary it d
 (a new prompt, stop, which chunks the parent took) and the cancel flag, decides the boundary (`Boundary`) and
 broadcasts it, so every rank applies
 the same prompt to the same chunk and leaves at the same boundary. Every rank then runs the chunk
-(h3serve.model.realtime.session): the streaming LoRA on for the student and off for the audio teacher through the
+(h3serve.model.realtime.causal_session): the streaming LoRA on for the student and off for the audio teacher through the
 engine's LoRA runtime, the causal attention inside the Ulysses all-to-all under sequence parallelism. Rank 0 writes
 each chunk's frames and audio to a spool file and tells the parent (`RealtimeChunkReady`).
 
@@ -26,7 +26,10 @@ import torch.distributed as dist
 
 from h3serve.adapters.serving import dit_config
 from h3serve.adapters.taomate import inspect_taomate
-from h3serve.engine.messages import (
+from h3serve.engine.realtime_stream import SegmentWriter
+from h3serve.errors import RequestError
+from h3serve.media.raw import write_chunk
+from h3serve.messages import (
     JobCancelled,
     RealtimeChunkReady,
     RealtimeEnded,
@@ -36,20 +39,17 @@ from h3serve.engine.messages import (
     RealtimeStop,
     Stop,
 )
-from h3serve.engine.realtime import SegmentWriter
-from h3serve.errors import RequestError
-from h3serve.media.raw import write_chunk
-from h3serve.model.realtime.attention import CausalAttention, whole_heads
+from h3serve.model.realtime.causal_attention import CausalAttention, whole_heads
+from h3serve.model.realtime.causal_session import CausalSession, ChunkMedia
 from h3serve.model.realtime.prompt import encode_prompt
-from h3serve.model.realtime.session import CausalSession, ChunkMedia
 from h3serve.model.transformer import H3Transformer
 from h3serve.parallel.sequence import SequenceParallel
 from h3serve.parallel.ulysses import head_sharded
 from h3serve.rank.lora import EngineLora
 from h3serve.rank.placement import device_memory_of, realtime_refusal
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.rules.realtime import CHUNKS_AHEAD
-from h3serve.rules.validate.realtime import RealtimePlan
+from h3serve.rules.realtime_geometry import CHUNKS_AHEAD
+from h3serve.rules.validate.realtime_plan import RealtimePlan
 
 REALTIME_ADAPTER = "realtime-lora"
 

@@ -1,14 +1,14 @@
 """One real-time session: chunk after chunk of causal generation with TaoMate-H3's streaming LoRA.
 
-`CausalSession.run_chunk(prompt)` makes the next chunk of the session (h3serve.rules.realtime: 39/34/34/17 frames
-in the first request, 34/34/34/17 after) conditioned on the prompt given for it, and returns the frames and audio it
-publishes. Per chunk: the chunk's noise (its request's standalone draw), three student steps (the LoRA on) at the
-ladder points (0, 16, 33, 49) in the causal attention over the clean K/V cache, the student's audio rows replaced
-by the base model's states 3, 6, 9 after each step; the clean video renormalised to the first chunk's per-feature
-statistics; one σ = 0 pass that commits the chunk's keys and values; the decode. At every request's first chunk the
-audio teacher (the LoRA off) makes the request's audio with that chunk's prompt, and every 12th request drops the
-cached audio. The prompt may change at any chunk boundary: the student reads it from that chunk on, the audio
-teacher from the next request on (it makes a request's audio at once).
+`CausalSession.run_chunk(prompt)` makes the next chunk of the session (h3serve.rules.realtime_geometry: 39/34/34/17
+frames in the first request, 34/34/34/17 after) conditioned on the prompt given for it, and returns the frames and audio
+it publishes. Per chunk: the chunk's noise (its request's standalone draw), three student steps (the LoRA on) at the
+ladder points (0, 16, 33, 49) in the causal attention over the clean K/V cache, the student's audio rows replaced by the
+base model's states 3, 6, 9 after each step; the clean video renormalised to the first chunk's per-feature statistics;
+one σ = 0 pass that commits the chunk's keys and values; the decode. At every request's first chunk the audio teacher
+(the LoRA off) makes the request's audio with that chunk's prompt, and every 12th request drops the cached audio. The
+prompt may change at any chunk boundary: the student reads it from that chunk on, the audio teacher from the next
+request on (it makes a request's audio at once).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import torch
 from h3serve.model.decoder import Decoder
 from h3serve.model.layout import unpatchify
 from h3serve.model.pipeline_types import H3Components
-from h3serve.model.realtime.attention import CausalAttention
+from h3serve.model.realtime.causal_attention import CausalAttention
+from h3serve.model.realtime.chunk_layout import chunk_layout
 from h3serve.model.realtime.decode import ChunkAudioDecoder, ChunkVideoDecoder
 from h3serve.model.realtime.kv_cache import CleanKVCache
-from h3serve.model.realtime.layout import chunk_layout
 from h3serve.model.realtime.noise import LATENT_CHANNELS, request_noise
 from h3serve.model.realtime.prompt import PromptStates
-from h3serve.model.realtime.schedule import euler_, student_sigmas
+from h3serve.model.realtime.student_schedule import euler_, student_sigmas
 from h3serve.model.realtime.teacher import TeacherAudio, teach
 from h3serve.model.sampler import _to_device
 from h3serve.rules import limits
-from h3serve.rules.realtime import (
+from h3serve.rules.realtime_geometry import (
     STUDENT_STEPS,
     Chunk,
     audio_reset_at,

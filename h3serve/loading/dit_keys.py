@@ -1,4 +1,5 @@
-"""Native (MiniMaxAI / ComfyUI) transformer key names -> diffusers names (spec §2.8). Pure tensor code.
+"""Native (MiniMaxAI / ComfyUI) transformer tensors -> diffusers tensors (docs/model.md; the names alone:
+h3serve.checkpoint.native_names).
 
 Native checkpoints fuse q/k/v into `attn.qkv_proj` and store the SwiGLU input projection as [gate; value].
 The fused QKV row order cannot be read from the file: the MiniMaxAI shards interleave it per head
@@ -12,49 +13,9 @@ from typing import Literal
 
 import torch
 
+from h3serve.checkpoint.native_names import diffusers_to_native_name
+
 QkvLayout = Literal["interleaved", "stacked"]
-
-_RENAMES = (
-    ("token_refiner.blocks.", "token_refiner.refiner_blocks."),
-    ("time_embedder.proj_in.", "time_embedder.linear_1."),
-    ("time_embedder.proj_out.", "time_embedder.linear_2."),
-    ("video_patch_proj.", "proj_in."),
-    ("audio_patch_proj.", "audio_proj_in."),
-    ("condition_proj.", "context_embedder."),
-    ("final_layer.norm.", "norm_out.norm."),
-    ("final_layer.adaln_proj.linear.", "norm_out.linear."),
-    ("final_layer.video_out.", "proj_out."),
-    ("final_layer.audio_out.", "audio_proj_out."),
-    (".attn.q_norm.", ".attn.norm_q."),
-    (".attn.k_norm.", ".attn.norm_k."),
-    (".attn.out_proj.", ".attn.to_out.0."),
-    (".mlp.fc1.", ".ff.net.0.proj."),
-    (".mlp.fc2.", ".ff.net.2."),
-)
-_NATIVE_MARKERS = ("video_patch_proj.", "condition_proj.", "final_layer.", "blocks.0.attn.qkv_proj.")
-
-
-def is_native_key_set(keys: list[str]) -> bool:
-    """True when the keys use the native naming (any key with a native-only prefix)."""
-    return any(k.startswith(m) or f".{m}" in k for k in keys for m in _NATIVE_MARKERS)
-
-
-def native_to_diffusers_name(key: str) -> str:
-    """Rename one native key (the fused `qkv_proj` keeps its name; `split_native_tensor` splits it)."""
-    if key.startswith("blocks."):
-        key = "transformer_blocks." + key[len("blocks.") :]
-    for old, new in _RENAMES:
-        key = key.replace(old, new)
-    return key
-
-
-def native_module_names(module: str) -> tuple[str, ...]:
-    """A native module name -> the diffusers modules it holds (the fused `qkv_proj` holds to_q, to_k, to_v)."""
-    name = native_to_diffusers_name(module + ".weight")[: -len(".weight")]
-    if name.endswith(".attn.qkv_proj"):
-        stem = name[: -len("qkv_proj")]
-        return tuple(stem + part for part in ("to_q", "to_k", "to_v"))
-    return (name,)
 
 
 def _rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -121,11 +82,7 @@ def diffusers_to_native(
     state dict's `weight_scale`s fused with their weights)."""
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state_dict.items():
-        native = key
-        for old, new in reversed(_RENAMES):
-            native = native.replace(new, old)
-        if native.startswith("transformer_blocks."):
-            native = "blocks." + native[len("transformer_blocks.") :]
+        native = diffusers_to_native_name(key)
         kind = "weight_scale" if native.endswith(".weight_scale") else "weight"
         if native.endswith(f".attn.to_q.{kind}"):
             parts = [state_dict[key.replace("to_q", name)] for name in ("to_q", "to_k", "to_v")]

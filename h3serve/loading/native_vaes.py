@@ -1,7 +1,7 @@
 """The native MiniMaxAI VAEs loaded in place: no conversion pass and no second copy on disk.
 
 Parameters are created on the meta device and read tensor by tensor from the memory-mapped source file
-(h3serve.checkpoint.weights); buffers the modules compute themselves (the decoder's RoPE table) are built normally.
+(h3serve.loading.tensors); buffers the modules compute themselves (the decoder's RoPE table) are built normally.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from accelerate import init_empty_weights
 
 from h3serve.checkpoint import native_config
 from h3serve.checkpoint.file_reading import CheckpointError
-from h3serve.checkpoint.weights import iter_tensors, materialize
-from h3serve.model import vae_keys
+from h3serve.loading import vae_keys
+from h3serve.loading.tensors import iter_tensors, materialize
 
 
 def load_native_video_vae(folder: Path, dtype: torch.dtype, device: torch.device):

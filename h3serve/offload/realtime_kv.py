@@ -1,8 +1,9 @@
 """The clean K/V cache of a real-time session in the placement plan (torch-free).
 
-A session holds, per DiT block, the keys and values of its bounded history (h3serve.rules.realtime.kv_rows_bound:
-the sink chunk's video, the two most recent chunks and the chunk being staged) for this rank's head shard (heads /
-Ulysses degree), in the DiT's dtype, from its first chunk to its end: device bytes on every stage, like the weights.
+A session holds, per DiT block, the keys and values of its bounded history
+(h3serve.rules.realtime_geometry.kv_rows_bound: the sink chunk's video, the two most recent chunks and the chunk being
+staged) for this rank's head shard (heads / Ulysses degree), in the DiT's dtype, from its first chunk to its end: device
+bytes on every stage, like the weights.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import replace
 
 from h3serve.offload.placement_plan import PlacementPlan, RankPlan
 from h3serve.rules import limits
-from h3serve.rules.realtime import kv_cache_bytes
+from h3serve.rules.realtime_geometry import kv_cache_bytes
 
 REALTIME_KV = "realtime kv cache"
 

@@ -11,7 +11,7 @@ from typing import Any
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
-from h3serve.rules.realtime import STUDENT_STEPS, chunks_for_frames
+from h3serve.rules.realtime_geometry import STUDENT_STEPS, chunks_for_frames
 from h3serve.rules.validate.resolve import check_int, check_prompt
 
 _TASKS = ("t2va",)  # the streaming LoRA was distilled on the FL2VA DiT's text-to-video-and-audio task

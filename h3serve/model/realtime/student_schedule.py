@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from h3serve.model.scheduler import shift_sigma
-from h3serve.rules.realtime import LADDER_INDICES, LADDER_POINTS, TEACHER_POINTS
+from h3serve.rules.realtime_geometry import LADDER_INDICES, LADDER_POINTS, TEACHER_POINTS
 
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 

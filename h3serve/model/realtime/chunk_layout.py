@@ -22,7 +22,7 @@ from h3serve.model.layout import (
 )
 from h3serve.model.transformer import PackedLayout
 from h3serve.rules import limits
-from h3serve.rules.realtime import ROLLOVER_LATENTS, Chunk, video_time
+from h3serve.rules.realtime_geometry import ROLLOVER_LATENTS, Chunk, video_time
 
 
 def chunk_layout(tags: torch.Tensor, origin: int, chunk: Chunk, latent_h: int, latent_w: int) -> Layout:

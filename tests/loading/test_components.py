@@ -10,10 +10,11 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 from safetensors.torch import load_file, save_file
 
+from h3serve.checkpoint import native_names
 from h3serve.checkpoint.file_reading import weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
-from h3serve.model import keys
-from h3serve.rank.checkpoint import load_transformer
+from h3serve.loading import dit_keys as keys
+from h3serve.loading.components import load_transformer
 
 
 def safe_open_keys(path):
@@ -114,7 +115,7 @@ def test_native_detection_reads_every_shard_and_the_original_config_names(
 ):
     folder = _native_folder(tmp_path, tiny_native_checkpoint)
     first = safe_open_keys(folder / "model-00001-of-00002.safetensors")
-    assert not keys.is_native_key_set(first)  # no marker key in the first shard
+    assert not native_names.is_native_key_set(first)  # no marker key in the first shard
     cfg = json.loads((folder / "config.json").read_text())
     assert "ffn_hidden_size" in cfg and "latents_dim" in cfg and "ffn_dim" not in cfg
     _same_weights(load_transformer(folder), reference_dit)

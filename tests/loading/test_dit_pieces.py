@@ -1,4 +1,4 @@
-"""DLO all-gather load (h3serve.rank.dit_pieces): the pieces of the streamed DiT blocks a rank reads from the files
+"""DLO all-gather load (h3serve.loading.dit_pieces): the pieces of the streamed DiT blocks a rank reads from the files
 row by row are byte-identical to those cut from the whole loaded DiT (modular and native layouts, sharded files,
 fp32 and bf16, FP8 online per channel and per tensor and stored, FastH3, LoRA factors, tensor parallelism), and a
 rank reads, counted at safe_open, only the resident parts and its piece of the blocks (about 1/G of them)."""
@@ -15,15 +15,15 @@ from safetensors.torch import load_file, save_file
 
 from h3serve.accel.quant_config import ComponentQuant
 from h3serve.checkpoint.resolver import CheckpointError
-from h3serve.model import keys
+from h3serve.loading import dit_keys as keys
+from h3serve.loading.components import load_transformer
+from h3serve.loading.dit_pieces import BlockPieces
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.pieces import PieceSources, cut_piece
 from h3serve.offload.placement_plan import DIT_GROUPS
 from h3serve.offload.runtime import adaln_modules
 from h3serve.offload.units import gathered_layout, gathered_values
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.rank.checkpoint import load_transformer
-from h3serve.rank.dit_pieces import BlockPieces
 from h3serve.rank.lora import LoraLinear, LoraScale, install_lora
 from h3serve.tools.tiny.make_adapter import write_fasth3_adapter
 

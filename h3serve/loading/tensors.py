@@ -1,9 +1,9 @@
 """Lazy safetensors reading into meta-initialised modules: one tensor at a time, never a whole file.
 
 A model is built on the meta device, then each tensor is read from its memory-mapped safetensors file, cast per
-the dtype policy and assigned. Shared by the rank-side loaders (h3serve.rank.checkpoint) and the sharded
+the dtype policy and assigned. Shared by the rank-side loaders (h3serve.loading.components) and the sharded
 loaders (h3serve.parallel). `read_rows` reads chosen rows of one tensor (a DiT block's piece under DLO all-gather,
-h3serve.rank.dit_pieces).
+h3serve.loading.dit_pieces).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def materialize(
     deferred: frozenset[str] = frozenset(),
 ) -> None:
     """Assign every parameter/buffer of a meta-initialised `model` from `tensors`; all must be present but the
-    `deferred` ones (left on the meta device: their values come later, h3serve.rank.dit_pieces).
+    `deferred` ones (left on the meta device: their values come later, h3serve.loading.dit_pieces).
 
     Names in `stored` keep the dtype they arrive in (FP8 weights and their scales, h3serve.accel.quantize). Every
     tensor on the CPU gets aligned, contiguous storage, so results do not depend on the file's byte offsets."""

@@ -18,7 +18,7 @@ of its rows from the checkpoint, through the steps the whole-tensor load takes, 
                per-tensor scale needs the whole weight's maximum, so such a weight is read whole once, one tensor at
                a time. The maxima are read from the file, never all-reduced: the pieces differ by rank, so their
                reads issue no collective (the same maxima: MAX is exact).
-  dtype        the loader's rule (h3serve.checkpoint.weights.load_dtype).
+  dtype        the loader's rule (h3serve.loading.tensors.load_dtype).
 The Q/K/V fusion (`fuse_projections`, run here on the meta blocks) takes its rows from to_q, to_k and to_v in turn,
 an FP8 per-tensor scale repeated over its projection's rows (as `Fp8Linear.concat` does).
 """
@@ -37,16 +37,17 @@ from torch import nn
 from h3serve.accel.fp8 import FP8, quantize_fp8, scales_of, weight_amax
 from h3serve.accel.quantize import Fp8Load
 from h3serve.adapters.fasth3 import FastH3File
+from h3serve.checkpoint import native_names
 from h3serve.checkpoint.file_reading import safetensors_header
 from h3serve.checkpoint.resolver import CheckpointError
-from h3serve.checkpoint.weights import STORED_DTYPES, load_dtype, read_rows
-from h3serve.model import keys as native_keys
+from h3serve.loading import dit_keys as native_keys
+from h3serve.loading.dit_shards import shard_ranges
+from h3serve.loading.fasth3_fusion import shard_delta
+from h3serve.loading.tensors import STORED_DTYPES, load_dtype, read_rows
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.pieces import PieceSources, RowSource
 from h3serve.offload.placement_plan import DIT_GROUPS, RESIDENT_GROUP
-from h3serve.parallel.dit_loading import shard_ranges
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.rank.fasth3_fusion import shard_delta
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ class LoadRules:
         self, file: Path, key: str, info: dict, shapes: dict[str, tuple[int, ...]]
     ) -> Iterator[tuple[str, RowSource]]:
         """(model name, source) of every model tensor that stored tensor `key` (header entry `info`) holds."""
-        name = native_keys.native_to_diffusers_name(key) if self.native else key
+        name = native_names.native_to_diffusers_name(key) if self.native else key
         stored_shape, arriving = tuple(info["shape"]), STORED_DTYPES[info["dtype"]]
         for final, mine, columns, every in _row_maps(key, name, stored_shape, self.cfg, self.native, self.layout,
                                                      self.tp):  # fmt: skip
@@ -293,7 +294,7 @@ def block_sources(
     out: dict[str, RowSource] = {}
     for file in files:
         for key, info in safetensors_header(file).items():
-            name = native_keys.native_to_diffusers_name(key) if rules.native else key
+            name = native_names.native_to_diffusers_name(key) if rules.native else key
             if key != "__metadata__" and lazy(name):
                 out.update(rules.sources(file, key, info, shapes))
     edits = sorted(n for n in rules.adapter.edited if lazy(n) and n not in out) if rules.adapter else []

@@ -1,7 +1,7 @@
 """The parent side of a real-time session (no torch): its settings, the stream of its chunks, its interactions.
 
-`Executor.open_realtime(spec)` checks the settings (h3serve.rules.validate.realtime), takes the executor's ranks for
-the session (one session or job at a time per replica) and sends them `RealtimeOpen`; the `RealtimeStream` it
+`Executor.open_realtime(spec)` checks the settings (h3serve.rules.validate.realtime_plan), takes the executor's ranks
+for the session (one session or job at a time per replica) and sends them `RealtimeOpen`; the `RealtimeStream` it
 returns turns each chunk the ranks spool into one fragmented-MP4 segment (`SegmentWriter`: the first carries the
 init segment) and ends with the writer's trailer. `interact` and `stop` reach the ranks at their next chunk
 boundary; `close` aborts at once and frees the ranks for the next job.
@@ -18,20 +18,20 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from h3serve.engine.messages import (
+from h3serve.errors import ClientError, RequestError, ServerError
+from h3serve.media.raw import read_chunk
+from h3serve.messages import (
     Event,
-    Failed,
     JobCancelled,
+    JobFailed,
     RealtimeChunkReady,
     RealtimeEnded,
     RealtimeInteract,
     RealtimeRead,
     RealtimeStop,
 )
-from h3serve.errors import ClientError, RequestError, ServerError
-from h3serve.media.raw import read_chunk
 from h3serve.rules import limits
-from h3serve.rules.validate.realtime import RealtimePlan
+from h3serve.rules.validate.realtime_plan import RealtimePlan
 from h3serve.rules.validate.resolve import check_prompt
 
 
@@ -88,7 +88,7 @@ class SessionHost(Protocol):
 
     def send(self, message: object) -> None: ...
     def next_event_for(self, seq: int, deadline: float | None) -> Event: ...
-    def failed(self, event: Failed) -> None: ...
+    def failed(self, event: JobFailed) -> None: ...
     def abort(self, seq: int) -> None: ...
 
 
@@ -165,7 +165,7 @@ class RealtimeStream:
             if isinstance(event, JobCancelled):
                 self._finish()
                 return None
-            if isinstance(event, Failed):
+            if isinstance(event, JobFailed):
                 try:
                     self.executor.failed(event)  # raises, once the ranks are restarted where they must be
                 finally:

@@ -1,4 +1,4 @@
-"""h3serve.checkpoint.weights: every loaded CPU tensor sits on aligned, contiguous storage, so a result does not depend
+"""h3serve.loading.tensors: every loaded CPU tensor sits on aligned, contiguous storage, so a result does not depend
 on the tensor's byte offset in its safetensors file (MKL's CPU GEMM rounds differently on a weight that is not
 16-byte aligned: the native and modular layouts of one checkpoint differed by 2e-5 in the audio before this)."""
 
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from h3serve.checkpoint.weights import CPU_ALIGNMENT, aligned, iter_tensors, materialize, realign
+from h3serve.loading.tensors import CPU_ALIGNMENT, aligned, iter_tensors, materialize, realign
 
 
 def _offset_view(tensor: torch.Tensor, offset: int) -> torch.Tensor:

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from h3serve.model import keys as native_keys
+from h3serve.checkpoint import native_names
+from h3serve.loading import dit_keys as native_keys
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.parallel.tensor_parallel import Ranges, TensorParallel
 
@@ -41,7 +42,7 @@ def shard_ranges(
     """The rows (or columns) of stored tensor `key` of `shape` that this rank's shard reads; None: all of it."""
     if not native:
         return tp.ranges(key, shape)
-    name = native_keys.native_to_diffusers_name(key)
+    name = native_names.native_to_diffusers_name(key)
     whole_scale = name.endswith("_scale") and math.prod(shape) == 1
     if name.endswith((".attn.qkv_proj.weight", ".attn.qkv_proj.weight_scale")) and not whole_scale:
         return _native_qkv_ranges(tp, cfg, qkv_layout)
@@ -68,5 +69,5 @@ def iter_dit_shards(
                 if not native:
                     yield key, block
                     continue
-                name = native_keys.native_to_diffusers_name(key)
+                name = native_names.native_to_diffusers_name(key)
                 yield from native_keys.split_native_tensor(name, block, local_heads, cfg.attention_head_dim, qkv_layout)

@@ -60,7 +60,7 @@ def fused(
     tensors: Tensors, adapter: FastH3File, tp: TensorParallel | None = None, elsewhere: frozenset[str] = frozenset()
 ) -> Tensors:
     """`tensors` with every edited parameter replaced by its fp32 sum; every edit must meet its tensor, but those
-    of the parameters in `elsewhere` (a streamed block's, fused row by row: h3serve.rank.dit_pieces)."""
+    of the parameters in `elsewhere` (a streamed block's, fused row by row: h3serve.loading.dit_pieces)."""
     pending = set(adapter.edited) - elsewhere
     with safe_open(str(adapter.path), framework="pt", device="cpu") as f:
         for name, tensor in tensors:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from h3serve.api.intake.json_values import parse_json, preview
-from h3serve.api.realtime.messages import CONTROL_TYPES, ControlMessage, SessionStart
+from h3serve.api.realtime.events import CONTROL_TYPES, ControlMessage, SessionStart
 from h3serve.errors import ClientError
 from h3serve.rules import limits
 

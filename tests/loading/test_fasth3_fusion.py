@@ -12,8 +12,8 @@ from small_dit import SMALL_DIT
 
 from h3serve.adapters.fasth3 import adapter_path, is_fasth3_path, read_fasth3
 from h3serve.adapters.header import AdapterError
+from h3serve.loading.components import load_transformer
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.tools.tiny.make_adapter import fasth3_metadata, fasth3_tensors, write_fasth3_adapter
 
 CFG = {**SMALL_DIT, "in_channels": 24}
