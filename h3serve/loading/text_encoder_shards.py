@@ -15,7 +15,7 @@ from h3serve.checkpoint.resolver import CheckpointError, safetensors_files
 from h3serve.checkpoint.text_encoder_names import checkpoint_key_to_name, checkpoint_module_names
 from h3serve.loading.tensors import materialize
 from h3serve.model.text_encoder import TextConditioner
-from h3serve.parallel.setup import ParallelSetup
+from h3serve.parallel.setup import RankParallel
 from h3serve.parallel.tensor_parallel import TensorParallel, iter_sharded
 from h3serve.parallel.text_encoder_tp import ParallelTextConditioner
 
@@ -67,7 +67,7 @@ def load_text_encoder_shard(
 
 
 def load_parallel_text_conditioner(
-    parallel: ParallelSetup,
+    parallel: RankParallel,
     folder: Path,
     tokenizer_folder: Path,
     dtype: torch.dtype,

@@ -60,7 +60,7 @@ class Outcomes:
             )
             return
         now = time.monotonic()
-        self.book.run_seconds = [*self.book.run_seconds[-7:], now - active.started]
+        self.book.record_run(now - active.started)
         frames = output.num_frames
         try:
             self.finish(
@@ -83,10 +83,8 @@ class Outcomes:
         job = self.store.get(active.job_id)
         if job is not None and job.owner == self.policy.owner and job.status in FINISHED:
             return  # recorded by this very run a moment ago
-        if job is None:
-            active.deleted = True  # the runner removes the files once the executor lets go
-        else:
-            active.lost = True
+        self.book.dropped(active, deleted=job is None)  # deleted: the runner removes the files once it lets go
+        if job is not None:
             log.warning("job %s: lease lost to %s; stopping this run", active.job_id, job.owner)
         if active.seq is not None:
             self.executors[active.replica].cancel(active.seq)

@@ -4,7 +4,6 @@ finished, unfinished ones run again from the start, in order), and a TTL sweeper
 from __future__ import annotations
 
 import logging
-import threading
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import job_error
@@ -55,11 +54,11 @@ class Recovery:
         recovered = 0
         for job in self.store.unfinished():
             try:
-                self.book.plans[job.id] = self.replan(job.request)
+                plan = self.replan(job.request)
             except (RequestError, MediaError) as e:  # the model or the input files changed under the job
                 self.store.update(job.id, status="failed", completed_at=int(self.policy.clock()), error=job_error(e))
                 continue
-            self.book.done[job.id] = threading.Event()
+            self.book.track(job.id, plan, wake=False)
             recovered += 1
         if recovered:
             log.info("recovered %d unfinished job(s)", recovered)
