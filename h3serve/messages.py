@@ -133,7 +133,7 @@ class Done:
     files: tuple[dict[str, str], ...] | None = None  # streamed: per output, download variant -> path (MP4, previews)
     frames: int = 0  # streamed: frames in each MP4
     outputs: int = 1  # spooled: outputs, output i in `RankJob.spool_for(i)`
-    counters: dict[str, int] | None = None  # rank 0's running totals (LocalEngine.counters)
+    counters: dict[str, int] | None = None  # rank 0's running totals (ModelRunner.counters)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class GenerationOutput:
     peak_memory_mb: float = 0.0
     files: dict[str, str] = field(default_factory=dict)  # streamed: variant -> path of the file written
     streamed_frames: int = 0  # streamed: frames in the MP4
-    # The engine's running totals (LocalEngine.counters), and from the executor "engine_loads": model loads.
+    # The engine's running totals (ModelRunner.counters), and from the executor "engine_loads": model loads.
     counters: dict[str, int] = field(default_factory=dict)
     # Several outputs of one prompt: outputs 1..N-1, each its own media (the measurements above are the run's).
     others: list[GenerationOutput] = field(default_factory=list)

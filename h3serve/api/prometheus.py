@@ -67,7 +67,7 @@ class _LiveState(Collector):
 
 
 def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
-    """Each replica's engine totals as of its last finished job (`LocalEngine.counters`, the executor's loads):
+    """Each replica's engine totals as of its last finished job (`ModelRunner.counters`, the executor's loads):
     a dashboard, or a test, sees that switching LoRA adapters reloads and recompiles nothing."""
     loads = CounterMetricFamily("h3serve_engine_loads", "Times a replica's rank processes loaded the model "
                                 "(start-up and every restart), as of its last finished job.", labels=["replica"])

@@ -296,10 +296,10 @@ def _run_engine(config, plan, output_path, options):
 
     from h3serve.engine.executor import Executor
     from h3serve.media.sink import Mp4Sink, indexed_path
-    from h3serve.rank.local import LocalEngine
+    from h3serve.rank.model_runner import ModelRunner
 
     multi_rank = config.world_size > 1  # one process per rank; this process only submits and collects
-    engine = Executor(config) if multi_rank else LocalEngine(config)
+    engine = Executor(config) if multi_rank else ModelRunner(config)
     if multi_rank and not engine.rendezvous.is_leader:
         try:
             engine.run_follower(restart=False)

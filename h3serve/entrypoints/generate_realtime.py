@@ -19,7 +19,7 @@ from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.entrypoints.cli_util import EXIT_ERROR, fail
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.media.sink import Mp4Chunks
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import generate_offline
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
@@ -89,7 +89,7 @@ def generate_realtime(args: argparse.Namespace, config: EngineConfig, defaults: 
         if config.world_size > 1:
             _run_ranks(config, plan, writer)  # the stream finishes the writer with its trailer
         else:
-            generate_offline(LocalEngine(config), plan, writer)
+            generate_offline(ModelRunner(config), plan, writer)
             writer.finish()
     except Exception as e:  # one line, never a traceback: the session was valid, the run failed
         writer.writer.abort()

@@ -1,6 +1,6 @@
 """What one rank applies: its process groups, how it loads its shards, and the hooks it installs.
 
-`LocalEngine` builds a `RankParallel` after `init_process_group` and before loading anything:
+`ModelRunner` builds a `RankParallel` after `init_process_group` and before loading anything:
   - `dit_tp` is passed to `load_transformer` (sharded modules, sliced reads);
   - the text encoder loads sharded on the first N ranks (h3serve.loading.text_encoder_shards);
   - `install` wires sequence parallelism into each DiT and tile parallelism into the video VAE.

@@ -163,7 +163,7 @@ Deliver = Callable[[ChunkMedia, Boundary], None]  # rank 0's hand-over of a chun
 
 def run_session(engine, job: RealtimeOpen, rank: int, world: int, decide: Callable[[], Boundary] | None,
                 deliver: Deliver, emit: Callable[[object], None]) -> Boundary:
-    """Session `job` on this rank's `engine` (a LocalEngine), boundary by boundary until its last chunk, a stop, a
+    """Session `job` on this rank's `engine` (a ModelRunner), boundary by boundary until its last chunk, a stop, a
     cancel or an exit; returns the last boundary. `decide` (rank 0's inbox), `deliver` and `emit` (the end) act on
     rank 0 only."""
     config, plan = engine.config, job.plan

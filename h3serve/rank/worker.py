@@ -38,7 +38,7 @@ from h3serve.messages import (
 from h3serve.parallel.launch import join_group
 from h3serve.parallel.peers import Peers, is_lost_connection
 from h3serve.rank.device_checks import check_engine
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import Inbox, run_session, spool_chunk
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
@@ -174,8 +174,8 @@ def rank_gpu(device: torch.device, rank: int, world: int, local_rank: int | None
 
 def _start(
     rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None
-) -> tuple[LocalEngine, Peers | None]:
-    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group and where every rank runs
+) -> tuple[ModelRunner, Peers | None]:
+    """This rank's `ModelRunner`: the flags' torch checks, its GPU, the process group and where every rank runs
     (several ranks), the weights. A rank that cannot start exits, after rank 0 reported why (the parent turns the
     report into a start-up error)."""
     try:  # before any CUDA work: the flags only torch can check
@@ -192,7 +192,7 @@ def _start(
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
             peers = Peers.gather(init_method, world)
-        return LocalEngine(config, rank=rank, world_size=world, setup=setup), peers
+        return ModelRunner(config, rank=rank, world_size=world, setup=setup), peers
     except Exception as e:
         if rank == 0:
             events.put(Fatal(f"{type(e).__name__}: {e}"))

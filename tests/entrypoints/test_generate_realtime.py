@@ -14,7 +14,7 @@ from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions, audio_samples_for
 from h3serve.media.probe import check_output_contract, probe
 from h3serve.media.sink import Mp4Chunks
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import generate_offline
 from h3serve.rules import realtime_geometry as rt
 from h3serve.rules.validate.realtime_plan import plan_realtime
@@ -61,7 +61,7 @@ def test_the_mp4_is_the_sessions_frames_and_audio(outputs, tiny_checkpoint, lora
     """The session's chunks, written by the test through the same writer, give the CLI's bytes."""
     threads, recorder = torch.get_num_threads(), Recorder()
     try:
-        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, realtime_lora=lora))
+        engine = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, realtime_lora=lora))
         generate_offline(engine, plan_realtime("a lighthouse in a storm", 64, 64, 3, 144, defaults=engine.defaults),
                          recorder)
     finally:

@@ -23,7 +23,7 @@ from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_
 from h3serve.loading.components import load_transformer
 from h3serve.offload.inventory import build_inventory
 from h3serve.offload.runtime import tensor_bytes
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 
 
@@ -83,12 +83,12 @@ def test_planner_counts_the_loaded_fp8_bytes(tiny_checkpoint):
     assert saved == weights * 3 - 4 * len(names)  # fp32 -> 1 byte a weight, plus one float32 scale a layer
 
 
-def _engine(checkpoint, flags: str, quantization: bool = True) -> LocalEngine:
+def _engine(checkpoint, flags: str, quantization: bool = True) -> ModelRunner:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     fp8 = "--quantization fp8" if quantization else ""
     args = parser.parse_args(shlex.split(f"--device cpu --threads 1 {fp8} {flags}"))
-    return LocalEngine(engine_config_from_args(args, checkpoint))
+    return ModelRunner(engine_config_from_args(args, checkpoint))
 
 
 def test_fp8_under_rank_local_dlo_is_byte_identical_to_resident_fp8(tiny_checkpoint):

@@ -33,7 +33,7 @@ from two_namespaces import JsonLines, NamespacesUnavailable, TwoNodes, log_tail
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.media.raw import read_raw
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def _node_env(**variables: str) -> dict[str, str]:
 def one_rank(parallel_checkpoint):
     threads = torch.get_num_threads()
     try:
-        engine = LocalEngine(EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va"))
+        engine = ModelRunner(EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va"))
         return engine.generate(plan_for(engine.defaults)).outputs[0]
     finally:
         torch.set_num_threads(threads)

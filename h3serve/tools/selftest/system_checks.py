@@ -57,12 +57,12 @@ def _request(ctx: SelftestContext, request, inspect=None) -> tuple[str, dict]:
     from h3serve.config import EngineConfig
     from h3serve.media.mp4 import write_mp4
     from h3serve.media.probe import check_output_contract, probe
-    from h3serve.rank.local import LocalEngine
+    from h3serve.rank.model_runner import ModelRunner
 
     if "engine" not in ctx.shared:
         config: EngineConfig = dataclasses.replace(ctx.engine_config, model=Path(ctx.model))
         start = time.perf_counter()
-        ctx.shared["engine"] = LocalEngine(config)
+        ctx.shared["engine"] = ModelRunner(config)
         ctx.shared["load_s"] = time.perf_counter() - start
     engine, load_s = ctx.shared["engine"], ctx.shared["load_s"]
     plan = engine.plan(request)

@@ -46,7 +46,7 @@ from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
 
 
-class LocalEngine:
+class ModelRunner:
     """Loads the checkpoint once, then validates and runs requests."""
 
     def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1, setup: RankDevice | None = None):

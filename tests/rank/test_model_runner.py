@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from h3serve.config import EngineConfig
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError
 
@@ -21,7 +21,7 @@ def keyframe(tmp_path_factory):
 
 
 def test_ref2va_only_engine_refuses_t2va_and_fl2va(tiny_checkpoint, keyframe):
-    engine = LocalEngine(EngineConfig(model=tiny_checkpoint, task_type="ref2va"))
+    engine = ModelRunner(EngineConfig(model=tiny_checkpoint, task_type="ref2va"))
     assert engine.tasks == ("ref2va",)
     assert engine.pipeline.components.transformer is None and engine.pipeline.components.transformer_ref is not None
     for request in (GenerationRequest(prompt="x"), GenerationRequest(prompt="x", image=keyframe)):
@@ -30,7 +30,7 @@ def test_ref2va_only_engine_refuses_t2va_and_fl2va(tiny_checkpoint, keyframe):
 
 
 def test_default_engine_loads_both_dits_and_runs_fl2va(tiny_checkpoint, keyframe):
-    engine = LocalEngine(EngineConfig(model=tiny_checkpoint))
+    engine = ModelRunner(EngineConfig(model=tiny_checkpoint))
     assert engine.tasks == ("t2va", "fl2va", "ref2va")
     plan = engine.plan(GenerationRequest(prompt="x", image=keyframe, steps=1, duration_s=4))
     assert (plan.task, plan.width, plan.height) == ("fl2va", 96, 64)  # the keyframe's 3:2 aspect at short edge 64
@@ -43,7 +43,7 @@ def test_a_long_request_the_device_cannot_hold_is_refused_before_it_runs(tiny_ch
     """The server path: the engine puts a 30 s one-pass request to the planner (1.5 GiB device) before any step
     (with the full decode, which holds the whole video: streamed, the same request fits, see test_placement)."""
     config = EngineConfig(model=tiny_checkpoint, threads=1, device_memory=3 * 2**30 // 2, decode_mode="full")
-    engine = LocalEngine(config)
+    engine = ModelRunner(config)
     monkeypatch.setattr(engine.pipeline, "generate", lambda *a, **k: pytest.fail("the request ran"))
     full = engine.plan(GenerationRequest(prompt="x", width=96, height=64, duration_s=30, long_video=True))
     with pytest.raises(RequestError, match=r"long_video_mode: this server cannot run .* longest pass \(736 frames"):
@@ -56,7 +56,7 @@ def test_a_pinned_denoise_row_chunk_reaches_every_block_and_keeps_the_output(tin
     request = GenerationRequest(prompt="a lighthouse", steps=2, duration_s=4, seed=3)
     outputs = {}
     for chunk in ("auto", 256):
-        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, task_type="fl2va", denoise_chunk_rows=chunk))
+        engine = ModelRunner(EngineConfig(model=tiny_checkpoint, task_type="fl2va", denoise_chunk_rows=chunk))
         resolved = None if chunk == "auto" else chunk
         assert engine.config.denoise_chunk_rows == resolved
         assert {b.row_chunk for b in engine.pipeline.components.transformer.transformer_blocks} == {resolved}
