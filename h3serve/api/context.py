@@ -28,4 +28,5 @@ class ServerContext:
 
 
 def get_context(request: Request) -> ServerContext:
-    return request.app.state.context
+    context: ServerContext = request.app.state.context
+    return context

@@ -15,6 +15,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import multiprocessing.queues
 import os
 import queue
 import shutil
@@ -156,7 +157,7 @@ class Executor:
 
     def _start(self) -> None:
         self._requests = self._ctx.Queue()
-        self._events = self._ctx.Queue()
+        self._events: multiprocessing.queues.Queue[Event] = self._ctx.Queue()
         self._cancel = self._ctx.Value("q", 0)  # seq of the job to cancel
         rendezvous = self.rendezvous.fresh()
         world = self.config.world_size
@@ -254,7 +255,7 @@ class Executor:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def run_follower(self, poll_s: float = 1.0, restart: bool = True) -> None:
         """Non-leader nodes: keep the local ranks alive until they exit cleanly, which they do when the leader
@@ -310,7 +311,7 @@ class Executor:
             job = RankJob(
                 seq=next(self._seq),
                 plan=plan,
-                spool=str(self._spool / f"job-{os.getpid()}-{time.time_ns()}.npz"),
+                spool=str(self.spool_dir / f"job-{os.getpid()}-{time.time_ns()}.npz"),
                 encoder=encoder if self.config.decode_mode == "stream" else None,
             )
             if on_start is not None:

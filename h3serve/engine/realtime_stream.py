@@ -84,7 +84,8 @@ SegmentWriterFactory = Callable[[int, int], SegmentWriter]  # (width, height) ->
 class SessionHost(Protocol):
     """What a stream needs of its executor (h3serve.engine.executor.Executor)."""
 
-    spool_dir: Path
+    @property
+    def spool_dir(self) -> Path: ...
 
     def send(self, message: object) -> None: ...
     def next_event_for(self, seq: int, deadline: float | None) -> Event: ...

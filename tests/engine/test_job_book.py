@@ -11,6 +11,7 @@ import random
 import threading
 
 import pytest
+from fuzzing import fuzz_examples, fuzz_seed
 
 from h3serve.engine.jobs.book import ActiveJob, JobBook, JobStateError
 
@@ -99,10 +100,11 @@ def test_answering_waiters_can_keep_those_of_held_jobs():
     assert book.waiter("running") is not None and book.waiter("queued") is None
 
 
+@pytest.mark.fuzz
 def test_a_random_walk_of_changes_keeps_every_invariant():
-    """3 replicas, 12 jobs, 4,000 random changes (seed 20261206): each one either applies or is refused with
-    `JobStateError`, and after each the invariants hold."""
-    rng = random.Random(20261206)
+    """3 replicas, 12 jobs, 4,000 random changes (recorded seed 20261206; `make fuzz` draws others): each one
+    either applies or is refused with `JobStateError`, and after each the invariants hold."""
+    rng = random.Random(fuzz_seed(20261206))
     replicas, jobs = 3, [f"job{i}" for i in range(12)]
     book = JobBook(replicas)
     sessions: set[int] = set()
@@ -119,7 +121,7 @@ def test_a_random_walk_of_changes_keeps_every_invariant():
         assert sessions == {r for r in range(replicas) if book.in_session(r)}
         assert sum(book.served(r) for r in range(replicas)) == sum(released.values())
 
-    for _ in range(4000):
+    for _ in range(fuzz_examples(4000)):
         op = rng.choice(["track", "claim", "start", "drop", "hand_off", "release", "session", "unsession", "forget"])
         replica, job = rng.randrange(replicas), rng.choice(jobs)
         held = book.held()

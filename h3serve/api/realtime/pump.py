@@ -60,7 +60,7 @@ class ChunkPump:
                 self.stream.close()
             except Exception:
                 log.exception("closing a real-time stream failed")
-            self._call_soon(lambda: self._done.done() or self._done.set_result(None))
+            self._call_soon(self._set_done)
 
     def _take_credit(self) -> bool:
         while not self._closing.is_set():
@@ -78,6 +78,10 @@ class ChunkPump:
 
     def _deliver(self, item: Delivery) -> None:
         self._call_soon(lambda: self.chunks.put_nowait(item))
+
+    def _set_done(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
 
     def _call_soon(self, callback: Callable[[], object]) -> None:
         try:

@@ -71,7 +71,7 @@ class RealtimeSession:
         """The whole session; returns once the socket is closed and the stream with it."""
         pump: ChunkPump | None = None
         reader: asyncio.Task[None] | None = None
-        close_code = NORMAL
+        close_code: int | None = NORMAL
         try:
             start = await self._receive_start()
             spec = start.spec(self.config.served_model_name)
@@ -181,7 +181,7 @@ class RealtimeSession:
             raise ClientGone() from None
         if frame["type"] == "websocket.disconnect":
             raise ClientGone()
-        return frame
+        return dict(frame)
 
     async def _send(self, message: BaseModel) -> None:
         text = message.model_dump_json(exclude_none=isinstance(message, ErrorMessage))

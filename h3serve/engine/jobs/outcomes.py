@@ -135,7 +135,9 @@ class Outcomes:
                 self.drop(active)
                 return
         job = self.store.get(active.job_id)
-        for listener in self.book.listeners if job is not None else ():
+        if job is None:  # deleted since
+            return
+        for listener in self.book.listeners:
             try:
                 listener(job)
             except Exception:
