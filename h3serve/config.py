@@ -20,6 +20,7 @@ from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
+from h3serve.extras import require
 from h3serve.offload.modes import (
     AUTO,
     MIN_DENOISE_CHUNK_ROWS,
@@ -341,6 +342,8 @@ class EngineConfig:
             )
         if self.cache_backend not in ("none", "cache_dit"):
             raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        if self.cache_backend == "cache_dit":
+            require("cache", "--cache-backend cache_dit")
         self.cache_profile()
         refusal = self.cache_refusal()
         if self.cache_backend != "none" and refusal:

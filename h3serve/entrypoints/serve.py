@@ -194,8 +194,8 @@ def run_server(engine_config: EngineConfig, server_config: ServerConfig) -> int:
 
 def _open_storage(server_config: ServerConfig) -> tuple[JobStore, JobFiles]:
     """The job store and files. `OSError` (an unusable folder), `sqlite3.Error` (a broken or locked database),
-    `psycopg.Error` (an unreachable PostgreSQL) or `RuntimeError` (a database from a newer h3serve) if the
-    data dir or the database cannot hold them."""
+    `psycopg.Error` (an unreachable PostgreSQL; `jobstore.database_errors`) or `RuntimeError` (a database from a newer
+    h3serve) if the data dir or the database cannot hold them."""
     from h3serve.jobstore import open_job_store
     from h3serve.jobstore.job_files import JobFiles
 
@@ -208,22 +208,20 @@ def _open_storage(server_config: ServerConfig) -> tuple[JobStore, JobFiles]:
 
 
 def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rendezvous: Rendezvous) -> int:
-    import sqlite3
-
-    import psycopg
-
     from h3serve.adapters.serving import catalog_for
     from h3serve.api.app import create_app
     from h3serve.api.http_server import build_server
     from h3serve.engine.executor import EngineError, Executor
     from h3serve.engine.jobs import JobManager
     from h3serve.engine.replicas import start_replicas
+    from h3serve.extras import MissingExtra
+    from h3serve.jobstore import database_errors
 
     if server_config.api_key is None and server_config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without --api-key: anyone who can reach it can submit jobs", server_config.host)
     try:  # before the engine too: a bad data dir should not cost a model load
         store, files = _open_storage(server_config)
-    except (OSError, sqlite3.Error, psycopg.Error, RuntimeError) as e:
+    except (OSError, RuntimeError, MissingExtra, *database_errors()) as e:
         where = "--job-store" if server_config.job_store else f"--data-dir {server_config.data_dir}"
         return fail(f"{where}: {e}", EXIT_ERROR)
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)

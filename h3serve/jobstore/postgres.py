@@ -25,10 +25,6 @@ log = logging.getLogger("h3serve.store")
 _MIGRATION_LOCK = 0x68337365  # "h3se"
 
 
-def is_postgres_url(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
 class PostgresJobStore(SQLJobStore):
     """`h3serve.jobstore.store.JobStore` on a PostgreSQL database."""
 

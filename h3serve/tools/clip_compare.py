@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from h3serve.extras import require
 from h3serve.media import fidelity
 
 
@@ -79,6 +80,7 @@ def load_clip(path: str | Path) -> DecodedClip:
 
 def ssim(a: np.ndarray, b: np.ndarray) -> float:
     """Mean per-frame SSIM of [T, H, W, 3] arrays in [0, 1] (Gaussian window, sigma 1.5; scikit-image)."""
+    require("fidelity", "SSIM")
     from skimage.metrics import structural_similarity
 
     if a.shape != b.shape:

@@ -35,6 +35,7 @@ from h3serve.demo.training.examples import Example, ExampleBuilder, SceneClip, r
 from h3serve.demo.training.vaes import Canvas, set_latent_stats, train_audio_vae, train_video_vae
 from h3serve.demo.world import world
 from h3serve.demo.world.grammar import all_t2va_attributes
+from h3serve.extras import require
 from h3serve.loading.components import load_components
 from h3serve.model.transformer import H3Transformer
 from h3serve.tools.tiny.build_files import quiet_progress_bars, write_json
@@ -296,6 +297,7 @@ def _training_record(
 
 def plot_losses(losses: dict[str, list[float]], path: Path) -> None:
     """One panel per stage, log scale, with a moving average."""
+    require("plots", "the training loss plot")
     import matplotlib
 
     matplotlib.use("Agg")
