@@ -5,8 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# `make demo`'s prompt is the package's (h3serve.demo.defaults.DEMO_PROMPT), read once the venv exists.
-PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.defaults import DEMO_PROMPT; print(DEMO_PROMPT)')
+# `make demo`'s prompt is the package's (h3serve.demo.shipped.DEMO_PROMPT), read once the venv exists.
+PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.shipped import DEMO_PROMPT; print(DEMO_PROMPT)')
 
 .PHONY: demo test lint typecheck fuzz ffmpeg chromium postgresql venv clean
 

@@ -13,7 +13,7 @@ import argparse
 import matplotlib
 import numpy as np
 
-from h3serve.demo.defaults import DEMO_PROMPT
+from h3serve.demo.shipped import DEMO_PROMPT
 from h3serve.rules import limits
 from h3serve.tools.clip_compare import decode_mp4
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
+from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
 from h3serve.tools.live_server import wait_healthy
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser")

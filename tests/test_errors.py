@@ -10,7 +10,7 @@ from h3serve.api.error_envelope import APIError
 from h3serve.engine.executor import EngineError
 from h3serve.errors import INTERNAL_ERROR_MESSAGE, ClientError, ConfigError, H3ServeError, ServerError, job_error_for
 from h3serve.jobstore.records import CLIENT_ERROR_CODES, JobError
-from h3serve.media.intake import MediaFormatError
+from h3serve.media.media_inputs import MediaFormatError
 from h3serve.rules.validate import RequestError
 
 

@@ -22,7 +22,7 @@ from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import Job, new_job_id
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError

@@ -19,8 +19,9 @@ from PIL import Image
 
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_STEPS
-from h3serve.demo.world import checks, world
+from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_STEPS
+from h3serve.demo.world import checks
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
 from h3serve.loading.components import load_components
 from h3serve.media.mp4 import rgb8

@@ -5,7 +5,7 @@ No torch here: the API process calls this on the event loop's executor to answer
 
 from __future__ import annotations
 
-from h3serve.media import intake
+from h3serve.media import media_inputs as intake
 from h3serve.media.source import check_source, frames_at_24fps
 from h3serve.rules.request import GenerationRequest, MediaKind, MediaRef
 from h3serve.rules.validate import (

@@ -403,7 +403,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_dit_forward(args)
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
-    from h3serve.media.intake import MediaError
+    from h3serve.media.media_inputs import MediaError
     from h3serve.rules.validate import RequestError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.bench.matrix_run import run_bench

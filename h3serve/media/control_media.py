@@ -13,7 +13,7 @@ import av
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from h3serve.media.intake import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
+from h3serve.media.media_inputs import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
 from h3serve.media.source import check_source, on_24fps_grid
 from h3serve.rules import limits
 from h3serve.rules.request import MediaRef

@@ -17,7 +17,7 @@ import numpy as np
 from av.audio.resampler import AudioResampler
 from PIL import Image
 
-from h3serve.media.intake import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
+from h3serve.media.media_inputs import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
 from h3serve.media.sniff import Kind, identify, read_head
 from h3serve.rules import limits
 from h3serve.rules.request import MediaRef

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from h3serve.media import intake
+from h3serve.media import media_inputs as intake
 from h3serve.media.control_media import read_control_frames
 from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (

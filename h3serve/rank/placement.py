@@ -15,8 +15,8 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.adapters import lora_bytes, with_adapter_bytes, with_lora_blocks
 from h3serve.offload.inventory import build_inventory
+from h3serve.offload.lora_bytes import lora_bytes, with_adapter_bytes, with_lora_blocks
 from h3serve.offload.modes import AUTO, OffloadError
 from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.plan_report import format_plan

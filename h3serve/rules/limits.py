@@ -54,7 +54,7 @@ VIDEO_TAG = 0
 TEXT_TAG = 1
 AUDIO_TAG = 2
 
-# Media intake (h3serve/media/intake.py): what one input file may be, and what a Ref2VA reference set may hold.
+# Media intake (h3serve/media/media_inputs.py): what one input file may be, and what a Ref2VA reference set may hold.
 # Per-file byte limits and the total file count are MAX_*_BYTES and MAX_MEDIA_FILES above. Durations are measured
 # by decoding (frames / fps, samples / rate), never read from container headers.
 MEDIA_IMAGE_MIN_EDGE = 256  # both edges of an image, in pixels (after EXIF orientation)

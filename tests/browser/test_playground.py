@@ -374,7 +374,7 @@ MEDIA_CASES = {  # name -> reference files; each set is judged by the page and b
 
 
 def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
-    from h3serve.media.intake import MediaError, check_references
+    from h3serve.media.media_inputs import MediaError, check_references
     from h3serve.rules.request import MediaRef
 
     sets = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from h3serve.demo.evaluation import TASKS, DemoEvaluator, EvalCase, band_mask, case_attributes, summarize
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import MOTIONS, SOUNDS
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
-from h3serve.demo.defaults import DEMO_PROMPT
 from h3serve.demo.evaluation import DemoEvaluator
+from h3serve.demo.shipped import DEMO_PROMPT
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
@@ -112,7 +112,7 @@ def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, di
 
 
 def demo_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]]) -> dict:
-    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.defaults), its decoded video and
+    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.shipped), its decoded video and
     soundtrack: rank 0 first on one rank and then with its DiT streamed layer by layer (layerwise offload), then every
     rank through each layout."""
 

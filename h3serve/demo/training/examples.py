@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from h3serve.demo.training.vaes import normalised_pixels
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import prompt_for
 from h3serve.model.conditioning import AudioReference, encode_audio_condition, normalize_image_reference
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media

@@ -33,7 +33,7 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.demo.training.dit import Phase, train_dit, training_init_
 from h3serve.demo.training.examples import Example, ExampleBuilder, SceneClip, render
 from h3serve.demo.training.vaes import Canvas, set_latent_stats, train_audio_vae, train_video_vae
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import all_t2va_attributes
 from h3serve.extras import require
 from h3serve.loading.components import load_components

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h3serve.demo.world.grammar import BACKGROUND_RGB, COLOR_RGB, Attributes
-from h3serve.demo.world.world import horizontal_speed, object_size, vertical_speed
+from h3serve.demo.world.scenes import horizontal_speed, object_size, vertical_speed
 from h3serve.rules.limits import AUDIO_SAMPLE_RATE, FPS
 
 FOREGROUND_DISTANCE = 50  # a channel this far from the video's median (background) colour marks the object

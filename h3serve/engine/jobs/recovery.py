@@ -10,7 +10,7 @@ from h3serve.engine.jobs.outcomes import job_error
 from h3serve.engine.jobs.types import JobPolicy, Replanner
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.store import JobStore
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
 from h3serve.rules.validate import RequestError
 
 log = logging.getLogger("h3serve.jobs")

@@ -13,7 +13,7 @@ from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job
 from h3serve.jobstore.store import JobStore
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
 from h3serve.messages import GenerationOutput
 from h3serve.rules.validate import GenerationPlan, RequestError
 

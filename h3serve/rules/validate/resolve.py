@@ -16,6 +16,7 @@ from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
 from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
+from h3serve.rules.validate.generation_plan import GenerationPlan
 from h3serve.rules.validate.inputs import (
     driving_audio_split,
     resolve_edit,
@@ -24,7 +25,6 @@ from h3serve.rules.validate.inputs import (
     resolve_task,
 )
 from h3serve.rules.validate.length import resolve_continuation, resolve_frames, resolve_long_video_mode
-from h3serve.rules.validate.plan import GenerationPlan
 
 
 def validate(

@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.demo.defaults import shipped_demo_checkpoint
+from h3serve.demo.shipped import shipped_demo_checkpoint
 from h3serve.demo.training.dit import (
     ANCHOR_WEIGHT,
     CLICK_WEIGHT,
@@ -30,7 +30,7 @@ from h3serve.demo.training.dit import (
 from h3serve.demo.training.examples import ExampleBuilder, render
 from h3serve.demo.training.train import LOSS_PLOT, TEXT_RESIDUAL_SCALE, TRAINING_FILE, Recipe, train_demo
 from h3serve.demo.training.vaes import Canvas, audio_batch, train_audio_vae, train_video_vae
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import Attributes
 from h3serve.loading.components import load_components
 from h3serve.model.pipeline import H3Pipeline

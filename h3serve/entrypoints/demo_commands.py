@@ -91,8 +91,8 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
 
 def cmd_eval_demo(args: argparse.Namespace) -> int:
     from h3serve.accel.quant_config import QuantizationError, parse_quantization
-    from h3serve.demo.defaults import DEMO_STEPS
     from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
+    from h3serve.demo.shipped import DEMO_STEPS
     from h3serve.errors import RequestError
     from h3serve.rules.schedule import resolve_steps
 

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from h3serve.demo.defaults import shipped_demo_checkpoint
 from h3serve.demo.evaluation import DemoEvaluator, evaluate, summarize
-from h3serve.demo.world import world
+from h3serve.demo.shipped import shipped_demo_checkpoint
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import Attributes
 from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import write_mp4
