@@ -1,6 +1,6 @@
 """Packed-sequence layout: which row is what, where it sits in RoPE space, and its per-step timestep.
 
-Pure functions over shapes (spec §2.4, §2.5, §3.2, §8). The packed order is
+Pure functions over shapes (docs/model.md §2, §3, §8). The packed order is
   T2VA   [text | target audio ch0, ch1 | target video]
   FL2VA  [text | keyframe rows (first, then last) | target audio | target video]
   Ref2VA [text | reference blocks in request order | target audio | target video]

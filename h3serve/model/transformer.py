@@ -1,7 +1,7 @@
 """MiniMax-H3 joint video + audio DiT.
 
 State-dict compatible with diffusers' `MiniMaxH3Transformer3DModel` (same keys, shapes and math; see
-`h3_model_spec.md` §2). One forward denoises one packed sequence: text rows, conditioning rows, target audio
+docs/model.md §2). One forward denoises one packed sequence: text rows, conditioning rows, target audio
 rows and target video rows, all attending to each other bidirectionally. Each row carries its own timestep
 (one row of a small table of distinct timesteps) and its own modality tag, which together pick its AdaLN
 modulation.

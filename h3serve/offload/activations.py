@@ -193,7 +193,7 @@ def vae_encode(v: VaeShape, shape: RequestShape) -> int:
 
 
 def _tiles(length: int, tile: int) -> int:
-    """Spatial tiles along one axis (h3_model_spec §5.6: 256-px tiles with at least 64 px overlap)."""
+    """Spatial tiles along one axis (docs/model.md §5: 256-px tiles with at least 64 px overlap)."""
     overlap = tile // 4
     return 1 if length <= tile else math.ceil((length - overlap) / (tile - overlap))
 

@@ -20,7 +20,7 @@ from h3serve.rules import limits
 RELEASED = "released"
 AUDIO_LATENT_CHANNELS = 32
 
-# Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.
+# Qwen3-VL-32B, the released text encoder (docs/model.md §7): the planner's `--preset released` needs no file.
 RELEASED_TEXT_CONFIG = {
     "vocab_size": 151936,
     "hidden_size": 5120,

@@ -1,4 +1,4 @@
-"""Decoded media -> the pipeline's `Conditioning`: keyframes on the canvas, references normalised (spec §8.4)."""
+"""Decoded media -> the pipeline's `Conditioning`: keyframes on the canvas, references normalised (docs/model.md §8)."""
 
 from __future__ import annotations
 

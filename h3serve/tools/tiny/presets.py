@@ -1,5 +1,5 @@
 """The tiny checkpoints' sizes: one `Preset` per name (its DiT and canvas), the VAEs' and the text stack's tiny
-configs, shared by every preset (spec §10)."""
+configs, shared by every preset (the released ones: docs/model.md §1)."""
 
 from __future__ import annotations
 
