@@ -27,7 +27,7 @@ def _all_error_classes() -> set[type]:
 
 # Control flow, not errors: a selftest check signals its verdict with these (they never leave the selftest runner);
 # a real-time session's socket reports its client gone with the last (it never leaves the session).
-CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.Failed",
+CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.CheckFailed",
                 "h3serve.api.realtime.session.ClientGone"}
 # Client error codes that never become a job's error: refused before a job exists (admission, the body, the WS route).
 NOT_JOB_CODES = {"request_too_costly", "invalid_body", "realtime_unavailable"}

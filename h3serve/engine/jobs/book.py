@@ -20,13 +20,16 @@ import time
 from dataclasses import dataclass, field
 
 from h3serve.engine.jobs.types import JobListener, StartListener
+from h3serve.errors import ServerError
 from h3serve.rules.validate import GenerationPlan
 
 RECENT_RUNS = 8  # run times kept for the Retry-After estimate
 
 
-class JobStateError(RuntimeError):
+class JobStateError(ServerError, RuntimeError):
     """A change the book's invariants forbid (a bug in the caller, never a client's error)."""
+
+    code = "job_state_error"
 
 
 @dataclass
