@@ -18,6 +18,7 @@ from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
+from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
 log = logging.getLogger("h3serve.api")
@@ -65,8 +66,12 @@ def from_request_error(err: RequestError, aliases: dict[str, str] | None = None)
     return APIError(400, f"{param}: {err.message}", "invalid_value", param)
 
 
+MAX_ID_SHOWN = 64  # a job id is 38 characters
+
+
 def not_found(video_id: str) -> APIError:
-    return APIError(404, f"Video with id '{video_id}' not found.", "video_not_found", "video_id")
+    """404 for an unknown id; the id is echoed cut to a job id's length (a client's 60 KB id is not sent back)."""
+    return APIError(404, f"Video with id {shown(video_id, MAX_ID_SHOWN)} not found.", "video_not_found", "video_id")
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None,

@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from h3serve.adapters.catalog import LoraField, parse_lora_field
+from h3serve.adapters.catalog import INT_ID_MAX, SCALE_LIMIT, LoraField, parse_lora_field
 from h3serve.api.error_envelope import bad_request
 from h3serve.api.intake.json_values import as_json
 from h3serve.errors import RequestError
@@ -108,7 +108,8 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "form_json": "in a form, extra_params is JSON text, and continuation_prompts sent as one value starting with `[` "
     "is read as a JSON list: either must then parse (code invalid_json)",
     "control": "one control type per request, with its media (inpaint: a mask; the others: a control video; a "
-    "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path",
+    "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path; "
+    "control media decode within the pixel budget (frames and masks at most 4096x2304 pixels)",
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
@@ -164,7 +165,8 @@ CONTROL_RULE = (
     "a control video for the ControlNet branch (a server started with --controlnet-model-path): one control type "
     "per request; control_path / source_path / mask_path are files under the server's --control-dir (or upload "
     "control_reference / source_reference / mask_reference); inpaint needs a mask, the other types a control "
-    "video, a source a mask; control_context_scale >= 0 (default 1; 0: no control, the base output); T2VA only"
+    f"video, a source a mask; control_context_scale 0 to {limits.MAX_CONTROL_SCALE:g} (default 1; 0: no control, "
+    "the base output); T2VA only"
 )
 
 
@@ -175,7 +177,7 @@ class ControlObject(BaseModel):
     control_path: ControlPath | None = None
     source_path: ControlPath | None = None
     mask_path: ControlPath | None = None
-    control_context_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    control_context_scale: Annotated[float, Field(ge=0, le=limits.MAX_CONTROL_SCALE, allow_inf_nan=False)] | None = None
 
 
 class ControlTypes(BaseModel):
@@ -204,6 +206,8 @@ class ExtraParams(LongVideoFields, EditOptions, ControlTypes):
 
 
 AdapterText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+LoraScale = Annotated[float, Field(ge=-SCALE_LIMIT, le=SCALE_LIMIT, allow_inf_nan=False)]
+LoraId = Annotated[int, Field(ge=0, le=INT_ID_MAX)]
 
 
 class LoraObject(BaseModel):
@@ -216,10 +220,10 @@ class LoraObject(BaseModel):
     path: AdapterText | None = Field(None, description="a file or folder under --lora-dir [lora_path, local_path]")
     lora_path: AdapterText | None = None
     local_path: AdapterText | None = None
-    scale: Annotated[float, Field(ge=-10, le=10)] | None = Field(None, description="times alpha / rank [lora_scale]")
-    lora_scale: Annotated[float, Field(ge=-10, le=10)] | None = None
-    int_id: Annotated[int, Field(ge=0)] | None = Field(None, description="[lora_int_id]")
-    lora_int_id: Annotated[int, Field(ge=0)] | None = None
+    scale: LoraScale | None = Field(None, description="times alpha / rank [lora_scale]")
+    lora_scale: LoraScale | None = None
+    int_id: LoraId | None = Field(None, description="[lora_int_id]")
+    lora_int_id: LoraId | None = None
 
 
 class VideoCreateFields(LongVideoFields, EditOptions):
@@ -243,10 +247,8 @@ class VideoCreateFields(LongVideoFields, EditOptions):
         None, description=f"denoiser forwards N (N + 1 sigma points; diffusers' num_inference_steps = N + 1); "
                           f"default {limits.DEFAULT_STEPS}; an adapter with a pinned schedule takes its own count")
     flow_shift: Shift | None = None
-    # The schema states the largest float64 below 2**63: JSON tools that read numbers as doubles would round
-    # SEED_MAX (2**63 - 1) up to 2**63 and send it as "valid"; the server itself accepts up to SEED_MAX.
-    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX,
-                               json_schema_extra={"maximum": 2**63 - 1024})] | None = None
+    # The schema states SEED_MAX as the integer it is (h3serve.api.openapi.exact_request_bodies keeps it one).
+    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
     user: str | None = None
     num_outputs_per_prompt: Outputs | None = Field(None, description=OUTPUTS_RULE)
     n: Outputs | None = Field(None, description="num_outputs_per_prompt by its OpenAI name (the other wins if both)")

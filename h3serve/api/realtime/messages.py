@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from h3serve.engine.realtime import RealtimeChunk, RealtimeSpec
 from h3serve.errors import RequestError
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 Count = Annotated[StrictInt, Field(ge=1)]
 
@@ -85,7 +86,7 @@ class SessionStart(_Message):
         """The session the fields ask for (a `RequestError` naming the field for the few rules checked here; the
         rest are the engine's)."""
         if self.model is not None and self.model != served_model:
-            raise RequestError("model", f"this server runs {served_model!r}, not {self.model!r}")
+            raise RequestError("model", f"this server runs {served_model!r}, not {shown(self.model)}")
         params = self.video_params or VideoParams()
         width, height = self.width or params.width, self.height or params.height
         if self.size is not None:

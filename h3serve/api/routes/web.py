@@ -26,6 +26,7 @@ from h3serve.rules.names import (
     SAMPLE_SOLVERS,
     TASKS,
 )
+from h3serve.rules.shown import shown
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -43,7 +44,7 @@ def static_file(name: str) -> FileResponse:
     """A file of the page; only files directly under static/ (or static/js/) with a known suffix."""
     path = (STATIC_DIR / name).resolve()
     if not path.is_relative_to(STATIC_DIR.resolve()) or path.suffix not in MEDIA_TYPES or not path.is_file():
-        raise APIError(404, f"No such file: {name!r}", "file_not_found")
+        raise APIError(404, f"No such file: {shown(name)}", "file_not_found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
 
