@@ -74,11 +74,15 @@ def not_found(video_id: str) -> APIError:
     return APIError(404, f"Video with id {shown(video_id, MAX_ID_SHOWN)} not found.", "video_not_found", "video_id")
 
 
+def envelope(status: int, message: str, code: str, param: str | None = None) -> dict[str, dict[str, str | None]]:
+    """The body of every error answer."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+
+
 def error_response(status: int, message: str, code: str, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(envelope(status, message, code, param), status_code=status, headers=headers)
 
 
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
