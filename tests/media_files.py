@@ -27,11 +27,14 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 def png_bomb(path: Path, width: int, height: int, truncated: bool = False) -> Path:
     """A gray 8-bit PNG of `width` x `height` zeros, written a row band at a time (a 12000x12000 one is ~140 KB and
-    never exists in memory here); `truncated`: the header only, no pixel data (a file whose header lies)."""
+    never exists in memory here); `truncated`: the header and the start of the pixel data only (a file whose header
+    lies: ~50 bytes for any size)."""
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n")
         f.write(_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)))
-        if not truncated:
+        if truncated:  # an IDAT chunk that says 1 MB and ends after its first bytes
+            f.write(struct.pack(">I", 1 << 20) + b"IDAT" + zlib.compressobj(1).compress(b"\x00" * 64))
+        else:
             packer = zlib.compressobj(1)
             row = b"\x00" * (width + 1)  # filter byte 0, then the row
             band = row * max(1, (1 << 22) // len(row))
