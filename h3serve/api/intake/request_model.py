@@ -43,7 +43,11 @@ _LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * l
 
 Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_nan=False)]
 StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
-GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
+# A continuation's window and overlap, on the 17n+5 grid (a rule the schema states in words): the window 107..345,
+# the overlap from 5 to the largest grid count below the longest window.
+WindowFrames = Annotated[int, Field(ge=limits.MIN_WINDOW_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
+OverlapFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES,
+                                     le=limits.MAX_WINDOW_FRAMES - limits.VAE_FRAMES_PER_CHUNK)]
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
 _RATIO_NUMBER = r"\d{1,3}(\.\d{1,6})?"
 # W:H (or WxH, W/H), one number (W/H), or auto/adaptive; a JSON number is a ratio too. The canvas rule is
@@ -52,7 +56,8 @@ Ratio = (
     Annotated[str, Field(pattern=rf"^\s*(?:(?i:auto|adaptive)|{_RATIO_NUMBER}(?:\s*[:xX/]\s*{_RATIO_NUMBER})?)\s*$")]
     | Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
 )
-ShortEdge = Annotated[int, Field(ge=1, le=_MAX_EDGE, json_schema_extra={"enum": list(SHORT_EDGE_MODES)})]
+ShortEdge = Annotated[int, Field(ge=min(SHORT_EDGE_MODES), le=max(SHORT_EDGE_MODES),
+                                 json_schema_extra={"enum": list(SHORT_EDGE_MODES)})]
 CANVAS_RULE = (
     "Canvas: `size` / `width`+`height` are floored to multiples of 32 and generated as given. `aspect_ratio` is "
     "W:H (16:9, 21:9, 4:3, 1:1, 3:4, 9:16 or any W:H from 1:4 to 4:1), a number (1.7778) or auto/adaptive (FL2VA: "
@@ -135,8 +140,9 @@ class LongVideoFields(_Strict):
     long_video_mode: LongVideoMode | None = Field(
         None, description="full: one pass; continuation: overlapping windows (default for ref2va)"
     )
-    continuation_window_frames: GridFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
-    continuation_overlap_frames: GridFrames | None = Field(None, description="17n+5, below the window (default 22)")
+    continuation_window_frames: WindowFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
+    continuation_overlap_frames: OverlapFrames | None = Field(None, description="17n+5, below the window "
+                                                                                "(default 22)")
     continuation_prompts: Annotated[list[str], Field(min_length=1, max_length=200)] | None = Field(
         None, description="one per window, each appended to the main prompt for its window"
     )
