@@ -87,6 +87,8 @@ def test_request_paths_stay_inside_the_root_and_bad_ones_are_never_opened(root, 
         (str(outside), "outside the adapter directory"),
         ("link/adapter_model.safetensors", "outside the adapter directory"),
         ("/etc/passwd", "outside the adapter directory"),
+        ("a" * 300, "a path component is 300 bytes"),  # issue 54: ENAMETOOLONG from is_dir, an HTTP 500
+        ("style/" + "b" * 256 + "/x.safetensors", "a path component is 256 bytes"),
     ):
         with pytest.raises(RequestError, match=message) as err:
             catalog.choose(LoraField(path=path))
