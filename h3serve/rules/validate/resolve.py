@@ -13,6 +13,7 @@ from h3serve.rules import limits
 from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
 from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
@@ -97,7 +98,8 @@ def validate(
 
 
 def resolve_control(
-    request: GenerationRequest, task: str, mode: str | None, masks: tuple, quality: str | None, served: bool = True
+    request: GenerationRequest, task: str, mode: str | None, masks: tuple[LatentMask | None, LatentMask | None],
+    quality: str | None, served: bool = True,
 ) -> ControlRequest | None:
     """A control request checked: on an engine with a ControlNet (`served`), one known type with its media
     (inpaint: a mask; the others: a control video; a source only beside a mask), a finite scale in
