@@ -93,6 +93,12 @@ def test_a_path_component_over_the_filesystems_limit_is_400(server, extra, param
     assert "bytes" in error["message"] and "255" in error["message"]
 
 
+def test_a_static_file_name_the_filesystem_cannot_hold_is_a_404(server):
+    with server.client() as client:
+        response = client.get(f"/web/static/{'a' * 300}.js")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "file_not_found"
+
+
 def test_a_control_request_the_server_cannot_serve_is_400_at_intake(server, bombs):
     files = [("control_reference", ("c.mp4", bombs["small_video"].read_bytes(), "video/mp4"))]
     executor = server.executor
