@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from h3serve.media import intake
 from h3serve.media.control_media import check_control_media
-from h3serve.media.sniff import Kind
 from h3serve.media.source import check_source_header, frames_at_24fps
-from h3serve.rules.request import GenerationRequest, MediaRef
+from h3serve.rules.request import GenerationRequest, MediaKind, MediaRef
 from h3serve.rules.validate import (
     GenerationPlan,
     ModelDefaults,
@@ -49,7 +48,7 @@ def plan_request(
         intake.check_references(request.references, starts)  # every rule, without keeping decoded frames
     extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
     plan = validate(request, defaults, keyframe_size, extend_frames)
-    sources: tuple[tuple[str, MediaRef | None, Kind], ...] = (
+    sources: tuple[tuple[str, MediaRef | None, MediaKind], ...] = (
         ("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
         if ref is not None:  # kind, size and frame size; decoded when the job runs, only as far as needed
