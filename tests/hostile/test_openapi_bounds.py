@@ -144,6 +144,7 @@ def test_every_integer_bound_is_an_integer_the_server_enforces_on_every_route(se
                         assert _refused_for(past, field), (
                             f"{path} {encoding} {field}={bound + step} (past the published {key}) was not refused "
                             f"naming the field: {past.status_code} {past.text[:300]}")
+                        assert str(bound) in past.json()["error"]["message"], past.text  # the limit, exactly
                         probes += 2
         # Query parameters: the page size and an output's index.
         job = client.post("/v1/videos", json={"prompt": "x"}).json()["id"]
