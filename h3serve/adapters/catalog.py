@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import zlib
 from collections.abc import Callable, Mapping
@@ -23,9 +22,12 @@ from h3serve.adapters.peft import LoraFile, inspect_lora
 from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, check_key_format, parse_turbo_name, turbo_file_in
 from h3serve.errors import ConfigError, RequestError
 from h3serve.rules.adapter_choice import AdapterChoice, PddContract
+from h3serve.rules.request_paths import path_under
+from h3serve.rules.shown import shown
 
 DEFAULT_SLOT_RANK = 128  # the released Turbo files' rank: what an allow-listed directory may bring
 SCALE_LIMIT = 10.0
+INT_ID_MAX = 2**63 - 1  # lora_int_id: stored with the job as a 64-bit integer
 PEFT_FILE = "adapter_model.safetensors"
 
 
@@ -98,14 +100,7 @@ def guard_path(text: str, root: Path | None) -> Path:
         raise RequestError(
             "lora.path", "this server reads no adapter paths (it was started without --lora-dir); use a preloaded name"
         )
-    candidate = Path(text)
-    if ".." in candidate.parts:
-        raise RequestError("lora.path", "must not contain '..'")
-    full = candidate if candidate.is_absolute() else root / candidate
-    real, real_root = Path(os.path.realpath(full)), Path(os.path.realpath(root))
-    if not real.is_relative_to(real_root):
-        raise RequestError("lora.path", "is outside the adapter directory the server allows (--lora-dir)")
-    return real
+    return path_under(text, root, "lora.path", "the adapter directory the server allows (--lora-dir)")
 
 
 def default_int_id(path: str) -> int:
@@ -166,7 +161,7 @@ class LoraCatalog:
                 raise RequestError("lora", "give a name (a preloaded adapter) or a path")
             if field.name not in self.preloaded:
                 known = ", ".join(sorted(self.preloaded)) or "none"
-                raise RequestError("lora.name", f"unknown adapter {field.name!r}; preloaded: {known}")
+                raise RequestError("lora.name", f"unknown adapter {shown(field.name)}; preloaded: {known}")
             choice = self.preloaded[field.name]
             scale = choice.scale if field.scale is None else field.scale
             int_id = choice.int_id if field.int_id is None else field.int_id
@@ -177,6 +172,8 @@ class LoraCatalog:
             choice = self._choice(field.name or path.stem, path, scale, field.int_id)
         except AdapterError as e:
             raise RequestError("lora.path", str(e)) from None
+        except OSError as e:  # reading under the root failed (a name the kernel refuses, I/O): never the path
+            raise RequestError("lora.path", f"cannot be read ({e.strerror or type(e).__name__})") from None
         if choice.rank > self.slot_rank:
             raise RequestError("lora.path", f"adapter rank {choice.rank} exceeds this server's {self.slot_rank}")
         return choice
@@ -238,11 +235,13 @@ def parse_lora_field(value: object) -> LoraField | None:
             raise RequestError(field, "must be a non-empty string of at most 4096 characters")
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
-            raise RequestError("lora.scale", f"must be a number, got {scale!r}")
+            raise RequestError("lora.scale", f"must be a number, got {shown(scale)}")
         if abs(scale) > SCALE_LIMIT:
-            raise RequestError("lora.scale", f"must be between -{SCALE_LIMIT:g} and {SCALE_LIMIT:g}, got {scale:g}")
-    if int_id is not None and (isinstance(int_id, bool) or not isinstance(int_id, int) or int_id < 0):
-        raise RequestError("lora.int_id", f"must be a non-negative integer, got {int_id!r}")
+            raise RequestError("lora.scale", f"must be between -{SCALE_LIMIT:g} and {SCALE_LIMIT:g}, "
+                                             f"got {shown(scale)}")
+    if int_id is not None and (isinstance(int_id, bool) or not isinstance(int_id, int)
+                               or not 0 <= int_id <= INT_ID_MAX):
+        raise RequestError("lora.int_id", f"must be an integer from 0 to {INT_ID_MAX}, got {shown(int_id)}")
     if name is None and path is None:
         raise RequestError("lora", "give a name (a preloaded adapter) or a path")
     return LoraField(name, path, None if scale is None else float(scale), int_id)

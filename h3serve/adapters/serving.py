@@ -27,6 +27,7 @@ class AdapterFlags(Protocol):
     lora_scale: float
     max_lora_rank: int | None
     realtime_lora: str | None
+    controlnet_model_path: str | None
 
     @property
     def dits(self) -> tuple[str, ...]: ...
@@ -42,7 +43,9 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
 
 
 def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefaults:
-    """The checkpoint's request defaults under a fused FastH3 adapter: its pinned schedule, T2VA only."""
+    """The checkpoint's request defaults on this engine: with a ControlNet branch, control requests are served;
+    under a fused FastH3 adapter, its pinned schedule, T2VA only."""
+    defaults = dataclasses.replace(defaults, controlnet=config.controlnet_model_path is not None)
     if config.dit_adapter is None:
         return defaults
     from h3serve.adapters.fasth3 import POSITIONS, adapter_path

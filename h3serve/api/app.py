@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -18,6 +19,7 @@ from h3serve.api.body_limit import BodySizeLimit
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import install_error_handlers
 from h3serve.api.last_resort import LastResort
+from h3serve.api.openapi import exact_request_bodies
 from h3serve.api.prometheus import Metrics
 from h3serve.api.realtime import route as realtime
 from h3serve.api.routes import system, videos, web
@@ -29,10 +31,16 @@ from h3serve.jobstore.store import JobStore
 
 
 class H3App(FastAPI):
-    """FastAPI with `LastResort` outside all of its middleware: no path answers uvicorn's plain-text 500."""
+    """FastAPI with `LastResort` outside all of its middleware: no path answers uvicorn's plain-text 500; and an
+    OpenAPI document whose request bodies are the schemas exactly as written (integer bounds stay integers)."""
 
     def build_middleware_stack(self) -> ASGIApp:
         return LastResort(super().build_middleware_stack())
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            self.openapi_schema = exact_request_bodies(super().openapi(), self.routes)
+        return self.openapi_schema
 
 
 def create_app(

@@ -25,6 +25,7 @@ from h3serve.jobstore.records import Job, new_job_id
 from h3serve.media.media_inputs import MediaError
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest
+from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
 Wait = Callable[[Callable[[], Awaitable[Job]]], Awaitable[Job]]
@@ -64,8 +65,8 @@ async def ensure_capacity(ctx: ServerContext, sync: bool = False) -> None:
 def check_model(fields: VideoCreateFields, ctx: ServerContext) -> None:
     """`model`, if given, names the served model (else 400 `model_not_found`)."""
     if fields.model is not None and fields.model != ctx.config.served_model_name:
-        raise bad_request(f"model: this server runs {ctx.config.served_model_name!r}, got {fields.model!r}", "model",
-                          "model_not_found")
+        raise bad_request(f"model: this server runs {ctx.config.served_model_name!r}, got {shown(fields.model)}",
+                          "model", "model_not_found")
 
 
 async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: Deadline | None = None) -> Job:

@@ -20,6 +20,7 @@ from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
+from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
 E = TypeVar("E", bound=Exception)
@@ -70,15 +71,23 @@ def from_request_error(err: RequestError, aliases: dict[str, str] | None = None)
     return APIError(400, f"{param}: {err.message}", "invalid_value", param)
 
 
+MAX_ID_SHOWN = 64  # a job id is 38 characters
+
+
 def not_found(video_id: str) -> APIError:
-    return APIError(404, f"Video with id '{video_id}' not found.", "video_not_found", "video_id")
+    """404 for an unknown id; the id is echoed cut to a job id's length (a client's 60 KB id is not sent back)."""
+    return APIError(404, f"Video with id {shown(video_id, MAX_ID_SHOWN)} not found.", "video_not_found", "video_id")
+
+
+def envelope(status: int, message: str, code: str, param: str | None = None) -> dict[str, dict[str, str | None]]:
+    """The body of every error answer."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(envelope(status, message, code, param), status_code=status, headers=headers)
 
 
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:

@@ -22,6 +22,7 @@ import httpx
 from h3serve.api.percent import percent_decode
 from h3serve.errors import ClientError
 from h3serve.media.raw import atomic_output
+from h3serve.rules.shown import shown
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -167,15 +168,15 @@ class MediaFetcher:
         try:
             addresses = await self.resolver(url.host, url.port or (443 if url.scheme == "https" else 80))
         except (OSError, UnicodeError):
-            raise MediaFetchError(f"the host {url.host!r} could not be resolved") from None
+            raise MediaFetchError(f"the host {shown(url.host)} could not be resolved") from None
         if not addresses:
-            raise MediaFetchError(f"the host {url.host!r} could not be resolved")
+            raise MediaFetchError(f"the host {shown(url.host)} could not be resolved")
         for address in addresses:
             ip = ipaddress.ip_address(address.split("%")[0])
             reason = None if self.allow_private else self.policy(ip)
             if reason:
                 raise MediaFetchError(
-                    f"the host {url.host!r} resolves to {reason}, which media URLs may not reach"
+                    f"the host {shown(url.host)} resolves to {reason}, which media URLs may not reach"
                 )
         return addresses[0].split("%")[0]
 

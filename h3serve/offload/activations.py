@@ -83,6 +83,7 @@ class RequestShape:
     streamed_decode: bool = True  # --decode-mode stream: the VAE decodes one temporal clip at a time
     source_frames: int = 0  # an edit's or extension's source video at the canvas size, VAE-encoded by clips
     batch: int = 1  # items denoised together (several outputs of one prompt): the denoise activations grow with it
+    control_channels: int = 0  # a ControlNet request's media: 3 per control or source video, 1 for a mask
 
     @property
     def images(self) -> int:
@@ -93,6 +94,15 @@ class RequestShape:
     @property
     def latent_frames(self) -> int:
         return geometry.latent_frames(self.num_frames)
+
+    @property
+    def control_media_bytes(self) -> int:
+        """Host bytes of a ControlNet request's media: float32 on the canvas for every frame, plus the one source
+        frame being decoded and resized (at most the pixel budget's frame, as uint8 and float32)."""
+        if not self.control_channels:
+            return 0
+        canvas = self.control_channels * self.num_frames * self.height * self.width * 4
+        return canvas + limits.MEDIA_MAX_FRAME_PIXELS * 3 * (1 + 4)
 
     @property
     def rows_per_frame(self) -> int:

@@ -43,6 +43,7 @@ from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import (
     ADALN,
     ADALN_MEMO,
+    CONTROL_MEDIA,
     MAIN_DIT,
     RESIDENT_GROUP,
     TASK_DIT,
@@ -184,6 +185,8 @@ def _rank_plan(
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     if runtime.memo and runtime.memo_store:
         host[ADALN_MEMO] = runtime.memo_store
+    if shape.control_channels:
+        host[CONTROL_MEDIA] = shape.control_media_bytes
     joined = communicators(inv.engine, inv.degrees, rank)
     return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=joined)
 

@@ -21,3 +21,4 @@ class ModelDefaults:
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (schedule.py)
     fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+    controlnet: bool = False  # a ControlNet branch is loaded (--controlnet-model-path): control requests are served

@@ -32,6 +32,9 @@ SEED_MAX = 2**63 - 1
 DEFAULT_SEED = 42
 # Several outputs of one prompt (num_outputs_per_prompt): output i is the single request at seed + i.
 MAX_OUTPUTS_PER_PROMPT = 10
+# control_context_scale of a ControlNet request (default 1; 0: no control). vLLM-Omni sets no upper bound; the hint
+# is added to the DiT's hidden states times the scale, and past ~10 it swamps them (bf16 overflows long before 1e308).
+MAX_CONTROL_SCALE = 10.0
 # Sigma shifts (video default 12, audio 3). Far below the ~2e4 where fp32 schedules start to collapse, so the
 # video and audio schedules always have the same number of steps.
 MAX_FLOW_SHIFT = 100.0
@@ -64,6 +67,11 @@ MEDIA_CLIP_MIN_S = 2.0  # each reference video clip and each reference audio cli
 MEDIA_CLIP_MAX_S = 15.0
 MEDIA_DURATION_SLACK_S = 0.05  # codec framing (AAC priming, MP3 without gapless info) read as in-limit
 MEDIA_VIDEO_MAX_DECODED_BYTES = 16 * 2**30  # guard, not from the model card: decoded rgb24 frames of one video
+# The pixel budget of every decoded upload (h3serve/media/pixel_budget.py), read from the header before anything is
+# decoded: each video frame (references, edit and extension sources, control videos and masks) and each control mask
+# image at most this many pixels (DCI 4K, 4096x2160, and UHD fit), no edge longer than MEDIA_IMAGE_MAX_EDGE.
+# Guards, not from the model card: the model sees the canvas, so a larger frame only costs the decoder memory.
+MEDIA_MAX_FRAME_PIXELS = 4096 * 2304
 REF_MAX_IMAGES = 9
 REF_MAX_VIDEOS = 3
 REF_MAX_AUDIOS = 3

@@ -10,8 +10,9 @@ import re
 import pytest
 import schemathesis
 from fake_executor import FakeExecutor
+from fuzzing import fuzz_examples, fuzz_seed
 from hostile_servers import serve
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
@@ -44,7 +45,12 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
 SEQUENCES = 30  # stateful runs, one sequence of up to 6 linked steps each
-EXAMPLES = 40  # per operation and mode: ~13 operations x 2 modes, about 25 s on 2 cores
+# per operation and mode: ~13 operations x 2 modes, about 25 s on 2 cores
+EXAMPLES = fuzz_examples(40)
+# The draws are fixed and recorded: operation runs use SEED, stateful run i uses SEED + i, so a verdict never
+# depends on chance (a fresh `make test` once failed on a draw no earlier run had made); `make fuzz` draws others
+# (tests/fuzzing.py). docs/reliability.md records what the recorded one gives.
+SEED = fuzz_seed(54)
 ALLOWED_STATUSES = {200, 400, 401, 404, 409, 413, 415, 422, 429}
 # Every check but two: positive data acceptance is checked below against the documented cross-field rules (the
 # schema states them in words), and the stateful resource checks belong to the stateful run.
@@ -68,6 +74,7 @@ async def _no_network(host: str, port: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.fuzz
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_api_conforms_to_its_schema(tmp_path, mode):
     assert set(RULE_MESSAGES) == set(CROSS_FIELD_RULES)  # every documented rule is recognised here
@@ -82,8 +89,10 @@ def test_api_conforms_to_its_schema(tmp_path, mode):
             if operation.path == "/v1/videos/sync":  # runs a generation per case: covered by other tests
                 continue
 
+            @seed(SEED)
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                      derandomize=False)  # the recorded seed, even under a profile that derandomizes
             def check(case) -> None:
                 response = case.call(base_url=server.url, timeout=30)
                 case.validate_response(response, checks=CHECKED)
@@ -108,6 +117,7 @@ def test_api_conforms_to_its_schema(tmp_path, mode):
 
 
 @pytest.mark.slow
+@pytest.mark.fuzz
 def test_stateful_sequences_following_the_links_see_no_5xx(tmp_path):
     """Create -> retrieve / download / delete, as the OpenAPI links chain them: ids are real, not random."""
     statuses: dict[tuple[str, int], int] = {}
@@ -122,9 +132,8 @@ def test_stateful_sequences_following_the_links_see_no_5xx(tmp_path):
 
         # A step's draw depends on the state the previous steps left (the links feed it real ids), so within one
         # hypothesis run the same choices can draw a string once and a boolean the next time, and hypothesis fails
-        # the run as "flaky" without any server fault. Each run is therefore one sequence, with its own seed:
-        # `derandomize=False` explicitly, since Hypothesis's CI profile (picked when $CI is set) derandomizes, and
-        # then every one of the runs below would replay the very same sequence.
+        # the run as "flaky" without any server fault. Each run is therefore one sequence, with its own recorded
+        # seed (SEED + i; `derandomize` would give every run the same one).
         class Machine(schema.as_state_machine()):  # type: ignore[misc]
             def get_call_kwargs(self, case):
                 return {"base_url": server.url, "timeout": 30}
@@ -135,7 +144,8 @@ def test_stateful_sequences_following_the_links_see_no_5xx(tmp_path):
                 assert response.status_code < 500, f"{key}: {response.text[:300]}"
 
         generator_errors = 0
-        for _ in range(SEQUENCES):
+        for i in range(SEQUENCES):
+            seed(SEED + i)(Machine)
             try:
                 Machine.run(
                     settings=settings(

@@ -406,3 +406,17 @@ def test_a_source_video_is_encoded_one_clip_at_a_time_and_counted(released):
     assert vae_encode(v, shape) == clip + moments
     before = 4 * 3 * 362 * 1344 * 768 * 4 + clip - 17 * 3 * 1344 * 768 * 9 + moments  # four whole fp32 copies
     assert vae_encode(v, shape) < before / 3
+
+
+def test_a_control_requests_media_count_in_the_host_figure(tiny_inv, tiny_shape):
+    """The ControlNet media the rank holds (float32 on the canvas, and the one source frame being resized) are in
+    the plan's host bytes (issue 54: what the pixel budget leaves to the planner)."""
+    from h3serve.offload.placement_plan import CONTROL_MEDIA
+    from h3serve.rules import limits
+
+    plain = plan_placement(tiny_inv, OffloadConfig(), tiny_shape).ranks[0]
+    inpaint = plan_placement(tiny_inv, OffloadConfig(), replace(tiny_shape, control_channels=4)).ranks[0]
+    canvas = 4 * tiny_shape.num_frames * tiny_shape.height * tiny_shape.width * 4
+    assert CONTROL_MEDIA not in plain.host_bytes
+    assert inpaint.host_bytes[CONTROL_MEDIA] == canvas + limits.MEDIA_MAX_FRAME_PIXELS * 3 * 5
+    assert inpaint.total_host_bytes - plain.total_host_bytes == inpaint.host_bytes[CONTROL_MEDIA]

@@ -121,6 +121,10 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
 
     edit = replace(ordinary, source_video=MediaRef(Path("source.mp4"), "source.mp4"))
     assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
+    from h3serve.rules.request import ControlRequest
+
+    inpaint = replace(ordinary, control=ControlRequest("inpaint", source=edit.source_video, mask=edit.source_video))
+    assert longest_pass(inpaint).control_channels == 4 and longest_pass(ordinary).control_channels == 0
     assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
     assert long_request_refusal(config, ordinary, GiB // 4) is None
 

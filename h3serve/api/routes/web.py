@@ -26,6 +26,7 @@ from h3serve.rules.names import (
     SAMPLE_SOLVERS,
     TASKS,
 )
+from h3serve.rules.shown import shown
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
@@ -41,9 +42,13 @@ def index() -> HTMLResponse:
 @router.get("/web/static/{name:path}")
 def static_file(name: str) -> FileResponse:
     """A file of the page; only files directly under static/ (or static/js/) with a known suffix."""
-    path = (STATIC_DIR / name).resolve()
-    if not path.is_relative_to(STATIC_DIR.resolve()) or path.suffix not in MEDIA_TYPES or not path.is_file():
-        raise APIError(404, f"No such file: {name!r}", "file_not_found")
+    try:
+        path = (STATIC_DIR / name).resolve()
+        found = path.is_relative_to(STATIC_DIR.resolve()) and path.suffix in MEDIA_TYPES and path.is_file()
+    except (OSError, ValueError):  # a name the filesystem cannot hold (ENAMETOOLONG), a NUL byte
+        found = False
+    if not found:
+        raise APIError(404, f"No such file: {shown(name)}", "file_not_found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
 

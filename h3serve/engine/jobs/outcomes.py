@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -120,7 +121,16 @@ class Outcomes:
             )
         if not isinstance(exc, H3ServeError):  # a bug, an OSError: the server's, and its text may name paths
             log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
-        return job_error(exc)
+        error = job_error(exc)
+        return JobError(error.code, self._without_paths(active.job_id, error.message))
+
+    def _without_paths(self, job_id: str, message: str) -> str:
+        """A client-visible message with the job's files named relative to the job (`inputs/00-clip.mp4`) and the
+        server's jobs folder left out, whatever layer wrote the path into it."""
+        for folder, name in ((self.files.job_dir(job_id), "the job's folder"), (self.files.root, "the jobs folder")):
+            for form in {str(folder), str(folder.resolve())}:
+                message = message.replace(form + os.sep, "").replace(form, name)
+        return message
 
     def finish(self, active: ActiveJob, **changes: Any) -> None:
         """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""

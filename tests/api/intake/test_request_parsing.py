@@ -309,7 +309,7 @@ def test_long_video_field_errors_name_the_field():
     assert rejected(prompt="p", long_video="maybe").param == "long_video"
     assert rejected(prompt="p", long_video_mode="sliding").param == "long_video_mode"
     error = rejected(prompt="p", continuation_window_frames="400")
-    assert error.param == "continuation_window_frames" and "between 5 and 345" in error.message
+    assert error.param == "continuation_window_frames" and "between 107 and 345" in error.message
     assert rejected(prompt="p", seconds="301").param == "seconds"
     assert rejected(prompt="p", extra_params='{"continuation_prompts": "[1"}').param == "continuation_prompts"
 
