@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from h3serve.engine.jobs.types import JobListener, StartListener
+from h3serve.engine.jobs.types import JobListener, StartListener, UploadListener
 from h3serve.rules.validate import GenerationPlan
 
 
@@ -42,6 +42,7 @@ class JobBook:
         self.active: dict[int, ActiveJob] = {}  # replica -> the job it runs
         self.finishing: dict[int, ActiveJob] = {}  # replica -> its job whose output is being written
         self.finishers: dict[int, threading.Thread] = {}  # replica -> the thread writing it
+        self.uploading: dict[str, ActiveJob] = {}  # job id -> a job whose outputs go up to the bucket
         self.sessions: set[int] = set()  # replicas held by a real-time session (their runners claim no job)
         self.served = [0] * replicas
         self.counters: list[dict[str, int]] = [{} for _ in range(replicas)]  # as of each replica's last output
@@ -49,10 +50,11 @@ class JobBook:
         self.run_seconds: list[float] = []  # the recent jobs' run times (Retry-After)
         self.listeners: list[JobListener] = []
         self.start_listeners: list[StartListener] = []
+        self.upload_listeners: list[UploadListener] = []
 
     def held(self) -> list[ActiveJob]:
-        """Every job this server holds: running on a replica, or having its output written."""
-        return [*self.active.values(), *self.finishing.values()]
+        """Every job this server holds: running on a replica, having its output written, or uploaded."""
+        return [*self.active.values(), *self.finishing.values(), *self.uploading.values()]
 
     def find(self, job_id: str) -> ActiveJob | None:
         return next((a for a in self.held() if a.job_id == job_id), None)

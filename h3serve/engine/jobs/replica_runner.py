@@ -1,6 +1,7 @@
 """A replica's runner: claim the next queued job from the store under a lease, run it on the replica's executor,
 and hand its output to the finisher thread (output overlap: the MP4 is written while the runner takes the next
-job) or write it before the next one (`overlap_output=False`)."""
+job) or write it before the next one (`overlap_output=False`); then publish it (publishing.py: into a bucket by
+the upload pool, while both go on). A claimed job whose outputs were staged here before is only published."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import time
 
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.outcomes import Outcomes, job_error
+from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
 from h3serve.engine.output import GenerationOutput
-from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job
 from h3serve.media.intake import MediaError
@@ -29,7 +30,7 @@ class ReplicaRunner:
         replica: int,
         executor: ExecutorLike,
         store: JobStore,
-        files: JobFiles,
+        publisher: Publisher,
         book: JobBook,
         outcomes: Outcomes,
         policy: JobPolicy,
@@ -38,7 +39,7 @@ class ReplicaRunner:
         self.replica = replica
         self.executor = executor
         self.store = store
-        self.files = files
+        self.publisher = publisher
         self.book = book
         self.outcomes = outcomes
         self.policy = policy
@@ -57,6 +58,11 @@ class ReplicaRunner:
                         log.exception("job start listener failed")
                 output = None
                 try:
+                    staged = self.publisher.staged(job.id)
+                    if staged is not None:  # written before this server (or another on this data dir) stopped
+                        log.info("job %s: its outputs were written before; publishing them", job.id)
+                        self.publisher.publish(active, staged, self._release)
+                        continue
                     plan = self._plan_for(job, active)
                     if plan is not None:
                         output = self._run(active, plan)
@@ -64,9 +70,9 @@ class ReplicaRunner:
                     self.outcomes.record_failure(active, e)
                 if output is not None and self.policy.overlap_output:
                     self._hand_off(active, output)  # written while this runner takes the next job
+                elif output is not None:
+                    self._finish(active, output)
                 else:
-                    if output is not None:
-                        self.outcomes.write_and_finish(active, output)
                     self._release(active)
         finally:
             finisher = self.book.finishers.get(self.replica)
@@ -104,29 +110,38 @@ class ReplicaRunner:
         if previous is not None:
             previous.join()  # one job finishing per replica: bounded memory, outcomes recorded in order
 
-        def write_then_release() -> None:
-            try:
-                self.outcomes.write_and_finish(active, output)
-            finally:
-                self._release(active)
-
         with self.book.cond:
             del self.book.active[self.replica]
             self.book.finishing[self.replica] = active
-        thread = threading.Thread(target=write_then_release, name=f"h3serve-job-finisher-{self.replica}", daemon=True)
+        thread = threading.Thread(target=self._finish, args=(active, output),
+                                  name=f"h3serve-job-finisher-{self.replica}", daemon=True)
         self.book.finishers[self.replica] = thread
         thread.start()
+
+    def _finish(self, active: ActiveJob, output: GenerationOutput) -> None:
+        """Write the job's files, then publish them; the job is released once recorded (by the upload pool when
+        they go to a bucket). Never raises."""
+        staged = None
+        try:
+            staged = self.outcomes.write(active, output)
+        finally:
+            if staged is None:
+                self._release(active)
+        if staged is not None:
+            self.publisher.publish(active, staged, self._release)
 
     def _release(self, active: ActiveJob) -> None:
         """The job leaves this server's hands: remove a deleted job's files, count it, wake its waiters."""
         book = self.book
+        if active.deleted:  # outside the lock: removing a bucket's objects takes requests
+            self.publisher.forget(active.job_id)
         with book.cond:
-            if active.deleted:
-                self.files.remove(active.job_id)
             if book.active.get(self.replica) is active:
                 del book.active[self.replica]
             if book.finishing.get(self.replica) is active:
                 del book.finishing[self.replica]
+            if book.uploading.get(active.job_id) is active:
+                del book.uploading[active.job_id]
             book.served[self.replica] += 1
             book.plans.pop(active.job_id, None)
             book.finish_waiters(active.job_id)  # after the outcome is stored: a sync waiter reads it next
