@@ -23,10 +23,14 @@ _SINGLE_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 class OutputStoreUnavailable(ServerError, RuntimeError):
     """The store cannot be reached or refused the call (down, unreachable, access denied). The message names the
-    store and the cause, never a credential; nothing was changed by the call that raised."""
+    store (for the operator's log); `reason` says what failed without naming the store's bucket or endpoint (for
+    a client). Neither ever holds a credential."""
 
     code = "output_store_unavailable"
-    client_safe = True  # written for the client: the store's URL and the kind of failure
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or "the output store is unreachable"
 
 
 class OutputMissing(ServerError, LookupError):

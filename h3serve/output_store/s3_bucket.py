@@ -101,11 +101,11 @@ class S3BucketStore:
             reason = ("no usable AWS credentials in the standard chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                       "AWS_PROFILE or ~/.aws/credentials, an instance or task role)")
         elif isinstance(error, _CONNECTION_ERRORS):
-            reason = f"cannot reach the S3 endpoint{' ' + self.endpoint_url if self.endpoint_url else ''}"
+            reason = "cannot reach the S3 endpoint"
         else:
             code = _error_code(error)
             reason = _REASONS.get(code, f"the S3 service answered {code}" if code else type(error).__name__)
-        return OutputStoreUnavailable(f"{self.describe()}: {doing} failed: {reason}")
+        return OutputStoreUnavailable(f"{self.describe()}: {doing} failed: {reason}", f"{doing} failed: {reason}")
 
     def check(self) -> None:
         """The bucket exists and takes a write and a delete under the prefix (a small probe object)."""
@@ -117,7 +117,8 @@ class S3BucketStore:
             self.client.delete_object(Bucket=self.location.bucket, Key=probe)
         except (BotoCoreError, ClientError) as e:
             if _error_code(e) in _MISSING:  # HEAD on a missing bucket answers a bare 404
-                raise OutputStoreUnavailable(f"{self.describe()}: the bucket does not exist") from None
+                raise OutputStoreUnavailable(f"{self.describe()}: the bucket does not exist",
+                                             "the bucket does not exist") from None
             raise self._unavailable(e, "the start-up check (HEAD bucket, write and delete a probe object)") from None
 
     def upload(self, job_id: str, name: str, path: Path, content_type: str) -> None:

@@ -147,7 +147,7 @@ class Publisher:
             if stored is None or stored.size != size:
                 found = "missing" if stored is None else f"{stored.size} bytes, not {size}"
                 raise OutputStoreUnavailable(f"{self.outputs.describe()}: {name} of {job_id} is {found} after "
-                                             "its upload")
+                                             "its upload", f"checking {name} after its upload found it {found}")
 
     def _tell(self, outcome: str, size: int, seconds: float) -> None:
         for listener in self.book.upload_listeners:
@@ -160,7 +160,8 @@ class Publisher:
         if error is None:
             job_error = JobError("output_failed", "storing the video files failed")
         else:
-            job_error = JobError(error.code, f"storing the video files failed after {attempts} attempt(s): {error}")
+            job_error = JobError(error.code, f"storing the video files in the output store failed after {attempts} "
+                                             f"attempt(s): {error.reason}")
         self.outcomes.finish(active, status="failed", error=job_error,
                              inference_time_s=time.monotonic() - active.started)
         self._unstage(active.job_id, staged, keep_files=False)
