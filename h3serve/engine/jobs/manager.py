@@ -39,6 +39,7 @@ from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.recovery import Recovery
 from h3serve.engine.jobs.replica_runner import ReplicaRunner
 from h3serve.engine.jobs.sessions import SessionSlots
+from h3serve.engine.jobs.shared_inputs import SharedInputs
 from h3serve.engine.jobs.types import (
     ExecutorLike,
     JobListener,
@@ -122,8 +123,10 @@ class JobManager:
         self.book = JobBook(len(self.executors))
         self.outcomes = Outcomes(store, files, self.book, self.executors, self.policy)
         self.publisher = Publisher(store, files, self.outputs, self.book, self.outcomes, self.policy)
+        self.inputs = SharedInputs(files, self.outputs, store.shared)
         self.runners = [
-            ReplicaRunner(i, ex, store, self.publisher, self.book, self.outcomes, self.policy, self._replan)
+            ReplicaRunner(i, ex, store, self.publisher, self.inputs, self.book, self.outcomes, self.policy,
+                          self._replan)
             for i, ex in enumerate(self.executors)
         ]
         self.leases = LeaseKeeper(store, self.publisher, self.book, self.outcomes, self.policy)
@@ -323,17 +326,27 @@ class JobManager:
         """Store the prepared job in the queue behind the others. Raises `QueueFull` or `ShuttingDown`.
 
         A sync job is leased to this server from the start: only it may run the job (its HTTP client waits
-        here), and if this server dies the lease runs out and any server deletes the job."""
+        here), and if this server dies the lease runs out and any server deletes the job. On a shared queue
+        whose outputs go to a bucket, the job's input files go there first (`OutputStoreUnavailable` if they
+        cannot), so that any server can run it."""
         job = prepared.job
         with self.book.cond:
             self._check_capacity(job.num_outputs)
-            if job.sync:
-                job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
-            job = self.store.insert(job)
-            self.book.plans[job.id] = prepared.plan
-            self.book.done[job.id] = threading.Event()
-            self.book.wakeups += 1
-            self.book.cond.notify_all()
+        self.inputs.share(job)  # outside the lock: uploads take time
+        try:
+            with self.book.cond:
+                self._check_capacity(job.num_outputs)
+                if job.sync:
+                    job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
+                job = self.store.insert(job)
+                self.book.plans[job.id] = prepared.plan
+                self.book.done[job.id] = threading.Event()
+                self.book.wakeups += 1
+                self.book.cond.notify_all()
+        except BaseException:
+            if self.inputs.active and not job.sync:
+                self.inputs.unshare(job.id)
+            raise
         return job
 
     def done_event(self, job_id: str) -> threading.Event | None:

@@ -12,11 +12,13 @@ import time
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.outcomes import Outcomes, job_error
 from h3serve.engine.jobs.publishing import Publisher
+from h3serve.engine.jobs.shared_inputs import SharedInputs
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
 from h3serve.engine.output import GenerationOutput
 from h3serve.jobstore.protocol import JobStore
-from h3serve.jobstore.records import Job
+from h3serve.jobstore.records import Job, JobError
 from h3serve.media.intake import MediaError
+from h3serve.output_store.interface import OutputMissing, OutputStoreUnavailable
 from h3serve.rules.validate import GenerationPlan, RequestError
 
 log = logging.getLogger("h3serve.jobs")
@@ -31,6 +33,7 @@ class ReplicaRunner:
         executor: ExecutorLike,
         store: JobStore,
         publisher: Publisher,
+        inputs: SharedInputs,
         book: JobBook,
         outcomes: Outcomes,
         policy: JobPolicy,
@@ -40,6 +43,7 @@ class ReplicaRunner:
         self.executor = executor
         self.store = store
         self.publisher = publisher
+        self.inputs = inputs
         self.book = book
         self.outcomes = outcomes
         self.policy = policy
@@ -149,15 +153,22 @@ class ReplicaRunner:
 
     def _plan_for(self, job: Job, active: ActiveJob) -> GenerationPlan | None:
         """The job's plan: the one made at submission, else planned again (a job submitted to another server,
-        or before a restart); None after failing the job when its request no longer plans."""
+        whose inputs are fetched from the bucket, or before a restart); None after failing the job when its request
+        no longer plans or its inputs cannot be fetched."""
         plan = self.book.plans.get(job.id)
         if plan is not None:
             return plan
         try:
-            return self.replan(job.request)
+            return self.replan(self.inputs.localized(job))
         except (RequestError, MediaError) as e:  # the model or the input files changed under the job
             self.outcomes.finish(active, status="failed", error=job_error(e))
-            return None
+        except OutputMissing:
+            self.outcomes.finish(active, status="failed", error=JobError(
+                "invalid_media", "the job's input files are missing from the output store"))
+        except OutputStoreUnavailable as e:
+            self.outcomes.finish(active, status="failed", error=JobError(
+                e.code, f"fetching the job's input files from the output store failed: {e.reason}"))
+        return None
 
     def _run(self, active: ActiveJob, plan: GenerationPlan) -> GenerationOutput | None:
         """The engine run of the job; its output, or None when the job was dropped meanwhile."""
