@@ -4,10 +4,16 @@ under one temp dir (see /work/shared/reference/ceph_single_node.md).
 
 The daemons run as root (`--setuser root`): where the suite is not root, or the packages are missing, the start
 raises `GatewayUnavailable` with the reason, and the fixture skips the tests that need it with that reason.
+
+`shared_gateway` gives every pytest-xdist worker of one run the same gateway: the first to ask starts it and
+records it in a state file beside the workers' temp dirs (under a file lock); the last to let go stops it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import signal
@@ -16,6 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +40,7 @@ class GatewayUnavailable(RuntimeError):
     """The gateway cannot start here (not root, packages missing, a daemon failed): the reason."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -76,7 +83,7 @@ class CephGateway:
     root: Path
     endpoint_url: str
     conf: Path
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)  # monitor, OSD, gateway (processes of their own sessions)
 
     @property
     def credentials_env(self) -> dict[str, str]:
@@ -93,19 +100,76 @@ class CephGateway:
         self.client().create_bucket(Bucket=name)
         return name
 
+    def alive(self) -> bool:
+        return bool(self.pids) and all(_running(pid) for pid in self.pids)
+
     def stop(self) -> None:
-        """The gateway and the monitor exit on SIGTERM; an OSD whose monitor is gone does not: SIGKILL (memstore
-        keeps nothing)."""
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        """SIGKILL to each daemon: memstore keeps nothing, and an OSD whose monitor is gone ignores SIGTERM."""
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # reaps our own children; another worker's are reaped by init
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def state(self) -> dict:
+        return {"root": str(self.root), "endpoint_url": self.endpoint_url, "conf": str(self.conf), "pids": self.pids}
+
+    @classmethod
+    def from_state(cls, state: dict) -> CephGateway:
+        return cls(Path(state["root"]), state["endpoint_url"], Path(state["conf"]), list(state["pids"]))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) is not running
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def shared_gateway(folder: Path) -> Iterator[CephGateway]:
+    """The gateway every user of `folder` shares: started by the first, stopped by the last. A start that failed
+    is recorded, so the other users skip with its reason at once instead of trying again."""
+    lock, state_file = folder / "ceph-gateway.lock", folder / "ceph-gateway.json"
+    with _locked(lock):
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        if "error" in state:
+            raise GatewayUnavailable(state["error"])
+        if not state or not CephGateway.from_state(state["gateway"]).alive():
+            try:
+                state = {"gateway": start_gateway().state(), "users": 0}
+            except GatewayUnavailable as e:
+                state_file.write_text(json.dumps({"error": str(e)}))
+                raise
+        state["users"] += 1
+        state_file.write_text(json.dumps(state))
+    try:
+        yield CephGateway.from_state(state["gateway"])
+    finally:
+        with _locked(lock):
+            state = json.loads(state_file.read_text())
+            state["users"] -= 1
+            if state["users"] <= 0:
+                CephGateway.from_state(state["gateway"]).stop()
+                state_file.unlink()
+            else:
+                state_file.write_text(json.dumps(state))
 
 
 def start_gateway() -> CephGateway:
@@ -119,7 +183,7 @@ def start_gateway() -> CephGateway:
     root = Path(tempfile.mkdtemp(prefix="h3serve-ceph-"))
     for sub in ("mon", "osd", "run", "log", "rgw"):
         (root / sub).mkdir()
-    mon_port, rgw_port = _free_port(), _free_port()
+    mon_port, rgw_port = free_port(), free_port()
     conf = root / "ceph.conf"
     conf.write_text(CONF.format(fsid=uuid.uuid4(), mon_port=mon_port, rgw_port=rgw_port, root=root))
     gateway = CephGateway(root, f"http://127.0.0.1:{rgw_port}", conf)
@@ -133,9 +197,10 @@ def start_gateway() -> CephGateway:
         return done.stdout
 
     def daemon(*cmd: str) -> None:
-        log = open(root / "log" / f"{cmd[0]}.out", "ab")  # noqa: SIM115 (kept open by the daemon)
-        gateway.procs.append(subprocess.Popen([cmd[0], "-c", str(conf), "-f", *cmd[1:], *as_root], stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+        with open(root / "log" / f"{cmd[0]}.out", "ab") as log:
+            proc = subprocess.Popen([cmd[0], "-c", str(conf), "-f", *cmd[1:], *as_root], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        gateway.pids.append(proc.pid)
 
     try:
         subprocess.run(["monmaptool", "--create", "--fsid", conf.read_text().split("fsid = ")[1].split()[0],
@@ -164,7 +229,7 @@ def _wait_for_s3(gateway: CephGateway) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     host, port = gateway.endpoint_url.removeprefix("http://").split(":")
     while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in gateway.procs):
+        if not gateway.alive():
             raise GatewayUnavailable("a Ceph daemon exited during start-up")
         try:
             with socket.create_connection((host, int(port)), timeout=1):

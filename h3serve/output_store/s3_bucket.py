@@ -55,6 +55,7 @@ _REASONS = {  # the S3 error codes whose cause an operator can act on, said plai
     "SlowDown": "the S3 service asks to slow down",
     "ServiceUnavailable": "the S3 service is unavailable",
     "InternalError": "the S3 service had an internal error",
+    "403": "access denied: the credentials were refused (a wrong key or secret) or may not use this bucket",
 }
 _CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
 
