@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from datetime import UTC
 from email.utils import format_datetime
 
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
@@ -62,7 +63,7 @@ def output_response(ctx: ServerContext, video_id: str, name: str, what: str, med
     if read.etag is not None:
         headers["ETag"] = read.etag
     if read.last_modified is not None:
-        headers["Last-Modified"] = format_datetime(read.last_modified, usegmt=True)
+        headers["Last-Modified"] = format_datetime(read.last_modified.astimezone(UTC), usegmt=True)
     return StreamingResponse(_body(read), status_code=206 if read.content_range else 200, media_type=media_type,
                              headers=headers)
 
