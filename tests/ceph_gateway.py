@@ -33,6 +33,8 @@ ACCESS_KEY = "H3SERVETESTACCESSKEY"
 SECRET_KEY = "h3serve-test-secret-key-never-logged-0000"
 USER_ID = "h3serve-tests"
 START_TIMEOUT_S = 90.0
+OSD_START_TRIES = 4
+OSD_SETTLE_S = 2.0  # an OSD that lives this long got past its first requests to the monitor
 BINARIES = ("monmaptool", "ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "ceph")
 
 
@@ -196,11 +198,12 @@ def start_gateway() -> CephGateway:
                                      f"{(done.stderr or done.stdout).strip()[-1500:]}")
         return done.stdout
 
-    def daemon(*cmd: str) -> None:
+    def daemon(*cmd: str) -> subprocess.Popen:
         with open(root / "log" / f"{cmd[0]}.out", "ab") as log:
             proc = subprocess.Popen([cmd[0], "-c", str(conf), "-f", *cmd[1:], *as_root], stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         gateway.pids.append(proc.pid)
+        return proc
 
     try:
         subprocess.run(["monmaptool", "--create", "--fsid", conf.read_text().split("fsid = ")[1].split()[0],
@@ -208,10 +211,19 @@ def start_gateway() -> CephGateway:
                        capture_output=True, check=True, timeout=30)
         run("ceph-mon", "--mkfs", "-i", "a", "--monmap", str(root / "monmap"), *as_root)
         daemon("ceph-mon", "-i", "a")
-        osd_id = run("ceph", "--connect-timeout", "30", "osd", "create").strip()
+        osd_uuid = str(uuid.uuid4())  # the OSD's identity, given to the monitor and the OSD alike
+        osd_id = run("ceph", "--connect-timeout", "30", "osd", "create", osd_uuid).strip()
         (root / "osd" / f"ceph-{osd_id}").mkdir()  # memstore keeps only its fsid and keyring files there
-        run("ceph-osd", "-i", osd_id, "--mkfs", *as_root)
-        daemon("ceph-osd", "-i", osd_id)
+        run("ceph-osd", "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid, *as_root)
+        for _ in range(OSD_START_TRIES):
+            osd = daemon("ceph-osd", "-i", osd_id)
+            try:  # a just-started OSD may ask the monitor before it knows the cluster's fsid, and exit ("wrong fsid")
+                osd.wait(OSD_SETTLE_S)
+            except subprocess.TimeoutExpired:
+                break
+            gateway.pids.remove(osd.pid)
+        else:
+            raise GatewayUnavailable(f"the OSD exited right after its start, {OSD_START_TRIES} times")
         daemon("radosgw", "-n", "client.rgw.a")
         _wait_for_s3(gateway)
         run("radosgw-admin", "user", "create", "--uid", USER_ID, "--display-name", USER_ID, "--access-key",

@@ -86,10 +86,10 @@ class TcpProxy:
                 if not data:
                     break
                 if from_client:
+                    self._record(data)  # seen, then held
                     self.gate.wait()
                     if self.down:
                         break
-                    self._record(data)
                     self._send_slowly(dst, data)
                 else:
                     dst.sendall(data)

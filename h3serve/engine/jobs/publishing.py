@@ -129,8 +129,9 @@ class Publisher:
         if self.outputs.remote:
             completion["stage_durations"] = {**completion.get("stage_durations", {}),
                                              "upload": time.monotonic() - started}
-        if self.outcomes.complete(active, completion):
-            self._unstage(job_id, staged, keep_files=not self.outputs.remote)
+        # The staged copies go before the record: a restart in between runs the job again (same keys, same bytes).
+        self._unstage(job_id, staged, keep_files=not self.outputs.remote)
+        self.outcomes.complete(active, completion)
 
     def _put_and_check(self, job_id: str, staged: Staged) -> None:
         """Upload each staged file (a bucket), then HEAD each: present, with the staged size."""
@@ -162,9 +163,9 @@ class Publisher:
         else:
             job_error = JobError(error.code, f"storing the video files in the output store failed after {attempts} "
                                              f"attempt(s): {error.reason}")
+        self._unstage(active.job_id, staged, keep_files=False)
         self.outcomes.finish(active, status="failed", error=job_error,
                              inference_time_s=time.monotonic() - active.started)
-        self._unstage(active.job_id, staged, keep_files=False)
 
     def _requeue(self, active: ActiveJob) -> None:
         """The server stops mid-retry: the job goes back to the queue, its staged files kept for the next start."""

@@ -54,8 +54,9 @@ class SharedInputs:
             log.warning("job %s: its shared inputs stay in the bucket: %s", job_id, e)
 
     def localized(self, job: Job) -> GenerationRequest:
-        """The job's request with its input files on this server: each file of its `inputs` folder that is not
-        here is fetched from the bucket into this data dir's job folder. `OutputMissing` if one is not there."""
+        """The job's request with its input files on this server: each file of its `inputs` folder in another
+        server's data dir is fetched from the bucket into this data dir's job folder. `OutputMissing` if one is not
+        there."""
         request = job.request
         if not self.active:
             return request
@@ -63,8 +64,8 @@ class SharedInputs:
 
         def local(ref: MediaRef) -> MediaRef:
             path = Path(ref.path)
-            if path.is_file() or path.parent.name != INPUTS_DIR or path.parent.parent.name != job.id:
-                return ref
+            if path.parent.name != INPUTS_DIR or path.parent.parent.name != job.id or path.parent == folder:
+                return ref  # not one of the job's stored inputs, or already in this data dir
             dest = self.files.inputs_dir(job.id) / path.name
             if not dest.is_file():
                 self.outputs.download(job.id, INPUTS_PREFIX + path.name, dest)
