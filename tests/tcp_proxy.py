@@ -12,7 +12,8 @@ import time
 
 class TcpProxy:
     """Forwards 127.0.0.1:`port` to `target`. Modes: open (forward), down (every connection, open or new, is
-    closed at once). `hold()` stalls the client's bytes until `release()`; `rate` (bytes/s) throttles them."""
+    closed at once). `hold()` stalls the client's bytes until `release()`; `slow(fragment, rate)` passes the client's
+    bytes at `rate` bytes/s on a connection once a request line containing `fragment` was seen on it."""
 
     def __init__(self, target_url: str):
         host, port = target_url.removeprefix("http://").rstrip("/").split(":")
@@ -22,6 +23,7 @@ class TcpProxy:
         self.url = f"http://127.0.0.1:{self.port}"
         self.down = False
         self.rate: float | None = None
+        self.slow_fragment = ""
         self.gate = threading.Event()
         self.gate.set()
         self.request_lines: list[str] = []
@@ -34,6 +36,9 @@ class TcpProxy:
         self.down = down
         if down:
             self._cut()
+
+    def slow(self, fragment: str, rate: float | None) -> None:
+        self.slow_fragment, self.rate = fragment, rate
 
     def hold(self) -> None:
         self.gate.clear()
@@ -80,17 +85,19 @@ class TcpProxy:
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+        throttled = False
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
                 if from_client:
-                    self._record(data)  # seen, then held
+                    line = self._record(data)  # seen, then held
+                    throttled = throttled or bool(line and self.slow_fragment and self.slow_fragment in line)
                     self.gate.wait()
                     if self.down:
                         break
-                    self._send_slowly(dst, data)
+                    self._send_slowly(dst, data, throttled)
                 else:
                     dst.sendall(data)
         except OSError:
@@ -101,14 +108,17 @@ class TcpProxy:
                     conn.shutdown(socket.SHUT_RDWR)
                 conn.close()
 
-    def _record(self, data: bytes) -> None:
+    def _record(self, data: bytes) -> str | None:
         line = data.split(b"\r\n", 1)[0]
-        if line.split(b" ", 1)[0] in (b"GET", b"PUT", b"POST", b"HEAD", b"DELETE"):
-            with self._lock:
-                self.request_lines.append(line.decode("latin-1"))
+        if line.split(b" ", 1)[0] not in (b"GET", b"PUT", b"POST", b"HEAD", b"DELETE"):
+            return None
+        text = line.decode("latin-1")
+        with self._lock:
+            self.request_lines.append(text)
+        return text
 
-    def _send_slowly(self, dst: socket.socket, data: bytes) -> None:
-        if self.rate is None:
+    def _send_slowly(self, dst: socket.socket, data: bytes, throttled: bool) -> None:
+        if self.rate is None or not throttled:
             dst.sendall(data)
             return
         for start in range(0, len(data), 1024):

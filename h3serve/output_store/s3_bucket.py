@@ -9,6 +9,7 @@ message is written here from the error's code, not copied from the SDK.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from pathlib import Path
@@ -58,6 +59,8 @@ _REASONS = {  # the S3 error codes whose cause an operator can act on, said plai
     "403": "access denied: the credentials were refused (a wrong key or secret) or may not use this bucket",
 }
 _CONNECTION_ERRORS = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+# The SDK's debug logs print signed request headers (the access key id among them): never, even at --log-level debug.
+SDK_LOGGERS = ("boto3", "botocore", "s3transfer")
 
 
 class S3BucketStore:
@@ -66,6 +69,8 @@ class S3BucketStore:
     remote = True
 
     def __init__(self, location: BucketLocation, endpoint_url: str | None = None, *, part_bytes: int = PART_BYTES):
+        for name in SDK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.location = location
         self.endpoint_url = endpoint_url
         session = boto3.session.Session()

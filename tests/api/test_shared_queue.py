@@ -111,17 +111,17 @@ def test_two_servers_one_bucket_no_shared_disk_and_a_kill_mid_upload(tiny_checkp
         assert clients[1].delete(f"/v1/videos/{made}").status_code == 200 and stored(made) is None
         assert clients[0].get(f"/v1/videos/{made}").status_code == 404
 
-        for proxy in proxies:
-            proxy.rate = SLOW_UPLOAD_BYTES_S
         again = clients[1].post("/v1/videos", json={**JOB, "seed": 3}).json()["id"]  # the same video again
         mp4_put = f"PUT /{bucket}/h3/{again}/video.mp4 "
+        for proxy in proxies:
+            proxy.slow(mp4_put, SLOW_UPLOAD_BYTES_S)
         wait_until(lambda: any(p.saw(mp4_put) for p in proxies), timeout_s=120, interval_s=0.02,
                    what="the MP4's upload under way")
         uploading = next(i for i, p in enumerate(proxies) if p.saw(mp4_put))
         os.killpg(servers[uploading].proc.pid, signal.SIGKILL)  # the server and its ranks, mid-upload
         servers[uploading].proc.wait(10)
         assert stored(again) is None  # the upload never completed: no object, not a half one
-        proxies[1 - uploading].rate = None
+        proxies[1 - uploading].slow("", None)
         survivor_client = clients[1 - uploading]
         wait_until(lambda: survivor_client.get(f"/v1/videos/{again}").json()["status"] == "completed",
                    timeout_s=LEASE_S + 60, interval_s=0.2, what="the rerun on the other server")

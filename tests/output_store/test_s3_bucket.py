@@ -95,3 +95,14 @@ def test_the_start_up_check_says_why_and_never_shows_a_credential(ceph_gateway, 
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(OutputStoreUnavailable, match="no usable AWS credentials in the standard chain"):
         store_for(ceph_gateway, bucket).check()
+
+
+def test_the_sdk_logs_nothing_of_the_requests_even_at_debug(ceph_gateway, bucket, aws_env, tmp_path, caplog):
+    caplog.set_level("DEBUG")
+    store = store_for(ceph_gateway, bucket)
+    (tmp_path / "a.webp").write_bytes(b"RIFF")
+    store.upload(JOB, "thumbnail.webp", tmp_path / "a.webp", "image/webp")
+    store.presigned_url(JOB, "thumbnail.webp", 60, "image/webp", "a.webp")
+    assert not [r for r in caplog.records if r.name.split(".")[0] in ("boto3", "botocore", "s3transfer")
+                and r.levelno < 30]
+    assert aws_env["AWS_ACCESS_KEY_ID"] not in caplog.text and SECRET_KEY not in caplog.text
