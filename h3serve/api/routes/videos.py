@@ -24,6 +24,7 @@ from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.sync_line import Deadline
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
 from h3serve.media.previews import VARIANTS, output_file_name
+from h3serve.output_store.interface import OutputStoreUnavailable
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.api")
@@ -103,7 +104,10 @@ async def create_video_sync(request: Request, ctx: Context) -> Response:
         e.headers["X-Request-Id"] = job.id
         raise
     finally:  # a synchronous job lives only as long as its request: aborted (if running) and removed
-        await run_in_threadpool(ctx.manager.delete, job.id)
+        try:
+            await run_in_threadpool(ctx.manager.delete, job.id)
+        except OutputStoreUnavailable as e:  # the answer is ready: the TTL sweep removes the objects later
+            log.warning("sync job %s: its objects stay until the output TTL: %s", job.id, e)
     return Response(
         data,
         media_type=VARIANTS["video"].media_type,
