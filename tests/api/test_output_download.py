@@ -76,6 +76,9 @@ def test_sdk_round_trip_through_the_bucket_with_the_bytes_of_the_data_dir(bucket
     assert client.videos.download_content(video.id, variant="thumbnail").content == local_thumb
     sprite = client.videos.download_content(video.id, variant="spritesheet")
     assert sprite.response.headers["content-type"] == "image/jpeg" and sprite.content[:2] == b"\xff\xd8"
+    with bucketed.server.client() as http:  # a sync job goes through the bucket too, and leaves nothing there
+        sync = http.post("/v1/videos/sync", json=REQUEST)
+    assert sync.status_code == 200 and sync.content == content and bucketed.keys(sync.headers["x-request-id"]) == []
     assert [v.id for v in client.videos.list()] == [video.id]
     assert client.videos.delete(video.id).deleted and bucketed.keys(video.id) == []
     with pytest.raises(openai.NotFoundError):
