@@ -102,7 +102,7 @@ class Publisher:
         """Put, check, record; retried with backoff while the store is unreachable. Never raises."""
         job_id = active.job_id
         started = time.monotonic()
-        attempts = self.policy.upload_attempts
+        attempts = self.policy.upload_attempts if self.outputs.remote else 1  # a file missing here is no outage
         for attempt in range(1, attempts + 1):
             if active.dropped:
                 return
