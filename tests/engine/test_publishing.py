@@ -16,6 +16,7 @@ from tcp_proxy import TcpProxy
 from waiting import wait_until
 
 from h3serve.engine.jobs import JobManager
+from h3serve.engine.jobs.staging import Staged
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
@@ -153,5 +154,25 @@ def test_a_shared_queue_without_a_shared_disk_moves_the_inputs_through_the_bucke
         assert Path(plan.image.path) == runner.files.job_dir(job_id) / "inputs" / "00-keyframe.png"
         assert Path(plan.image.path).read_bytes() == keyframe.read_bytes()
         assert runner.delete(job_id) and keys(ceph_gateway, bucket, job_id) == []
+    finally:
+        store.close()
+
+
+def test_a_restart_drops_what_it_staged_for_jobs_finished_elsewhere(make, tmp_path):
+    """A server killed mid-upload, whose job another server then reran and published, finds its staged copies
+    at its next start: they go (the inputs stay with the job); a job still unfinished keeps them to publish."""
+    store = open_job_store(tmp_path / "jobs.sqlite3")
+    try:
+        idle = make("restarted", store=store, start=False)
+        done, waiting = (idle.submit(request(seed), seconds="4") for seed in (8, 9))
+        for job in (done, waiting):
+            folder = idle.files.job_dir(job.id)
+            folder.mkdir()
+            (folder / "video.mp4").write_bytes(b"staged")
+            Staged({"video.mp4": "video/mp4"}, {"progress": 100}).save(folder)
+        store.update(done.id, status="completed")
+        assert idle.publisher.drop_stale_staging() == 1
+        assert idle.publisher.staged(done.id) is None and not (idle.files.job_dir(done.id) / "video.mp4").exists()
+        assert idle.publisher.staged(waiting.id) is not None
     finally:
         store.close()

@@ -29,7 +29,7 @@ from h3serve.engine.jobs.staging import STAGED_MANIFEST, Staged
 from h3serve.engine.jobs.types import JobPolicy
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.protocol import JobStore
-from h3serve.jobstore.records import JobError
+from h3serve.jobstore.records import FINISHED, JobError
 from h3serve.output_store.interface import OutputStore, OutputStoreUnavailable
 
 log = logging.getLogger("h3serve.jobs")
@@ -185,6 +185,22 @@ class Publisher:
                 (job_dir / name).unlink(missing_ok=True)
             except OSError:
                 log.warning("job %s: removing its staged %s failed", job_id, name, exc_info=True)
+
+    def drop_stale_staging(self) -> int:
+        """Start-up, with a bucket: remove the staged outputs of jobs recorded finished (another server reran and
+        published them after this one died mid-upload) or gone; their inputs stay with their folders. How many."""
+        if not self.outputs.remote:
+            return 0  # the data dir store's staged files are its published ones
+        dropped = 0
+        for job_id in self.files.job_ids():
+            staged = self.staged(job_id)
+            if staged is None:
+                continue
+            job = self.store.get(job_id)
+            if job is None or job.status in FINISHED:
+                self._unstage(job_id, staged, keep_files=False)
+                dropped += 1
+        return dropped
 
     # -- removal ------------------------------------------------------------------------------------------------
 

@@ -49,6 +49,8 @@ class Recovery:
             orphans = files.job_ids() - store.ids()  # a crash between record and folder removal
         for orphan in orphans:
             files.remove(orphan)  # a folder here only: its objects (if any) went with its record
+        if dropped := self.publisher.drop_stale_staging():
+            log.info("removed the staged outputs of %d job(s) published or ended elsewhere", dropped)
         self.sweep_expired()
 
     def _requeue_unfinished(self) -> None:
