@@ -119,6 +119,7 @@ class JobManager:
             clock=clock,
             upload_attempts=upload_attempts,
             upload_backoff_s=upload_backoff_s,
+            stage_manifest=self.outputs.remote,
         )
         self.book = JobBook(len(self.executors))
         self.outcomes = Outcomes(store, files, self.book, self.executors, self.policy)

@@ -65,7 +65,8 @@ class Outcomes:
                 "peak_memory_mb": float(output.peak_memory_mb),
                 "inference_time_s": now - active.started,
             })
-            staged.save(job_dir)
+            if self.policy.stage_manifest:  # the data dir store publishes at once: nothing to resume
+                staged.save(job_dir)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
             self.finish(

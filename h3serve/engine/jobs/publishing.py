@@ -7,9 +7,9 @@ store and checked there with a HEAD each; only then is the job recorded complete
   attempt is retried with exponential backoff; after the last one the job fails with the store's reason.
   Once recorded, the staged copies are removed from the data dir.
 
-Staging leaves a manifest (`.staged.json`: the file names, their media types and the completion's fields) beside
-the files once all are written. A job claimed again after its server died or stopped mid-upload (a restart on the
-same data dir, or a shared data dir) finds the manifest and is published from it instead of being run again; one
+For a bucket, staging leaves a manifest (`.staged.json`: the file names, their media types and the completion's
+fields) beside the files once all are written. A job claimed again after its server died or stopped mid-upload (a
+restart on the same data dir) finds the manifest and is published from it instead of being run again; one
 claimed where its staged files are not (another server's disk) runs again and writes the same keys. A bucket shows
 an object only once its upload is complete, so a half object is never served.
 """

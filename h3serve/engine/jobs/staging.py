@@ -1,6 +1,7 @@
 """A job's staged outputs: the files written into its folder in the data dir, and their manifest (`.staged.json`:
-the file names, their media types and the completion's fields), written once all of them are. A job claimed again
-with its manifest and files present is published from them instead of being run again (publishing.py)."""
+the file names, their media types and the completion's fields), written once all of them are when they go on to a
+bucket. A job claimed again with its manifest and files present is published from them instead of being run again
+(publishing.py); with the data dir store (published as soon as written) a job that did not finish runs again."""
 
 from __future__ import annotations
 

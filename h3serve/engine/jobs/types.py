@@ -84,3 +84,4 @@ class JobPolicy:
     clock: Callable[[], float]
     upload_attempts: int = 5  # tries at putting a job's outputs into a bucket before the job fails
     upload_backoff_s: float = 1.0  # the wait after the first failed try; doubled after each (at most 30 s)
+    stage_manifest: bool = False  # outputs go up to a bucket: a staged job's manifest lets a restart publish it
