@@ -98,7 +98,7 @@ def test_slow_storage_holds_neither_the_ranks_nor_the_submissions(make, proxy):
     proxy.hold()  # every request to the bucket stalls until released
     first, second = manager.submit(request(3), seconds="4"), manager.submit(request(4), seconds="4")
     wait_until(lambda: len(manager.executor.plans) == 2, what="the second job run while the first uploads")
-    wait_until(lambda: len(manager.book.uploading) == 2, what="both jobs uploading")
+    wait_until(lambda: len(manager.book.uploads()) == 2, what="both jobs uploading")
     third = manager.submit(request(5), seconds="4")  # the lock is free: uploads never hold it
     wait_until(lambda: len(manager.executor.plans) == 3, what="the third job run")
     manager.heartbeat()  # uploading jobs are still held: their leases renew

@@ -15,11 +15,11 @@ from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.staging import Staged
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
-from h3serve.engine.output import GenerationOutput
 from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.jobstore.store import JobStore
+from h3serve.messages import GenerationOutput
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.jobs")
@@ -43,9 +43,9 @@ class Outcomes:
         self.policy = policy
 
     def write(self, active: ActiveJob, output: GenerationOutput) -> Staged | None:
-        """Write the job's MP4s and previews into its folder (staged, with their manifest): what publishing them
-        records once they are in the output store. None when the job was dropped, or failed here (recorded).
-        Never raises."""
+        """Write the job's MP4s and previews into its folder (staged; with their manifest when they go on to a
+        bucket): what publishing them records once they are in the output store. None when the job was dropped, or
+        failed here (recorded). Never raises."""
         job_id = active.job_id
         encode_start = time.monotonic()
         try:
@@ -76,7 +76,7 @@ class Outcomes:
                 inference_time_s=time.monotonic() - active.started,
             )
             return None
-        self.book.run_seconds = [*self.book.run_seconds[-7:], now - active.started]
+        self.book.record_run(now - active.started)
         return staged
 
     def complete(self, active: ActiveJob, completion: dict[str, Any]) -> bool:
@@ -94,10 +94,8 @@ class Outcomes:
         job = self.store.get(active.job_id)
         if job is not None and job.owner == self.policy.owner and job.status in FINISHED:
             return  # recorded by this very run a moment ago
-        if job is None:
-            active.deleted = True  # the runner removes the files once the executor lets go
-        else:
-            active.lost = True
+        self.book.dropped(active, deleted=job is None)  # deleted: the runner removes the files once it lets go
+        if job is not None:
             log.warning("job %s: lease lost to %s; stopping this run", active.job_id, job.owner)
         if active.seq is not None:
             self.executors[active.replica].cancel(active.seq)
@@ -149,7 +147,9 @@ class Outcomes:
                 self.drop(active)
                 return False
         job = self.store.get(active.job_id)
-        for listener in self.book.listeners if job is not None else ():
+        if job is None:  # deleted since
+            return True
+        for listener in self.book.listeners:
             try:
                 listener(job)
             except Exception:

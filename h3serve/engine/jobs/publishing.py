@@ -28,8 +28,8 @@ from h3serve.engine.jobs.outcomes import Outcomes
 from h3serve.engine.jobs.staging import STAGED_MANIFEST, Staged
 from h3serve.engine.jobs.types import JobPolicy
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.jobstore.store import JobStore
 from h3serve.output_store.interface import OutputStore, OutputStoreUnavailable
 
 log = logging.getLogger("h3serve.jobs")
@@ -70,12 +70,7 @@ class Publisher:
             finally:
                 release(active)
             return
-        with self.book.cond:  # the job stays held (its lease renewed) while it uploads
-            for slots in (self.book.active, self.book.finishing):
-                if slots.get(active.replica) is active:
-                    del slots[active.replica]
-            self.book.uploading[active.job_id] = active
-            self.book.cond.notify_all()
+        self.book.uploading(active)  # the job stays held (its lease renewed) while it uploads
 
         def upload_then_release() -> None:
             try:
