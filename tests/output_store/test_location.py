@@ -40,3 +40,17 @@ def test_endpoint_urls():
         with pytest.raises(ConfigError, match="--s3-endpoint-url") as refused:
             check_endpoint_url(bad)
         assert says in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+def test_a_bucket_without_boto3_is_refused_naming_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+
+    from h3serve.extras import MissingExtra
+    from h3serve.jobstore.job_files import JobFiles
+    from h3serve.output_store import open_output_store
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "boto3" else real(name, *a))
+    with pytest.raises(MissingExtra, match=r"--output-store s3://\.\.\. needs the optional package 'boto3'.*"
+                                           r"pip install 'h3serve\[s3\]'"):
+        open_output_store("s3://h3-outputs/p", JobFiles(tmp_path))
