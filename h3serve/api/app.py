@@ -54,6 +54,7 @@ def create_app(
     metrics = Metrics()
     manager.add_listener(metrics.on_job_finished)
     manager.add_start_listener(metrics.on_job_started)
+    manager.add_upload_listener(metrics.on_upload)
     context = ServerContext(
         config=config,
         manager=manager,

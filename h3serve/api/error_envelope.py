@@ -20,6 +20,7 @@ from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
+from h3serve.output_store.interface import OutputMissing, OutputStoreUnavailable
 from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
@@ -162,6 +163,20 @@ async def _store_closed(request: Request, exc: StoreClosed) -> JSONResponse:
                           headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
 
+async def _output_store_unavailable(request: Request, exc: OutputStoreUnavailable) -> JSONResponse:
+    # The bucket is away: the operator's log names it; the client learns what failed and to retry.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, f"The output store is unreachable right now ({exc.reason}); retry shortly.",
+                          "output_store_unavailable", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
+async def _output_missing(request: Request, exc: OutputMissing) -> JSONResponse:
+    # The record says the job completed, yet its object is gone (removed outside h3serve): a 404 saying so.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(404, "The video's file is missing from the output store (removed outside the server).",
+                          "file_not_found")
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.error("unhandled error", exc_info=exc)
     return error_response(500, "Internal server error.", "internal_error")
@@ -184,4 +199,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _for(RequestValidationError, _validation_error))
     app.add_exception_handler(StoreUnavailable, _for(StoreUnavailable, _store_unavailable))
     app.add_exception_handler(StoreClosed, _for(StoreClosed, _store_closed))
+    app.add_exception_handler(OutputStoreUnavailable, _for(OutputStoreUnavailable, _output_store_unavailable))
+    app.add_exception_handler(OutputMissing, _for(OutputMissing, _output_missing))
     app.add_exception_handler(Exception, _unexpected)

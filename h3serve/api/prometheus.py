@@ -20,6 +20,7 @@ from h3serve.jobstore.records import JOB_STATUSES, Job
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 TIMEOUT_PHASES = ("headers", "body")
 # A chunk's interval over its media duration: below 1 the stream keeps ahead of playback.
+UPLOAD_OUTCOMES = ("retried", "failed")  # a failed attempt at a job's outputs: tried again, or the job failed
 REALTIME_FACTOR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 100)
 CHUNK_KINDS = ("media", "trailer")
 
@@ -117,7 +118,33 @@ class Metrics:
             "h3serve_job_duration_seconds", "Wall time of a job from start to finish (queue time excluded).",
             ["status"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self._uploads()
         self._realtime()
+
+    def _uploads(self) -> None:
+        """The output store's series (a bucket: --output-store s3://...), each present from the start."""
+        self.upload_bytes = Counter(
+            "h3serve_output_upload_bytes", "Bytes of job outputs uploaded to the output store's bucket.",
+            registry=self.registry,
+        )
+        self.upload_seconds = Histogram(
+            "h3serve_output_upload_seconds", "Time to upload one output file to the bucket.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.upload_failures = Counter(
+            "h3serve_output_upload_failures", "Failed attempts at putting a job's outputs into the bucket: retried "
+            "after a backoff, or failed (the job failed).", ["outcome"], registry=self.registry,
+        )
+        for outcome in UPLOAD_OUTCOMES:
+            self.upload_failures.labels(outcome)
+
+    def on_upload(self, outcome: str, size: int, seconds: float) -> None:
+        """A file went up to the bucket ("uploaded"), or an attempt at a job's files failed."""
+        if outcome == "uploaded":
+            self.upload_bytes.inc(size)
+            self.upload_seconds.observe(seconds)
+        else:
+            self.upload_failures.labels(outcome).inc()
 
     def _realtime(self) -> None:
         """The real-time sessions' series (WS /v1/realtime/video), each present from the start."""

@@ -9,9 +9,12 @@ from pathlib import Path
 from h3serve.errors import ConfigError
 from h3serve.jobstore import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.output_store.location import BucketLocation, check_endpoint_url
 from h3serve.rules import limits
 
 MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
+MAX_PRESIGNED_URL_S = 7 * 24 * 3600  # SigV4's longest presigned URL lifetime
+MAX_UPLOAD_ATTEMPTS = 20
 
 
 def default_data_dir() -> Path:
@@ -32,6 +35,11 @@ class ServerConfig:
     job_store: str | None = None  # a postgresql:// URL shared by several servers; None: jobs.sqlite3 in data_dir
     job_lease_s: float = 30.0  # a dead server's running job is claimed again this long after its last renewal
     overlap_output: bool = True  # write a job's MP4 while its replica runs the next job (h3serve.engine.jobs)
+    output_store: str | None = None  # s3://BUCKET/PREFIX: outputs in an S3-compatible bucket; None: the data dir
+    s3_endpoint_url: str | None = None  # the bucket's S3 endpoint (MinIO, Ceph, GCS); None: AWS's, from the chain
+    output_redirect: bool = False  # downloads answer 302 to a presigned bucket URL instead of streaming the bytes
+    output_url_ttl_s: int = 300  # how long a presigned download URL stays valid
+    output_upload_attempts: int = 5  # tries at putting a job's outputs into the bucket before the job fails
     max_queue: int = 16  # queued jobs (the running one excluded) before 429
     sync_timeout_s: float = 600.0  # /v1/videos/sync: 504 and the job is aborted after this
     output_ttl_s: float = 86_400.0  # outputs are deleted this long after a job finishes; 0: never
@@ -88,6 +96,14 @@ class ServerConfig:
              f"--job-store: expected a postgresql://USER@HOST/DB URL, got {self.job_store!r}"),
             (self.job_lease_s >= 1, f"--job-lease must be >= 1 second, got {self.job_lease_s:g}"),
             (self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty"),
+            (not self.output_redirect or self.output_store is not None,
+             "--output-redirect needs --output-store s3://BUCKET/PREFIX (the data dir has no URLs to redirect to)"),
+            (self.s3_endpoint_url is None or self.output_store is not None,
+             "--s3-endpoint-url needs --output-store s3://BUCKET/PREFIX"),
+            (1 <= self.output_url_ttl_s <= MAX_PRESIGNED_URL_S,
+             f"--output-url-ttl must be 1..{MAX_PRESIGNED_URL_S} seconds (7 days), got {self.output_url_ttl_s}"),
+            (1 <= self.output_upload_attempts <= MAX_UPLOAD_ATTEMPTS,
+             f"--output-upload-attempts must be 1..{MAX_UPLOAD_ATTEMPTS}, got {self.output_upload_attempts}"),
             (bool(self.served_model_name), "--served-model-name must not be empty"),
         )
         for ok, message in checks:
@@ -97,6 +113,10 @@ class ServerConfig:
             self.encoder_options.validate(limits.AUDIO_SAMPLE_RATE)
         except ValueError as e:  # a bad --x264-preset/--crf/--audio-bitrate fails here, not in every job
             raise ConfigError(f"encoder: {e}") from None
+        if self.output_store is not None:
+            BucketLocation.parse(self.output_store)
+        if self.s3_endpoint_url is not None:
+            check_endpoint_url(self.s3_endpoint_url)
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"--data-dir: {self.data_dir} exists and is not a folder")
         return self

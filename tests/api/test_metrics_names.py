@@ -23,6 +23,10 @@ EXPECTED = {
     ("h3serve_compiled_graphs_total", ("replica",)),
     *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
     *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
+    # the output store's uploads (--output-store s3://...)
+    ("h3serve_output_upload_bytes_total", ()), ("h3serve_output_upload_failures_total", ("outcome",)),
+    ("h3serve_output_upload_seconds_bucket", ("le",)),
+    *((f"h3serve_output_upload_seconds_{part}", ()) for part in ("sum", "count")),
     # the real-time sessions (WS /v1/realtime/video)
     ("h3serve_realtime_sessions_open", ()), ("h3serve_realtime_chunks_sent_total", ("kind",)),
     *((f"{name}_bucket", ("le",)) for name in REALTIME_HISTOGRAMS),
@@ -86,3 +90,20 @@ def test_realtime_chunks_feed_their_histograms():
     assert samples[("h3serve_realtime_first_chunk_seconds_sum", ())] == 3.0
     assert samples[("h3serve_realtime_chunk_seconds_count", ())] == 1  # the first chunk and the trailer: not here
     assert samples[("h3serve_realtime_factor_sum", ())] == pytest.approx(0.7 / (34 / 24))
+
+
+def test_uploads_feed_bytes_seconds_and_failures():
+    metrics = Metrics()
+    metrics.on_upload("uploaded", 1000, 0.2)
+    metrics.on_upload("uploaded", 24, 0.05)
+    metrics.on_upload("retried", 0, 0.0)
+    metrics.on_upload("retried", 0, 0.0)
+    metrics.on_upload("failed", 0, 0.0)
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render(manager, {})) for s in family.samples}
+    assert samples[("h3serve_output_upload_bytes_total", ())] == 1024
+    assert samples[("h3serve_output_upload_seconds_count", ())] == 2
+    assert samples[("h3serve_output_upload_seconds_sum", ())] == pytest.approx(0.25)
+    assert samples[("h3serve_output_upload_failures_total", (("outcome", "retried"),))] == 2
+    assert samples[("h3serve_output_upload_failures_total", (("outcome", "failed"),))] == 1

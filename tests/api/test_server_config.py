@@ -21,11 +21,26 @@ from h3serve.media.mp4 import EncoderOptions
         ({"encoder_options": EncoderOptions(crf=99)}, "encoder"),
         ({"job_store": "mysql://db/jobs"}, "--job-store"),
         ({"job_lease_s": 0.5}, "--job-lease"),
+        ({"output_store": "gs://bucket/prefix"}, "--output-store"),
+        ({"output_store": "s3://Bad_Bucket"}, "--output-store"),
+        ({"output_redirect": True}, "--output-redirect needs --output-store"),
+        ({"s3_endpoint_url": "http://127.0.0.1:7480"}, "--s3-endpoint-url needs --output-store"),
+        ({"output_store": "s3://h3-out", "s3_endpoint_url": "http://key:secret@minio:9000"}, "--s3-endpoint-url"),
+        ({"output_store": "s3://h3-out", "output_url_ttl_s": 8 * 24 * 3600}, "--output-url-ttl"),
+        ({"output_store": "s3://h3-out", "output_upload_attempts": 0}, "--output-upload-attempts"),
     ],
 )
 def test_illegal_values_name_the_flag(tmp_path, changes, flag):
     with pytest.raises(ConfigError, match=flag):
         ServerConfig(served_model_name="m", data_dir=tmp_path, **changes).validate()
+
+
+def test_serve_refuses_a_credential_in_a_url_without_repeating_it(tiny_checkpoint, tmp_path, capsys):
+    code = main(["serve", str(tiny_checkpoint), "--data-dir", str(tmp_path), "--output-store", "s3://h3-out/p",
+                 "--s3-endpoint-url", "https://AKIDEXAMPLE:wJalrXUtnFEMI@minio.internal:9000"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--s3-endpoint-url: the URL carries credentials" in err and "wJalrXUtnFEMI" not in err
+    assert not (tmp_path / "jobs.sqlite3").exists()
 
 
 def test_serve_exits_with_the_error_before_starting_the_engine(tiny_checkpoint, tmp_path, capsys):
