@@ -147,7 +147,7 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
-    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs")]  # schemas 4 and 5 added them
+    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "key_scope")]  # schemas 4-6
     for job in jobs:
         values = [to_sql(name, getattr(job, name)) for name in columns]
         db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)
