@@ -128,7 +128,7 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     location = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
     param = ".".join(location) or None
     # A validator's own words, without pydantic's "Value error, " in front of them.
-    detail = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    detail = str(first.get("msg", "invalid value" if param else "invalid request")).removeprefix("Value error, ")
     message = f"{param}: {detail}" if param else detail
     return error_response(400, message, "invalid_value", param)
 
