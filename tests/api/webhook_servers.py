@@ -1,5 +1,5 @@
-"""Webhook test helpers: a scripted receiver on loopback, the app on a fake engine with webhook settings (in a
-thread, or as a process a test can `kill -9`), and a wait for deliveries."""
+"""Webhook test helpers: the app on a fake engine with fast webhook settings, in a thread or as a process a test
+can `kill -9` (the scripted receiver is tests/webhook_receiver.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,95 +27,9 @@ from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.protocol import JobStore
 from h3serve.media.mp4 import EncoderOptions
 
-HANG = -1  # a scripted answer: hold the request until `Receiver.release()`
 # Fast retries and polls, so a failing-then-recovering receiver takes a fraction of a second.
 FAST_WEBHOOKS: dict[str, Any] = {"webhook_retry_initial_s": 0.05, "webhook_poll_s": 0.05, "webhook_timeout_s": 2.0}
 PROCESS_SCRIPT = Path(__file__).with_name("webhook_server_process.py")
-
-
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """Records every POST; answers each with the next scripted status (then 200). A 307/308 answer redirects to
-    `redirect_to`; `HANG` holds the request until `release()`."""
-
-    server: ThreadingHTTPServer
-    received: list[Received] = field(default_factory=list)
-    script: list[int] = field(default_factory=list)
-    redirect_to: str = ""
-    released: threading.Event = field(default_factory=threading.Event)
-    arrived: threading.Condition = field(default_factory=threading.Condition)
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    @property
-    def host(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def answer(self, *statuses: int) -> None:
-        self.script[:] = statuses
-        self.released.clear()
-
-    def release(self) -> None:
-        self.released.set()
-
-    def wait_for(self, count: int, timeout_s: float = 20.0) -> list[Received]:
-        """The first `count` requests, once they have come."""
-        with self.arrived:
-            if not self.arrived.wait_for(lambda: len(self.received) >= count, timeout_s):
-                raise AssertionError(f"{len(self.received)} of {count} webhook requests came in {timeout_s:g} s")
-            return self.received[:count]
-
-
-def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            body = self.rfile.read(int(self.headers.get("content-length", 0)))
-            status = receiver.script.pop(0) if receiver.script else 200
-            with receiver.arrived:
-                receiver.received.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                receiver.arrived.notify_all()
-            if status == HANG:
-                receiver.released.wait(30)
-                status = 200
-            self.send_response(status)
-            if status in (307, 308):
-                self.send_header("Location", receiver.redirect_to)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-    return Handler
-
-
-@contextlib.contextmanager
-def receiver() -> Iterator[Receiver]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    got = Receiver(server)
-    server.RequestHandlerClass = _handler(got)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield got
-    finally:
-        got.release()
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass
