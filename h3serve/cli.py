@@ -1,4 +1,5 @@
-"""`h3serve` command line: generate | make-tiny-checkpoint (serve, bench, compare, probe build on these)."""
+"""`h3serve` command line: generate | make-tiny-checkpoint (serve, bench, compare, probe build on these), and
+`webhooks` (h3serve/entrypoints/webhooks.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from h3serve.entrypoints import webhooks
 from h3serve.rules import limits
 from h3serve.rules.names import (
     AUDIO_MODES,
@@ -431,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cli.register(sub)
     selftest.register(sub)
     demo_cli.register(sub)
+    webhooks.register(sub)
     return parser
 
 
