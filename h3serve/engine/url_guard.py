@@ -63,7 +63,7 @@ async def pinned_address(host: str, port: int, resolver: Resolver, policy: Addre
     address may be reached, the operator allowed it). Raises `AddressRefused`."""
     try:
         addresses = await resolver(host, port)
-    except (OSError, UnicodeError):
+    except (OSError, ValueError):  # no such name, or one getaddrinfo cannot take (a NUL, a label too long)
         raise AddressRefused(host, None) from None
     if not addresses:
         raise AddressRefused(host, None)
