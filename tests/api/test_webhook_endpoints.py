@@ -92,6 +92,13 @@ def test_the_sdk_creates_lists_updates_rotates_tests_and_deletes_endpoints(fresh
                  lambda: client.webhooks.test(first.id, event_type="video.completed")):
         assert refused(call, 404)["code"] == "webhook_endpoint_not_found"
     assert len(list(client.webhooks.list())) == 2
+    paths = server.client().get("/openapi.json").json()["paths"]
+    for path, method in (("/v1/webhook_endpoints", "post"), ("/v1/webhook_endpoints", "get"),
+                         ("/v1/webhook_endpoints/{webhook_endpoint_id}", "post"),
+                         ("/v1/webhook_endpoints/{webhook_endpoint_id}/rotate_secret", "post"),
+                         ("/v1/webhook_endpoints/{webhook_endpoint_id}/test", "post"),
+                         ("/v1/webhook_event_types", "get"), ("/v1/videos/{video_id}/webhook_deliveries", "get")):
+        assert paths[path][method]["tags"] == ["webhooks"], (path, method)
     anonymous = OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
     assert refused(lambda: anonymous.webhooks.list(), 401)["code"] == "invalid_api_key"
     assert API_KEY not in server.client().get("/v1/webhook_endpoints").text

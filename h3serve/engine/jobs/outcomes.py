@@ -125,7 +125,9 @@ class Outcomes:
         return job_error(exc)
 
     def finish(self, active: ActiveJob, **changes: Any) -> None:
-        """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""
+        """Record the run's outcome, once, while this server still holds the job; then tell the listeners (the
+        webhook worker among them). `store.finish` writes the job's webhook event in the same transaction as its
+        final state (h3serve/jobstore/webhook_sql.py): recorded here means its event is in the outbox."""
         now = int(self.policy.clock())
         changes["completed_at"] = now
         if self.policy.output_ttl_s is not None:

@@ -79,6 +79,7 @@ class OutboxWorker:
         self._wakeup: asyncio.Event | None = None
         self._stopping = threading.Event()
         self._started = threading.Event()
+        self._store_failing = False  # the last store call failed (logged once per outage)
 
     # -- lifecycle (any thread) ------------------------------------------------------------------------------
 
@@ -148,12 +149,20 @@ class OutboxWorker:
             await asyncio.wait(in_flight, timeout=self.sender.timeout_s + 1)
 
     async def _store_call(self, what: str, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T | None:
-        """A store call in a worker thread (the loop keeps sending); a failure is logged and reads as None."""
+        """A store call in a worker thread (the loop keeps sending); a failure reads as None and is logged once
+        until the store answers again (a database outage must not log a line per poll)."""
         try:
-            return await asyncio.to_thread(call, *args, **kwargs)
+            result = await asyncio.to_thread(call, *args, **kwargs)
         except Exception as e:  # the database is away: the next poll tries again, the leases keep the rest safe
-            log.warning("webhook outbox: %s failed (%s)", what, type(e).__name__)
+            if not self._store_failing:
+                log.warning("webhook outbox: %s failed (%s); retrying every %g s", what, type(e).__name__,
+                            self.poll_s)
+            self._store_failing = True
             return None
+        if self._store_failing:
+            log.info("webhook outbox: the job store answers again")
+            self._store_failing = False
+        return result
 
     async def _attempt(self, delivery: WebhookDelivery, endpoint: WebhookEndpoint | None) -> None:
         if endpoint is None:  # deleted after the event was written
