@@ -4,6 +4,7 @@ delivery failed; a store outage survived."""
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def test_a_finished_job_wakes_the_worker_and_the_delivery_is_recorded(setup):
     assert observer.outcomes == ["delivered"] and len(observer.delivered) == 1
 
 
-def test_a_delivery_is_retried_under_one_id_until_its_horizon_then_given_up(setup):
+def test_a_delivery_is_retried_under_one_id_until_its_horizon_then_given_up(setup, caplog):
+    caplog.set_level(logging.INFO, logger="h3serve.webhooks")
     store, rx, hook, worker, finish_job = setup
     rx.answer(*[500] * 50)
     video_id = finish_job()
@@ -103,6 +105,8 @@ def test_a_delivery_is_retried_under_one_id_until_its_horizon_then_given_up(setu
     wait_until(lambda: observer.given_up, what="the given-up delivery observed")
     assert len({r.headers["webhook-id"] for r in rx.received}) == 1 and observer.given_up == 1
     assert set(observer.outcomes) == {"http_error"}
+    logged = caplog.text
+    assert "failed for good after" in logged and hook.id in logged and hook.secret not in logged  # no secret logged
 
 
 def test_a_deleted_endpoints_delivery_fails_and_a_store_outage_is_survived(setup, monkeypatch):
