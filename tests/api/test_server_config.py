@@ -21,6 +21,11 @@ from h3serve.media.mp4 import EncoderOptions
         ({"encoder_options": EncoderOptions(crf=99)}, "encoder"),
         ({"job_store": "mysql://db/jobs"}, "--job-store"),
         ({"job_lease_s": 0.5}, "--job-lease"),
+        ({"webhook_allow_hosts": ("hooks.example.com/x",)}, "--webhook-allow-host"),
+        ({"webhook_allow_hosts": ("127.0.0.1:99999",)}, "--webhook-allow-host"),
+        ({"webhook_timeout_s": 0}, "--webhook-timeout"),
+        ({"webhook_retry_initial_s": 0}, "--webhook-retry-initial"),
+        ({"webhook_retry_initial_s": 60, "webhook_retry_horizon_s": 30}, "--webhook-retry-horizon"),
     ],
 )
 def test_illegal_values_name_the_flag(tmp_path, changes, flag):
@@ -33,3 +38,16 @@ def test_serve_exits_with_the_error_before_starting_the_engine(tiny_checkpoint, 
     assert code == 2
     assert "error: encoder: unknown x264 preset 'bogus'" in capsys.readouterr().err
     assert not (tmp_path / "jobs.sqlite3").exists()
+
+
+def test_webhook_flags_reach_the_config():
+    from h3serve.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--webhook-allow-host", "127.0.0.1:9000", "--webhook-allow-host",
+                                      "hooks.internal", "--webhook-timeout", "3", "--webhook-retry-horizon", "600"])
+    assert args.webhook_allow_host == ["127.0.0.1:9000", "hooks.internal"]
+    assert (args.webhook_timeout, args.webhook_retry_initial, args.webhook_retry_horizon) == (3.0, 5.0, 600.0)
+    config = ServerConfig(served_model_name="m", webhook_allow_hosts=tuple(args.webhook_allow_host),
+                          webhook_timeout_s=20.0).validate()
+    assert [str(h) for h in config.webhook_allowed] == ["127.0.0.1:9000", "hooks.internal"]
+    assert config.webhook_lease_s == 40.0  # never shorter than two attempts (the job lease is 30 s)
