@@ -115,11 +115,10 @@ def test_answers_are_read_to_a_bound_and_attempts_end_at_their_deadline():
         guard = WebhookURLGuard([AllowedHost.parse(rx.host)])
         rx.answer(ENDLESS)
         assert send(guard, rx.url, timeout_s=20).delivered  # a body that never ends: read 4 KiB, then hung up on
-        rx.answer(HANG)
-        started = time.monotonic()
+        rx.answer(HANG)  # held for 30 s: only the attempt's own deadline ends it sooner
         result = send(guard, rx.url, timeout_s=0.5)
         rx.release()
-        assert (result.outcome, result.status_code) == ("timeout", None) and time.monotonic() - started < 10
+        assert (result.outcome, result.status_code, result.error) == ("timeout", None, "no answer within 0.5 s")
         rx.answer(503)
         result = send(guard, rx.url)
         assert (result.outcome, result.status_code, result.error) == ("http_error", 503, "the receiver answered "

@@ -142,7 +142,10 @@ def test_failed_attempts_wait_for_their_retry_then_give_up(store):
     assert store.deliveries_for_video("k2", second.video_id) == []  # another key sees none
 
 
-def test_a_restarted_single_server_releases_its_leases(target):
+def test_a_restarted_single_server_releases_its_leases(tmp_path):
+    """SQLite, one server: its next start takes back what a killed process held (a shared store waits for the
+    lease instead)."""
+    target = tmp_path / "jobs.sqlite3"
     store = open_job_store(target)
     store.insert_endpoint(endpoint(), 10)
     finished_job(store)
