@@ -28,7 +28,7 @@ from h3serve.engine.jobs import JobManager
 from h3serve.engine.outbox.outbox_worker import OutboxWorker
 from h3serve.engine.outbox.retry import RetryPolicy
 from h3serve.engine.outbox.sender import WebhookSender, WebhookURLGuard
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 
 
 class H3App(FastAPI):

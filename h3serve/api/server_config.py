@@ -8,7 +8,7 @@ from pathlib import Path
 
 from h3serve.engine.outbox.sender import AllowedHost
 from h3serve.errors import ConfigError
-from h3serve.jobstore.postgres import is_postgres_url
+from h3serve.jobstore import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules import limits
 

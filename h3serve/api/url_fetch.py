@@ -166,7 +166,8 @@ class MediaFetcher:
                     if response.status_code != 200:
                         raise MediaFetchError(f"the URL answered HTTP {response.status_code}")
                     await self._save(response, dest, max_bytes)
-                    return response.headers.get("content-type")
+                    content_type: str | None = response.headers.get("content-type")
+                    return content_type
                 finally:
                     await response.aclose()
         raise MediaFetchError(f"more than {self.max_redirects} redirects")

@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import httpx
 
+from h3serve.entrypoints.cli_util import EXIT_ERROR, fail
 from h3serve.rules.names import WEBHOOK_EVENT_TYPES
-from h3serve.tools.cli_util import EXIT_ERROR, fail
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TIMEOUT_S = 60.0  # a test delivery waits for the receiver (the server bounds it with --webhook-timeout)

@@ -27,12 +27,8 @@ _MIGRATION_LOCK = 0x68337365  # "h3se"
 T = TypeVar("T")
 
 
-def is_postgres_url(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
 class PostgresJobStore(SQLJobStore):
-    """`h3serve.jobstore.protocol.JobStore` on a PostgreSQL database."""
+    """`h3serve.jobstore.store.JobStore` on a PostgreSQL database."""
 
     shared = True
     lock_clause = "FOR UPDATE SKIP LOCKED"

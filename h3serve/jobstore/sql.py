@@ -27,7 +27,7 @@ __all__ = ["Row", "SQLJobStore"]
 
 
 class SQLJobStore(WebhookSQL):
-    """`h3serve.jobstore.protocol.JobStore` over a DB-API connection; subclasses supply `_run`, `_atomic` and the
+    """`h3serve.jobstore.store.JobStore` over a DB-API connection; subclasses supply `_run`, `_atomic` and the
     dialect (h3serve/jobstore/sql_runner.py). Every statement that gives a job its final state writes the job's
     webhook event in the same transaction (webhook_sql.py)."""
 

@@ -81,7 +81,7 @@ def queue_job_event(run: Run, job: Row, now: float) -> int:
 
 
 class WebhookSQL(SQLRunner):
-    """The webhook half of `h3serve.jobstore.protocol.JobStore` (mixed into `SQLJobStore`)."""
+    """The webhook half of `h3serve.jobstore.store.JobStore` (mixed into `SQLJobStore`)."""
 
     # -- endpoints -------------------------------------------------------------------------------------------
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from h3serve.api.server_config import ServerConfig
-from h3serve.cli import main
 from h3serve.config import ConfigError
+from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions
 
 
@@ -41,7 +41,7 @@ def test_serve_exits_with_the_error_before_starting_the_engine(tiny_checkpoint, 
 
 
 def test_webhook_flags_reach_the_config():
-    from h3serve.cli import build_parser
+    from h3serve.entrypoints.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--webhook-allow-host", "127.0.0.1:9000", "--webhook-allow-host",
                                       "hooks.internal", "--webhook-timeout", "3", "--webhook-retry-horizon", "600"])

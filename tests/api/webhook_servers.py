@@ -24,7 +24,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore import open_job_store
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 from h3serve.media.mp4 import EncoderOptions
 
 # Fast retries and polls, so a failing-then-recovering receiver takes a fraction of a second.

@@ -9,7 +9,7 @@ from openai import OpenAI
 from webhook_receiver import receiver
 from webhook_servers import serve_webhooks
 
-from h3serve.cli import main
+from h3serve.entrypoints.cli import main
 
 SDK = OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
 

@@ -29,7 +29,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from h3serve.engine.outbox.retry import RetryPolicy
 from h3serve.engine.outbox.sender import AttemptResult, WebhookSender
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 from h3serve.jobstore.webhook_records import WebhookDelivery, WebhookEndpoint
 from h3serve.jobstore.webhook_sql import ENDPOINT_DELETED
 from h3serve.rules import limits
