@@ -1,5 +1,5 @@
 """The FastAPI app factory: routes (WS /v1/realtime/video among them), the API key on /v1, the body cap, the error
-envelope, the job lifecycle."""
+envelope, the job lifecycle and the webhook delivery worker's."""
 
 from __future__ import annotations
 
@@ -22,11 +22,14 @@ from h3serve.api.last_resort import LastResort
 from h3serve.api.openapi import exact_request_bodies
 from h3serve.api.prometheus import Metrics
 from h3serve.api.realtime import route as realtime
-from h3serve.api.routes import system, videos, web
+from h3serve.api.routes import system, videos, web, webhook_endpoints
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
+from h3serve.engine.outbox.outbox_worker import OutboxWorker
+from h3serve.engine.outbox.retry import RetryPolicy
+from h3serve.engine.outbox.sender import WebhookSender, WebhookURLGuard
 from h3serve.jobstore.store import JobStore
 
 
@@ -55,6 +58,8 @@ def create_app(
     manager.add_listener(metrics.on_job_finished)
     manager.add_start_listener(metrics.on_job_started)
     manager.add_upload_listener(metrics.on_upload)
+    outbox = webhook_outbox(config, manager, store, metrics)
+    manager.add_listener(outbox.wake)  # a job's event is in the outbox once it finished: send it now
     context = ServerContext(
         config=config,
         manager=manager,
@@ -64,14 +69,17 @@ def create_app(
         started_at=int(time.time()),
         lora=lora,
         sync_line=SyncLine(config.max_queue),
+        outbox=outbox,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await run_in_threadpool(manager.start)
+        await run_in_threadpool(outbox.start)
         try:
             yield
         finally:
+            await run_in_threadpool(outbox.stop)
             await run_in_threadpool(manager.close)
 
     app = H3App(
@@ -87,8 +95,17 @@ def create_app(
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(bearer_auth(config.api_key))])
     v1.include_router(videos.router)
     v1.include_router(system.v1_router)
+    v1.include_router(webhook_endpoints.router)
     app.include_router(v1)
     app.include_router(realtime.router)  # checks the API key at the upgrade itself
     app.include_router(system.router)
     app.include_router(web.router)
     return app
+
+
+def webhook_outbox(config: ServerConfig, manager: JobManager, store: JobStore, metrics: Metrics) -> OutboxWorker:
+    """The server's webhook delivery worker, under the manager's lease name (docs/webhooks.md)."""
+    sender = WebhookSender(WebhookURLGuard(config.webhook_allowed), timeout_s=config.webhook_timeout_s)
+    retry = RetryPolicy(initial_s=config.webhook_retry_initial_s, horizon_s=config.webhook_retry_horizon_s)
+    return OutboxWorker(store, sender, manager.owner, config.webhook_lease_s, retry=retry,
+                        poll_s=config.webhook_poll_s, observer=metrics)

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from h3serve.api.auth import key_scope
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.intake.generation_request import build_generation_request
@@ -105,12 +106,13 @@ async def queue_request(
     `aliases`). Media must be stored already. `seconds`: the job's `seconds` (None: the planned duration).
     `wait`: how a sync request waits for a queue slot (SyncLine.enter); None: a full queue is 429 at once."""
     manager = ctx.manager
+    scope = key_scope(ctx.config.api_key)
     try:
         if wait is None:
             return await run_in_threadpool(manager.submit, generation_request, job_id=job_id, seconds=seconds,
-                                           sync=sync)
+                                           sync=sync, key_scope=scope)
         prepared = await run_in_threadpool(manager.prepare, generation_request, job_id=job_id, seconds=seconds,
-                                           sync=sync)
+                                           sync=sync, key_scope=scope)
 
         async def attempt() -> Job:
             return await run_in_threadpool(manager.enqueue, prepared)

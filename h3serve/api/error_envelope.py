@@ -142,7 +142,9 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     first = exc.errors()[0] if exc.errors() else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
     param = ".".join(location) or None
-    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+    # A validator's own words, without pydantic's "Value error, " in front of them.
+    detail = str(first.get("msg", "invalid value" if param else "invalid request")).removeprefix("Value error, ")
+    message = f"{param}: {detail}" if param else detail
     return error_response(400, message, "invalid_value", param)
 
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from h3serve.engine.outbox.sender import AllowedHost
 from h3serve.errors import ConfigError
 from h3serve.jobstore import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
@@ -61,6 +62,13 @@ class ServerConfig:
     realtime: bool = False  # the engine has --realtime-lora: WS /v1/realtime/video serves sessions
     realtime_start_timeout_s: float = limits.REALTIME_START_TIMEOUT_S  # session.start must come within this
     realtime_stall_timeout_s: float = limits.REALTIME_STALL_TIMEOUT_S  # a session with no progress this long ends
+    # Webhooks (docs/webhooks.md): hosts a webhook URL may reach over http and at any address (HOST[:PORT]; the
+    # rest must be https to a public address), one attempt's deadline, the retries' first delay and horizon.
+    webhook_allow_hosts: tuple[str, ...] = ()
+    webhook_timeout_s: float = limits.WEBHOOK_TIMEOUT_S
+    webhook_retry_initial_s: float = limits.WEBHOOK_RETRY_INITIAL_S
+    webhook_retry_horizon_s: float = limits.WEBHOOK_RETRY_HORIZON_S
+    webhook_poll_s: float = 1.0  # due retries and other servers' events are looked for this often
 
     @property
     def store_path(self) -> Path:
@@ -69,6 +77,16 @@ class ServerConfig:
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def webhook_lease_s(self) -> float:
+        """A delivery attempt's lease: the jobs' (a dead server's deliveries are taken over as soon as its jobs),
+        but never shorter than two attempts, so a live server never loses the delivery it is sending."""
+        return max(self.job_lease_s, 2 * self.webhook_timeout_s)
+
+    @property
+    def webhook_allowed(self) -> tuple[AllowedHost, ...]:
+        return tuple(AllowedHost.parse(host) for host in self.webhook_allow_hosts)
 
     def validate(self) -> ServerConfig:
         """Fail loudly, at start-up, on any illegal value."""
@@ -104,6 +122,12 @@ class ServerConfig:
              f"--output-url-ttl must be 1..{MAX_PRESIGNED_URL_S} seconds (7 days), got {self.output_url_ttl_s}"),
             (1 <= self.output_upload_attempts <= MAX_UPLOAD_ATTEMPTS,
              f"--output-upload-attempts must be 1..{MAX_UPLOAD_ATTEMPTS}, got {self.output_upload_attempts}"),
+            (self.webhook_timeout_s > 0, f"--webhook-timeout must be > 0, got {self.webhook_timeout_s:g}"),
+            (self.webhook_retry_initial_s > 0, f"--webhook-retry-initial must be > 0, got "
+             f"{self.webhook_retry_initial_s:g}"),
+            (self.webhook_retry_horizon_s >= self.webhook_retry_initial_s,
+             f"--webhook-retry-horizon must be >= --webhook-retry-initial, got {self.webhook_retry_horizon_s:g}"),
+            (self.webhook_poll_s > 0, f"the webhook poll interval must be > 0, got {self.webhook_poll_s:g}"),
             (bool(self.served_model_name), "--served-model-name must not be empty"),
         )
         for ok, message in checks:
@@ -117,6 +141,10 @@ class ServerConfig:
             BucketLocation.parse(self.output_store)
         if self.s3_endpoint_url is not None:
             check_endpoint_url(self.s3_endpoint_url)
+        try:
+            self.webhook_allowed  # noqa: B018 (parsed here so that a bad one fails at start-up)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"--data-dir: {self.data_dir} exists and is not a folder")
         return self

@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible /v1/videos API")
     _add_server_args(p, server)
     _add_limit_args(p, server, encoder)
+    _add_webhook_args(p, server)
     add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_serve)
 
@@ -138,6 +139,21 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
+def _add_webhook_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -> None:
+    """Webhook deliveries (docs/webhooks.md): which hosts they may reach, their deadline and their retries."""
+    p.add_argument("--webhook-allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let webhook URLs on this host (and port) use http and reach loopback or private addresses "
+                   "(repeatable; default: https to public addresses only)")
+    p.add_argument("--webhook-timeout", type=float, default=server("webhook_timeout_s"),
+                   help="seconds one delivery attempt may take, connection and answer (default %(default)g)")
+    p.add_argument("--webhook-retry-initial", type=float, default=server("webhook_retry_initial_s"),
+                   help="seconds before the first retry of a failed delivery; each later one waits twice as long, "
+                   "at most an hour, with jitter (default %(default)g)")
+    p.add_argument("--webhook-retry-horizon", type=float, default=server("webhook_retry_horizon_s"),
+                   help="seconds after its event that a delivery is retried before it is marked failed "
+                   "(default %(default)g)")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.server_config import ServerConfig, default_data_dir
     from h3serve.checkpoint.resolver import CheckpointError
@@ -182,6 +198,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             realtime=engine_config.realtime_lora is not None,
             realtime_start_timeout_s=args.realtime_start_timeout,
             realtime_stall_timeout_s=args.realtime_stall_timeout,
+            webhook_allow_hosts=tuple(args.webhook_allow_host),
+            webhook_timeout_s=args.webhook_timeout,
+            webhook_retry_initial_s=args.webhook_retry_initial,
+            webhook_retry_horizon_s=args.webhook_retry_horizon,
         ).validate()
     except (ConfigError, CheckpointError) as e:
         return fail(str(e))

@@ -105,3 +105,19 @@ REALTIME_START_TIMEOUT_S = 10.0
 REALTIME_START_MESSAGE_BYTES = 4 * 2**20
 REALTIME_CONTROL_MESSAGE_BYTES = 128 * 2**10
 REALTIME_STALL_TIMEOUT_S = 60.0
+
+# Webhooks (docs/webhooks.md): endpoints per API key, their fields, and the deliveries. A receiver's answer is read to
+# at most 4 KiB; a delivery is retried with exponential backoff (doubling from --webhook-retry-initial, at most an
+# hour apart, with jitter) until --webhook-retry-horizon after its event, then marked failed. A rotated secret stays
+# valid 24 h when asked (the SDK's `keep_old_secret_active_for_24_hours`).
+MAX_WEBHOOK_ENDPOINTS = 100
+MAX_WEBHOOK_NAME_CHARS = 256
+MAX_WEBHOOK_URL_CHARS = 2048
+WEBHOOK_RESPONSE_BYTES = 4 * 2**10
+WEBHOOK_MAX_REDIRECTS = 3  # 307/308 only: a POST stays a POST with its body; each hop passes the URL guard
+WEBHOOK_TIMEOUT_S = 10.0  # one attempt, connection and answer (every redirect hop) together
+WEBHOOK_RETRY_INITIAL_S = 5.0
+WEBHOOK_RETRY_MAX_S = 3600.0
+WEBHOOK_RETRY_HORIZON_S = 86_400.0
+WEBHOOK_SECRET_GRACE_S = 86_400
+WEBHOOK_RETENTION_S = 30 * 86_400  # delivered and failed deliveries are kept this long (the page shows them)

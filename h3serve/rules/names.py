@@ -38,3 +38,9 @@ DEFAULT_SAMPLE_SOLVER: SampleSolver = "euler"
 # others a control video (h3serve.model.controlnet).
 ControlType = Literal["canny", "depth", "hed", "mlsd", "pose", "inpaint"]
 CONTROL_TYPES: tuple[str, ...] = get_args(ControlType)
+
+# Webhook event types h3serve sends (docs/webhooks.md): the two video events of OpenAI's SDK (its
+# `client.webhooks.create(event_types=...)` literal names no cancellation event for videos; a deleted unfinished job
+# sends video.failed). Endpoints may subscribe to these only.
+WebhookEventType = Literal["video.completed", "video.failed"]
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = get_args(WebhookEventType)

@@ -15,6 +15,7 @@ HISTOGRAMS = {"h3serve_queue_wait_seconds": "replica", "h3serve_stage_duration_s
               "h3serve_job_duration_seconds": "status"}
 REALTIME_HISTOGRAMS = ("h3serve_realtime_first_chunk_seconds", "h3serve_realtime_chunk_seconds",
                        "h3serve_realtime_factor")
+WEBHOOK_HISTOGRAMS = ("h3serve_webhook_attempt_seconds", "h3serve_webhook_delivery_seconds")
 EXPECTED = {
     ("h3serve_queue_depth", ()), ("h3serve_jobs", ("state",)), ("h3serve_engine_up", ()),
     ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
@@ -31,6 +32,11 @@ EXPECTED = {
     ("h3serve_realtime_sessions_open", ()), ("h3serve_realtime_chunks_sent_total", ("kind",)),
     *((f"{name}_bucket", ("le",)) for name in REALTIME_HISTOGRAMS),
     *((f"{name}_{part}", ()) for name in REALTIME_HISTOGRAMS for part in ("sum", "count")),
+    # the webhook deliveries (h3serve/engine/outbox)
+    ("h3serve_webhook_deliveries", ("state",)), ("h3serve_webhook_attempts_total", ("outcome",)),
+    ("h3serve_webhook_given_up_total", ()),
+    *((f"{name}_bucket", ("le",)) for name in WEBHOOK_HISTOGRAMS),
+    *((f"{name}_{part}", ()) for name in WEBHOOK_HISTOGRAMS for part in ("sum", "count")),
 }
 
 
@@ -107,3 +113,22 @@ def test_uploads_feed_bytes_seconds_and_failures():
     assert samples[("h3serve_output_upload_seconds_sum", ())] == pytest.approx(0.25)
     assert samples[("h3serve_output_upload_failures_total", (("outcome", "retried"),))] == 2
     assert samples[("h3serve_output_upload_failures_total", (("outcome", "failed"),))] == 1
+
+
+def test_webhook_deliveries_are_counted():
+    metrics = Metrics()
+    metrics.on_webhook_attempt("http_error", 0.2)
+    metrics.on_webhook_attempt("delivered", 0.1)
+    metrics.on_webhook_delivered(7.5)
+    metrics.on_webhook_given_up()
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    text = metrics.render(manager, {}, {"pending": 3, "delivered": 1})
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert [samples[("h3serve_webhook_deliveries", (("state", s),))] for s in ("pending", "delivered", "failed")] == [
+        3, 1, 0]
+    assert samples[("h3serve_webhook_attempts_total", (("outcome", "http_error"),))] == 1
+    assert samples[("h3serve_webhook_attempts_total", (("outcome", "timeout"),))] == 0
+    assert samples[("h3serve_webhook_attempt_seconds_count", ())] == 2
+    assert samples[("h3serve_webhook_delivery_seconds_sum", ())] == 7.5
+    assert samples[("h3serve_webhook_given_up_total", ())] == 1

@@ -6,6 +6,7 @@ Every job is short (4 s, 1 step, 128x64): the point is the page, not the model.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from browser_pages import API_KEY, close_page, open_page
 from media_files import mp4, png, wav
 from playwright.sync_api import Page, expect
 from waiting import wait_until
+from webhook_receiver import receiver
 
 pytestmark = pytest.mark.slow
 
@@ -448,9 +450,23 @@ def test_the_solver_select_lists_the_servers_solvers_and_sends_the_choice(page, 
 
 def test_several_outputs_show_as_a_gallery(page, live):
     """Outputs 2: the request carries num_outputs_per_prompt, the result shows a gallery of both thumbnails, and
-    picking #1 puts output 1 (the server's index=1 file) in the player and the download link."""
-    fill(page, "a lantern on a pier", {**FAST, "#num_outputs": "2"})
-    generate_and_wait(page)
+    picking #1 puts output 1 (the server's index=1 file) in the player and the download link. With a webhook
+    endpoint, the job sends one event for its two outputs, and the page shows that delivery."""
+    with receiver() as rx:
+        hook = httpx.post(f"{live.url}/v1/webhook_endpoints", headers=HEADERS, json={
+            "name": "page", "url": rx.url, "event_types": ["video.completed"]}).json()
+        try:
+            fill(page, "a lantern on a pier", {**FAST, "#num_outputs": "2"})
+            generate_and_wait(page)
+            row = page.locator("#deliveries-rows tr")
+            expect(row).to_have_count(1)
+            expect(row).to_have_attribute("data-state", "delivered")
+            expect(row.locator("td")).to_have_text([hook["id"], "video.completed", "delivered", "1",
+                                                    re.compile(r"^HTTP 200 at ")])
+            [event] = rx.wait_for(1)
+            assert json.loads(event.body)["data"]["id"] == job_id(page)
+        finally:
+            httpx.delete(f"{live.url}/v1/webhook_endpoints/{hook['id']}", headers=HEADERS)
     expect(page.locator("#params")).to_contain_text("num_outputs_per_prompt2")
     gallery = page.get_by_role("group", name="Outputs of this job").get_by_role("button")
     expect(gallery).to_have_count(2)

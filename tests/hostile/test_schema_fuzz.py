@@ -19,6 +19,8 @@ from schemathesis.checks import CHECKS, load_all_checks
 
 from h3serve.api.intake.request_model import CROSS_FIELD_RULES
 from h3serve.api.url_fetch import MediaFetcher
+from h3serve.api.webhook_schemas import WEBHOOK_RULES
+from h3serve.jobstore.webhook_records import WebhookEndpoint, new_endpoint_id, new_secret, secret_hint
 
 # What each documented rule's 400 says (code, message pattern): the only 400s positive mode may see.
 RULE_MESSAGES: dict[str, tuple[str, str]] = {
@@ -51,6 +53,7 @@ EXAMPLES = fuzz_examples(40)
 # depends on chance (a fresh `make test` once failed on a draw no earlier run had made); `make fuzz` draws others
 # (tests/fuzzing.py). docs/reliability.md records what the recorded one gives.
 SEED = fuzz_seed(54)
+WEBHOOK_EXAMPLES = fuzz_examples(8)  # per webhook operation and mode (9 operations of a few fields each: about 7 s)
 ALLOWED_STATUSES = {200, 400, 401, 404, 409, 413, 415, 422, 429}
 # Every check but two: positive data acceptance is checked below against the documented cross-field rules (the
 # schema states them in words), and the stateful resource checks belong to the stateful run.
@@ -60,7 +63,7 @@ CHECKED = [check for check in CHECKS.get_all() if check.__name__ not in SKIPPED_
 
 
 def _documented(error: dict) -> bool:
-    if error["code"] in MEDIA_CODES or "media" in error["code"]:
+    if error["code"] in MEDIA_CODES or "media" in error["code"] or error["code"] in WEBHOOK_RULES:
         return True
     return any(
         code == error["code"] and re.search(pattern, error["message"])
@@ -73,6 +76,20 @@ async def _no_network(host: str, port: int) -> list[str]:
     raise OSError("name resolution is disabled in this test")  # schema-valid URLs must not leave loopback
 
 
+def _webhook_endpoint(server) -> str:
+    """An endpoint the `{webhook_endpoint_id}` cases act on (made again once a case deleted it): its id. Its URL
+    never resolves (`_no_network`), so `test` reaches nothing outside."""
+    context = server.app.state.context
+    context.outbox.sender.guard.resolver = _no_network  # webhook URLs, checked and sent, stay on loopback too
+    for endpoint in server.store.page_endpoints("", None, 1)[0]:
+        return endpoint.id
+    secret = new_secret()
+    endpoint = WebhookEndpoint(id=new_endpoint_id(), key_scope="", name="fuzz", url="https://hooks.invalid/x",
+                               event_types=("video.completed",), created_at=1, updated_at=1, secret=secret,
+                               secret_hint=secret_hint(secret))
+    return server.store.insert_endpoint(endpoint, 10**6).id
+
+
 @pytest.mark.slow
 @pytest.mark.fuzz
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
@@ -83,17 +100,22 @@ def test_api_conforms_to_its_schema(tmp_path, mode):
     with serve(
         tmp_path, executor=executor, max_queue=100_000, api_key=None, fetcher=MediaFetcher(2.0, resolver=_no_network)
     ) as server:
+        _webhook_endpoint(server)  # webhook URLs stay on loopback
         schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
         for result in schema.get_all_operations():
             operation = result.ok()
             if operation.path == "/v1/videos/sync":  # runs a generation per case: covered by other tests
                 continue
 
+            examples = WEBHOOK_EXAMPLES if "webhook" in operation.path else EXAMPLES
+
             @seed(SEED)
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+            @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                       derandomize=False)  # the recorded seed, even under a profile that derandomizes
             def check(case) -> None:
+                if "{webhook_endpoint_id}" in case.operation.path:  # a real endpoint: its bodies get checked, not 404
+                    case.path_parameters = {"webhook_endpoint_id": _webhook_endpoint(server)}
                 response = case.call(base_url=server.url, timeout=30)
                 case.validate_response(response, checks=CHECKED)
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
@@ -128,6 +150,7 @@ def test_stateful_sequences_following_the_links_see_no_5xx(tmp_path):
         api_key=None,
         fetcher=MediaFetcher(2.0, resolver=_no_network),
     ) as server:
+        _webhook_endpoint(server)  # webhook URLs stay on loopback
         schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json").exclude(path="/v1/videos/sync")
 
         # A step's draw depends on the state the previous steps left (the links feed it real ids), so within one

@@ -35,7 +35,7 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
 def metrics(ctx: Context) -> PlainTextResponse:
-    text = ctx.metrics.render(ctx.manager, ctx.store.count_by_status())
+    text = ctx.metrics.render(ctx.manager, ctx.store.count_by_status(), ctx.store.count_deliveries_by_state())
     return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
 
 

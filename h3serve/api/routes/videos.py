@@ -225,4 +225,5 @@ def delete_video(video_id: str, ctx: Context) -> VideoDeleted:
     _not_a_video(video_id)
     if not ctx.manager.delete(video_id):
         raise not_found(video_id)
+    ctx.outbox.wake()  # an unfinished job's deletion wrote its video.failed event
     return VideoDeleted(id=video_id)

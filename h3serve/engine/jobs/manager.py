@@ -303,19 +303,21 @@ class JobManager:
         return max(1, math.ceil(sum(recent) / len(recent) / len(self.executors)))
 
     def submit(
-        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False
+        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False,
+        key_scope: str = "",
     ) -> Job:
         """Plan, admit and record `request`, then queue it (`prepare`, then `enqueue`). `seconds`: the job's
-        `seconds` as the client asked (None: the planned duration)."""
-        return self.enqueue(self.prepare(request, job_id=job_id, seconds=seconds, sync=sync))
+        `seconds` as the client asked (None: the planned duration); `key_scope`: the API key that asked."""
+        return self.enqueue(self.prepare(request, job_id=job_id, seconds=seconds, sync=sync, key_scope=key_scope))
 
     def prepare(
-        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False
+        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False,
+        key_scope: str = "",
     ) -> PreparedJob:
         """The job `request` becomes: planned (`RequestError` / `MediaError` naming the field), admitted by cost
         (`TooCostly`) and recorded, not yet queued. A sync request prepares once and may then wait for a slot."""
         return prepare_job(request, self.defaults, self.tasks, self.admission, job_id=job_id or new_job_id(),
-                           created_at=int(self.policy.clock()), seconds=seconds, sync=sync)
+                           created_at=int(self.policy.clock()), seconds=seconds, sync=sync, key_scope=key_scope)
 
     def enqueue(self, prepared: PreparedJob) -> Job:
         """Store the prepared job in the queue behind the others. Raises `QueueFull` or `ShuttingDown`.

@@ -144,8 +144,10 @@ class Outcomes:
         return message
 
     def finish(self, active: ActiveJob, **changes: Any) -> bool:
-        """Record the run's outcome, once, while this server still holds the job; then tell the listeners. True
-        if recorded (False: the job was dropped meanwhile)."""
+        """Record the run's outcome, once, while this server still holds the job; then tell the listeners (the
+        webhook worker among them). True if recorded (False: the job was dropped meanwhile). `store.finish` writes
+        the job's webhook event in the same transaction as its final state (h3serve/jobstore/webhook_sql.py):
+        recorded here means its event is in the outbox."""
         now = int(self.policy.clock())
         changes["completed_at"] = now
         if self.policy.output_ttl_s is not None:
