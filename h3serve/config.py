@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
+from h3serve.accel.cache_profile import CacheConfigError, CacheProfile, ServerCache, TeaCacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
@@ -30,7 +30,7 @@ from h3serve.offload.modes import (
 )
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules import limits
-from h3serve.rules.names import TASK_TYPES
+from h3serve.rules.names import CACHE_BACKENDS, TASK_TYPES
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -65,8 +65,9 @@ class EngineConfig:
     compile_backend: str = "inductor"  # aot_eager / eager: Dynamo capture only (graph breaks, recompiles)
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
-    cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
-    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
+    # none | cache_dit (h3serve.accel.cache: first-block residual caching) | tea_cache (h3serve.accel.teacache)
+    cache_backend: str = "none"
+    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over `high`, or TeaCache's
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # --collective-timeout (process group); None: torch's (gloo 30 min)
@@ -136,6 +137,9 @@ class EngineConfig:
             )
         if self.device_type is not None:
             notices += self.device_notices(self.device_type)
+        if self.cache_backend == "tea_cache" and "transformer_ref" in self.dits:
+            notices.append("notice: --cache-backend tea_cache caches the FL2VA DiT only (T2VA and FL2VA requests); "
+                           "Ref2VA requests run uncached (TeaCache is not calibrated for the Ref2VA DiT)")
         return notices
 
     def device_notices(self, device_type: str) -> list[str]:
@@ -154,21 +158,48 @@ class EngineConfig:
             notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
 
-    def cache_profile(self) -> CacheProfile | None:
-        """The server's `h3serve.accel.cache_profile.CacheProfile`, or None without --cache-backend cache_dit."""
+    def cache_profile(self) -> ServerCache | None:
+        """The server's cache (`h3serve.accel.cache_profile`): a Cache-DiT `CacheProfile` (cache_dit), a
+        `TeaCacheProfile` (tea_cache), or None without --cache-backend."""
         if self.cache_backend == "none":
             return None
         try:
             data = json.loads(self.cache_config or "{}")
             if not isinstance(data, dict):
                 raise CacheConfigError(f"--cache-config: expected a JSON object, got {type(data).__name__}")
+            if self.cache_backend == "tea_cache":
+                return TeaCacheProfile.from_json(data)
             return CacheProfile.from_json(data)
         except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError(str(e)) from None
 
+    @property
+    def server_cache(self) -> str | None:
+        """--cache-backend as the request rules see it: the cache a request that omits `quality` runs under."""
+        return None if self.cache_backend == "none" else self.cache_backend
+
+    def backend_refusal(self, device_type: str | None = None) -> str | None:
+        """Why this engine cannot run its --cache-backend (None: it can, or there is none)."""
+        if self.cache_backend == "tea_cache":
+            return self.tea_cache_refusal()
+        if self.cache_backend == "cache_dit":
+            return self.cache_refusal(device_type)
+        return None
+
+    def tea_cache_refusal(self) -> str | None:
+        """Why this engine cannot run TeaCache: it skips the whole block loop, so whatever needs every block to run
+        in order (layerwise offload streaming, a whole-forward graph) cannot go with it. Sequence parallelism can:
+        the ranks MAX-reduce each decision (gloo and NCCL both have MAX)."""
+        if self.offload.streamed:
+            return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
+        if self.full_graph:
+            return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+        return None
+
     def cache_refusal(self, device_type: str | None = None) -> str | None:
-        """Why this engine cannot run a DiT block cache (--cache-backend cache_dit, or a `quality=high` request);
-        None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no device)."""
+        """Why this engine cannot run Cache-DiT's block cache (--cache-backend cache_dit, or a `quality=high`
+        request); None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no
+        device)."""
         device_type = device_type or self.device_type
         if self.ulysses_degree * self.ring_degree > 1:
             return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
@@ -339,12 +370,18 @@ class EngineConfig:
                 "diffusion_compile_granularity='full' is incompatible with sequence parallelism and offload; "
                 "use 'regional' compilation instead"
             )
-        if self.cache_backend not in ("none", "cache_dit"):
-            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        if self.cache_backend not in CACHE_BACKENDS:
+            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
         self.cache_profile()
-        refusal = self.cache_refusal()
-        if self.cache_backend != "none" and refusal:
-            raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
+        refusal = self.backend_refusal()
+        if refusal:
+            raise ConfigError(f"--cache-backend {self.cache_backend} is not available with {refusal}")
+        if self.cache_backend == "tea_cache" and "transformer" not in self.dits:
+            raise ConfigError(  # vLLM-Omni's refusal of a Ref2VA partition
+                "--cache-backend tea_cache: TeaCache only supports the MiniMax-H3 FL2VA partition; Ref2VA TeaCache "
+                "has not been calibrated (its coefficients were fitted on the FL2VA DiT); use --task-type fl2va or "
+                "auto, or --cache-backend cache_dit"
+            )
 
     def _validate_model(self) -> None:
         try:  # the one resolver (modular root, native FL2VA/Ref2VA tree or variant folder): gaps named

@@ -28,6 +28,20 @@ NUM_MODALITIES = 3  # video 0, text 1, audio 2: the AdaLN table has one slot per
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class BlockLoop(Protocol):
+    """A step cache around the block loop (h3serve.accel.teacache): given the DiT and the loop's inputs, it runs
+    the loop (`H3Transformer.run_blocks`) or reuses the residual of the last step that did."""
+
+    def __call__(
+        self,
+        dit: H3Transformer,
+        x: torch.Tensor,
+        temb: torch.Tensor | StepModulation,
+        adaln_idx: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor: ...
+
+
 class SequenceSharder(Protocol):
     """Sequence parallelism around the block loop (implemented in h3serve.parallel.sequence)."""
 
@@ -365,6 +379,14 @@ class TransformerBlock(nn.Module):
         table = temb.tables[self.adaln_proj] if isinstance(temb, StepModulation) else self.adaln_proj.table(temb)
         return self.modulated(x, table, adaln_idx, rotary)
 
+    def modulated_input(
+        self, x: torch.Tensor, temb: torch.Tensor | StepModulation, adaln_idx: torch.Tensor
+    ) -> torch.Tensor:
+        """The attention branch's input: norm1(x)·(1 + scale) + shift, each row's modulation by its (timestep,
+        modality) pair. [B, S, D]; what TeaCache watches (h3serve.accel.teacache) on the first block."""
+        table = temb.tables[self.adaln_proj] if isinstance(temb, StepModulation) else self.adaln_proj.table(temb)
+        return self.norm1(x).mul_(table[1].index_select(0, adaln_idx)).add_(table[0].index_select(0, adaln_idx))
+
     def modulated(
         self, x: torch.Tensor, table: torch.Tensor, adaln_idx: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
@@ -484,6 +506,8 @@ class H3Transformer(nn.Module):
         # Set at load by `--controlnet-model-path` (h3serve.model.controlnet): the control branch; a request's
         # `control` rows feed it. None: no control served.
         self.controlnet: nn.Module | None = None
+        # Set per request by a step cache (h3serve.accel.teacache): runs or skips the block loop. None: it runs.
+        self.block_loop: BlockLoop | None = None
 
     def fuse_projections(self) -> None:
         """Fuse every attention's Q/K/V projections (see `Attention.fuse_qkv`); the state dict then has
@@ -498,6 +522,23 @@ class H3Transformer(nn.Module):
         Depends only on the prompt, so the pipeline computes it once per request, not once per step.
         """
         return self.token_refiner(self.context_embedder(text.to(compute_dtype(self.context_embedder))))
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,  # [B, S, D] (this rank's rows under sequence parallelism)
+        temb: torch.Tensor | StepModulation,
+        adaln_idx: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        hints: Mapping[int, torch.Tensor] | None = None,  # control hints added after the blocks they name
+        hint_scale: float | None = None,
+    ) -> torch.Tensor:
+        """The block loop. A block cache (h3serve.accel.cache, through cache-dit) swaps the block list for its
+        cached runner per request; a step cache (`block_loop`) decides whether this runs at all."""
+        for index, block in enumerate(self.transformer_blocks):
+            x = block(x, temb, adaln_idx, rotary)
+            if hints and index in hints:
+                x = x + hints[index] * hint_scale
+        return x
 
     def forward(
         self,
@@ -539,11 +580,12 @@ class H3Transformer(nn.Module):
             if hints:
                 raise RuntimeError("a control video with sequence parallelism (refused at start-up)")
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
-        # A block cache (h3serve.accel.cache, through cache-dit) swaps this list for its cached runner per request.
-        for index, block in enumerate(self.transformer_blocks):
-            x = block(x, temb, adaln_idx, rotary)
-            if index in hints:
-                x = x + hints[index] * control.scale
+        if self.block_loop is not None:
+            if hints:
+                raise RuntimeError("a control video under a step cache (refused at start-up)")
+            x = self.block_loop(self, x, temb, adaln_idx, rotary)
+        else:
+            x = self.run_blocks(x, temb, adaln_idx, rotary, hints, None if control is None else control.scale)
         if sp is not None:
             x = sp.gather(x)
 

@@ -5,6 +5,7 @@ The executor runs one of these in every rank process; tests and tools may use it
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +57,7 @@ class LocalEngine:
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
+        self.defaults = dataclasses.replace(self.defaults, server_cache=config.server_cache)
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -80,9 +82,10 @@ class LocalEngine:
         # host figure), copied from the device with one wait; on CPU plain tensors.
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
+        sequence = self.parallel.sequence if self.parallel is not None else None
+        cache = DitBlockCache(config.cache_profile(), components.transformer, sequence and sequence.sp_group)
         self.pipeline = H3Pipeline(
-            components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo,
-            output_batch=config.max_output_batch,
+            components, self.device, hooks=self.offload, cache=cache, adaln=memo, output_batch=config.max_output_batch,
         )
         self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
         if memo is not None and config.adaln_cache_dir is not None:

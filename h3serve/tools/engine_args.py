@@ -27,6 +27,7 @@ from h3serve.offload.modes import (
     parse_bytes,
     parse_denoise_chunk_rows,
 )
+from h3serve.rules.names import CACHE_BACKENDS as SERVED_CACHE_BACKENDS
 from h3serve.rules.names import TASK_TYPE_ALIASES
 
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
@@ -150,12 +151,15 @@ def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--ulysses-a2a-permute", action="store_true")
     r.add_argument("--allgather-degree", type=int, default=1)
     r.add_argument(
-        "--cache-backend", default="none", help="none | cache_dit (first-block residual caching of the DiT)"
+        "--cache-backend", default="none",
+        help="none | cache_dit (first-block residual caching of the DiT) | tea_cache (TeaCache on the FL2VA DiT: "
+        "whole steps reuse the last computed block residual)",
     )
     r.add_argument(
         "--cache-config",
-        help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
-        '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
+        help='cache_dit: JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, '
+        '"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}; '
+        'tea_cache: {"rel_l1_thresh": 0.17, "coefficients": [...]} (default: vLLM-Omni\'s FL2VA calibration)',
     )
 
 
@@ -278,15 +282,9 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.cache_backend not in CACHE_BACKENDS:
         raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
-    if args.cache_backend == "tea_cache":
-        raise ConfigError(
-            "--cache-backend tea_cache: TeaCache's rel_l1_thresh (0.17) and polynomial coefficients are calibrated "
-            "for the reference FL2VA DiT only, not for the Ref2VA DiT; use --cache-backend cache_dit"
-        )
-    if args.cache_backend not in ("none", "cache_dit"):
-        raise ConfigError(
-            f"--cache-backend {args.cache_backend}: not available in h3serve; use --cache-backend cache_dit or none"
-        )
+    if args.cache_backend not in SERVED_CACHE_BACKENDS:
+        served = ", ".join(SERVED_CACHE_BACKENDS)
+        raise ConfigError(f"--cache-backend {args.cache_backend}: not available in h3serve; choose from: {served}")
     if args.cache_config and args.cache_backend == "none":
         notices.append("notice: --cache-config has no effect with --cache-backend none")
     if args.lora_backend not in (None, "peft"):

@@ -11,6 +11,7 @@ from typing import cast
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
+from h3serve.rules.cache_refresh import resolve_force_refresh
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
@@ -63,6 +64,8 @@ def validate(
     seed = check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
     control = resolve_control(request, task, mode, masks, quality)
+    refresh = resolve_force_refresh(request.force_refresh_step_hint, request.force_refresh_step_policy, steps,
+                                    request_cache(quality, defaults.server_cache, task, mode))
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -92,7 +95,23 @@ def validate(
         sample_solver=sample_solver,
         num_outputs=num_outputs,
         control=control,
+        force_refresh=refresh,
     )
+
+
+TEA_CACHE_TASKS = ("t2va", "fl2va")  # TeaCache is calibrated for the FL2VA DiT (which serves both) only
+
+
+def request_cache(quality: str | None, server: str | None, task: str, mode: str | None) -> str | None:
+    """The DiT cache a request runs under: `cache_dit` for quality=high, the server's (--cache-backend) when
+    quality is omitted, none for lossless; TeaCache only on the FL2VA DiT, and no cache in a continuation."""
+    if mode == "continuation" or quality == "lossless":
+        return None
+    if quality == "high":
+        return "cache_dit"
+    if server == "tea_cache" and task not in TEA_CACHE_TASKS:
+        return None
+    return server
 
 
 def resolve_control(
