@@ -400,10 +400,12 @@ def _add_make_adapter(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", help="output folder (created)")
     p.add_argument("--format", required=True,
                    help="peft (per-request LoRA) | turbo (LightX2V 4-step) | fasth3 | pdd (PAI 8-step, FL2VA) | "
-                   "controlnet | taomate (TaoMate-H3 real-time LoRA directory: --realtime-lora)")
+                   "controlnet | taomate (TaoMate-H3 real-time LoRA directory: --realtime-lora) | flashgen "
+                   "(FlashGen's native 4-step T2VA LoRA)")
     p.add_argument("--preset", default="tiny", help="tiny | cpu-bench (the checkpoint preset it adapts)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rank", type=int, help="low-rank size (default: peft 4, turbo 8, fasth3 4, taomate 4)")
+    p.add_argument("--rank", type=int,
+                   help="low-rank size (default: peft 4, turbo 8, fasth3 4, taomate 4, flashgen 4)")
     p.set_defaults(func=cmd_make_adapter)
 
 

@@ -297,9 +297,29 @@ class EngineConfig:
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ConfigError(f"--lora-dir {self.lora_dir}: not a directory")
         try:
-            catalog_for(self, log=lambda text: None)
+            catalog = catalog_for(self, log=lambda text: None)
         except AdapterError as e:
             raise ConfigError(str(e)) from None
+        for name, choice in sorted(catalog.preloaded.items() if catalog is not None else ()):
+            if choice.flashgen is not None:
+                self._check_flashgen(name)
+
+    def _check_flashgen(self, name: str) -> None:
+        """A preloaded FlashGen LoRA: refused where vLLM-Omni refuses it (Ref2VA, a checkpoint or adapter that
+        already pins a base schedule, model-level or layerwise DiT offload), and wherever h3serve cannot keep the
+        AdaLN projections it trains resident."""
+        flag = f"--lora-path {name}"
+        if "transformer" not in self.dits:
+            raise ConfigError(f"{flag}: a FlashGen LoRA adapts the FL2VA DiT (T2VA); Ref2VA is refused; load the "
+                              "FL2VA DiT (--task-type fl2va or auto)")
+        if self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: a FlashGen LoRA brings its own base schedule, and the fused FastH3 adapter "
+                              "already pins one; drop one of them")
+        dit_offloaded = (self.offload.staged_components() | self.offload.streamed_components()) & set(self.dits)
+        if dit_offloaded or self.offload.adaln_on_host(self.adaln_memo_bytes is not None):
+            raise ConfigError(f"{flag}: a FlashGen LoRA trains every block's AdaLN projection; model-level and "
+                              "layerwise DiT offload are refused with it (as vLLM-Omni does), and so is any DiT "
+                              "offload here (h3serve applies AdaLN factors to resident projections only)")
 
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""

@@ -109,9 +109,10 @@ def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
 
 def lora_adaln(config: EngineConfig, catalog: LoraCatalog | None) -> bool:
     """Whether the engine's LoRA wraps the DiTs' AdaLN projections too: when its `catalog` may serve a PDD adapter
-    (one is preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT offload, AdaLN not
-    kept on the host)."""
-    if catalog is None or not (catalog.root is not None or any(c.pdd for c in catalog.preloaded.values())):
+    or a FlashGen LoRA (one is preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT
+    offload, AdaLN not kept on the host)."""
+    adapts_adaln = any(c.pdd or c.flashgen for c in catalog.preloaded.values()) if catalog is not None else False
+    if catalog is None or not (catalog.root is not None or adapts_adaln):
         return False
     offload = config.offload
     return not offloaded_dits(config) and not offload.adaln_on_host(config.adaln_memo_bytes is not None)

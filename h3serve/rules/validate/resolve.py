@@ -10,7 +10,7 @@ from typing import cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
-from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
+from h3serve.rules.adapter_choice import FASTH3_TASKS, flashgen_pin, pdd_pin, turbo_pin
 from h3serve.rules.cache_refresh import resolve_force_refresh
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
@@ -174,6 +174,11 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
                 "LoRA cannot run on top of it",
             )
     lora = request.lora
+    if lora is not None and lora.flashgen is not None:
+        if defaults.pinned_schedule is not None:
+            raise RequestError("lora", f"{lora.name} is a FlashGen LoRA with its own base schedule; this server's "
+                                       f"checkpoint already pins one ({defaults.pinned_schedule.owner})")
+        return dataclasses.replace(defaults, pinned_schedule=flashgen_pin(lora.flashgen, lora.name, task))
     if lora is not None and lora.pdd is not None:
         return dataclasses.replace(defaults, pinned_schedule=pdd_pin(lora.pdd, lora.name, task, lora.scale))
     if lora is None or lora.turbo is None:
