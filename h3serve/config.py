@@ -65,6 +65,7 @@ class EngineConfig:
     compile_backend: str = "inductor"  # aot_eager / eager: Dynamo capture only (graph breaks, recompiles)
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
+    vsa_topk: int | None = None  # --fastvideo-vsa-topk: VSA's key tiles per query tile (None: sparsity 0.8)
     # none | cache_dit (h3serve.accel.cache: first-block residual caching) | tea_cache (h3serve.accel.teacache)
     cache_backend: str = "none"
     cache_config: str = ""  # --cache-config JSON object: DBCache parameters over `high`, or TeaCache's
@@ -321,9 +322,30 @@ class EngineConfig:
                               "layerwise DiT offload are refused with it (as vLLM-Omni does), and so is any DiT "
                               "offload here (h3serve applies AdaLN factors to resident projections only)")
 
+    @property
+    def sparse_attention(self) -> bool:
+        """The DiT blocks' attention core is video sparse attention (FASTVIDEO_VSA)."""
+        roles = dict(self.attention_per_role)
+        return roles.get("self", self.attention_backend) == "FASTVIDEO_VSA"
+
+    def _validate_sparse_attention(self) -> None:
+        """VSA runs on whole rows of one rank's heads: no sequence parallelism; its top-k only with it."""
+        if self.vsa_topk is not None and (not self.sparse_attention or self.vsa_topk < 1):
+            raise ConfigError(f"--fastvideo-vsa-topk {self.vsa_topk}: a positive tile count, with "
+                              "--diffusion-attention-backend FASTVIDEO_VSA")
+        if not self.sparse_attention:
+            return
+        if self.ulysses_degree * self.ring_degree > 1:
+            raise ConfigError("--diffusion-attention-backend FASTVIDEO_VSA: video sparse attention runs on every row "
+                              "of a rank's heads; not with --usp/--ring (tensor parallelism works)")
+        if self.realtime_lora is not None:
+            raise ConfigError("--diffusion-attention-backend FASTVIDEO_VSA: real-time sessions attend through their "
+                              "K/V cache; not with --realtime-lora")
+
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""
         self._validate_device()
+        self._validate_sparse_attention()
         self._validate_processes()
         self._validate_compile_and_cache()
         self._validate_model()

@@ -41,7 +41,8 @@ DENSE_ATTENTION = (
     "FLASH_ATTN_3_HUB",
     "TRTLLM_ATTN",
 )
-APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "FASTVIDEO_VSA", "RAINFUSION_ATTN")
+APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "RAINFUSION_ATTN")
+SPARSE_ATTENTION = ("FASTVIDEO_VSA",)  # video sparse attention (h3serve.accel.video_sparse): FastH3 V2 runs on it
 CACHE_BACKENDS = ("none", "cache_dit", "tea_cache", "mag_cache", "sea_cache", "step_cache")
 COMPILE_GRANULARITIES = ("regional", "full")
 ULYSSES_MODES = ("strict", "advanced_uaa")
@@ -144,7 +145,12 @@ def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
         default=None,
         help="dynamic shapes (default on): one graph for every request shape",
     )
-    r.add_argument("--diffusion-attention-backend", help="auto | " + " | ".join(DENSE_ATTENTION))
+    r.add_argument("--diffusion-attention-backend",
+                   help="auto | " + " | ".join(DENSE_ATTENTION) + " | FASTVIDEO_VSA (video sparse attention on the "
+                   "DiT blocks: 64-row tiles, top-k of them per query tile; FastH3 8-step V2 needs it)")
+    r.add_argument("--fastvideo-vsa-topk", type=int, metavar="K",
+                   help="FASTVIDEO_VSA: key tiles each query tile keeps (default: sparsity 0.8, i.e. 20%% of the "
+                   "tiles; a FastH3 V2 checkpoint pins its own)")
     r.add_argument("--diffusion-attention-config", "-dac", help='JSON, e.g. {"default": {"backend": "FLASH_ATTN"}}')
     r.add_argument("--fa-deterministic", action="store_true")
     r.add_argument("--ulysses-mode", help="strict | advanced_uaa")
@@ -259,7 +265,7 @@ def _attention_backend(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, 
         )
     name = args.diffusion_attention_backend or from_dac or "auto"
     if name in APPROXIMATE_ATTENTION:
-        choices = ", ".join(("auto", *DENSE_ATTENTION))
+        choices = ", ".join(("auto", *DENSE_ATTENTION, *SPARSE_ATTENTION))
         raise ConfigError(
             f"--diffusion-attention-backend {name}: would change the attention math, not available in h3serve; "
             f"choose from: {choices}"
@@ -469,6 +475,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         compile_backend=args.diffusion_compile_backend,
         attention_backend=attention[0],
         attention_per_role=attention[1],
+        vsa_topk=getattr(args, "fastvideo_vsa_topk", None),
         cache_backend=args.cache_backend,
         cache_config=json.dumps(_json_arg("--cache-config", args.cache_config), sort_keys=True)
         if args.cache_config
