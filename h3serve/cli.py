@@ -255,10 +255,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if config.realtime_lora is not None:  # a real-time session, offline (h3serve.tools.realtime_cli)
             from h3serve.tools.realtime_cli import generate_realtime
 
-            return generate_realtime(args, config, read_layout(model, config.dits).defaults(), options)
+            defaults = read_layout(model, config.dits, base=config.base_checkpoint).defaults()
+            return generate_realtime(args, config, defaults, options)
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
-        layout = read_layout(model, config.dits)
+        layout = read_layout(model, config.dits, base=config.base_checkpoint)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = engine_defaults(config, layout.defaults())
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
@@ -367,7 +368,9 @@ def _add_make_tiny(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--layout",
         default="modular",
-        help="modular (diffusers modular_model_index.json) | native (the MiniMaxAI FL2VA/ + Ref2VA/ folders)",
+        help="modular (diffusers modular_model_index.json) | native (the MiniMaxAI FL2VA/ + Ref2VA/ folders) | "
+        "fasth3-v2 (FastVideo's FastH3 8-step V2 tree; its base, for --base-checkpoint, is the modular checkpoint of "
+        "the same preset and seed, printed on stderr)",
     )
     p.set_defaults(func=cmd_make_tiny)
 
@@ -379,8 +382,20 @@ def cmd_make_tiny(args: argparse.Namespace) -> int:
         return fail(f"--preset: unknown preset {args.preset!r}; choose from: {', '.join(PRESETS)}")
     if args.default == bool(args.dir):
         return fail("give either DIR or --default")
-    if args.layout not in ("modular", "native"):
-        return fail(f"--layout: unknown layout {args.layout!r}; choose from: modular, native")
+    if args.layout not in ("modular", "native", "fasth3-v2"):
+        return fail(f"--layout: unknown layout {args.layout!r}; choose from: modular, native, fasth3-v2")
+    if args.layout == "fasth3-v2":
+        from h3serve.tools.tiny_checkpoint import default_checkpoint_dir
+        from h3serve.tools.tiny_fasth3_v2 import v2_from_modular
+
+        base = ensure_tiny_checkpoint(preset=args.preset, seed=args.seed)
+        target = Path(args.dir) if args.dir else default_checkpoint_dir(args.preset, args.seed).with_name(
+            f"{args.preset}-seed{args.seed}-fasth3-v2")
+        if not (args.default and (target / "fastvideo_inference.json").is_file()):
+            v2_from_modular(base, target, seed=args.seed)
+        print(f"base checkpoint (--base-checkpoint): {base}", file=sys.stderr)
+        print(target)
+        return 0
     if args.layout == "native":
         from h3serve.tools.tiny_native import build_native_checkpoint, ensure_native_checkpoint
 

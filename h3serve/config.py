@@ -18,7 +18,8 @@ from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate
-from h3serve.checkpoint.resolver import CheckpointError, read_layout
+from h3serve.checkpoint import fasth3_v2
+from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_layout
 from h3serve.errors import ConfigError
 from h3serve.offload.modes import (
     AUTO,
@@ -42,6 +43,7 @@ DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few reque
 @dataclass(frozen=True)
 class EngineConfig:
     model: Path  # checkpoint root (modular layout)
+    base_checkpoint: Path | None = None  # --base-checkpoint: the MiniMax-H3 tree whose VAEs a FastH3 V2 tree uses
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
     threads: int = 0  # CPU intra-op threads; 0 = torch's default
@@ -254,6 +256,24 @@ class EngineConfig:
         if self.cache_backend != "none":
             raise ConfigError(f"{flag}: the hints enter between the DiT's blocks; not with --cache-backend")
 
+    def _validate_fasth3_v2(self, layout: CheckpointLayout) -> None:
+        """A FastH3 V2 tree's start-up contract (vLLM-Omni's): its base VAEs named, video sparse attention on, no
+        top-k override, no LoRA or fused adapter (sequence parallelism: refused with VSA itself)."""
+        flag = f"--model {self.model.name} ({fasth3_v2.NAME})"
+        if self.base_checkpoint is None:
+            try:
+                layout.component("vae")
+            except CheckpointError as e:
+                raise ConfigError(f"{flag}: {e}") from None
+        if not self.sparse_attention:
+            raise ConfigError(f"{flag}: its DiT was distilled with video sparse attention (VIDEO_SPARSE_ATTN_H3); "
+                              "start with --diffusion-attention-backend FASTVIDEO_VSA")
+        if self.vsa_topk is not None:
+            raise ConfigError(f"{flag}: its inference contract pins VSA sparsity {layout.contract.sparsity:g}; "
+                              "drop --fastvideo-vsa-topk")
+        if lora_enabled(self) or self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: a distilled checkpoint runs no LoRA; drop --lora-path/--lora-dir/--dit-adapter")
+
     def _validate_realtime(self) -> None:
         """What vLLM-Omni's TaoMate-H3 refuses (pure Ulysses, TP 1, the FL2VA DiT), and the adapter itself."""
         if self.realtime_lora is None:
@@ -427,9 +447,11 @@ class EngineConfig:
 
     def _validate_model(self) -> None:
         try:  # the one resolver (modular root, native FL2VA/Ref2VA tree or variant folder): gaps named
-            read_layout(self.model, self.dits)
+            layout = read_layout(self.model, self.dits, base=self.base_checkpoint)
         except CheckpointError as e:
             raise ConfigError(f"--model: {e}") from None
+        if layout.contract is not None:
+            self._validate_fasth3_v2(layout)
         dims = read_model_dims(self.model, self.dits)
         check_degrees(self.parallel_degrees(), dims, self.cfg_parallel_size, self.vae_parallel_mode)
         if isinstance(self.offload.resident_layers, int) and self.offload.resident_layers:

@@ -329,18 +329,19 @@ def build_inventory(
     dtype: torch.dtype | None = None,
     quantization: QuantizationConfig | None = None,
     engine: str = H3SERVE,
+    base: Path | None = None,
 ) -> Inventory:
     """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
 
     `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs (and safetensors headers) are read.
     With `quantization`, the FP8 components count 1 byte a quantised weight plus its float32 scales; so do the
     linears a checkpoint stores in FP8, whatever the flags. `engine="vllm-omni"`: the video VAE and the text
-    encoder as vLLM-Omni holds them (h3serve.offload.measured_engine).
+    encoder as vLLM-Omni holds them (h3serve.offload.measured_engine). `base`: a FastH3 V2 tree's VAE checkpoint.
     """
     check_engine(engine)
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
-    configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits)
+    configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits, base)
     # One DiT build per distinct config: the two released DiTs share one architecture.
     built: dict[str, ComponentBytes] = {}
 

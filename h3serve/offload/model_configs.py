@@ -94,10 +94,10 @@ def _read_config(path: Path) -> dict:
         raise CheckpointError(f"cannot read {path} ({e})") from None
 
 
-def checkpoint_configs(root: Path, dits: tuple[str, ...]) -> ModelConfigs:
+def checkpoint_configs(root: Path, dits: tuple[str, ...], base: Path | None = None) -> ModelConfigs:
     from transformers import AutoConfig
 
-    layout = read_layout(root, dits)
+    layout = read_layout(root, dits, base=base)
     present = [d for d in dits if layout.has(d)]
     if not present:
         raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")

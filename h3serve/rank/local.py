@@ -15,11 +15,13 @@ import torch
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.accel.video_sparse import SparseSettings
 from h3serve.adapters.serving import catalog_for, engine_defaults
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
 from h3serve.engine.planning import check_task_served, plan_request
+from h3serve.errors import ConfigError
 from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
@@ -55,7 +57,7 @@ class LocalEngine:
         self.config = config.validate()
         setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
-        self.layout = read_layout(config.model, config.dits)
+        self.layout = read_layout(config.model, config.dits, base=config.base_checkpoint)
         self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
         self.defaults = dataclasses.replace(self.defaults, server_cache=config.server_cache)
         self.device = setup.device
@@ -115,10 +117,15 @@ class LocalEngine:
             qkv_layout=config.qkv_layout, pieces=None if sources is None else BlockPieces(sources, adaln_host),
         )
         roles = setup.attention
+        contract = self.layout.contract  # a FastH3 V2 checkpoint pins its VSA sparsity
+        sparse = SparseSettings(contract.sparsity) if contract is not None else SparseSettings(topk=config.vsa_topk)
         for dit in (components.transformer, components.transformer_ref):
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
-                attention.install(dit, roles)
+                try:
+                    attention.install(dit, roles, sparse)
+                except attention.AttentionBackendError as e:
+                    raise ConfigError(str(e)) from None
                 for block in dit.transformer_blocks:  # the planner's row chunk (resolved at start-up)
                     block.row_chunk = config.denoise_chunk_rows
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora);

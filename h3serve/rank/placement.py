@@ -39,11 +39,12 @@ def plan_for_engine(
     """The plan the engine logs (and refuses on) at start-up. Without `shape`: the checkpoint's default canvas at
     5 s for every task the loaded DiTs serve, keeping the one that needs the most memory. With --realtime-lora, a
     session's K/V cache at `realtime_size` (width, height) is held through every stage."""
-    layout = read_layout(config.model, config.dits)
+    layout = read_layout(config.model, config.dits, base=config.base_checkpoint)
     dits = tuple(d for d in config.dits if layout.has(d))
     device = resolve_device(config)
     inv = build_inventory(
-        config.model, config.parallel_degrees(), dits, device.type, resolve_dtype(config, device), config.quantization
+        config.model, config.parallel_degrees(), dits, device.type, resolve_dtype(config, device), config.quantization,
+        base=config.base_checkpoint,
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]

@@ -202,6 +202,9 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
     r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
     r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
+    r.add_argument("--base-checkpoint", metavar="PATH",
+                   help="a local MiniMax-H3 checkpoint whose FL2VA video and audio VAEs a FastH3 8-step V2 --model "
+                   "decodes with (its provenance.json pins the revision; nothing is downloaded)")
     r.add_argument("--controlnet-model-path", metavar="FILE",
                    help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
                    "video (generate --control TYPE=FILE; HTTP extra_params.<type>)")
@@ -461,6 +464,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     attention = _attention_backend(args)
     config = EngineConfig(
         model=Path(model if model is not None else args.model),
+        base_checkpoint=Path(args.base_checkpoint) if getattr(args, "base_checkpoint", None) else None,
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,

@@ -160,6 +160,13 @@ def resolve_num_outputs(value: object, seed: int) -> int:
 def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:
     """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
     contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
+    if defaults.distilled_checkpoint is not None:
+        if task not in FASTH3_TASKS:
+            raise RequestError("task", f"this server runs the {defaults.distilled_checkpoint} checkpoint, which "
+                                       f"serves {', '.join(FASTH3_TASKS)} only, not {task}")
+        if request.lora is not None:
+            raise RequestError("lora", f"this server runs the {defaults.distilled_checkpoint} checkpoint; a LoRA "
+                                       "cannot run on it")
     if defaults.fused_adapter is not None:
         if task not in FASTH3_TASKS:
             raise RequestError(
