@@ -24,6 +24,7 @@ from h3serve.api.routes import system, videos, web
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
+from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.protocol import JobStore
 
@@ -41,6 +42,7 @@ def create_app(
     store: JobStore,
     fetcher: MediaFetcher | None = None,
     lora: LoraCatalog | None = None,
+    engine: EngineConfig | None = None,
 ) -> FastAPI:
     """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
     metrics = Metrics()
@@ -54,6 +56,7 @@ def create_app(
         metrics=metrics,
         started_at=int(time.time()),
         lora=lora,
+        engine=engine,
         sync_line=SyncLine(config.max_queue),
     )
 

@@ -118,6 +118,9 @@ class Model(BaseModel):
     lora: dict | None = None
     turbo: dict | None = None  # a Turbo adapter's contract: its forwards and tasks
     pdd: dict | None = None  # a PDD 8-step adapter's: its forwards and tasks
+    flashgen: dict | None = None  # a FlashGen 4-step LoRA's: its forwards, tasks and base schedule
+    # The served model's card only: what the engine serves and how (h3serve.api.model_card).
+    capabilities: dict | None = None
 
 
 class ModelList(BaseModel):

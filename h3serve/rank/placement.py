@@ -105,7 +105,7 @@ def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
     memo = config.adaln_memo_bytes
     compiled = config.compile_mode(device_type) is not None
     return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=compiled,
-                   denoise_chunk_rows=config.denoise_chunk_rows)
+                   denoise_chunk_rows=config.denoise_chunk_rows, vsa=config.sparse_attention)
 
 
 def lora_adaln(config: EngineConfig, catalog: LoraCatalog | None) -> bool:
