@@ -61,28 +61,35 @@ def block_cache(
     forced = {} if refresh is None else {"force_refresh_step_hint": refresh.hint,
                                          "force_refresh_step_policy": refresh.policy}
     config = cache_dit.DBCacheConfig(num_inference_steps=forwards, **asdict(profile), **forced)
-    calls = {"blocks": 0, "forwards": 0}
+    calls = {"forwards": 0}
+    block_calls = [0] * len(blocks)
 
-    def counter(key: str):
+    def count_forward(*_) -> None:
+        calls["forwards"] += 1
+
+    def count_block(index: int):
         def count(*_) -> None:
-            calls[key] += 1
+            block_calls[index] += 1
 
         return count
 
-    hooks = [block.register_forward_pre_hook(counter("blocks")) for block in blocks]
-    hooks.append(transformer.register_forward_pre_hook(counter("forwards")))
+    hooks = [block.register_forward_pre_hook(count_block(i)) for i, block in enumerate(blocks)]
+    hooks.append(transformer.register_forward_pre_hook(count_forward))
     cache_dit.enable_cache(adapter, cache_config=config)
     stats = CacheStats()
     try:
         yield stats
     finally:
-        manager = transformer._context_manager  # set by enable_cache; one context for our one block list
-        cached = {step for name in transformer._context_names for step in manager.get_context(name).cached_steps}
         cache_dit.disable_cache(adapter)
         for hook in hooks:
             hook.remove()
-        stats.evaluated, stats.cached_steps = calls["blocks"], len(cached)
-        stats.skipped = calls["forwards"] * len(blocks) - calls["blocks"]
+        # A cached step skips the first middle block (index Fn); counted here rather than from cache-dit's step
+        # sets, whose indices restart after a forced refresh.
+        first_middle = profile.Fn_compute_blocks
+        has_middle = first_middle < len(blocks) - profile.Bn_compute_blocks
+        middle_calls = block_calls[first_middle] if has_middle else calls["forwards"]
+        stats.evaluated, stats.cached_steps = sum(block_calls), calls["forwards"] - middle_calls
+        stats.skipped = calls["forwards"] * len(blocks) - sum(block_calls)
 
 
 class DitBlockCache:
