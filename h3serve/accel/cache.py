@@ -28,6 +28,7 @@ from torch.distributed import ProcessGroup
 
 from h3serve.accel.cache_profile import HIGH, CacheConfigError, CacheProfile, ServerCache, TeaCacheProfile, profile_for
 from h3serve.accel.teacache import tea_cache
+from h3serve.extras import require
 from h3serve.model.pipeline_types import CacheStats
 from h3serve.rules.cache_refresh import ForceRefresh
 
@@ -37,6 +38,7 @@ __all__ = ["HIGH", "CacheConfigError", "CacheProfile", "CacheStats", "DitBlockCa
 def _cache_dit():
     """cache-dit, imported on first use (it imports diffusers eagerly; a few seconds) and quiet unless asked."""
     os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    require("cache", "the DiT block cache")
     import cache_dit
 
     return cache_dit

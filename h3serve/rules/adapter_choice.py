@@ -5,6 +5,7 @@ rank share. Reading and checking the files is `h3serve.adapters`'."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from h3serve.errors import RequestError
 from h3serve.rules.schedule import PinnedSchedule
@@ -80,7 +81,7 @@ class AdapterChoice:
     flashgen: FlashGenContract | None = None
 
     @classmethod
-    def from_dict(cls, data: dict) -> AdapterChoice:
+    def from_dict(cls, data: dict[str, Any]) -> AdapterChoice:
         """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
         turbo, pdd, flashgen = data.get("turbo"), data.get("pdd"), data.get("flashgen")
         if flashgen is not None:

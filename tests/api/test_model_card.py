@@ -20,8 +20,8 @@ from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
-from h3serve.tools.tiny_adapter import write_flashgen_adapter
-from h3serve.tools.tiny_fasth3_v2 import v2_from_modular
+from h3serve.tools.tiny.make_adapter import write_flashgen_adapter
+from h3serve.tools.tiny.make_fasth3_v2 import v2_from_modular
 
 
 @pytest.fixture

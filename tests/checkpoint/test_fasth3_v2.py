@@ -18,7 +18,7 @@ from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, validate
-from h3serve.tools.tiny_fasth3_v2 import TINY_BASE_REVISION, v2_from_modular
+from h3serve.tools.tiny.make_fasth3_v2 import TINY_BASE_REVISION, v2_from_modular
 
 VSA = {"attention_backend": "FASTVIDEO_VSA"}
 
@@ -93,7 +93,7 @@ def test_a_missing_key_a_disagreeing_scheduler_and_the_base_revision_are_refused
 
 
 def test_start_up_refuses_what_the_contract_refuses(v2, tiny_checkpoint, tmp_path):
-    from h3serve.tools.tiny_adapter import write_peft_adapter
+    from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
     adapter = write_peft_adapter(tmp_path / "lora", json.loads((v2 / "transformer" / "config.json").read_text()))
     base = {"model": v2, "base_checkpoint": tiny_checkpoint}
@@ -112,9 +112,9 @@ def test_start_up_refuses_what_the_contract_refuses(v2, tiny_checkpoint, tmp_pat
 
 
 def test_a_tiny_v2_tree_is_served_on_video_sparse_attention(v2, tiny_checkpoint):
-    from h3serve.rank.local import LocalEngine
+    from h3serve.rank.model_runner import ModelRunner
 
-    engine = LocalEngine(EngineConfig(model=v2, base_checkpoint=tiny_checkpoint, threads=1, **VSA))
+    engine = ModelRunner(EngineConfig(model=v2, base_checkpoint=tiny_checkpoint, threads=1, **VSA))
     dit = engine.pipeline.components.transformer
     stored = load_file(str(v2 / "transformer" / "diffusion_pytorch_model.safetensors"))
     assert torch.equal(dit.transformer_blocks[1].attn.to_gate_compress.weight,

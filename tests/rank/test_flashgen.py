@@ -1,6 +1,6 @@
 """FlashGen's native 4-step LoRA on the tiny checkpoint: recognised by its metadata, its contract checked from the
 header, and the served (unmerged) output against the test's own merge: each native delta B@A converted to the
-DiT's names by the checkpoint key map (h3serve.model.keys: the grouped QKV is the MiniMaxAI per-head "interleaved"
+DiT's names by the checkpoint key map (h3serve.loading.dit_keys: the grouped QKV is the MiniMaxAI per-head "interleaved"
 order, fc1 the native [gate; up]) and added to the plain pipeline's weights."""
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from h3serve.adapters.catalog import LoraCatalog, LoraField
 from h3serve.adapters.flashgen import FINAL_TARGET, inspect_flashgen, native_shapes
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import target_shapes
+from h3serve.checkpoint.native_names import native_to_diffusers_name
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
-from h3serve.model import keys
+from h3serve.loading.dit_keys import split_native_tensor
 from h3serve.model.transformer_config import H3TransformerConfig
 from h3serve.offload.modes import OffloadConfig
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, validate
-from h3serve.tools.tiny_adapter import save_file, write_flashgen_adapter
+from h3serve.tools.tiny.make_adapter import save_file, write_flashgen_adapter
 
 PROMPT = "a red ball moving left"
 
@@ -43,7 +44,7 @@ def flash_file(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint, flash_file):
-    return LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+    return ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                     lora_paths=(("flash", str(flash_file)),)))
 
 
@@ -62,8 +63,8 @@ def _merged_reference(plain, plan, path, scale: float, cfg: dict):
             for native in native_shapes(cfg):
                 a = tensors[f"transformer.{native}.lora_A.default.weight"]
                 b = tensors[f"transformer.{native}.lora_B.default.weight"]
-                name = keys.native_to_diffusers_name(f"{native}.weight")
-                for target, delta in keys.split_native_tensor(name, scale * (b @ a), cfg["num_attention_heads"],
+                name = native_to_diffusers_name(f"{native}.weight")
+                for target, delta in split_native_tensor(name, scale * (b @ a), cfg["num_attention_heads"],
                                                               cfg["attention_head_dim"], "interleaved"):
                     dit.get_parameter(target).add_(delta)
         return plain.generate(plan)
