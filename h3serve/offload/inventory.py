@@ -214,10 +214,14 @@ def dit_bytes(
     tp_size: int = 1,
     quant: ComponentQuant | None = None,
     stored: Stored = None,
+    gates: bool | None = None,
 ) -> ComponentBytes:
-    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`."""
+    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`;
+    `gates`: the blocks carry VSA gate projections (with a bias: True)."""
     with torch.device("meta"):
         model = H3Transformer(cfg)
+        if gates is not None:
+            model.add_sparse_gates(gates)
     if tp_size > 1:  # works on the meta device, with no process group
         TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
     scratch = _fp8_swap(model, name, quant, dtype, stored)
@@ -349,14 +353,15 @@ def build_inventory(
         return quantization.component(name) if quantization is not None else None
 
     def build_key(name: str) -> tuple:
-        return configs.dits[name], quant(name), configs.stored.get(name)
+        return configs.dits[name], quant(name), configs.stored.get(name), configs.gates.get(name)
 
     for name, cfg in configs.dits.items():
         twin = next((o for o in built if build_key(o) == build_key(name)), None)
         built[name] = (
             replace(built[twin], name=name)
             if twin
-            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name))
+            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name),
+                           configs.gates.get(name))
         )
     vae, vae_shape = vae_bytes(configs.vae, torch.float32 if engine == VLLM_OMNI else dtype)
     shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}

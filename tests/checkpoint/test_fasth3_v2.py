@@ -52,6 +52,19 @@ def test_the_contract_pins_8_forwards_at_shifts_10_3_and_vsa(v2, tiny_checkpoint
         read_layout(v2).component("vae")
 
 
+def test_the_planner_counts_the_gate_projections(v2, tiny_checkpoint):
+    from h3serve.offload.inventory import build_inventory
+
+    def dit_bytes(inv) -> int:
+        return inv.ranks[0]["transformer"].total_bytes
+
+    gated = build_inventory(v2, dits=("transformer",), device_type="cpu", base=tiny_checkpoint)
+    plain = build_inventory(tiny_checkpoint, dits=("transformer",), device_type="cpu")
+    cfg = gated.dits["transformer"]
+    gate = cfg.num_layers * (cfg.hidden_size + 1) * cfg.num_attention_heads * cfg.attention_head_dim * 4  # fp32
+    assert dit_bytes(gated) - dit_bytes(plain) == gate
+
+
 @pytest.mark.parametrize(
     "change, says",
     [
