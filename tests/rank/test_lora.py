@@ -216,7 +216,8 @@ def test_taomate_directory_on_native_names_equals_the_native_merge(tmp_path):
     """The real-time LoRA's native factors (fused stacked Q/K/V, [gate; value] fc1) applied unmerged on h3serve's
     diffusers modules equal the test's merge into the native weights converted with the checkpoint key maps."""
     from h3serve.adapters.taomate import WEIGHTS_FILE
-    from h3serve.loading.dit_keys import diffusers_to_native, native_to_diffusers_name, split_native_tensor
+    from h3serve.checkpoint.native_names import native_to_diffusers_name
+    from h3serve.loading.dit_keys import diffusers_to_native, split_native_tensor
     from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
     cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
