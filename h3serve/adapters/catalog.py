@@ -15,13 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3serve.adapters import flashgen
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.pdd import VARIANTS as PDD_VARIANTS
 from h3serve.adapters.pdd import inspect_pdd, is_pdd
 from h3serve.adapters.peft import LoraFile, inspect_lora
 from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, check_key_format, parse_turbo_name, turbo_file_in
 from h3serve.errors import ConfigError, RequestError
-from h3serve.rules.adapter_choice import AdapterChoice, PddContract
+from h3serve.rules.adapter_choice import AdapterChoice, FlashGenContract, PddContract
 from h3serve.rules.request_paths import path_under
 from h3serve.rules.shown import shown
 
@@ -55,7 +56,10 @@ def adapter_file(path: Path) -> Path:
             return pdd[0]
         if (path / PEFT_FILE).is_file():
             return path / PEFT_FILE
-        raise AdapterError(f"{path.name}: the directory holds no Turbo adapter file and no {PEFT_FILE}")
+        if (path / flashgen.RELEASED_FILE).is_file():
+            return path / flashgen.RELEASED_FILE
+        raise AdapterError(f"{path.name}: the directory holds no Turbo adapter file, no released PDD or FlashGen file "
+                           f"and no {PEFT_FILE}")
     if not path.is_file():
         raise AdapterError(f"{path.name}: no such adapter file or directory")
     if path.suffix != ".safetensors":
@@ -63,19 +67,26 @@ def adapter_file(path: Path) -> Path:
     return path
 
 
+Contract = PddContract | FlashGenContract  # what a special adapter promises beside its factors
+
+
 def read_adapter(
     path: str | Path, dit_config: dict | None, shapes: dict[str, tuple[int, int]],
     log: Callable[[str], None] | None = None,
-) -> tuple[LoraFile, PddContract | None]:
-    """Check an adapter file or directory against the DiT: a PDD file (a head bank; `dit_config` describes the
-    DiT), else a LoRA (`lora_file`)."""
+) -> tuple[LoraFile, Contract | None]:
+    """Check an adapter file or directory against the DiT: a PDD file (a head bank), a FlashGen LoRA (native keys,
+    its metadata's base schedule) — both need `dit_config`, the DiT's config —, else a LoRA (`lora_file`)."""
     file = adapter_file(Path(path))
     header = read_header(file)
-    if is_pdd(header):
-        if dit_config is None:
-            raise AdapterError(f"{file.name}: a PDD file, which this check cannot read without the DiT's config")
+    special = "PDD" if is_pdd(header) else "FlashGen" if flashgen.claims(header) else None
+    if special is not None and dit_config is None:
+        raise AdapterError(f"{file.name}: a {special} file, which this check cannot read without the DiT's config")
+    if special == "PDD":
         pdd = inspect_pdd(header, dit_config)
         return pdd.lora, pdd.contract
+    if special == "FlashGen":
+        found = flashgen.inspect_flashgen(header, dit_config)
+        return found.lora, found.contract
     return lora_file(file, shapes, log), None
 
 
@@ -146,11 +157,13 @@ class LoraCatalog:
         return bool(self.preloaded) or self.root is not None
 
     def _choice(self, name: str, path: Path, scale: float, int_id: int | None) -> AdapterChoice:
-        info, pdd = read_adapter(path, self.dit_config, self.shapes, self.log)
-        turbo = None if pdd is not None else parse_turbo_name(info.path.name)
+        info, contract = read_adapter(path, self.dit_config, self.shapes, self.log)
+        turbo = None if contract is not None else parse_turbo_name(info.path.name)
         file = str(info.path)
         chosen_id = default_int_id(file) if int_id is None else int_id
-        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo, pdd)
+        pdd = contract if isinstance(contract, PddContract) else None
+        fg = contract if isinstance(contract, FlashGenContract) else None
+        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo, pdd, fg)
 
     def choose(self, field: LoraField) -> AdapterChoice:
         """Resolve a request's `lora` field; `RequestError` naming the sub-field."""
@@ -181,6 +194,10 @@ class LoraCatalog:
     def models(self, root_model: str, created: int) -> list[dict]:
         """The preloaded adapters as vLLM lists LoRA modules in GET /v1/models."""
         def turbo(choice: AdapterChoice) -> dict:
+            if choice.flashgen is not None:
+                fg = choice.flashgen
+                return {"flashgen": {"forwards": fg.forwards, "tasks": list(fg.tasks),
+                                     "base_schedule": list(fg.positions), "applied": "unmerged"}}
             if choice.pdd is not None:
                 return {"pdd": {"forwards": choice.pdd.forwards, "tasks": list(choice.pdd.tasks)}}
             if choice.turbo is None:

@@ -26,6 +26,7 @@ from h3serve.api.routes import system, videos, web, webhook_endpoints
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
+from h3serve.config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.outbox.outbox_worker import OutboxWorker
 from h3serve.engine.outbox.retry import RetryPolicy
@@ -52,6 +53,7 @@ def create_app(
     store: JobStore,
     fetcher: MediaFetcher | None = None,
     lora: LoraCatalog | None = None,
+    engine: EngineConfig | None = None,
 ) -> FastAPI:
     """The app serving `manager`'s jobs. Its lifespan starts the manager (recovering stored jobs) and closes it."""
     metrics = Metrics()
@@ -68,6 +70,7 @@ def create_app(
         metrics=metrics,
         started_at=int(time.time()),
         lora=lora,
+        engine=engine,
         sync_line=SyncLine(config.max_queue),
         outbox=outbox,
     )

@@ -306,7 +306,7 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             outputs=outputs,
             upload_attempts=server_config.output_upload_attempts,
         )
-        app = create_app(server_config, manager, store, lora=catalog_for(engine_config))
+        app = create_app(server_config, manager, store, lora=catalog_for(engine_config), engine=engine_config)
         log.info("serving %r on http://%s:%d (data in %s, outputs in %s)", server_config.served_model_name,
                  server_config.host, server_config.port, server_config.data_dir, outputs.describe())
         build_server(app, server_config, log_level=logging.root.level).run()

@@ -126,6 +126,7 @@ class Runtime:
     compiled: bool = False
     # rows per chunk of a block's working set; None: whole; "auto": whole unless only chunks fit (DENOISE_CHUNK_LADDER)
     denoise_chunk_rows: DenoiseChunk = None
+    vsa: bool = False  # the DiT blocks run video sparse attention (its tile buffers count in the denoise stage)
 
 
 def _stage_plan(
@@ -150,11 +151,12 @@ def _stage_plan(
         buffers[ADALN] = adaln_slot(inv.ranks[rank][dit])
     chunk = runtime.denoise_chunk_rows
     assert chunk != AUTO, "the planner resolves an `auto` row chunk before it plans a stage"
-    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk) + _fp8_scratch(held, stage, dit)
+    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk, runtime.vsa)
+    acts += _fp8_scratch(held, stage, dit)
     transient = acts + sum(buffers.values())
     retained = 0
     if retains_denoise_cache(inv.engine, stage, "vae" in config.staged_components()):
-        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk)
+        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk, runtime.vsa)
     return StagePlan(
         stage=stage,
         weights=weights,

@@ -44,6 +44,7 @@ RULE_MESSAGES: dict[str, tuple[str, str]] = {
     "lora": ("invalid_value", r"^lora"),
     "control": ("invalid_value", r"control type|control_path|source_path|mask_path|control needs|needs a mask|"
                                  r"T2VA requests only|control video cannot|control video runs"),
+    "force_refresh": ("invalid_value", r"^extra_params\.force_refresh_step_(hint|policy): "),
 }
 MEDIA_CODES = {"invalid_media", "invalid_media_url", "media_fetch_failed", "unsupported_media", "too_many_files"}
 SEQUENCES = 30  # stateful runs, one sequence of up to 6 linked steps each

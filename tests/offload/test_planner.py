@@ -334,6 +334,23 @@ def test_ring_holds_more_attention_state_than_ulysses(released):
     assert ring.ranks[0].stage("denoise").activations > ulysses.ranks[0].stage("denoise").activations
 
 
+def test_video_sparse_attention_tile_buffers_are_counted_from_the_real_tiling(released):
+    """The planner's tile count is `video_sparse.tile_plan`'s for the request's packed sequence, and a VSA engine's
+    denoise stage holds exactly its tile buffers more than the dense one (the released DiT, FL2VA 1344x768)."""
+    from h3serve.accel.video_sparse import tile_plan
+    from h3serve.offload.activations import vsa_buffers, vsa_tiles
+
+    for shape in (RequestShape(1344, 768, 124, "fl2va"), RequestShape(448, 256, 107, "t2va")):
+        grid = (shape.latent_frames, shape.height // 32, shape.width // 32)
+        assert vsa_tiles(shape) == tile_plan(shape.seq_len, grid).num_tiles
+    shape = RequestShape(1344, 768, 124, "fl2va")
+    dense = plan_placement(released, OffloadConfig(), shape)
+    sparse = plan_placement(released, OffloadConfig(), shape, runtime=Runtime(vsa=True))
+    extra = sparse.ranks[0].stage("denoise").activations - dense.ranks[0].stage("denoise").activations
+    cfg = released.dits["transformer"]
+    assert extra == vsa_buffers(cfg, released.degrees, shape, released.element_size, "cuda") > 0.5 * GiB
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Denoise row chunks (issue 29, item 12)
 # ------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,15 @@ from h3serve.api.intake.json_values import as_json
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.canvas import SHORT_EDGE_MODES
-from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, SAMPLE_SOLVERS, AudioMode, LongVideoMode, Quality, Task
+from h3serve.rules.names import (
+    DEFAULT_SAMPLE_SOLVER,
+    SAMPLE_SOLVERS,
+    AudioMode,
+    LongVideoMode,
+    Quality,
+    RefreshPolicy,
+    Task,
+)
 from h3serve.rules.request import GenerationRequest
 
 _SIZE_PATTERN = r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$"
@@ -119,7 +127,15 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
     f"and the tasks it serves, and runs extra_params.sample_solver {DEFAULT_SAMPLE_SOLVER} only",
+    "force_refresh": "extra_params.force_refresh_step_hint is at most the request's num_inference_steps, "
+    "force_refresh_step_policy needs a hint, and both need a DiT cache active for the request (quality=high, or "
+    "quality omitted on a server with --cache-backend cache_dit, or tea_cache for T2VA/FL2VA)",
 }
+REFRESH_RULE = (
+    "vLLM-Omni's forced DiT-cache refresh: after this many denoiser forwards the request's cache (Cache-DiT or "
+    "TeaCache) starts afresh as if a new generation began (its warm-up computes again); a strict integer from 1 "
+    "to num_inference_steps"
+)
 
 
 class _Strict(BaseModel):
@@ -209,6 +225,12 @@ class ExtraParams(LongVideoFields, EditOptions, ControlTypes):
     frame_index: FrameIndex | None = None
     target: Target | None = None
     sample_solver: SolverName | None = Field(None, description=SOLVER_RULE, examples=list(SAMPLE_SOLVERS))
+    force_refresh_step_hint: Annotated[int, Field(strict=True, ge=1, le=limits.MAX_STEPS)] | None = Field(
+        None, description=REFRESH_RULE
+    )
+    force_refresh_step_policy: RefreshPolicy | None = Field(
+        None, description="once (default): refresh after the hint's forwards only; repeat: after every hint forwards"
+    )
 
 
 AdapterText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
@@ -362,6 +384,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "audio_flow_shift": (f"{_EXTRA}audio_flow_shift",),
     "task": (f"{_EXTRA}task",),
     "sample_solver": (f"{_EXTRA}sample_solver",),
+    "force_refresh_step_hint": (f"{_EXTRA}force_refresh_step_hint",),
+    "force_refresh_step_policy": (f"{_EXTRA}force_refresh_step_policy",),
     "num_outputs": ("num_outputs_per_prompt", "n"),
     **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
 }

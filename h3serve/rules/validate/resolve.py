@@ -10,7 +10,8 @@ from typing import cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
-from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
+from h3serve.rules.adapter_choice import FASTH3_TASKS, flashgen_pin, pdd_pin, turbo_pin
+from h3serve.rules.cache_refresh import resolve_force_refresh
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.edit_mask import LatentMask
@@ -65,6 +66,8 @@ def validate(
     seed = check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
     control = resolve_control(request, task, mode, masks, quality, defaults.controlnet)
+    refresh = resolve_force_refresh(request.force_refresh_step_hint, request.force_refresh_step_policy, steps,
+                                    request_cache(quality, defaults.server_cache, task, mode))
     return GenerationPlan(
         task=task,
         image=request.image,
@@ -94,7 +97,23 @@ def validate(
         sample_solver=sample_solver,
         num_outputs=num_outputs,
         control=control,
+        force_refresh=refresh,
     )
+
+
+TEA_CACHE_TASKS = ("t2va", "fl2va")  # TeaCache is calibrated for the FL2VA DiT (which serves both) only
+
+
+def request_cache(quality: str | None, server: str | None, task: str, mode: str | None) -> str | None:
+    """The DiT cache a request runs under: `cache_dit` for quality=high, the server's (--cache-backend) when
+    quality is omitted, none for lossless; TeaCache only on the FL2VA DiT, and no cache in a continuation."""
+    if mode == "continuation" or quality == "lossless":
+        return None
+    if quality == "high":
+        return "cache_dit"
+    if server == "tea_cache" and task not in TEA_CACHE_TASKS:
+        return None
+    return server
 
 
 def resolve_control(
@@ -150,6 +169,13 @@ def resolve_num_outputs(value: object, seed: int) -> int:
 def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:
     """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
     contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
+    if defaults.distilled_checkpoint is not None:
+        if task not in FASTH3_TASKS:
+            raise RequestError("task", f"this server runs the {defaults.distilled_checkpoint} checkpoint, which "
+                                       f"serves {', '.join(FASTH3_TASKS)} only, not {task}")
+        if request.lora is not None:
+            raise RequestError("lora", f"this server runs the {defaults.distilled_checkpoint} checkpoint; a LoRA "
+                                       "cannot run on it")
     if defaults.fused_adapter is not None:
         if task not in FASTH3_TASKS:
             raise RequestError(
@@ -164,6 +190,11 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
                 "LoRA cannot run on top of it",
             )
     lora = request.lora
+    if lora is not None and lora.flashgen is not None:
+        if defaults.pinned_schedule is not None:
+            raise RequestError("lora", f"{lora.name} is a FlashGen LoRA with its own base schedule; this server's "
+                                       f"checkpoint already pins one ({defaults.pinned_schedule.owner})")
+        return dataclasses.replace(defaults, pinned_schedule=flashgen_pin(lora.flashgen, lora.name, task))
     if lora is not None and lora.pdd is not None:
         return dataclasses.replace(defaults, pinned_schedule=pdd_pin(lora.pdd, lora.name, task, lora.scale))
     if lora is None or lora.turbo is None:
