@@ -17,7 +17,7 @@ from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
-from h3serve.adapters.taomate import inspect_taomate
+from h3serve.adapters.taomate import inspect_taomate, is_taomate_dir
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.offload.modes import (
@@ -85,6 +85,9 @@ class EngineConfig:
     max_cpu_loras: int = 4
     max_loras: int = 2
     max_lora_rank: int | None = None
+    # --merge-lora: the one --lora-path adapter is fused into every loaded DiT's weights at load (at --lora-scale),
+    # so its forward costs a base forward; the server then serves that adapter only (h3serve.adapters.serving).
+    merge_lora: bool = False
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
     # --realtime-lora: TaoMate-H3's causal-streaming LoRA directory (h3serve.adapters.taomate); enables real-time
@@ -257,6 +260,7 @@ class EngineConfig:
                 read_fasth3(self.dit_adapter)
             except AdapterError as e:
                 raise ConfigError(f"--dit-adapter {self.dit_adapter}: {e}") from None
+        self._validate_merge_lora()
         if not lora_enabled(self):
             return
         if self.max_cpu_loras < 1 or self.max_loras < 1:
@@ -269,6 +273,34 @@ class EngineConfig:
             catalog_for(self, log=lambda text: None)
         except AdapterError as e:
             raise ConfigError(str(e)) from None
+
+    def _validate_merge_lora(self) -> None:
+        """--merge-lora: a dedicated server of one adapter, fused into the weights; what cannot go with it, refused
+        with the reason."""
+        if not self.merge_lora:
+            return
+        if len(self.lora_paths) != 1 or self.lora_dir is not None:
+            given = f"{len(self.lora_paths)} --lora-path" + (" and --lora-dir" if self.lora_dir else "")
+            raise ConfigError(f"--merge-lora fuses the server's one adapter into the weights: give exactly one "
+                              f"--lora-path and no --lora-dir (got {given}); a server that switches adapters per "
+                              "request runs them unmerged")
+        (name, path), flag = self.lora_paths[0], "--merge-lora"
+        if self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: this server already fuses the FastH3 adapter {Path(self.dit_adapter).name}; "
+                              "fuse one adapter at most")
+        if self.realtime_lora is not None:
+            raise ConfigError(f"{flag}: real-time sessions run the base DiT beside their streaming LoRA "
+                              "(--realtime-lora); a merged adapter would change every session's weights")
+        if is_taomate_dir(path):
+            raise ConfigError(f"{flag} {name}: a TaoMate-H3 streaming LoRA serves real-time sessions "
+                              "(--realtime-lora), unmerged")
+        try:
+            catalog = catalog_for(self, log=lambda text: None)
+        except AdapterError as e:
+            raise ConfigError(str(e)) from None
+        if catalog is not None and catalog.preloaded[name].pdd is not None:
+            raise ConfigError(f"{flag} {name}: a PDD adapter also swaps the DiT's output heads per step and trains "
+                              "the AdaLN projections; it is served unmerged (drop --merge-lora)")
 
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""

@@ -14,7 +14,7 @@ import torch
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.adapters.serving import catalog_for, engine_defaults
+from h3serve.adapters.serving import catalog_for, engine_defaults, merged_edits
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.output import GenerationOutput
@@ -42,6 +42,7 @@ from h3serve.rank.placement import (
     placement_for_engine,
 )
 from h3serve.rank.quantization import resolve_kernel
+from h3serve.rules.adapter_choice import merged_choice
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
 
@@ -55,7 +56,8 @@ class LocalEngine:
         setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
-        self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
+        # A fused FastH3 adapter pins its schedule; a merged LoRA (--merge-lora) runs in every request.
+        self.defaults = engine_defaults(config, self.layout.defaults())
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -110,6 +112,7 @@ class LocalEngine:
             self.layout, setup.dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
             quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
             qkv_layout=config.qkv_layout, pieces=None if sources is None else BlockPieces(sources, adaln_host),
+            merged_lora=merged_edits(config),
         )
         roles = setup.attention
         for dit in (components.transformer, components.transformer_ref):
@@ -179,6 +182,8 @@ class LocalEngine:
             raise RequestError(field, f"this server cannot run the request: {refusal}")
         if self.lora is not None:
             self.lora.activate_for(plan)
+        elif self.defaults.merged_lora is not None:  # in the weights: another adapter or scale is refused
+            merged_choice(self.defaults.merged_lora, plan.lora, plan.task)
         elif plan.lora is not None:
             raise RequestError("lora", "this server serves no LoRA adapters")
         with PeakMemory(self.device) as memory:

@@ -190,7 +190,11 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--max-cpu-loras", type=int, default=4, help="adapters kept in host memory (LRU)")
     r.add_argument("--max-loras", type=int, default=2, help="adapters kept on the device (LRU)")
     r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
-    r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
+    r.add_argument("--merge-lora", action="store_true",
+                   help="a dedicated server of its one --lora-path adapter: fused into the DiT weights at load (at "
+                   "--lora-scale), so its forward costs a base forward; every request runs it, another adapter or "
+                   "scale is refused")
+    r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors; see --merge-lora)")
     r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
     r.add_argument("--controlnet-model-path", metavar="FILE",
                    help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
@@ -440,6 +444,7 @@ def lora_fields(args: argparse.Namespace) -> dict:
         "max_cpu_loras": args.max_cpu_loras,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
+        "merge_lora": bool(getattr(args, "merge_lora", False)),
     }
 
 
