@@ -37,6 +37,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("stream", "full")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends the engine accepts
 DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few requests' schedules of the released DiT
+DEFAULT_PROMPT_CACHE_BYTES = 256 * 2**20  # the prompt cache's host store: ~150 released-size prompts of 200 tokens
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class EngineConfig:
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
     adaln_cache_dir: Path | None = None  # --adaln-cache-dir: start-up sidecars of the default schedules
+    # The prompt cache (h3serve.model.prompt_cache): text states of recent prompts in host memory, at most this many
+    # bytes; None (--prompt-cache off): every request runs the text encoder.
+    prompt_cache_bytes: int | None = DEFAULT_PROMPT_CACHE_BYTES
     # --denoise-chunk-rows: a DiT block's working set in chunks of this many rows ("auto": the planner chunks only a
     # configuration that would not fit whole; None: never). Resolved to a number or None at start-up.
     denoise_chunk_rows: DenoiseChunk = AUTO
@@ -326,6 +330,8 @@ class EngineConfig:
         self.dtype_name()
         if self.device_memory is not None and self.device_memory <= 0:
             raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
+        if self.prompt_cache_bytes is not None and self.prompt_cache_bytes <= 0:
+            raise ConfigError(f"--prompt-cache must be a positive size (or 'off'), got {self.prompt_cache_bytes}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         chunk = self.denoise_chunk_rows

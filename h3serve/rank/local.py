@@ -22,6 +22,7 @@ from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
+from h3serve.model.prompt_cache import PromptCache
 from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.runtime import OffloadRuntime
@@ -82,6 +83,8 @@ class LocalEngine:
         # host figure), copied from the device with one wait; on CPU plain tensors.
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
+        if config.prompt_cache_bytes is not None:  # repeated prompts skip the text encoder (the planner counts it)
+            components.text.cache = PromptCache(config.prompt_cache_bytes, host_copy)
         self.pipeline = H3Pipeline(
             components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo,
             output_batch=config.max_output_batch,
@@ -209,11 +212,14 @@ class LocalEngine:
 
     def counters(self) -> dict[str, int]:
         """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
-        cached adapters adds none), and the torch.compile graphs built in this process (a recompile adds one)."""
+        cached adapters adds none), the torch.compile graphs built in this process (a recompile adds one), and the
+        prompt cache's hits and misses."""
         loads = self.lora.loads if self.lora is not None else {"host": 0, "device": 0}
         compiled = self.config.compile_mode(self.device.type) is not None  # eager: Dynamo is never imported
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
-        return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}
+        cache = self.pipeline.components.text.cache
+        return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs,
+                "prompt_cache_hits": cache.hits if cache else 0, "prompt_cache_misses": cache.misses if cache else 0}
 
 
 def _media(result: GenerationResult) -> GenerationOutput:

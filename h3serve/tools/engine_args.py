@@ -17,7 +17,7 @@ from pathlib import Path
 from h3serve.accel.quant_config import QuantizationError, parse_quantization
 from h3serve.adapters.catalog import parse_lora_paths
 from h3serve.adapters.fasth3 import is_fasth3_path
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, EngineConfig
+from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES, EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.modes import (
     OffloadConfig,
@@ -69,6 +69,14 @@ def _add_device_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="AdaLN modulations computed once per request and kept for later requests in a host store of SIZE "
         f"(default {DEFAULT_ADALN_MEMO_BYTES // 2**30}GiB; exact); off: each forward computes them",
+    )
+    g.add_argument(
+        "--prompt-cache",
+        metavar="SIZE|off",
+        default=None,
+        help="text states of recent prompts kept in host memory, up to SIZE (default "
+        f"{DEFAULT_PROMPT_CACHE_BYTES // 2**20}MiB): a repeated prompt skips the text encoder (same bytes); off: "
+        "every request encodes its prompt",
     )
     g.add_argument(
         "--adaln-cache-dir",
@@ -364,6 +372,16 @@ def adaln_memo(text: str | None) -> int | None:
         raise ConfigError(f"{e} (or 'off')") from None
 
 
+def prompt_cache(text: str | None) -> int | None:
+    """--prompt-cache in bytes (the default size when absent; None for `off`); `ConfigError` for a bad size."""
+    if text is not None and text.strip().lower() == "off":
+        return None
+    try:
+        return parse_bytes(text, "--prompt-cache") if text else DEFAULT_PROMPT_CACHE_BYTES
+    except OffloadError as e:
+        raise ConfigError(f"{e} (or 'off')") from None
+
+
 def denoise_chunk_rows(text: str | None):
     """--denoise-chunk-rows: "auto" (absent), None (`off`) or a row count; `ConfigError` for a bad value."""
     try:
@@ -488,6 +506,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         quantization=quantization(args),
         **lora_fields(args),
         adaln_memo_bytes=adaln_memo(args.adaln_memo),
+        prompt_cache_bytes=prompt_cache(getattr(args, "prompt_cache", None)),
         adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
         controlnet_model_path=getattr(args, "controlnet_model_path", None),
         realtime_lora=getattr(args, "realtime_lora", None),
