@@ -42,6 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--peer", choices=["diffusers"], help="run the diffusers reference pipeline alongside, A/B alternated"
     )
     p.add_argument("--profile", action="store_true", default=None, help="one extra torch.profiler run per side")
+    p.add_argument(
+        "--prompt-cache",
+        choices=["cold", "warm"],
+        help="cold (default): every h3serve run starts with an empty prompt cache, so the text encode is always "
+        "measured; warm: repeated prompts skip the encoder, as on a server",
+    )
     p.add_argument("--reference", help="fidelity reference: peer | first | FILE.mp4/.npz (default: peer if any)")
     p.add_argument("--gemm-seconds", type=float, help="time budget of each same-run GEMM peak measurement (default 3)")
     p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
@@ -423,6 +429,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "profile",
             "reference",
             "gemm_seconds",
+            "prompt_cache",
         )
     }
     try:

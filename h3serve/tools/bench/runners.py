@@ -87,6 +87,13 @@ class H3Runner:
         streamed = {f"{stage}/{c}": n for (stage, c), n in log.streamed.items()} if log is not None else None
         return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed)
 
+    def clear_prompt_cache(self) -> None:
+        """Empty the in-process engine's prompt cache (a multi-rank engine's ranks cannot be reached from here: a cold
+        bench runs it without one, h3serve.tools.bench.matrix_run)."""
+        cache = self.local.pipeline.components.text.cache if self.local else None
+        if cache is not None:
+            cache.clear()
+
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""
         if self.local is None:
