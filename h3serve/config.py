@@ -16,7 +16,7 @@ from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
-from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
+from h3serve.adapters.serving import catalog_for, dit_config, engine_defaults, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate, is_taomate_dir
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
@@ -30,7 +30,10 @@ from h3serve.offload.modes import (
 )
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules import limits
+from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import TASK_TYPES
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import RequestError, validate
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
 DTYPES = ("float32", "bfloat16", "float16")
@@ -38,6 +41,10 @@ DECODE_MODES = ("stream", "full")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends the engine accepts
 DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few requests' schedules of the released DiT
 DEFAULT_PROMPT_CACHE_BYTES = 256 * 2**20  # the prompt cache's host store: ~150 released-size prompts of 200 tokens
+WARMUP_SHAPE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)x([1-9][0-9]*)")  # --warmup WIDTHxHEIGHTxFRAMES
+WARMUP_DEFAULT = "default"  # --warmup: the checkpoint's default request shape
+WARMUP_PROMPT = "warm-up"
+WARMUP_STEPS = 2  # a warm-up request's forwards (a pinned schedule keeps its own): every path, no more
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,10 @@ class EngineConfig:
     # The prompt cache (h3serve.model.prompt_cache): text states of recent prompts in host memory, at most this many
     # bytes; None (--prompt-cache off): every request runs the text encoder.
     prompt_cache_bytes: int | None = DEFAULT_PROMPT_CACHE_BYTES
+    # --warmup: T2VA request shapes ("default" or WxHxFRAMES) each rank runs once before the engine reports ready
+    # (h3serve.rank.warmup): compile, kernel plans, the allocator's pools and the default schedule's AdaLN memo are
+    # then paid before the first request. `serve` warms the default shape unless told otherwise; () here: none.
+    warmup: tuple[str, ...] = ()
     # --denoise-chunk-rows: a DiT block's working set in chunks of this many rows ("auto": the planner chunks only a
     # configuration that would not fit whole; None: never). Resolved to a number or None at start-up.
     denoise_chunk_rows: DenoiseChunk = AUTO
@@ -306,6 +317,41 @@ class EngineConfig:
             raise ConfigError(f"{flag} {name}: a PDD adapter also swaps the DiT's output heads per step and trains "
                               "the AdaLN projections; it is served unmerged (drop --merge-lora)")
 
+    def warmup_requests(self, defaults: ModelDefaults) -> list[GenerationRequest]:
+        """The requests --warmup names, as a client would send them (checked against the checkpoint's rules by
+        `validate`): the default shape or WIDTHxHEIGHTxFRAMES, T2VA, a fixed prompt, `WARMUP_STEPS` forwards (the
+        engine's `defaults` may pin a schedule, which keeps its own count)."""
+        requests = []
+        merged = defaults.merged_lora
+        pinned = defaults.pinned_schedule is not None or (merged is not None and (merged.turbo or merged.pdd))
+        for shape in self.warmup:
+            steps = None if pinned else WARMUP_STEPS
+            if shape == WARMUP_DEFAULT:
+                size: dict[str, int] = {}
+            else:
+                match = WARMUP_SHAPE.fullmatch(shape)
+                if match is None:
+                    raise ConfigError(f"--warmup {shape}: expected {WARMUP_DEFAULT}, off or WIDTHxHEIGHTxFRAMES "
+                                      "such as 1344x768x124")
+                width, height, frames = (int(g) for g in match.groups())
+                size = {"width": width, "height": height, "num_frames": frames}
+            requests.append(GenerationRequest(prompt=WARMUP_PROMPT, steps=steps, seed=0, **size))
+        return requests
+
+    def _validate_warmup(self) -> None:
+        """Every --warmup shape is a request this checkpoint serves (a bad one is refused before a weight is read)."""
+        if not self.warmup:
+            return
+        defaults = engine_defaults(self, read_layout(self.model, self.dits).defaults())
+        if "transformer" not in self.dits:
+            raise ConfigError("--warmup runs T2VA requests, on the FL2VA DiT; this engine loads only the Ref2VA DiT "
+                              "(--task-type ref2va): use --warmup off")
+        for shape, request in zip(self.warmup, self.warmup_requests(defaults), strict=True):
+            try:
+                validate(request, defaults)
+            except RequestError as e:
+                raise ConfigError(f"--warmup {shape}: {e}") from None
+
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""
         self._validate_device()
@@ -315,6 +361,7 @@ class EngineConfig:
         self._validate_lora()
         self._validate_controlnet()
         self._validate_realtime()
+        self._validate_warmup()
         return self
 
     def _validate_device(self) -> None:

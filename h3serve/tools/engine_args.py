@@ -382,6 +382,17 @@ def prompt_cache(text: str | None) -> int | None:
         raise ConfigError(f"{e} (or 'off')") from None
 
 
+def warmup_shapes(text: str | None) -> tuple[str, ...]:
+    """--warmup: "off" -> none; "default" and WIDTHxHEIGHTxFRAMES shapes, comma-separated (checked by EngineConfig);
+    absent (`generate`, which runs one request anyway) -> none."""
+    if text is None or text.strip().lower() == "off":
+        return ()
+    shapes = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not shapes:
+        raise ConfigError("--warmup: give default, off or WIDTHxHEIGHTxFRAMES shapes separated by commas")
+    return shapes
+
+
 def denoise_chunk_rows(text: str | None):
     """--denoise-chunk-rows: "auto" (absent), None (`off`) or a row count; `ConfigError` for a bad value."""
     try:
@@ -507,6 +518,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         **lora_fields(args),
         adaln_memo_bytes=adaln_memo(args.adaln_memo),
         prompt_cache_bytes=prompt_cache(getattr(args, "prompt_cache", None)),
+        warmup=warmup_shapes(getattr(args, "warmup", None)),
         adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
         controlnet_model_path=getattr(args, "controlnet_model_path", None),
         realtime_lora=getattr(args, "realtime_lora", None),

@@ -238,7 +238,17 @@ def _adaln_memo(value: Any) -> int | None:
         raise MatrixError(f"engine option {e} (or off)") from None
 
 
-_SPECIAL = {"offload": _offload, "adaln_memo_bytes": _adaln_memo}  # options that are not plain scalars
+def _warmup(value: Any) -> tuple[str, ...]:
+    """`warmup`: shapes the engine runs before its first request ("default", WxHxFRAMES; a list, or one
+    comma-separated string), or off / an empty list (none): what `serve --warmup` does."""
+    from h3serve.tools.engine_args import warmup_shapes
+
+    if value is None or value == []:
+        return ()
+    return warmup_shapes(value if isinstance(value, str) else ",".join(str(v) for v in value))
+
+
+_SPECIAL = {"offload": _offload, "adaln_memo_bytes": _adaln_memo, "warmup": _warmup}  # not plain scalars
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
