@@ -102,14 +102,14 @@ class H3Runner:
         if self.local is None:
             return []
         dits = [self.local.pipeline.components.transformer, self.local.pipeline.components.transformer_ref]
-        return [(m, m.config, _h3_shape) for m in dits if m is not None]
+        return [(m, m.config, h3_shape) for m in dits if m is not None]
 
     def close(self) -> None:
         if isinstance(self.engine, Executor):
             self.engine.close()
 
 
-def _h3_shape(args: tuple, kwargs: dict) -> ForwardShape:
+def h3_shape(args: tuple, kwargs: dict) -> ForwardShape:
     video, audio, text, timestep = args[:4]  # H3Transformer.forward(video, audio, text, timestep, ...)
     return ForwardShape(video.shape[1], audio.shape[1], text.shape[1], timestep.numel())
 
