@@ -20,13 +20,13 @@ from h3serve.adapters.catalog import adapter_file, lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.adapters.serving import dit_config
 from h3serve.adapters.weight_edits import lora_edits
+from h3serve.loading.components import load_transformer
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
-from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+from h3serve.tools.tiny.make_checkpoint import ensure_tiny_checkpoint
 
 
 def main(adapter: Path, rounds: int) -> None:

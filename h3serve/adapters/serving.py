@@ -94,7 +94,7 @@ def merged_adapter(config: AdapterFlags) -> AdapterChoice | None:
 
 
 def merged_edits(config: AdapterFlags) -> WeightEdits | None:
-    """The merged adapter as edits of the DiT's weights (h3serve.rank.fasth3_fusion fuses them at load)."""
+    """The merged adapter as edits of the DiT's weights (h3serve.loading.fasth3_fusion fuses them at load)."""
     choice = merged_adapter(config)
     if choice is None:
         return None

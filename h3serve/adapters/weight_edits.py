@@ -1,7 +1,7 @@
 """An adapter as edits of the DiT's parameters, fused into the weights while they load (torch-free).
 
 `W += scale · B@A` for each low-rank pair, plus `.diff` tensors added as they are, all in fp32 before any sharding,
-FP8 step or offload (h3serve.rank.fasth3_fusion applies them). Two adapters take this form: FastVideo's FastH3
+FP8 step or offload (h3serve.loading.fasth3_fusion applies them). Two adapters take this form: FastVideo's FastH3
 export (scale exactly 1; h3serve.adapters.fasth3) and, under `--merge-lora`, the server's one LoRA adapter at its
 scale · alpha / rank (`lora_edits`): a dedicated server then runs a Turbo forward at the cost of a base forward.
 """

@@ -6,8 +6,8 @@ shapes, oneDNN primitives on a CPU), the caching allocator's first pools, lazily
 encoder's), and the AdaLN memo of its schedule. Each rank therefore runs, before it says `Ready`:
 
 1. the AdaLN memo of every loaded DiT's default schedule (the steps and shifts a default request runs, keyframe
-   and reference rows included), exactly as a request computes it (`h3serve.rank.adaln_sidecar.default_steps`);
-2. one T2VA request per --warmup shape, through the same `LocalEngine.generate` a job takes: text encode, every
+   and reference rows included), exactly as a request computes it (`h3serve.loading.adaln_sidecar.default_steps`);
+2. one T2VA request per --warmup shape, through the same `ModelRunner.generate` a job takes: text encode, every
    compiled graph at that shape, both decodes. `WARMUP_STEPS` forwards are enough (a forward's cost does not change
    after the first), unless an adapter pins the schedule (then its own count).
 
@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from h3serve.loading.adaln_sidecar import default_steps
 from h3serve.model.adaln_memo import memo_key
-from h3serve.rank.adaln_sidecar import default_steps
 
 if TYPE_CHECKING:
-    from h3serve.rank.local import LocalEngine
+    from h3serve.rank.model_runner import ModelRunner
 
 DIT_TASKS = {"transformer": "t2va", "transformer_ref": "ref2va"}
 
@@ -49,7 +49,7 @@ class WarmupReport:
                 f"schedules: {memo}; compiled graphs {self.graphs[0]} -> {self.graphs[1]}")
 
 
-def warm_default_memo(engine: LocalEngine) -> dict[str, int]:
+def warm_default_memo(engine: ModelRunner) -> dict[str, int]:
     """The default schedules' AdaLN modulations in the memo (computed where missing, as a request computes them);
     per DiT the number of its default-schedule entries the memo holds. Empty when the memo is off."""
     pipeline = engine.pipeline
@@ -72,7 +72,7 @@ def warm_default_memo(engine: LocalEngine) -> dict[str, int]:
     return held
 
 
-def warm_up(engine: LocalEngine, log: Callable[[str], None] | None = None) -> WarmupReport:
+def warm_up(engine: ModelRunner, log: Callable[[str], None] | None = None) -> WarmupReport:
     """Run the engine's --warmup (on every rank, in the same order); a request the engine refuses raises."""
     report = WarmupReport()
     start = time.perf_counter()

@@ -7,18 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3serve.config import WARMUP_STEPS, EngineConfig
-from h3serve.engine.messages import Fatal, Ready, Stop
+from h3serve.config import WARMUP_STEPS, EngineConfig, warmup_shapes
 from h3serve.errors import ConfigError
+from h3serve.loading.adaln_sidecar import default_steps
+from h3serve.messages import Fatal, Ready, Stop
 from h3serve.model.adaln_memo import memo_key
 from h3serve.rank import worker
-from h3serve.rank.adaln_sidecar import default_steps
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.warmup import warm_up
 from h3serve.rules.adapter_choice import AdapterChoice, TurboContract
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.engine_args import warmup_shapes
 
 SHAPE = "64x32x97"
 
@@ -29,7 +28,7 @@ def _config(checkpoint, **fields) -> EngineConfig:
 
 def test_the_warm_up_runs_every_path_and_the_first_request_compiles_nothing(tiny_checkpoint):
     # Dynamo capture only (the eager backend): the graphs are built and counted, without inductor's C++ build.
-    engine = LocalEngine(_config(tiny_checkpoint, warmup=(SHAPE,), compile_granularity="regional",
+    engine = ModelRunner(_config(tiny_checkpoint, warmup=(SHAPE,), compile_granularity="regional",
                                  compile_backend="eager"))
     assert engine.counters()["compiled_graphs"] == 0  # nothing compiles at load: the first forward would
     lines: list[str] = []

@@ -11,7 +11,7 @@
 - **Request**: T2VA at `--shape` (default 1344x768x124) on the schedule a Turbo-4 server pins (the LightX2V Turbo
   contract: 4 forwards, shifts 12 / 3); a merged adapter (`--merge-lora`) costs nothing per forward, and random
   adapter weights would time the same as random DiT weights.
-- **Engine**: a `LocalEngine` over `--model` with these parts in place, warmed as `serve --warmup` warms it (the
+- **Engine**: a `ModelRunner` over `--model` with these parts in place, warmed as `serve --warmup` warms it (the
   default schedule's AdaLN memo, one request at the shape), then one measured request: its stage timeline, each
   forward's time, the MFU of the full-depth forward against this run's GEMM peak, and the time outside the forwards.
 - **Output**: the MP4 written with each video encoder this build has (x264 always; NVENC where `--video-encoder`
@@ -33,12 +33,12 @@ from torch import nn
 
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.checkpoint.weights import materialize
 from h3serve.config import EngineConfig
+from h3serve.loading.tensors import materialize
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.rank.device_checks import check_engine
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.warmup import warm_up
 from h3serve.rules.adapter_choice import TurboContract, turbo_pin
 from h3serve.rules.request import GenerationRequest
@@ -92,21 +92,18 @@ class FullDepthResult:
 
 # ------------------------------------------------------------------------------------------------------------
 # Which parts fit at the released size (the planner, no device needed)
-def released_sizes(device_memory: int, width: int, height: int, num_frames: int) -> tuple[dict[str, str], Any]:
+PlanFromArgv = Callable[[list[str]], Any]  # `h3serve plan`'s flags -> its plan (the command passes it in)
+
+
+def released_sizes(
+    device_memory: int, width: int, height: int, num_frames: int, plan_from_argv: PlanFromArgv
+) -> tuple[dict[str, str], Any]:
     """dit, text encoder and VAEs -> released | tiny: the released plan of a resident bf16 T2VA request at this
     shape on a device of `device_memory` bytes, with the text encoder, then each VAE, taken out (run tiny) until its
     peak plus headroom fits. Returns the sizes and the plan."""
-    import argparse
-
-    from h3serve.tools import plan_cli
-
-    parser = argparse.ArgumentParser(prog="h3serve")
-    plan_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["plan", "--preset", "released", "--task-type", "fl2va", "--task", "t2va",
-                              "--width", str(width), "--height", str(height),
-                              "--duration", f"{num_frames / 24:.4f}", "--device", "cuda", "--dtype", "bfloat16",
-                              "--device-memory", str(device_memory), "--adaln-memo", "off"])
-    plan, _ = plan_cli.build_plan(args)
+    plan = plan_from_argv(["--preset", "released", "--task-type", "fl2va", "--task", "t2va", "--width", str(width),
+                           "--height", str(height), "--duration", f"{num_frames / 24:.4f}", "--device", "cuda",
+                           "--dtype", "bfloat16", "--device-memory", str(device_memory), "--adaln-memo", "off"])
     sizes = {"dit": RELEASED, **dict.fromkeys(PARTS, RELEASED)}
     rank = plan.ranks[0]
     for part in (None, *PARTS):
@@ -165,15 +162,17 @@ def released_vaes(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, 
 
 # ------------------------------------------------------------------------------------------------------------
 # The run
-def _engine(spec: FullDepthSpec, log: Callable[[str], None]) -> tuple[LocalEngine, dict[str, str], dict[str, float]]:
-    """A LocalEngine over `spec.model` with the full-depth DiT and the released parts that fit swapped in, pinned to
+def _engine(
+    spec: FullDepthSpec, plan_from_argv: PlanFromArgv, log: Callable[[str], None]
+) -> tuple[ModelRunner, dict[str, str], dict[str, float]]:
+    """A ModelRunner over `spec.model` with the full-depth DiT and the released parts that fit swapped in, pinned to
     the Turbo-4 schedule."""
     shape = f"{spec.width}x{spec.height}x{spec.num_frames}"
     config = EngineConfig(model=spec.model, device="cuda", dtype="bfloat16", task_type="fl2va", warmup=(shape,))
-    engine = LocalEngine(config.validate())
+    engine = ModelRunner(config.validate())
     device, dtype = engine.device, torch.bfloat16
     sizes, plan = released_sizes(torch.cuda.get_device_properties(device).total_memory, spec.width, spec.height,
-                                 spec.num_frames)
+                                 spec.num_frames, plan_from_argv)
     log(f"[full-depth] sizes: {sizes}")
     components, build = engine.pipeline.components, {}
     components.transformer = None  # the checkpoint's 2-block DiT goes before the full one is made (resident: the
@@ -232,10 +231,12 @@ def _encoders(out: Path, video, audio) -> dict[str, Any]:
     return results
 
 
-def run_full_depth(spec: FullDepthSpec, log: Callable[[str], None] = lambda line: None) -> FullDepthResult:
+def run_full_depth(
+    spec: FullDepthSpec, plan_from_argv: PlanFromArgv, log: Callable[[str], None] = lambda line: None
+) -> FullDepthResult:
     if not torch.cuda.is_available():
         raise ValueError("--full-depth runs the released DiT on one GPU; this machine has none")
-    engine, sizes, build = _engine(spec, log)
+    engine, sizes, build = _engine(spec, plan_from_argv, log)
     dit = engine.pipeline.components.transformer
     report = warm_up(engine, log)
     counter = FlopCounter()

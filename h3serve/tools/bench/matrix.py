@@ -115,7 +115,7 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class Case:
+class BenchCase:
     task: str
     shape: Shape
     engine: EngineSpec
@@ -145,8 +145,8 @@ class BenchMatrix:
     reference: str = "auto"  # auto (peer if given, else first) | peer | first | a .mp4/.npz file
     gemm_seconds: float = 3.0  # time budget of each GEMM peak measurement (one before, one after each case)
 
-    def cases(self) -> list[Case]:
-        return [Case(t, s, e) for e, t, s in itertools.product(self.engines, self.tasks, self.shapes)]
+    def cases(self) -> list[BenchCase]:
+        return [BenchCase(t, s, e) for e, t, s in itertools.product(self.engines, self.tasks, self.shapes)]
 
     def check(self) -> BenchMatrix:
         """Fail on any illegal value; resolves `reference: auto`."""
@@ -241,7 +241,7 @@ def _adaln_memo(value: Any) -> int | None:
 def _warmup(value: Any) -> tuple[str, ...]:
     """`warmup`: shapes the engine runs before its first request ("default", WxHxFRAMES; a list, or one
     comma-separated string), or off / an empty list (none): what `serve --warmup` does."""
-    from h3serve.tools.engine_args import warmup_shapes
+    from h3serve.config import warmup_shapes
 
     if value is None or value == []:
         return ()
