@@ -131,6 +131,7 @@ def build_plan(args: argparse.Namespace):
         device_memory,
         layout_fields,
         offload_config,
+        prompt_cache,
         quantization,
     )
     from h3serve.offload.inventory import RELEASED, build_inventory
@@ -171,7 +172,8 @@ def build_plan(args: argparse.Namespace):
     compiled = device == "cuda" and not args.enforce_eager
     vsa = (args.diffusion_attention_backend or "") == "FASTVIDEO_VSA"  # its tile buffers count in the denoise stage
     runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled,
-                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows), vsa=vsa)
+                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows), vsa=vsa,
+                      prompt_cache=prompt_cache(getattr(args, "prompt_cache", None)) or 0)
     tasks = served_tasks(inv)
     if defaults.distilled_checkpoint is not None:  # a distilled checkpoint (FastH3 V2) serves its own tasks only
         tasks = tuple(t for t in tasks if t in FASTH3_TASKS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h3serve.rules import limits
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.schedule import PinnedSchedule
 
 
@@ -25,3 +26,4 @@ class ModelDefaults:
     distilled_checkpoint: str | None = None  # a distilled T2VA-only checkpoint (FastH3 8-step V2): no LoRA on it
     # --cache-backend (cache_dit | tea_cache; None: none): the DiT cache a request that omits `quality` runs under
     server_cache: str | None = None
+    merged_lora: AdapterChoice | None = None  # --merge-lora: the LoRA fused into the DiTs, run by every request
