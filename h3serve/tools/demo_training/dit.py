@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -321,7 +322,7 @@ class DiTTrainer:
         progress = step / max(1, self.total - 1)
         scale = min(1.0, (step + 1) / self.warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr * scale
+            group["lr"] = float(self.lr * scale)  # the same double as numpy's, and a plain number in the state
         chosen = groups[int(self.rng.choice(len(groups), p=weights / weights.sum()))]
         items = [chosen[int(i)] for i in self.rng.integers(len(chosen), size=self.batch)]
         loss = self.parallel.loss_backward(items, draw_base(self.rng, prior=self.phases[index].prior))
@@ -340,7 +341,7 @@ class DiTTrainer:
             "dit": {k: v.detach().clone() for k, v in self.dit.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "ema": [t.clone() for t in self.ema.shadow],
-            "rng": self.rng.bit_generator.state,
+            "rng": json.dumps(self.rng.bit_generator.state, default=int),  # numpy integers as plain ones
             "generators": [g.get_state() for g in self.parallel.generators],
         }
 
@@ -351,7 +352,7 @@ class DiTTrainer:
         with torch.no_grad():
             for shadow, saved in zip(self.ema.shadow, state["ema"], strict=True):
                 shadow.copy_(saved)
-        self.rng.bit_generator.state = state["rng"]
+        self.rng.bit_generator.state = json.loads(state["rng"])
         for generator, saved in zip(self.parallel.generators, state["generators"], strict=True):
             generator.set_state(saved)
         self.parallel.sync()

@@ -9,7 +9,6 @@ probability proportional to its size (dit.DiTTrainer), so a phase's mean step co
 from __future__ import annotations
 
 import dataclasses
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -52,16 +51,18 @@ class Costs:
 
 # Run 15 on 2 AMD EPYC cores, nothing else running (docs/demo_lab_notebook.md): video VAE 6.5 minutes for 900
 # steps, audio VAE 3.1 for 600, examples 4.6 for 840 (with the latent statistics), `transformer` 26.1 for 4,000
-# steps and `transformer_ref` 15.6 for 1,720. The DiT steps' costs per kind are this session's measurement
-# (`train-demo --plan --measure`, 2 Intel Xeon cores shared with other work) scaled so that run 15's two DiT
-# stages come out at their recorded minutes.
+# steps and `transformer_ref` 15.6 for 1,720. The DiT steps' costs per kind were measured in this session
+# (`train-demo --plan --measure`, 2 AMD EPYC cores shared with eight other jobs, so about ten times slower: t2va
+# 4.98 s, t2va_short 2.12, fl2va 5.12, fl2va_short 2.71, ref2va 8.61, ref2va_short 4.92, continuation 7.25) and
+# scaled, `transformer`'s kinds by 0.114 and `transformer_ref`'s by 0.082, so that run 15's two DiT stages come out
+# at their recorded minutes.
 CPU_2_CORES = Costs(
     machine="2 CPU cores (run 15's AMD EPYC, alone)",
     video_vae_step=6.5 * 60 / 900,
     audio_vae_step=3.1 * 60 / 600,
     example=4.6 * 60 / 840,
-    dit_step={"t2va": 0.46, "t2va_short": 0.21, "fl2va": 0.48, "fl2va_short": 0.22, "ref2va": 0.62,
-              "ref2va_short": 0.30, "continuation": 0.58},
+    dit_step={"t2va": 0.568, "t2va_short": 0.242, "fl2va": 0.584, "fl2va_short": 0.309, "ref2va": 0.705,
+              "ref2va_short": 0.403, "continuation": 0.594},
 )
 # One H200 shared by eight trainers made a batch-8 DiT step in about 9 ms (issue 53); its VAE steps and examples are
 # assumed at a fifth of the CPU's (the examples are laid out on the host's CPU cores).
@@ -145,31 +146,29 @@ def _kind_examples(builder: ExampleBuilder, rng: np.random.Generator) -> dict[st
     return examples
 
 
-def measure_step_seconds(components, builder: ExampleBuilder, recipe: Recipe, steps: int = 3,
+def measure_step_seconds(components, builder: ExampleBuilder, recipe: Recipe, rounds: int = 3,
                          log: Callable[[str], None] = print) -> dict[str, float]:
     """Each kind's seconds per DiT step (batch and replicas as `recipe`), on `components`' `transformer`: the median
-    of `steps` steps after one warm-up step."""
+    over `rounds` rounds of one step of each kind in turn, after a warm-up round (taking the kinds in turn keeps a
+    machine whose load changes from favouring one kind)."""
     dit = components.transformer
     training_init_(dit)
-    seconds: dict[str, float] = {}
-    for kind, examples in _kind_examples(builder, np.random.default_rng(0)).items():
-        times: list[float] = []
-        mark = time.perf_counter()
-
-        def clock(stage: str, step: int, loss: float, times: list[float] = times) -> None:
-            nonlocal mark
-            now = time.perf_counter()
-            times.append(now - mark)
-            mark = now
-
-        trainer = DiTTrainer(dit, [Phase(examples, steps + 1)], 0, clock, kind, batch=recipe.dit_batch, lr=1e-4,
-                             replicas=recipe.dit_replicas)
-        mark = time.perf_counter()
-        trainer.run(steps + 1)
+    times: dict[str, list[float]] = {}
+    trainers = {kind: DiTTrainer(dit, [Phase(examples, rounds + 1)], 0, lambda *_: None, kind,
+                                 batch=recipe.dit_batch, lr=1e-4, replicas=recipe.dit_replicas)
+                for kind, examples in _kind_examples(builder, np.random.default_rng(0)).items()}
+    for round_ in range(rounds + 1):
+        for kind, trainer in trainers.items():
+            began = time.perf_counter()
+            trainer.run(round_ + 1)
+            if round_:
+                times.setdefault(kind, []).append(time.perf_counter() - began)
+    for trainer in trainers.values():
         trainer.parallel.close()
-        seconds[kind] = float(np.median(times[1:])) if len(times) > 1 else math.nan
-        log(f"  {kind:<14}{seconds[kind]:.3f} s a step")
     dit.eval().requires_grad_(False)
+    seconds = {kind: float(np.median(values)) for kind, values in times.items()}
+    for kind, value in seconds.items():
+        log(f"  {kind:<14}{value:.3f} s a step")
     return seconds
 
 

@@ -76,10 +76,10 @@ class Recipe:
     latent_stat_clips: int = 48  # 22-frame clips the latent statistics are measured on
     t2va_clips: int = 120  # canonical starts, spread evenly over the 80 attribute combinations
     t2va_short_clips: int = 160
-    fl2va_clips: int = 360  # random-start clips, each laid out with one of FL2VA_ANCHORS in turn
-    fl2va_short_clips: int = 540
-    ref2va_clips: int = 120  # each laid out with and without a reference sound
-    ref2va_short_clips: int = 180
+    fl2va_clips: int = 480  # random-start clips, each laid out with one of FL2VA_ANCHORS in turn
+    fl2va_short_clips: int = 720
+    ref2va_clips: int = 160  # each laid out with and without a reference sound
+    ref2va_short_clips: int = 240
     continuation_clips: int = 40  # each gives three windows
     # `transformer`: a prior phase (dit.Phase) on the T2VA examples only, then the whole ladder on all of its own;
     # `transformer_ref` the same on its own examples and the long T2VA ones (`dit_phases`). Steps are what moved
@@ -87,9 +87,9 @@ class Recipe:
     # (0 to 18 of 30 in 8,000 steps, still rising). A run is one draw: run 11 (the VAE rounded otherwise) got the edit
     # 16 of 30 seeds right where run 9 got 27 on the same recipe, so a recipe change is judged over 30 seeds.
     dit_prior_steps: int = 1400
-    dit_steps: int = 16600
+    dit_steps: int = 18600
     ref_prior_steps: int = 120
-    ref_dit_steps: int = 7880
+    ref_dit_steps: int = 6880
     dit_batch: int = 8
     dit_replicas: int = 2  # each batch split over this many DiT replicas on threads (dit.Replicas; 2 cores)
     dit_lr: float = 2e-3
@@ -98,9 +98,9 @@ class Recipe:
     # The share of FL2VA and Ref2VA examples whose keyframes or references a person made (drawn.py), drawn from
     # their own rng so the world's draws are those of a recipe without them.
     drawn_share: float = 0.5
-    # Each DiT's steps are cut into stages of at most this many (stages.plan_stages): ~45 minutes on 2 CPU cores.
+    # Each DiT's steps are cut into stages of at most this many (stages.plan_stages): ~35 minutes on 2 CPU cores.
     # The cut does not change the weights (a resumed run equals an uninterrupted one).
-    dit_stage_steps: int = 6000
+    dit_stage_steps: int = 5000
 
     def scaled(self, factor: float) -> Recipe:
         """The same recipe with every count multiplied by `factor` (at least 1): CI's few-step runs."""
@@ -114,9 +114,12 @@ DRAWN_SEED = 6  # the drawn inputs' rng: the recipe's seed plus this
 # The recipe of the shipped weights (run 15, docs/demo_lab_notebook.md): 55.9 minutes on 2 EPYC cores alone.
 RUN15 = Recipe(fl2va_clips=120, fl2va_short_clips=210, ref2va_clips=40, ref2va_short_clips=60, continuation_clips=10,
                dit_steps=2600, ref_dit_steps=1600, drawn_share=0.0)
-# Issue 53's recipe: the FL2VA (first, last and both keyframes), Ref2VA (with and without the reference sound) and
-# continuation examples three to four times as many, half of the FL2VA and Ref2VA ones with inputs a person made,
-# and the DiTs' ladder phases 6.4 and 4.9 times as long; for ~4 hours on two CPU cores (`train-demo --plan`).
+# Issue 53's recipe, for up to 4 hours on two CPU cores: the FL2VA (first, last and both keyframes), Ref2VA (with
+# and without the reference sound) and continuation examples four times as many, half of the FL2VA and Ref2VA ones
+# with inputs a person made, and the DiTs' ladder phases 7.2 and 4.3 times run 15's (FL2VA gets ~15,000 batches,
+# two thirds of them with a first keyframe; the probes after run 15 took first-keyframe FL2VA from 0 to 18 of 30
+# in ~6,700 such batches, still rising). `train-demo --plan`: 222 minutes on run 15's 2 EPYC cores (each stage at
+# most 35), about 13 on a GPU.
 RUN16 = Recipe()
 RECIPES = {"run16": RUN16, "run15": RUN15}
 DEFAULT_RECIPE = "run16"

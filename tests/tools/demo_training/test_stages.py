@@ -32,9 +32,12 @@ from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
 pytestmark = pytest.mark.slow
 
 TEXT_ENCODER_FILE = "text_encoder/model.safetensors"
-# The newest recipe at a few steps (its drawn inputs included): batches of two on two replicas, each DiT's steps in
-# parts of 5, so `transformer` (6 + 10 steps) runs in four stages and `transformer_ref` (1 + 6) in two.
-FEW = dataclasses.replace(RUN16.scaled(0.004), dit_batch=2, dit_steps=10, ref_dit_steps=6, dit_stage_steps=5)
+# The newest recipe at a few steps (its drawn inputs included): one example of each kind (FL2VA with each set of
+# keyframes), batches of two on two replicas, each DiT's steps in parts of 5, so `transformer` (6 + 10 steps) runs
+# in four stages and `transformer_ref` (1 + 6) in two.
+FEW = dataclasses.replace(RUN16.scaled(0.004), video_vae_steps=2, t2va_short_clips=0, fl2va_clips=3,
+                          fl2va_short_clips=0, ref2va_short_clips=0, dit_batch=2, dit_steps=10, ref_dit_steps=6,
+                          dit_stage_steps=5)
 WEIGHTS = ("vae/diffusion_pytorch_model.safetensors", "audio_vae/diffusion_pytorch_model.safetensors",
            "transformer/diffusion_pytorch_model.safetensors", "transformer_ref/diffusion_pytorch_model.safetensors",
            TEXT_ENCODER_FILE)
@@ -50,7 +53,7 @@ def trained(tmp_path_factory) -> Path:
 
 def test_the_stages_cut_each_dit_into_parts_of_at_most_dit_stage_steps():
     labels = [(s.label, s.start, s.until) for s in plan_stages(FEW)]
-    assert labels == [("video_vae", 0, 4), ("audio_vae", 0, 2), ("examples", 0, 0), ("transformer.1", 0, 4),
+    assert labels == [("video_vae", 0, 2), ("audio_vae", 0, 2), ("examples", 0, 0), ("transformer.1", 0, 4),
                       ("transformer.2", 4, 8), ("transformer.3", 8, 12), ("transformer.4", 12, 16),
                       ("transformer_ref.1", 0, 4), ("transformer_ref.2", 4, 7), ("checkpoint", 0, 0)]
 
