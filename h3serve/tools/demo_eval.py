@@ -108,19 +108,12 @@ class DemoEvaluator:
         return Case("t2va", seed, prompt, checks.check_t2va(video, audio, attrs))
 
     def keyframes(self, task: str, seed: int, anchors: tuple[str, ...], person_made: bool = False) -> Case:
-        """FL2VA from a random start: keyframes of the scene's first and/or last frame (the world's own, or drawn by
-        a person and put on the canvas by the server's fit); each checked against the frame it pins ("keyframe",
-        "last_keyframe"), then the prompt's checks."""
+        """FL2VA from a random start: keyframes of the scene's first and/or last frame (`keyframe_inputs`) put on the
+        canvas by the server's fit; each checked against the frame it pins ("keyframe", "last_keyframe"), then the
+        prompt's checks."""
         attrs = case_attributes(seed)
         plan = self.plan(prompt_for(attrs), seed)
-        scene = world.sample_scene(np.random.default_rng(KEYFRAME_RNG + seed), "fl2va", plan.width, plan.height,
-                                   plan.num_frames, attrs)
-        frames = [0 if anchor == "first" else scene.frames - 1 for anchor in anchors]
-        if person_made:
-            rng = np.random.default_rng(DRAWN_RNG + seed)
-            images = [drawn.drawn_keyframe(rng, scene, f, stretched=i == 0) for i, f in enumerate(frames)]
-        else:
-            images = [world.render_video(dataclasses.replace(scene, frames=f + 1))[f] for f in frames]
+        images = keyframe_inputs(seed, anchors, person_made, plan.width, plan.height, plan.num_frames)
         keyframes = prepare_keyframes([Image.fromarray(image) for image in images], plan.width, plan.height)
         cond = Conditioning(keyframes=keyframes, anchors=anchors)
         video, audio = self.generate(dataclasses.replace(plan, task="fl2va"), cond)
@@ -133,18 +126,12 @@ class DemoEvaluator:
 
     def references(self, task: str, seed: int, sound_clip: bool, person_made: bool = False) -> Case:
         """Ref2VA: the colour from a reference image, the pitch from a reference sound clip (`sound_clip`) or from
-        the prompt; the world's own references, or ones a person made."""
+        the prompt (`reference_inputs`)."""
         attrs = case_attributes(seed)
         prompt = prompt_for(attrs, reference_image=True, reference_sound=sound_clip)
-        rng = np.random.default_rng(DRAWN_RNG + seed)
-        if person_made:
-            image, sound = drawn.drawn_reference_image(rng, attrs.color, attrs.shape), None
-            if sound_clip:
-                sound = drawn.drawn_reference_audio(rng, attrs.sound)
-        else:
-            image, sound = world.reference_image(attrs.color, attrs.shape), world.reference_audio(attrs.sound)
+        image, sound = reference_inputs(seed, sound_clip, person_made)
         refs: list = [normalize_image_reference(Image.fromarray(image), self.defaults.reference_image_short_edge)]
-        if sound_clip:
+        if sound is not None:
             refs.append(AudioReference(torch.from_numpy(sound)))
         plan = dataclasses.replace(self.plan(prompt, seed), task="ref2va")
         video, audio = self.generate(plan, Conditioning(references=refs))
@@ -186,6 +173,33 @@ class DemoEvaluator:
         result = {"color": checks.measure_color(video) == attrs.color, "kept": kept >= EDIT_KEEP_MIN_PSNR,
                   "motion": checks.measure_motion(video) == attrs.motion}
         return Case("edit", seed, plan.prompt, result)
+
+
+def keyframe_inputs(
+    seed: int, anchors: tuple[str, ...], person_made: bool, width: int, height: int, frames: int
+) -> list[np.ndarray]:
+    """A keyframe row's keyframe images (uint8 [H, W, 3], in `anchors`' order) for seed `seed`: the first and/or
+    last frame of `case_attributes(seed)`'s scene from a random start on a `width`x`height` canvas of `frames`
+    frames, the world's own or as a person draws them (a second one keeping the canvas's aspect)."""
+    scene = world.sample_scene(np.random.default_rng(KEYFRAME_RNG + seed), "fl2va", width, height, frames,
+                               case_attributes(seed))
+    pinned = [0 if anchor == "first" else scene.frames - 1 for anchor in anchors]
+    if person_made:
+        rng = np.random.default_rng(DRAWN_RNG + seed)
+        return [drawn.drawn_keyframe(rng, scene, f, stretched=i == 0) for i, f in enumerate(pinned)]
+    return [world.render_video(dataclasses.replace(scene, frames=f + 1))[f] for f in pinned]
+
+
+def reference_inputs(seed: int, sound_clip: bool, person_made: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """A reference row's reference image (uint8 [H, W, 3]) and, with `sound_clip`, its reference sound (float32
+    [2, N] at 32 kHz) for seed `seed`: the world's own, or as a person makes them."""
+    attrs = case_attributes(seed)
+    if person_made:
+        rng = np.random.default_rng(DRAWN_RNG + seed)
+        image = drawn.drawn_reference_image(rng, attrs.color, attrs.shape)
+        return image, drawn.drawn_reference_audio(rng, attrs.sound) if sound_clip else None
+    image = world.reference_image(attrs.color, attrs.shape)
+    return image, world.reference_audio(attrs.sound) if sound_clip else None
 
 
 def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.ndarray:

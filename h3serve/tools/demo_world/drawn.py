@@ -6,8 +6,9 @@ centred tone at phase 0. A person draws and records them otherwise, and the ship
 53: a yellow ball drawn 0.375 across a 512² image on a (12, 12, 12) background came out red in 5 of 5 seeds). So the
 trainer and the evaluation also use inputs drawn here, each from an rng:
 - the object a quarter to three quarters of a reference image's short edge, anywhere inside it;
-- the image's size (a reference's short edge 128-768 px, a keyframe 1-4 times the canvas) and aspect (a reference
-  in one of `REFERENCE_ASPECTS`; a keyframe the server stretches onto the canvas within ±10 % of its aspect);
+- the image's size (as the server takes it: at least 256 px a side; a reference's short edge up to 1024 px, a
+  keyframe up to three times that smallest size) and aspect (a reference in one of `REFERENCE_ASPECTS`; a keyframe
+  the server stretches onto the canvas within ±10 % of the canvas's aspect);
 - the background's shade (dark, from black to a dim grey, slightly tinted);
 - the colour shifted slightly, but still the named colour by the checks' own measure (`checks.color_cosines`);
 - a reference sound 2-4 s long, at another level and phase.
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h3serve.rules.limits import AUDIO_SAMPLE_RATE
+from h3serve.rules.limits import AUDIO_SAMPLE_RATE, MEDIA_IMAGE_MIN_EDGE
 from h3serve.tools.demo_world import checks, world
 from h3serve.tools.demo_world.grammar import COLOR_RGB, PITCH_HZ
 
 OBJECT_FRACTION = (0.25, 0.75)  # the object's size over a reference image's short edge
-REFERENCE_SHORT_EDGE = (128, 768)  # px
+REFERENCE_SHORT_EDGE = (MEDIA_IMAGE_MIN_EDGE, 1024)  # px
 REFERENCE_ASPECTS = ((1, 1), (4, 3), (3, 4), (16, 9), (9, 16))  # width : height
-KEYFRAME_SCALE = (1.0, 4.0)  # a keyframe's height over the canvas's
+KEYFRAME_SCALE = (1.0, 3.0)  # a keyframe's short edge over the smallest the server takes (MEDIA_IMAGE_MIN_EDGE)
 KEYFRAME_ASPECT_SPREAD = 0.1  # a stretched keyframe's aspect: the canvas's times 1 ± this
 BACKGROUND_LEVEL = (0, 24)  # the background's grey level (the world's is (12, 12, 20)) ...
 BACKGROUND_TINT = 8  # ... plus up to this much more in each channel
@@ -87,14 +88,17 @@ def drawn_reference_image(rng: np.random.Generator, color: str, shape: str) -> n
 
 
 def drawn_keyframe(rng: np.random.Generator, scene: world.Scene, frame: int, stretched: bool = True) -> np.ndarray:
-    """Frame `frame` of `scene` as a person draws it: uint8 [H', W', 3], 1-4 times the canvas's height; `stretched`
-    (the server stretches a first keyframe onto the canvas) lets its aspect differ from the canvas's by up to
-    ±KEYFRAME_ASPECT_SPREAD, otherwise (a second keyframe, which the server cover-crops) it keeps it. The object is
-    where the scene puts it, scaled with the image, so the server's fit puts it back where the scene has it."""
+    """Frame `frame` of `scene` as a person draws it: uint8 [H', W', 3], its short edge 1-3 times the smallest the
+    server takes; `stretched` (the server stretches a first keyframe onto the canvas) lets its aspect differ from
+    the canvas's by up to ±KEYFRAME_ASPECT_SPREAD, otherwise (a second keyframe, which the server cover-crops) it
+    keeps it. The object is where the scene puts it, scaled with the image, so the server's fit puts it back where
+    the scene has it."""
     look = drawn_look(rng, scene.attrs.color)
-    height = round(scene.height * float(rng.uniform(*KEYFRAME_SCALE)))
     spread = float(rng.uniform(-KEYFRAME_ASPECT_SPREAD, KEYFRAME_ASPECT_SPREAD)) if stretched else 0.0
-    width = round(height * scene.width / scene.height * (1 + spread))
+    aspect = scene.width / scene.height * (1 + spread)
+    short = MEDIA_IMAGE_MIN_EDGE * float(rng.uniform(*KEYFRAME_SCALE))
+    height = math.ceil(short / min(aspect, 1.0))
+    width = round(height * aspect) if stretched else round(height * scene.width / scene.height)
     x, y = world.trajectory(scene)[frame]
     scale_x, scale_y = width / scene.width, height / scene.height
     size = scene.size * scale_y

@@ -1,6 +1,7 @@
 // Wires the page together: configuration, API key, the create form, live progress, result, history and the
 // Live mode (a real-time session, on a server started with --realtime-lora).
 import { ApiError, apiJson, apiKey, setApiKey } from "./api.js";
+import { Examples } from "./examples.js";
 import { CreateForm } from "./form.js";
 import { History } from "./history.js";
 import { LiveView } from "./live.js";
@@ -111,6 +112,7 @@ function open(job) {
 const config = await (await fetch("/web/config")).json();
 $("model").textContent = `model ${config.model} · ${config.tasks.join(", ")}`;
 const form = new CreateForm(config, submit);
+new Examples(config, form).load();
 const result = new ResultView(config, async file => {
   form.setTask("fl2va");
   await form.inputs.useAsFirstFrame(file);
