@@ -19,7 +19,7 @@ Training runs in phases (`Phase`), one optimizer and one learning-rate schedule 
 draws every batch from the top of the ladder, where x_t holds nothing of the clip: the DiT learns which clip the
 prompt asks for (the object's colour, where it is in every latent frame, the pitch) before it learns to denoise, which
 it learns quickly. Trained on the whole ladder from the start, the DiT learns to read the clip from x_t first and its
-prediction at σ ≈ 1 hardly follows the prompt (docs/demo_world.md, runs S-S4). The prior phase must see examples
+prediction at σ ≈ 1 hardly follows the prompt (docs/demo_lab_notebook.md, runs S-S4). The prior phase must see examples
 whose clip the conditions decide: FL2VA examples with random starts taught a smear (the first full run).
 """
 
@@ -53,12 +53,12 @@ HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
 PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ_a >= 0.92 (shift 3)
 # The loss weight of the target rows a condition row gives (`Example.anchored_rows`: frame 0 under a first keyframe),
 # against 1 for the others. Unweighted, frame 0 is one latent frame in 17-32 and the DiT never learnt to copy its
-# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_world.md, run 5).
+# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_lab_notebook.md, run 5).
 ANCHOR_WEIGHT = 10.0
 # The loss weight of a bounce's click rows (`Example.click_rows`), against 1 for the other audio rows. A click is one
 # latent of 178 per channel in a bouncing 4 s clip; unweighted, run 8's DiT made no click in any bouncing case of any
 # task though its audio VAE decodes them all; weighted, 600 steps more made every T2VA bounce click
-# (docs/demo_world.md).
+# (docs/demo_lab_notebook.md).
 CLICK_WEIGHT = 10.0
 
 

@@ -64,14 +64,16 @@ CPU_2_CORES = Costs(
     dit_step={"t2va": 0.568, "t2va_short": 0.242, "fl2va": 0.584, "fl2va_short": 0.309, "ref2va": 0.705,
               "ref2va_short": 0.403, "continuation": 0.594},
 )
-# One H200 shared by eight trainers made a batch-8 DiT step in about 9 ms (issue 53); its VAE steps and examples are
-# assumed at a fifth of the CPU's (the examples are laid out on the host's CPU cores).
+# One H200 (docs/benchmarks.md, the H200 sweep): a batch-8 step of the demo DiT took 44-45 ms with three trainers
+# sharing the GPU (launch-bound, so about the same for every kind, and about what one trainer alone takes); the
+# examples of run 15's recipe laid out in 115 s on its 16 CPU cores against 254 s on 2. Its VAE steps were not
+# measured: a fifth of the CPU's is assumed.
 H200 = Costs(
-    machine="one NVIDIA H200 (shared by eight trainers)",
+    machine="one NVIDIA H200 (DiT steps launch-bound; VAE steps assumed)",
     video_vae_step=CPU_2_CORES.video_vae_step / 5,
     audio_vae_step=CPU_2_CORES.audio_vae_step / 5,
-    example=CPU_2_CORES.example / 2,
-    dit_step=dict.fromkeys(KINDS, 0.009),
+    example=CPU_2_CORES.example * 115 / 254,
+    dit_step=dict.fromkeys(KINDS, 0.045),
 )
 COSTS = {"cpu": CPU_2_CORES, "cuda": H200}
 

@@ -44,14 +44,14 @@ LOSS_PLOT = "losses.png"
 CLIP_FRAMES = 107  # 4 s: the demo's length and a continuation window's
 # 2.3 s (17·3 + 5): a third of the tokens and ~2.5x cheaper a step. The prompt's colour, pitch and motion are the
 # same at any length, but the demo's later frames are only in the long ones: trained on 70 % short clips, the object
-# faded into blocks after ~1 s of a 4 s clip (docs/demo_world.md, run S3), so about half the examples are long.
+# faded into blocks after ~1 s of a 4 s clip (docs/demo_lab_notebook.md, run S3), so about half the examples are long.
 SHORT_CLIP_FRAMES = 56
 CONTINUATION_FRAMES = 277  # three 107-frame windows with 22 frames of overlap
 # The keyframes of the FL2VA examples, one per clip in turn. Runs 1-8 laid out each of 110 clips three ways, and
 # `transformer` learnt those clips by heart: at σ ≈ 1 its loss on them was 0.94 against 1.55 on fresh clips, and
 # from a fresh keyframe its object wandered (motion wrong in 8 of 10 cases). As many examples from three times as
 # many clips (1.4 minutes more to encode) lowered the fresh loss to 1.48 but did not teach the motion (run 9: wrong
-# in 10); the shipped weights were trained so (docs/demo_world.md, run 9).
+# in 10); the shipped weights were trained so (docs/demo_lab_notebook.md, run 9).
 FL2VA_ANCHORS = (("first",), ("last",), ("first", "last"))
 # The frozen random text encoder's residual-writing projections (attention `o_proj`, MLP `down_proj`) are scaled by
 # this. At full scale each of its 51 layers adds a unit-variance random update to the residual stream, so the states
@@ -60,7 +60,7 @@ FL2VA_ANCHORS = (("first",), ("last",), ("first", "last"))
 # layout was another language each DiT learnt from that layout's own examples. At 0.03 a token's state stays near
 # its embedding plus some context, as a trained encoder keeps a word's meaning under a prefix: the keyframe moves the
 # prompt's states by 24 %, a motion word by 74 %, and what the DiT learns from T2VA carries over to FL2VA, Ref2VA
-# and the continuation windows (docs/demo_world.md, run 5).
+# and the continuation windows (docs/demo_lab_notebook.md, run 5).
 TEXT_RESIDUAL_SCALE = 0.03
 
 

@@ -31,7 +31,7 @@ AUDIO_MSE_WEIGHT = 20.0
 # and in the learning rate's warm-up (AUDIO_WARMUP of the steps) every crop is. The world's clicks fill under 2 % of
 # its latents and the stage never learnt them from the world alone (no click reproduced in nine trials, even with
 # extra clicks added to the world's crops); with the burst crops it reproduces every click of the world's bouncing
-# soundtracks on two seeds of two, without the burst-only warm-up on one (docs/demo_world.md, run 8).
+# soundtracks on two seeds of two, without the burst-only warm-up on one (docs/demo_lab_notebook.md, run 8).
 AUDIO_BURST_CROPS = 2
 BURST_SHARE = 0.3
 AUDIO_WARMUP = 0.1

@@ -33,7 +33,7 @@ SAMPLES_PER_LATENT = AUDIO_SAMPLE_RATE // AUDIO_LATENTS_PER_SECOND  # 800: one a
 # The impact click: one audio latent of a 5 kHz sine, on the latent grid nearest the impact (at most 12.5 ms, 0.3
 # frames, from it) and in the global phase (125 whole periods a latent, so it starts and ends at zero). A click that
 # starts anywhere (a damped ring at the exact impact time, runs 1-5) was never reproduced by the trained audio VAE,
-# whatever its loss; one on the grid, as the tones are, is (docs/demo_world.md, run 8).
+# whatever its loss; one on the grid, as the tones are, is (docs/demo_lab_notebook.md, run 8).
 CLICK_AMPLITUDE, CLICK_HZ = 0.3, 5000.0
 TASKS = ("t2va", "fl2va")
 
