@@ -1,5 +1,6 @@
 """The web page's ready examples (h3serve/api/static/examples/): per task a prompt and the files a newcomer would
-otherwise have to make, so FL2VA and Ref2VA can be tried from the page without any.
+otherwise have to make (and the case's duration, steps and seed), so FL2VA and Ref2VA can be tried from the page
+without any.
 
 Each example is one of `eval-demo`'s cases (`EXAMPLES`: its row and seed), its files the case's own inputs
 (`demo_eval.keyframe_inputs` / `reference_inputs`: keyframes of the demo world's scenes, reference images and
@@ -31,7 +32,7 @@ from h3serve.tools.demo_eval import (
     keyframe_inputs,
     reference_inputs,
 )
-from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT
+from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
 from h3serve.tools.demo_world.grammar import prompt_for
 
 MANIFEST = "examples.json"
@@ -58,6 +59,8 @@ class WebExample:
     title: str
     prompt: str
     seconds: float
+    steps: int
+    seed: int  # the case's (the demo's own: 0)
     keyframes: dict[str, str]  # FL2VA: slot ("first", "last") -> file name
     references: list[str]  # Ref2VA: file names, in the order the model reads them
     case: str  # the eval-demo row and seed it is
@@ -128,7 +131,8 @@ def web_examples() -> tuple[list[WebExample], dict[str, bytes]]:
         else:
             task, prompt = "t2va", prompt_for(case_attributes(seed))
         case = "make demo" if seed is None else f"eval-demo --tasks {row}, seed {seed}"
-        examples.append(WebExample(task, _title(row, seed), prompt, DEMO_DURATION_S, keyframes, references, case))
+        examples.append(WebExample(task, _title(row, seed), prompt, DEMO_DURATION_S, DEMO_STEPS, seed or 0, keyframes,
+                                   references, case))
     return examples, files
 
 

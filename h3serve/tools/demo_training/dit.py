@@ -53,7 +53,8 @@ HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
 PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ_a >= 0.92 (shift 3)
 # The loss weight of the target rows a condition row gives (`Example.anchored_rows`: frame 0 under a first keyframe),
 # against 1 for the others. Unweighted, frame 0 is one latent frame in 17-32 and the DiT never learnt to copy its
-# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_lab_notebook.md, run 5).
+# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_lab_notebook.md,
+# run 5).
 ANCHOR_WEIGHT = 10.0
 # The loss weight of a bounce's click rows (`Example.click_rows`), against 1 for the other audio rows. A click is one
 # latent of 178 per channel in a bouncing 4 s clip; unweighted, run 8's DiT made no click in any bouncing case of any

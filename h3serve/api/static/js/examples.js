@@ -1,6 +1,6 @@
 // Ready examples (static/examples/examples.json, made from the demo world by h3serve.tools.demo_examples): one
-// click sets the task, the prompt and the duration, and puts the example's keyframes or references in their slots
-// as if the files had been chosen, so FL2VA and Ref2VA can be tried without making any.
+// click sets the task, the prompt, the duration, steps and seed of the eval-demo case it is, and puts its keyframes
+// or references in their slots as if the files had been chosen, so FL2VA and Ref2VA can be tried without making any.
 const $ = id => document.getElementById(id);
 const FOLDER = "/web/static/examples/";
 
@@ -49,6 +49,8 @@ export class Examples {
       await inputs.addReferences(await Promise.all(example.references.map(exampleFile)));
       $("prompt").value = example.prompt;
       $("seconds").value = example.seconds;
+      $("steps").value = example.steps;
+      $("seed").value = example.seed;
       this.form.update();
     } catch (e) {
       $("examples-error").textContent = `could not load the example: ${e.message}`;
