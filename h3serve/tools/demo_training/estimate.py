@@ -51,18 +51,18 @@ class Costs:
 
 # Run 15 on 2 AMD EPYC cores, nothing else running (docs/demo_lab_notebook.md): video VAE 6.5 minutes for 900
 # steps, audio VAE 3.1 for 600, examples 4.6 for 840 (with the latent statistics), `transformer` 26.1 for 4,000
-# steps and `transformer_ref` 15.6 for 1,720. The DiT steps' costs per kind were measured in this session
-# (`train-demo --plan --measure`, 2 AMD EPYC cores shared with eight other jobs, so about ten times slower: t2va
-# 4.98 s, t2va_short 2.12, fl2va 5.12, fl2va_short 2.71, ref2va 8.61, ref2va_short 4.92, continuation 7.25) and
-# scaled, `transformer`'s kinds by 0.114 and `transformer_ref`'s by 0.082, so that run 15's two DiT stages come out
-# at their recorded minutes.
+# steps and `transformer_ref` 15.6 for 1,720. The DiT steps' costs per kind were measured twice in issue 53's session
+# (`train-demo --plan --measure`, 2 AMD EPYC cores shared with eight other jobs, so about ten times slower; the mean
+# of the two: t2va 5.21 s, t2va_short 2.48, fl2va 5.26, fl2va_short 2.44, ref2va 8.47, ref2va_short 4.60,
+# continuation 6.96, each within 20 % of either measurement) and scaled, `transformer`'s kinds by 0.109 and
+# `transformer_ref`'s by 0.085, so that run 15's two DiT stages come out at their recorded minutes.
 CPU_2_CORES = Costs(
     machine="2 CPU cores (run 15's AMD EPYC, alone)",
     video_vae_step=6.5 * 60 / 900,
     audio_vae_step=3.1 * 60 / 600,
     example=4.6 * 60 / 840,
-    dit_step={"t2va": 0.568, "t2va_short": 0.242, "fl2va": 0.584, "fl2va_short": 0.309, "ref2va": 0.705,
-              "ref2va_short": 0.403, "continuation": 0.594},
+    dit_step={"t2va": 0.569, "t2va_short": 0.271, "fl2va": 0.574, "fl2va_short": 0.267, "ref2va": 0.721,
+              "ref2va_short": 0.392, "continuation": 0.592},
 )
 # One H200 (docs/benchmarks.md, the H200 sweep): a batch-8 step of the demo DiT took 44-45 ms with three trainers
 # sharing the GPU (launch-bound, so about the same for every kind, and about what one trainer alone takes); the

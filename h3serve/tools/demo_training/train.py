@@ -118,8 +118,8 @@ RUN15 = Recipe(fl2va_clips=120, fl2va_short_clips=210, ref2va_clips=40, ref2va_s
 # and without the reference sound) and continuation examples four times as many, half of the FL2VA and Ref2VA ones
 # with inputs a person made, and the DiTs' ladder phases 7.2 and 4.3 times run 15's (FL2VA gets ~15,000 batches,
 # two thirds of them with a first keyframe; the probes after run 15 took first-keyframe FL2VA from 0 to 18 of 30
-# in ~6,700 such batches, still rising). `train-demo --plan`: 222 minutes on run 15's 2 EPYC cores (each stage at
-# most 35), about 13 on a GPU.
+# in ~6,700 such batches, still rising). `train-demo --plan`: 216 minutes on run 15's 2 EPYC cores (each stage at
+# most 33), about half an hour on a GPU.
 RUN16 = Recipe()
 RECIPES = {"run16": RUN16, "run15": RUN15}
 DEFAULT_RECIPE = "run16"

@@ -30,6 +30,7 @@ from h3serve.tools.demo_training.dit import (
     draw_base,
     intra_op_threads,
     layout_groups,
+    layout_key,
     train_dit,
     training_init_,
 )
@@ -127,6 +128,11 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     # trained VAE encodes both alike is tested on the shipped checkpoint).
     assert fl2va.anchored_rows == 8 and t2va.anchored_rows == 0
     assert builder.keyframes(clip, ("last",)).anchored_rows == 0
+    # Keyframes as a person draws them, put on the canvas by the server's fit: the world's layout and targets, other
+    # condition rows.
+    drawn = builder.drawn_keyframes(clip, ("first", "last"), np.random.default_rng(0))
+    assert layout_key(drawn) == layout_key(fl2va) and drawn.anchored_rows == 8
+    assert torch.equal(drawn.video, fl2va.video) and not torch.equal(drawn.conditions, fl2va.conditions)
 
     bouncing = world.sample_scene(np.random.default_rng(2), "t2va", 128, 64, 277,
                                   Attributes("red", "ball", "bouncing", "high beep"))
