@@ -32,7 +32,7 @@ Context = Annotated[ServerContext, Depends(get_context)]
 STATIC_DIR = Path(str(resources.files("h3serve.api").joinpath("static")))
 MEDIA_TYPES = {
     ".html": "text/html", ".css": "text/css", ".js": "text/javascript",
-    # the ready examples (static/examples/: h3serve.tools.demo_examples)
+    # the ready examples (static/examples/: h3serve.demo.web_examples)
     ".json": "application/json", ".png": "image/png", ".wav": "audio/wav",
 }
 

@@ -1,4 +1,4 @@
-// Ready examples (static/examples/examples.json, made from the demo world by h3serve.tools.demo_examples): one
+// Ready examples (static/examples/examples.json, made from the demo world by h3serve.demo.web_examples): one
 // click sets the task, the prompt, the duration, steps and seed of the eval-demo case it is, and puts its keyframes
 // or references in their slots as if the files had been chosen, so FL2VA and Ref2VA can be tried without making any.
 const $ = id => document.getElementById(id);
