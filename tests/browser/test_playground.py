@@ -183,7 +183,7 @@ def test_the_ready_examples_fill_the_form_and_generate(page, live, screenshots):
     """The demo world's examples (h3serve/api/static/examples): one click puts an example's keyframes or references
     in their slots as chosen files, with its task, prompt and duration; the request runs as any other."""
     expect(page.locator("#example-list button")).to_have_count(7)
-    page.get_by_role("button", name="First and last frames (drawn by hand): a yellow square moving up").click()
+    page.get_by_role("button", name="First and last frames: a yellow square moving up").click()
     expect(page.get_by_label("First and last frame")).to_be_checked()
     for slot in ("first", "last"):
         expect(page.locator(f"#keyframes .slot[data-slot={slot}] img")).to_have_attribute(
