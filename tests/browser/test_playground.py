@@ -179,9 +179,10 @@ def test_ref2va_with_an_image_and_an_audio_clip(page, live, screenshots, tmp_pat
     assert (tmp_path / "h3serve.mp4").read_bytes() == download(live, job_id(page))
 
 
-def test_the_ready_examples_fill_the_form_and_generate(page, live, screenshots):
+def test_the_ready_examples_fill_the_form(page, live, screenshots):
     """The demo world's examples (h3serve/api/static/examples): one click puts an example's keyframes or references
-    in their slots as chosen files, with its task, prompt and duration; the request runs as any other."""
+    in their slots as chosen files (the page's own checks pass them; the server's intake takes them:
+    tests/demo/test_web_examples.py), with its task, prompt, duration and seed."""
     expect(page.locator("#example-list button")).to_have_count(7)
     page.get_by_role("button", name="First and last frames: a yellow square moving up").click()
     expect(page.get_by_label("First and last frame")).to_be_checked()
@@ -205,10 +206,8 @@ def test_the_ready_examples_fill_the_form_and_generate(page, live, screenshots):
     expect(page.get_by_role("button", name="Reference image and sound: a ball moving right")).to_have_attribute(
         "aria-pressed", "true")
     expect(page.locator("#seed")).to_have_value("1")
-    page.fill("#steps", "1")
-    generate_and_wait(page)
-    expect(page.locator("#params")).to_contain_text("input_references")
-    page.screenshot(path=screenshots / "examples-ref2va-result.png", full_page=True)
+    expect(page.locator("#ref-list .field-error:not(:empty)")).to_have_count(0)  # within the page's media limits
+    page.screenshot(path=screenshots / "examples-ref2va.png", full_page=True)
 
 
 def jobs(live) -> list[dict]:

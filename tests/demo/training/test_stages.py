@@ -33,11 +33,11 @@ pytestmark = pytest.mark.slow
 
 TEXT_ENCODER_FILE = "text_encoder/model.safetensors"
 # The newest recipe at a few steps (its drawn inputs included): one example of each kind (FL2VA with each set of
-# keyframes), batches of two on two replicas, each DiT's steps in parts of 5, so `transformer` (6 + 10 steps) runs
-# in four stages and `transformer_ref` (1 + 6) in two.
-FEW = dataclasses.replace(RUN16.scaled(0.004), video_vae_steps=2, t2va_short_clips=0, fl2va_clips=3,
-                          fl2va_short_clips=0, ref2va_short_clips=0, dit_batch=2, dit_steps=10, ref_dit_steps=6,
-                          dit_stage_steps=5)
+# keyframes, on short clips), batches of two on two replicas, each DiT's steps in parts of 3, so `transformer`
+# (2 + 6 steps) runs in three stages and `transformer_ref` (1 + 4) in two.
+FEW = dataclasses.replace(RUN16.scaled(0.004), video_vae_steps=2, t2va_short_clips=0, fl2va_clips=0,
+                          fl2va_short_clips=3, ref2va_clips=0, ref2va_short_clips=1, dit_batch=2, dit_prior_steps=2,
+                          dit_steps=6, ref_dit_steps=4, dit_stage_steps=3)
 WEIGHTS = ("vae/diffusion_pytorch_model.safetensors", "audio_vae/diffusion_pytorch_model.safetensors",
            "transformer/diffusion_pytorch_model.safetensors", "transformer_ref/diffusion_pytorch_model.safetensors",
            TEXT_ENCODER_FILE)
@@ -53,9 +53,9 @@ def trained(tmp_path_factory) -> Path:
 
 def test_the_stages_cut_each_dit_into_parts_of_at_most_dit_stage_steps():
     labels = [(s.label, s.start, s.until) for s in plan_stages(FEW)]
-    assert labels == [("video_vae", 0, 2), ("audio_vae", 0, 2), ("examples", 0, 0), ("transformer.1", 0, 4),
-                      ("transformer.2", 4, 8), ("transformer.3", 8, 12), ("transformer.4", 12, 16),
-                      ("transformer_ref.1", 0, 4), ("transformer_ref.2", 4, 7), ("checkpoint", 0, 0)]
+    assert labels == [("video_vae", 0, 2), ("audio_vae", 0, 2), ("examples", 0, 0), ("transformer.1", 0, 3),
+                      ("transformer.2", 3, 5), ("transformer.3", 5, 8), ("transformer_ref.1", 0, 2),
+                      ("transformer_ref.2", 2, 5), ("checkpoint", 0, 0)]
 
 
 def test_train_demo_writes_a_checkpoint_that_loads_and_generates(trained, tmp_path):
@@ -105,15 +105,15 @@ def test_a_resumed_run_writes_the_uninterrupted_runs_weights_bit_for_bit(trained
     # Session 1: the video VAE, then stops at the next stage boundary.
     assert train_demo(out, FEW, progress=False, stop=StopAtCall(2)) is None
     assert DemoTraining.resume(out, progress=False).remaining[0].label == "audio_vae"
-    # Session 2: the audio VAE, the examples, transformer.1's 4 steps, then stops in transformer.2 after 1 step
-    # (calls: 3 stages, 4 steps, 1 stage, 1 step, then the one that stops).
-    assert resume_demo(out, progress=False, stop=StopAtCall(10)) is None
+    # Session 2: the audio VAE, the examples, transformer.1's 3 steps, then stops in transformer.2 after 1 step
+    # (calls: 3 stages, 3 steps, 1 stage, 1 step, then the one that stops).
+    assert resume_demo(out, progress=False, stop=StopAtCall(9)) is None
     state = DemoTraining.resume(out, progress=False)
     assert state.remaining[0].label == "transformer.2" and (out / STATE_DIR / "transformer.pt").is_file()
-    assert torch.load(out / STATE_DIR / "transformer.pt", weights_only=True)["trainer"]["step"] == 5
-    # Session 3: transformer.2-4 (3 stages, 3 + 4 + 4 steps), transformer_ref.1's first step, then stops; session
-    # 4: to the end.
-    assert resume_demo(out, progress=False, stop=StopAtCall(3 + 11 + 1 + 1 + 1)) is None
+    assert torch.load(out / STATE_DIR / "transformer.pt", weights_only=True)["trainer"]["step"] == 4
+    # Session 3: the rest of transformer.2 (1 stage, 1 step), transformer.3 (1 stage, 3 steps), transformer_ref.1's
+    # first step (1 stage, 1 step), then stops; session 4: to the end.
+    assert resume_demo(out, progress=False, stop=StopAtCall(2 + 4 + 2 + 1)) is None
     assert DemoTraining.resume(out, progress=False).remaining[0].label == "transformer_ref.1"
     assert torch.load(out / STATE_DIR / "transformer_ref.pt", weights_only=True)["trainer"]["step"] == 1
     assert resume_demo(out, progress=False) == out

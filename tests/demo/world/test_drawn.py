@@ -30,7 +30,7 @@ def test_a_drawn_look_shifts_the_colour_and_the_background_but_keeps_the_name(co
 
 def test_drawn_reference_images_vary_size_place_and_aspect_and_show_the_named_colour():
     fractions, aspects, places = [], set(), []
-    for seed in SEEDS[:24]:
+    for seed in SEEDS[:12]:
         color, shape = COLORS[seed % 4], SHAPES[seed // 4 % 2]
         image = drawn.drawn_reference_image(np.random.default_rng(seed), color, shape)
         height, width = image.shape[:2]
@@ -68,7 +68,7 @@ def test_a_drawn_keyframe_on_the_canvas_pins_the_scenes_frame(frame):
     when first in the request, cover-cropped when second), pass the keyframe check against the world's own frame:
     the clip the trainer targets is the one the keyframe asks for."""
     sizes = set()
-    for seed in SEEDS[:24]:
+    for seed in SEEDS[:12]:
         attrs = Attributes(COLORS[seed % 4], SHAPES[seed % 2], world.random_attributes(
             np.random.default_rng(seed)).motion, "low hum")
         scene = world.sample_scene(np.random.default_rng(100 + seed), "fl2va", 128, 64, 107, attrs)
@@ -83,7 +83,7 @@ def test_a_drawn_keyframe_on_the_canvas_pins_the_scenes_frame(frame):
         fitted = np.asarray(prepare_keyframes(images, 128, 64)[-1])
         assert checks.check_keyframe(video, fitted, frame), seed
         assert checks.measure_color(image[None]) == attrs.color
-    assert len(sizes) > 20 and min(min(size) for size in sizes) >= MEDIA_IMAGE_MIN_EDGE  # what the server takes
+    assert len(sizes) == 12 and min(min(size) for size in sizes) >= MEDIA_IMAGE_MIN_EDGE  # what the server takes
     assert min(h for h, _ in sizes) < 300 and max(h for h, _ in sizes) > 600
 
 
