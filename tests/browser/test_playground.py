@@ -181,6 +181,37 @@ def test_ref2va_with_an_image_and_an_audio_clip(page, live, screenshots, tmp_pat
     assert (tmp_path / "h3serve.mp4").read_bytes() == download(live, job_id(page))
 
 
+def test_the_ready_examples_fill_the_form(page, live, screenshots):
+    """The demo world's examples (h3serve/api/static/examples): one click puts an example's keyframes or references
+    in their slots as chosen files (the page's own checks pass them; the server's intake takes them:
+    tests/demo/test_web_examples.py), with its task, prompt, duration and seed."""
+    expect(page.locator("#example-list button")).to_have_count(7)
+    page.get_by_role("button", name="First and last frames: a yellow square moving up").click()
+    expect(page.get_by_label("First and last frame")).to_be_checked()
+    for slot in ("first", "last"):
+        expect(page.locator(f"#keyframes .slot[data-slot={slot}] img")).to_have_attribute(
+            "alt", f"{slot} frame: fl2va_both_drawn-7-{slot}.png")
+    expect(page.get_by_label("Prompt")).to_have_value("a yellow square moving up, with a high beep")
+    expect(page.locator("#seconds")).to_have_value("4")
+    expect(page.locator("#seed")).to_have_value("7")  # the eval-demo case's
+    page.screenshot(path=screenshots / "examples-fl2va.png", full_page=True)
+
+    page.get_by_role("button", name="Reference image and sound: a ball moving right").click()
+    expect(page.get_by_label("References", exact=True)).to_be_checked()
+    items = page.locator("#ref-list li")
+    expect(items).to_have_count(2)
+    expect(items.nth(0)).to_contain_text("ref2va-1-image.png — image")
+    expect(items.nth(1)).to_contain_text("ref2va-1-sound.wav — audio")
+    expect(page.get_by_label("Prompt")).to_have_value(
+        "the ball from the reference image moving right, with the reference sound")
+    expect(page.locator("#keyframes .slot img")).to_have_count(0)  # the FL2VA example's keyframes are gone
+    expect(page.get_by_role("button", name="Reference image and sound: a ball moving right")).to_have_attribute(
+        "aria-pressed", "true")
+    expect(page.locator("#seed")).to_have_value("1")
+    expect(page.locator("#ref-list .field-error:not(:empty)")).to_have_count(0)  # within the page's media limits
+    page.screenshot(path=screenshots / "examples-ref2va.png", full_page=True)
+
+
 def jobs(live) -> list[dict]:
     response = httpx.get(f"{live.url}/v1/videos?limit=100", headers=HEADERS)
     return response.json()["data"]
@@ -353,6 +384,9 @@ def test_static_files_and_config(live):
     assert httpx.get(f"{live.url}/web/static/js/main.js").headers["content-type"].startswith("text/javascript")
     for name in ("..%2Froutes%2Fweb.py", "..%2F..%2Fapi%2Fapp.py", "js/missing.js", "js"):  # files outside, none
         assert httpx.get(f"{live.url}/web/static/{name}").status_code == 404, name
+    examples = httpx.get(f"{live.url}/web/static/examples/examples.json")
+    assert examples.headers["content-type"].startswith("application/json") and examples.json()["examples"]
+    assert httpx.get(f"{live.url}/web/static/examples/ref2va-1-sound.wav").headers["content-type"] == "audio/wav"
     config = httpx.get(f"{live.url}/web/config").json()  # no key needed: limits and defaults only
     assert config["api_key_required"] is True and API_KEY not in str(config)
     assert config["limits"]["max_prompt_chars"] == 7000 and config["defaults"]["canvas_short_edge"] == 64

@@ -31,7 +31,11 @@ from h3serve.rules.shown import shown
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
 STATIC_DIR = Path(str(resources.files("h3serve.api").joinpath("static")))
-MEDIA_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
+MEDIA_TYPES = {
+    ".html": "text/html", ".css": "text/css", ".js": "text/javascript",
+    # the ready examples (static/examples/: h3serve.demo.web_examples)
+    ".json": "application/json", ".png": "image/png", ".wav": "audio/wav",
+}
 
 
 @router.get("/")
@@ -41,7 +45,7 @@ def index() -> HTMLResponse:
 
 @router.get("/web/static/{name:path}")
 def static_file(name: str) -> FileResponse:
-    """A file of the page; only files directly under static/ (or static/js/) with a known suffix."""
+    """A file of the page: a file under static/ (its scripts, its ready examples) with a known suffix."""
     try:
         path = (STATIC_DIR / name).resolve()
         found = path.is_relative_to(STATIC_DIR.resolve()) and path.suffix in MEDIA_TYPES and path.is_file()

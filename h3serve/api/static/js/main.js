@@ -2,6 +2,7 @@
 // deliveries, history and the Live mode (a real-time session, on a server started with --realtime-lora).
 import { ApiError, apiJson, apiKey, setApiKey } from "./api.js";
 import { DeliveriesView } from "./deliveries.js";
+import { Examples } from "./examples.js";
 import { CreateForm } from "./form.js";
 import { History } from "./history.js";
 import { LiveView } from "./live.js";
@@ -116,6 +117,7 @@ function open(job) {
 const config = await (await fetch("/web/config")).json();
 $("model").textContent = `model ${config.model} · ${config.tasks.join(", ")}`;
 const form = new CreateForm(config, submit);
+new Examples(config, form).load();
 const result = new ResultView(config, async file => {
   form.setTask("fl2va");
   await form.inputs.useAsFirstFrame(file);
