@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -21,7 +22,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
+    from h3serve.tools.tiny.make_checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny", seed=0)
 
@@ -29,7 +30,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The same weights as `tiny_checkpoint`, in the native MiniMaxAI layout (FL2VA/ + Ref2VA/)."""
-    from h3serve.tools.tiny_native import native_from_modular
+    from h3serve.tools.tiny.make_native import native_from_modular
 
     return native_from_modular(tiny_checkpoint, tmp_path_factory.mktemp("checkpoint") / "tiny-native")
 
@@ -37,8 +38,8 @@ def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
     from h3serve.checkpoint.resolver import read_layout
+    from h3serve.loading.components import load_components
     from h3serve.model.pipeline import H3Pipeline
-    from h3serve.rank.checkpoint import load_components
 
     layout = read_layout(tiny_checkpoint)
     return H3Pipeline(load_components(layout)), layout.defaults()
@@ -58,3 +59,33 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """A fresh, empty database on the session's PostgreSQL server."""
     return postgres_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def ceph_gateway(tmp_path_factory):
+    """The single-node Ceph S3 gateway (tests/ceph_gateway.py), one for the whole run: every pytest-xdist worker
+    shares it. The tests that need it skip, with the reason, only where it cannot start (not root, Ceph missing)."""
+    from ceph_gateway import GatewayUnavailable, shared_gateway
+
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    with contextlib.ExitStack() as stack:
+        try:
+            gateway = stack.enter_context(shared_gateway(folder))
+        except GatewayUnavailable as e:
+            pytest.skip(f"the Ceph S3 gateway cannot start here: {e}")
+        yield gateway
+
+
+@pytest.fixture
+def bucket(ceph_gateway) -> str:
+    """A fresh, empty bucket on the session's gateway."""
+    return ceph_gateway.new_bucket()
+
+
+@pytest.fixture
+def aws_env(ceph_gateway, monkeypatch) -> dict[str, str]:
+    """The gateway's test credentials in this process's environment (the AWS chain boto3 reads)."""
+    for name, value in ceph_gateway.credentials_env.items():
+        monkeypatch.setenv(name, value)
+    return ceph_gateway.credentials_env

@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from h3serve.api.body_timeout import BodyTimeouts
 from h3serve.api.log_limit import RateLimitFilter
 from h3serve.api.prometheus import Metrics
+from h3serve.api.realtime.handshake import EnvelopeWebSocketProtocol
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 
@@ -139,8 +140,9 @@ class HardenedH11Protocol(BodyTimeouts, H11Protocol):
 
     def _disarm_header_timer(self) -> None:
         self.idle.pop(self, None)
-        if getattr(self, "_header_timer", None) is not None:
-            self._header_timer.cancel()
+        timer: asyncio.TimerHandle | None = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
             self._header_timer = None
 
     def _headers_too_slow(self) -> None:
@@ -241,6 +243,7 @@ def build_server(app: FastAPI, config: ServerConfig, **overrides: Any) -> H3Serv
         host=config.host,
         port=config.port,
         http=protocol,
+        ws=EnvelopeWebSocketProtocol,  # refused upgrades answer in the JSON error envelope
         timeout_keep_alive=config.keep_alive_timeout_s,
         # After the drain only responses already being written remain: a few seconds suffice.
         timeout_graceful_shutdown=5,

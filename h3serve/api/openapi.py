@@ -4,7 +4,11 @@ also checks the fields, so the two cannot drift), plus the media fields and the 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
+
+from fastapi.routing import APIRoute, iter_route_contexts
+from starlette.routing import BaseRoute
 
 from h3serve.api.intake.read import URL_PREFIXES
 from h3serve.api.intake.request_model import CROSS_FIELD_RULES, VideoCreateFields
@@ -63,7 +67,8 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
             return [walk(v) for v in node]
         return node
 
-    return walk(schema)
+    inlined: dict[str, Any] = walk(schema)
+    return inlined
 
 
 def _strip_nulls(node: Any) -> Any:
@@ -82,7 +87,9 @@ def _strip_nulls(node: Any) -> Any:
     return node
 
 
-def _request_body(json_body: dict, form: dict, multipart: dict | None = None) -> dict[str, Any]:
+def _request_body(
+    json_body: dict[str, Any], form: dict[str, Any], multipart: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An OpenAPI requestBody taking the same fields as JSON, urlencoded form and (with uploads) multipart."""
     content = {"application/json": {"schema": json_body}}
     if multipart is not None:
@@ -182,3 +189,21 @@ CREATED_LINKS: dict[int | str, dict[str, Any]] = {
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": "error"} for status in statuses}
+
+
+def exact_request_bodies(document: dict[str, Any], routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """`document` with each route's own requestBody (its `openapi_extra`) put back as written.
+
+    FastAPI validates the document through pydantic models whose bounds are floats, so a body that two routes
+    share came out with `"maximum": 9.223372036854775e+18` (2**63, which the server refuses) where the schema says
+    the integer 9223372036854775807; the bodies here are plain JSON already and go out unchanged."""
+    for context in iter_route_contexts(list(routes)):  # routes with their routers' prefixes
+        route = context.original_route
+        body = (route.openapi_extra or {}).get("requestBody") if isinstance(route, APIRoute) else None
+        if body is None:
+            continue
+        for method in context.methods or ():
+            operation = document.get("paths", {}).get(context.path_format, {}).get(method.lower())
+            if operation is not None:
+                operation["requestBody"] = copy.deepcopy(body)
+    return document

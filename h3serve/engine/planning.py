@@ -5,10 +5,11 @@ No torch here: the API process calls this on the event loop's executor to answer
 
 from __future__ import annotations
 
-from h3serve.media import intake
+from h3serve.media import media_inputs as intake
+from h3serve.media.control_media import check_control_media
 from h3serve.media.guide_intake import probe_guides
-from h3serve.media.source import check_source, frames_at_24fps
-from h3serve.rules.request import GenerationRequest
+from h3serve.media.source import check_source_header, frames_at_24fps
+from h3serve.rules.request import GenerationRequest, MediaKind, MediaRef
 from h3serve.rules.validate import (
     GenerationPlan,
     ModelDefaults,
@@ -49,8 +50,11 @@ def plan_request(
     extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
     probes = probe_guides(request.guides, defaults.guide_limits) if request.guides else ()
     plan = validate(request, defaults, keyframe_size, extend_frames, probes)
-    sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
+    sources: tuple[tuple[str, MediaRef | None, MediaKind], ...] = (
+        ("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
-        if ref is not None:
-            check_source(ref, field, kind)  # kind and size; decoded when the job runs, only as far as needed
+        if ref is not None:  # kind, size and frame size; decoded when the job runs, only as far as needed
+            check_source_header(ref, field, kind)
+    if plan.control is not None:  # each input's kind, size and frame size from its header
+        check_control_media(plan.control)
     return plan

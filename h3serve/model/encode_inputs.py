@@ -3,6 +3,7 @@ latents and the packed layout, for T2VA / FL2VA keyframes and for Ref2VA referen
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +25,7 @@ from h3serve.model.conditioning import (
     video_condition_pixels,
 )
 from h3serve.model.layout import GuideBlock, ReferenceBlock, build_keyframe_layout, build_reference_layout
-from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, ReferenceMedia, StageClock, Target
+from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, LatentTarget, ReferenceMedia, StageClock
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
 from h3serve.rules import limits
@@ -69,6 +70,19 @@ def guides_encoded(
     return out
 
 
+def encode_text(
+    components: H3Components, ids: list[int], vision: dict[str, torch.Tensor], clock: StageClock | None = None
+) -> torch.Tensor:
+    """A presentation's text states: from the prompt cache when it holds them (no `text_encode` stage: the encoder
+    is neither run nor placed), else through the encoder (timed as `text_encode`) and kept in the cache."""
+    key = components.text.prompt_key(ids, vision)
+    states = components.text.cached(key)
+    if states is not None:
+        return states
+    with clock("text_encode") if clock is not None else nullcontext():
+        return components.text.encode(ids, vision, key)
+
+
 def image_inputs(components: H3Components, images: list[Image.Image]) -> dict[str, torch.Tensor]:
     per_image = [preprocess_image(img, components.vision_config) for img in images]
     return {
@@ -101,8 +115,7 @@ def keyframes_encoded(
         with clock("vae_encode"):
             visual = [encode_visual_condition(components.vae, image_pixels(k).to(device)) for k in keyframes]
     text.text(plan.prompt)
-    with clock("text_encode"):
-        text_states = components.text.encode(text.ids, vision)
+    text_states = encode_text(components, text.ids, vision, clock)
     layout = build_keyframe_layout(
         torch.tensor(text.tags),
         plan.latent_frames,
@@ -198,7 +211,7 @@ def reference_encoded(
     components: H3Components,
     media: ReferenceMedia,
     text: Presentation,
-    target: Target,
+    target: LatentTarget,
     clock: StageClock,
     guide: tuple[ReferenceBlock, LatentGuide] | None = None,
     media_origin: float | None = None,
@@ -208,8 +221,7 @@ def reference_encoded(
     """Text states and the packed layout of references (and a continuation window's guide) before `target`;
     timeline guides' rows before the references'."""
     guides = guides or EncodedGuides()
-    with clock("text_encode"):
-        text_states = components.text.encode(text.ids, media.vision)
+    text_states = encode_text(components, text.ids, media.vision, clock)
     blocks = list(media.blocks)
     visual = [*guides.visual, *media.visual]
     audio_rows = [*guides.audio_rows, *media.audio_rows]

@@ -28,9 +28,9 @@ from h3serve.model.pipeline_types import (
     ControlPixels,
     Encoded,
     H3Components,
+    LatentTarget,
     ReferenceMedia,
     StageClock,
-    Target,
 )
 from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
@@ -49,7 +49,7 @@ class RequestEncoder:
         if cond.references:
             media = self.reference_media(cond.references, clock)
             text = self.presentation(media, plan.prompt)
-            return reference_encoded(self.components, media, text, Target.of(plan), clock, guides=guides)
+            return reference_encoded(self.components, media, text, LatentTarget.of(plan), clock, guides=guides)
         enc = keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock, guides)
         if cond.control is not None:
             enc.control = self.control_input(plan, cond.control, clock)

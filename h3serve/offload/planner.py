@@ -12,7 +12,7 @@ what a placement test observes):
       its base bytes on the device and never streams.
   host_bytes: staged components whole; streamed components' blocks (all of them: resident blocks are reloaded
       per request), 1/G of each under DLO all-gather (G = ulysses·ring), which is all the load holds of them too:
-      each rank reads only its piece from the files (h3serve.rank.dit_pieces), never the whole DiT first.
+      each rank reads only its piece from the files (h3serve.loading.dit_pieces), never the whole DiT first.
   AdaLN (h3serve.offload.adaln): with the memo on, the task DiT's modulations during denoise and the memo's
       store in host memory (`adaln_memo`, up to its bound); with the projections in host memory, the DiTs without
       them, and `adaln` in host memory with one slot in denoise.
@@ -43,7 +43,9 @@ from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import (
     ADALN,
     ADALN_MEMO,
+    CONTROL_MEDIA,
     MAIN_DIT,
+    PROMPT_CACHE,
     RESIDENT_GROUP,
     TASK_DIT,
     PlacementPlan,
@@ -117,14 +119,17 @@ def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound),
+    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound), the
+    prompt cache's bound,
     whether the DiT is compiled (the compile workspace) and the denoise row chunk (--denoise-chunk-rows)."""
 
     memo: bool = True
     memo_store: int = 0  # --adaln-memo: the bytes the memo's host store may grow to
+    prompt_cache: int = 0  # --prompt-cache: the bytes its host store may grow to (every rank keeps one)
     compiled: bool = False
     # rows per chunk of a block's working set; None: whole; "auto": whole unless only chunks fit (DENOISE_CHUNK_LADDER)
     denoise_chunk_rows: DenoiseChunk = None
+    vsa: bool = False  # the DiT blocks run video sparse attention (its tile buffers count in the denoise stage)
 
 
 def _stage_plan(
@@ -149,11 +154,12 @@ def _stage_plan(
         buffers[ADALN] = adaln_slot(inv.ranks[rank][dit])
     chunk = runtime.denoise_chunk_rows
     assert chunk != AUTO, "the planner resolves an `auto` row chunk before it plans a stage"
-    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk) + _fp8_scratch(held, stage, dit)
+    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk, runtime.vsa)
+    acts += _fp8_scratch(held, stage, dit)
     transient = acts + sum(buffers.values())
     retained = 0
     if retains_denoise_cache(inv.engine, stage, "vae" in config.staged_components()):
-        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk)
+        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk, runtime.vsa)
     return StagePlan(
         stage=stage,
         weights=weights,
@@ -184,6 +190,10 @@ def _rank_plan(
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     if runtime.memo and runtime.memo_store:
         host[ADALN_MEMO] = runtime.memo_store
+    if shape.control_channels:
+        host[CONTROL_MEDIA] = shape.control_media_bytes
+    if runtime.prompt_cache:
+        host[PROMPT_CACHE] = runtime.prompt_cache
     joined = communicators(inv.engine, inv.degrees, rank)
     return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=joined)
 

@@ -59,6 +59,10 @@ def longest_pass(plan: GenerationPlan) -> RequestShape:
     timeline guide's latent frames count as condition images (each is one canvas-sized latent frame of rows)."""
     frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
     source = plan.num_frames if plan.source_video is not None or plan.extend_video is not None else 0
-    shape = RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source)
+    control = plan.control
+    channels = 0 if control is None else sum(
+        channels for ref, channels in ((control.control, 3), (control.source, 3), (control.mask, 1)) if ref is not None)
+    shape = RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source,
+                         control_channels=channels)
     guide_frames = sum(guide.latent_frames for guide in plan.guides)
     return replace(shape, condition_images=shape.images + guide_frames) if guide_frames else shape

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -20,12 +21,13 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import (
+from h3serve.errors import ConfigError, is_client_error, job_error_for
+from h3serve.messages import (
     Done,
-    Failed,
     Fatal,
     JobCancelled,
-    Progress,
+    JobFailed,
+    JobProgress,
     RankJob,
     Ready,
     RealtimeInteract,
@@ -34,12 +36,12 @@ from h3serve.engine.messages import (
     RealtimeStop,
     Stop,
 )
-from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
 from h3serve.parallel.peers import Peers, is_lost_connection
 from h3serve.rank.device_checks import check_engine
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import Inbox, run_session, spool_chunk
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import Inbox, run_session, spool_chunk
+from h3serve.rank.warmup import warm_up
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 
@@ -100,15 +102,24 @@ class CancelVote:
         return bool(host[0])
 
 
-def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: Peers | None = None) -> Failed:
+def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: Peers | None = None) -> JobFailed:
     """What a client may read about a failure: request/media errors say what is wrong with the input; a collective
     that lost a peer names the rank and node it lost; anything else is summarised by its type only (the
     traceback, with its internal paths and addresses, goes to the server log)."""
     failure = job_error_for(e)
     if peers is not None and rank is not None and is_lost_connection(e):
-        return Failed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
+        return JobFailed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
     message = str(e) if failure.client else f"internal error during generation ({type(e).__name__}); see the server log"
-    return Failed(seq, prefix + message, rank, failure.client, failure.code)
+    return JobFailed(seq, prefix + message, rank, failure.client, failure.code)
+
+
+def _log_failure(e: Exception) -> None:
+    """A failed job in the rank's log: the request's fault (bad media, a rule) in one line, anything else with its
+    traceback."""
+    if is_client_error(e):
+        print(f"request refused: {e}", file=sys.stderr)
+    else:
+        traceback.print_exc()
 
 
 _KEEPALIVE = "keepalive"
@@ -174,8 +185,8 @@ def rank_gpu(device: torch.device, rank: int, world: int, local_rank: int | None
 
 def _start(
     rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None
-) -> tuple[LocalEngine, Peers | None]:
-    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group and where every rank runs
+) -> tuple[ModelRunner, Peers | None]:
+    """This rank's `ModelRunner`: the flags' torch checks, its GPU, the process group and where every rank runs
     (several ranks), the weights. A rank that cannot start exits, after rank 0 reported why (the parent turns the
     report into a start-up error)."""
     try:  # before any CUDA work: the flags only torch can check
@@ -192,10 +203,24 @@ def _start(
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
             peers = Peers.gather(init_method, world)
-        return LocalEngine(config, rank=rank, world_size=world, setup=setup), peers
+        return ModelRunner(config, rank=rank, world_size=world, setup=setup), peers
     except Exception as e:
         if rank == 0:
             events.put(Fatal(f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+
+
+def _warm(engine: ModelRunner, rank: int, events) -> None:
+    """--warmup on every rank before rank 0 says Ready (h3serve.rank.warmup): the first request finds everything
+    compiled, planned and allocated. A warm-up that fails ends the rank as a failed start-up would."""
+    if not engine.config.warmup:
+        return
+    try:
+        warm_up(engine, (lambda text: print(text, file=sys.stderr)) if rank == 0 else None)
+    except Exception as e:
+        traceback.print_exc()
+        if rank == 0:
+            events.put(Fatal(f"warm-up failed: {type(e).__name__}: {e}"))
         raise SystemExit(1) from None
 
 
@@ -210,7 +235,7 @@ def _run_job(
 
     def on_step(done: int, total: int) -> None:
         if rank == 0:
-            events.put(Progress(job.seq, done, total))
+            events.put(JobProgress(job.seq, done, total))
         if cancelled():
             raise _CancelledHere
 
@@ -225,7 +250,7 @@ def _run_job(
             events.put(JobCancelled(job.seq))
         return
     except Exception as e:
-        traceback.print_exc()
+        _log_failure(e)
         if world > 1:
             # Another rank may be waiting in a collective this rank will never join: continuing would
             # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
@@ -249,12 +274,12 @@ def _run_job(
 def _run_realtime(
     engine, job: RealtimeOpen, rank: int, world: int, requests, events, cancel_value, peers: Peers | None
 ) -> bool:
-    """A real-time session on this rank (h3serve.rank.realtime); True when the parent asked the ranks to exit."""
+    """A real-time session on this rank (h3serve.rank.realtime_loop); True when the parent asked the ranks to exit."""
     decide = Inbox(requests, job.seq, cancel_value).boundary if rank == 0 else None
     try:
         return run_session(engine, job, rank, world, decide, spool_chunk(job, events.put), events.put).exit
     except Exception as e:
-        traceback.print_exc()
+        _log_failure(e)
         if world > 1:  # as in _run_job: a peer may wait in a collective this rank will never join
             events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: ", peers=peers))
             events.close()
@@ -278,6 +303,7 @@ def worker_main(
     _exit_with_parent()
     engine, peers = _start(rank, world, init_method, config, events, local_rank)
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
+    _warm(engine, rank, events)
     if rank == 0:
         events.put(Ready(engine.defaults, engine.tasks))
     while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h3serve.rules import limits
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.guide_limits import GuideLimits
 from h3serve.rules.schedule import PinnedSchedule
 
@@ -22,8 +23,12 @@ class ModelDefaults:
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (schedule.py)
     fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
-    # Timeline guides (h3serve/rules/guides.py) on this server: its limits, why it serves none (a sparse attention
-    # backend), and the --cache-backend an omitted `quality` runs under (guides refuse a DiT cache).
+    controlnet: bool = False  # a ControlNet branch is loaded (--controlnet-model-path): control requests are served
+    distilled_checkpoint: str | None = None  # a distilled T2VA-only checkpoint (FastH3 8-step V2): no LoRA on it
+    # --cache-backend (cache_dit | tea_cache; None: none): the DiT cache a request that omits `quality` runs under
+    server_cache: str | None = None
+    merged_lora: AdapterChoice | None = None  # --merge-lora: the LoRA fused into the DiTs, run by every request
+    # Timeline guides (h3serve/rules/guides.py) on this server: its limits, and why it serves none (a sparse
+    # attention backend); guides refuse the DiT cache a request runs under (`server_cache` or quality=high).
     guide_limits: GuideLimits = GuideLimits()
     guide_refusal: str | None = None
-    server_cache: str | None = None

@@ -246,7 +246,7 @@ class GuideContext:
     latent_w: int
     keyframes: int = 0  # FL2VA keyframes (one latent frame each on the canvas)
     quality: str | None = None
-    server_cache: str | None = None  # the server's --cache-backend when an omitted quality runs under it
+    cache: str | None = None  # the DiT cache the request runs under (quality=high, or the server's when omitted)
     pinned_owner: str | None = None  # who pins a distilled schedule (a Turbo / PDD LoRA, a fused FastH3 adapter)
     refusal: str | None = None  # why this server serves no guides at all (e.g. a sparse attention backend)
     other: str | None = None  # a request feature guides do not compose with: its field and why
@@ -258,10 +258,9 @@ def combination_refusal(ctx: GuideContext) -> str | None:
         return f"this server serves no timeline guides: {ctx.refusal}"
     if ctx.other is not None:
         return ctx.other
-    cache = "quality=high" if ctx.quality == "high" else None
-    if ctx.quality is None and ctx.server_cache is not None:
-        cache = f"this server's --cache-backend {ctx.server_cache} (quality omitted)"
-    if cache is not None:
+    if ctx.cache is not None:
+        server = f"this server's --cache-backend {ctx.cache}, quality omitted"
+        cache = "quality=high" if ctx.quality == "high" else server
         return (
             f"guides do not run under a DiT cache ({cache}): the cache decides to skip blocks from the mean change of "
             "every row, and guide rows, held near clean at every step, dilute that signal; send quality=lossless"

@@ -100,4 +100,7 @@ class GenerationRequest:
     # A per-request LoRA adapter, resolved by the entry point against the server's catalog (h3serve.adapters).
     lora: AdapterChoice | None = None
     control: ControlRequest | None = None  # a ControlNet control video (served with --controlnet-model-path)
+    # vLLM-Omni's forced DiT-cache refresh (h3serve.rules.cache_refresh), extra_params only
+    force_refresh_step_hint: int | None = None
+    force_refresh_step_policy: str | None = None
     guides: tuple[TimelineGuide, ...] = ()  # timeline guides, in manifest order (h3serve/rules/guides.py)

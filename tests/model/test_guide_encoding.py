@@ -44,7 +44,7 @@ def read_by_text_encoder(tiny_pipeline, monkeypatch) -> list:
     pipeline, _ = tiny_pipeline
     calls = []
 
-    def encode(ids, vision=None):
+    def encode(ids, vision=None, key=None):
         calls.append((list(ids), sorted(vision or {})))
         return torch.zeros(1, len(ids), 32)
 

@@ -18,7 +18,7 @@ from h3serve.model.layout import (
     frame_grid,
     patchify,
 )
-from h3serve.model.pipeline_types import Encoded, Target
+from h3serve.model.pipeline_types import Encoded, LatentTarget
 from h3serve.model.sampler import Sampler
 from h3serve.model.scheduler import scale_noise
 
@@ -122,7 +122,7 @@ def test_guide_noise_is_drawn_apart_and_leaves_the_targets_noise_alone(tiny_pipe
     targets' noise are then exactly those of the request without the guide."""
     pipeline, _ = tiny_pipeline
     sampler = Sampler(pipeline.components, torch.device("cpu"))
-    target = Target(2, 4, 8, 6)
+    target = LatentTarget(2, 4, 8, 6)
     keyframe = torch.randn(1, 24, 1, 4, 8, generator=torch.Generator().manual_seed(1))
     guide = torch.randn(1, 24, 2, 4, 8, generator=torch.Generator().manual_seed(2))
 

@@ -10,15 +10,15 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
-from h3serve.model.pipeline_types import StageClock, Target
+from h3serve.demo.evaluation import DemoEvaluator
+from h3serve.demo.shipped import DEMO_PROMPT
+from h3serve.model.pipeline_types import LatentTarget, StageClock
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
-from h3serve.rank.local import LocalEngine
 from h3serve.rank.media_conditioning import load_conditioning
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.validate import GenerationPlan
-from h3serve.tools.demo_eval import DemoEvaluator
-from h3serve.tools.demo_model import DEMO_PROMPT
 
 
 def packed_length(plan: GenerationPlan) -> int:
@@ -30,7 +30,7 @@ def _config(checkpoint: Path, **overrides) -> EngineConfig:
     return EngineConfig(model=checkpoint, threads=1, task_type="fl2va", **overrides)
 
 
-def _summary(engine: LocalEngine, keep_video: bool, several: bool = False) -> dict:
+def _summary(engine: ModelRunner, keep_video: bool, several: bool = False) -> dict:
     result = engine.pipeline.generate(plan_for(engine.defaults))
     if several:  # seeds 1 and 2 as one DiT batch (num_outputs_per_prompt 2): the batch through this layout
         batch = engine.pipeline.generate(dataclasses.replace(plan_for(engine.defaults), num_outputs=2))
@@ -52,15 +52,16 @@ def _summary(engine: LocalEngine, keep_video: bool, several: bool = False) -> di
         "dit_bytes": parameter_bytes(engine.pipeline.components.transformer),
         "text_bytes": sum(p.numel() * p.element_size() for p in text.parameters() if not p.is_meta),
         "several": several_latents if several else None,
+        "cached_steps": None if result.block_cache is None else result.block_cache.cached_steps,
     }
 
 
-def guided_latents(engine: LocalEngine, plan: GenerationPlan) -> dict:
+def guided_latents(engine: ModelRunner, plan: GenerationPlan) -> dict:
     """A plan with timeline guides on this engine, its media decoded on this rank: the target latents (no decode)."""
     pipeline = engine.pipeline
     clock = StageClock(torch.device("cpu"))
     enc = pipeline.encode(plan, load_conditioning(plan, engine.defaults), clock)
-    video, audio = pipeline.sampler.sample(plan, enc, pipeline.components.transformer, Target.of(plan), plan.seed,
+    video, audio = pipeline.sampler.sample(plan, enc, pipeline.components.transformer, LatentTarget.of(plan), plan.seed,
                                            clock, None)
     return {"video_latents": video, "audio_latents": audio, "condition_rows": enc.layout.num_video_condition_rows,
             "audio_condition_rows": enc.layout.num_audio_reference_rows}
@@ -77,12 +78,16 @@ def pipeline_cases(
     if tile_decodes:
         out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
     if rank == 0:  # the other ranks wait for it in the next case's first collective
-        engine = LocalEngine(_config(checkpoint), 0, 1)
+        engine = ModelRunner(_config(checkpoint), 0, 1)
         out["reference"] = _summary(engine, keep_video=True)
         if guided is not None:
             out["reference"]["guided"] = guided_latents(engine, guided)
+        for name, overrides in cases:  # a cached layout's one-rank twin: the same cache on every row
+            if "cache_backend" in overrides:
+                twin = {k: v for k, v in overrides.items() if k.startswith("cache_")}
+                out[f"{name}:one_rank"] = _summary(ModelRunner(_config(checkpoint, **twin), 0, 1), keep_video=False)
     for name, overrides in cases:
-        engine = LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world)
+        engine = ModelRunner(_config(checkpoint, num_ranks=world, **overrides), rank, world)
         out[name] = _summary(engine, keep_video=name.startswith("vae"), several=several)
         if guided is not None and name in guided_cases:
             out[name]["guided"] = guided_latents(engine, guided)
@@ -116,35 +121,35 @@ def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, di
     FP8 layers this rank's DiT holds."""
     from h3serve.accel.fp8 import Fp8Linear
 
-    def summary(engine: LocalEngine) -> dict:
+    def summary(engine: ModelRunner) -> dict:
         result = engine.pipeline.generate(plan_for(engine.defaults))
         layers = sum(isinstance(m, Fp8Linear) for m in engine.pipeline.components.transformer.modules())
         return {"video_latents": result.video_latents, "audio_latents": result.audio_latents, "fp8_layers": layers}
 
     out = {}
     if rank == 0:
-        out["reference"] = summary(LocalEngine(_config(checkpoint, quantization=quantization), 0, 1))
+        out["reference"] = summary(ModelRunner(_config(checkpoint, quantization=quantization), 0, 1))
     for name, overrides in cases:
-        out[name] = summary(LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world))
+        out[name] = summary(ModelRunner(_config(checkpoint, num_ranks=world, **overrides), rank, world))
     return out
 
 
 def demo_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]]) -> dict:
-    """`make demo`'s request on the trained demo checkpoint (h3serve.tools.demo_model), its decoded video and
+    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.shipped), its decoded video and
     soundtrack: rank 0 first on one rank and then with its DiT streamed layer by layer (layerwise offload), then every
     rank through each layout."""
 
-    def run(engine: LocalEngine) -> dict:
+    def run(engine: ModelRunner) -> dict:
         evaluator = DemoEvaluator(engine.pipeline, engine.defaults)
         result = engine.pipeline.generate(evaluator.plan(DEMO_PROMPT, 0))
         return {"video": result.video.numpy(), "audio": result.audio.numpy()}
 
     out = {}
     if rank == 0:
-        out["reference"] = run(LocalEngine(EngineConfig(model=checkpoint, threads=1), 0, 1))
+        out["reference"] = run(ModelRunner(EngineConfig(model=checkpoint, threads=1), 0, 1))
         layerwise = EngineConfig(model=checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))
-        out["layerwise"] = run(LocalEngine(layerwise, 0, 1))
+        out["layerwise"] = run(ModelRunner(layerwise, 0, 1))
     for name, overrides in cases:
         config = EngineConfig(model=checkpoint, threads=1, num_ranks=world, **overrides)
-        out[name] = run(LocalEngine(config, rank, world))
+        out[name] = run(ModelRunner(config, rank, world))
     return out

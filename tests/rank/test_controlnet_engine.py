@@ -12,15 +12,15 @@ import pytest
 import torch
 from PIL import Image
 
-from h3serve.cli import main
 from h3serve.config import ConfigError, EngineConfig
+from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions, write_mp4
-from h3serve.rank.local import LocalEngine
 from h3serve.rank.media_conditioning import control_pixels
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import ControlRequest, GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError
-from h3serve.tools.tiny_adapter import write_controlnet
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.tools.tiny.make_adapter import write_controlnet
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 PROMPT = "a red ball moving left"
 
@@ -51,7 +51,7 @@ def control_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint, control_file):
-    return LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+    return ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                     controlnet_model_path=str(control_file)))
 
 
@@ -93,7 +93,8 @@ def test_refusals_name_the_field_or_the_flag(tiny_checkpoint, control_file, medi
         (ControlRequest("inpaint", control=edges), "inpaint control needs a mask"),
         (ControlRequest("canny"), "canny control needs a control video"),
         (ControlRequest("canny", control=edges, source=edges), "a source video needs a mask"),
-        (ControlRequest("canny", control=edges, scale=-1.0), "finite number >= 0"),
+        (ControlRequest("canny", control=edges, scale=-1.0), "finite number from 0 to 10"),
+        (ControlRequest("canny", control=edges, scale=1e308), "finite number from 0 to 10"),
     ):
         with pytest.raises(RequestError, match=says):
             engine.plan(GenerationRequest(prompt=PROMPT, duration_s=4, control=control))

@@ -17,7 +17,7 @@ from h3serve.model.layout import TEXT_TAG, GuideBlock, build_keyframe_layout, pa
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 FRAMES, LH, LW, AUDIO, TEXT = 7, 2, 4, 12, 7
 GUIDES = (GuideBlock(9, latent_frames=1), GuideBlock(14, latent_frames=2), GuideBlock(3, audio_latents=5))

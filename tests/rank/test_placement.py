@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,7 +16,7 @@ from h3serve.config import ConfigError, EngineConfig
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.request_shapes import longest_pass
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import long_request_refusal, placement_for_engine, plan_for_engine
 
 CPU = torch.device("cpu")
@@ -41,7 +42,7 @@ def test_the_engine_runs_the_resident_layers_auto_resolves(tiny_checkpoint, caps
     # On the tiny checkpoint the VAE decode, not the DiT, sets the peak: every block fits, so auto keeps all six
     # (the planner's own choice between K values is tested on the released model in test_planner).
     memory = _peak_with(tiny_checkpoint, 6) + GiB
-    engine = LocalEngine(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=memory))
+    engine = ModelRunner(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=memory))
     assert engine.config.offload.resident_layers == engine.placement.resident_layers == 6
     assert len(engine.offload.prefix) == 6 and engine.offload.streams["transformer"][0].units  # the refiner streams
     log = capsys.readouterr().err
@@ -54,7 +55,7 @@ def test_a_configuration_that_cannot_fit_is_refused_before_loading(tiny_checkpoi
     config = _config(tiny_checkpoint, device_memory=64 * 2**20, decode_mode="full")
     refused = r"does not fit the device: rank 0 needs .* GiB in video_decode .* \(short by .* GiB\); offload more"
     with pytest.raises(ConfigError, match=refused):
-        LocalEngine(config)
+        ModelRunner(config)
     with pytest.raises(ConfigError, match="--dlo-resident-layers auto: even with 0 resident blocks"):
         placement_for_engine(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=64 * 2**20), CPU)
 
@@ -66,7 +67,7 @@ def test_auto_needs_a_device_size_on_cpu(tiny_checkpoint):
 
 def test_generate_refuses_at_start_up_with_one_line(tiny_checkpoint, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "h3serve.cli", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
+        [sys.executable, "-m", "h3serve", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
          "--model", str(tiny_checkpoint), "--device", "cpu", "--device-memory", "64MiB", "--steps", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -121,6 +122,10 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
 
     edit = replace(ordinary, source_video=MediaRef(Path("source.mp4"), "source.mp4"))
     assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
+    from h3serve.rules.request import ControlRequest
+
+    inpaint = replace(ordinary, control=ControlRequest("inpaint", source=edit.source_video, mask=edit.source_video))
+    assert longest_pass(inpaint).control_channels == 4 and longest_pass(ordinary).control_channels == 0
     assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
     assert long_request_refusal(config, ordinary, GiB // 4) is None
     # Timeline guides lengthen the sequence by their latent frames' rows (each one canvas-sized latent frame, as a
@@ -154,3 +159,22 @@ def test_several_outputs_batch_as_many_as_the_planner_fits(tiny_checkpoint):
     assert output_batch(config, plan, peaks[0] // 2) == 1  # not even one fits: the start-up plan refused that
     assert output_batch(replace(config, max_output_batch=1), plan, 64 * GiB) == 1
     assert output_batch(config, replace(plan, num_outputs=3), None) == 3
+
+
+def test_the_plan_counts_the_prompt_cache_and_a_merged_adapter_adds_no_factors(tiny_checkpoint, tmp_path):
+    from h3serve.offload.lora_bytes import ADAPTERS
+    from h3serve.offload.placement_plan import PROMPT_CACHE
+    from h3serve.offload.plan_report import format_plan
+    from h3serve.tools.tiny.make_adapter import write_peft_adapter
+
+    plan = plan_for_engine(_config(tiny_checkpoint, prompt_cache_bytes=3 * 2**20), None)
+    assert all(r.host_bytes[PROMPT_CACHE] == 3 * 2**20 for r in plan.ranks)
+    assert "prompt cache" in format_plan(plan, "plan")
+    off = plan_for_engine(_config(tiny_checkpoint, prompt_cache_bytes=None), None)
+    assert PROMPT_CACHE not in off.ranks[0].host_bytes
+    cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
+    adapter = str(write_peft_adapter(tmp_path / "a", cfg).parent)
+    unmerged = plan_for_engine(_config(tiny_checkpoint, lora_paths=(("a", adapter),)), None)
+    merged = plan_for_engine(_config(tiny_checkpoint, lora_paths=(("a", adapter),), merge_lora=True), None)
+    assert ADAPTERS in unmerged.ranks[0].host_bytes and ADAPTERS not in merged.ranks[0].host_bytes
+    assert merged.peak_device_bytes < unmerged.peak_device_bytes  # no factors in the blocks, no device cache

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from h3serve import cli
 from h3serve.accel import attention
+from h3serve.entrypoints import cli
 
 QUICK = ("environment", "numerics", "memory", "throughput")  # all but two-rank sessions and real requests (slow below)
 
@@ -104,10 +104,10 @@ def test_without_two_gpus_the_multi_gpu_checks_say_why(monkeypatch):
     import torch
 
     from h3serve.tools.selftest import parallel_checks
-    from h3serve.tools.selftest.core import SKIP, Context, run_check
+    from h3serve.tools.selftest.core import SKIP, SelftestContext, run_check
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    ctx = Context(torch.device("cuda"), torch.bfloat16, {}, False, None, None, budget_s=60)
+    ctx = SelftestContext(torch.device("cuda"), torch.bfloat16, {}, False, None, None, budget_s=60)
     for check in (parallel_checks.collectives, parallel_checks.tensor_parallel, parallel_checks.ulysses):
         outcome = run_check("multi_gpu", check, ctx)
         assert (outcome.status, outcome.message) == (SKIP, "1 GPU visible: the multi-GPU checks need two or more")
@@ -130,15 +130,16 @@ def test_the_planner_verdict_reads_the_selftests_engine_flags(monkeypatch):
 
     import torch
 
-    from h3serve.tools import selftest
+    from h3serve.entrypoints import selftest
     from h3serve.tools.selftest.plan_verdict import released_verdict
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
     parser = argparse.ArgumentParser()
     selftest.register(parser.add_subparsers())
     offload = parser.parse_args(["selftest", "--device", "cuda", "--enable-layerwise-offload"])
-    resident, _ = released_verdict(torch.device("cuda"), parser.parse_args(["selftest", "--device", "cuda"]))
-    streamed, data = released_verdict(torch.device("cuda"), offload)
+    resident_args = parser.parse_args(["selftest", "--device", "cuda"])
+    resident, _ = released_verdict(torch.device("cuda"), lambda memory: selftest.released_plan(resident_args, memory))
+    streamed, data = released_verdict(torch.device("cuda"), lambda memory: selftest.released_plan(offload, memory))
     assert "does not fit" in resident and streamed.startswith("released H3 with these flags on GPUs of this size: fits")
     assert data["fits"] and data["peak"] < 141 << 30
 

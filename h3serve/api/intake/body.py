@@ -21,6 +21,7 @@ from h3serve.api.intake.form_keys import BracketError, base_name, unflatten
 from h3serve.api.intake.json_values import parse_json
 from h3serve.api.percent import form_pairs
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 MULTIPART = "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"
@@ -54,12 +55,12 @@ async def read_body(request: Request, max_part_bytes: int, max_files: int = limi
     if mime == JSON_TYPE:
         return RequestBody(await asyncio.to_thread(_json_object, await request.body()))
     if mime == URLENCODED:
-        pairs = await asyncio.to_thread(_urlencoded_pairs, await request.body())
-        return _form_body(pairs, {})
+        return _form_body(await asyncio.to_thread(_urlencoded_pairs, await request.body()), {})
     if mime != MULTIPART:
         raise APIError(
             415,
-            f"Unsupported Content-Type {mime or '(none)'!r}: send {', '.join(FORM_TYPES)} or {JSON_TYPE}.",
+            f"Unsupported Content-Type {shown(mime) if mime else '(none)'}: send {', '.join(FORM_TYPES)} or "
+            f"{JSON_TYPE}.",
             "unsupported_media_type",
         )
     form = await _multipart(request, max_part_bytes, max_files)

@@ -7,10 +7,12 @@ Each raises `APIError` 400 naming the field, so a client learns which value was 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from h3serve.api.error_envelope import APIError, bad_request
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 # Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust
 # the stack of json.loads or of any code that walks a value recursively.
@@ -33,7 +35,7 @@ def _structure_error(value: Any, limit: int = MAX_NESTING) -> str | None:
             continue
         if isinstance(item, dict):
             stack.extend((key, depth) for key in item)
-            children = item.values()
+            children: Iterable[Any] = item.values()
         elif isinstance(item, list):
             children = item
         else:
@@ -55,8 +57,13 @@ def is_unicode(text: str) -> bool:
 
 def preview(value: Any) -> str:
     """A value for an error message: short and ASCII (a client's 10,000-digit number is not echoed back)."""
-    text = ascii(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
+    return shown(value)
+
+
+def _add(seen: set[str], key: str) -> bool:
+    """Add `key` to `seen`; False, so that a scan reads on."""
+    seen.add(key)
+    return False
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -64,7 +71,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        duplicate = next(k for k, _ in pairs if k in seen or _add(seen, k))
         raise ValueError(f"the key {preview(duplicate)} appears more than once in an object")
     return obj
 
@@ -74,7 +81,7 @@ def parse_json(text: str | bytes) -> Any:
     duplicate keys and lone surrogates; `ValueError` with a one-line reason."""
     # Counted before parsing (a C-speed scan): parsing millions of values holds the GIL for seconds. Every
     # comma counts, even inside strings, so this over-counts; a prompt of MAX_PROMPT_CHARS commas still passes.
-    separators = text.count(b"," if isinstance(text, bytes) else ",")
+    separators = text.count(b",") if isinstance(text, bytes) else text.count(",")
     if separators >= MAX_JSON_ITEMS:
         raise ValueError(f"more than {MAX_JSON_ITEMS} values (a request has at most a few dozen)")
     try:

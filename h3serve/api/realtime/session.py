@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from h3serve.api.prometheus import Metrics
-from h3serve.api.realtime.messages import (
+from h3serve.api.realtime.events import (
     ChunkMetadata,
     ErrorMessage,
     InteractionQueued,
@@ -31,7 +31,7 @@ from h3serve.api.realtime.messages import (
     SessionStart,
     VideoStart,
 )
-from h3serve.api.realtime.protocol import (
+from h3serve.api.realtime.parse import (
     INTERNAL,
     NORMAL,
     POLICY,
@@ -45,11 +45,12 @@ from h3serve.api.realtime.pump import ChunkPump
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs.sessions import SessionLease
 from h3serve.engine.jobs.types import ShuttingDown
-from h3serve.engine.realtime import Interaction, RealtimeBusy, RealtimeChunk, RealtimeSpec, RealtimeStream
+from h3serve.engine.realtime_stream import Interaction, RealtimeBusy, RealtimeChunk, RealtimeSpec, RealtimeStream
 from h3serve.errors import ClientError, H3ServeError, job_error_for
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.realtime")
+REPORT_GRACE_S = 5.0  # how long the `error` message that ends a session may take to send
 
 
 class ClientGone(Exception):
@@ -71,7 +72,7 @@ class RealtimeSession:
         """The whole session; returns once the socket is closed and the stream with it."""
         pump: ChunkPump | None = None
         reader: asyncio.Task[None] | None = None
-        close_code = NORMAL
+        close_code: int | None = NORMAL
         try:
             start = await self._receive_start()
             spec = start.spec(self.config.served_model_name)
@@ -181,25 +182,32 @@ class RealtimeSession:
             raise ClientGone() from None
         if frame["type"] == "websocket.disconnect":
             raise ClientGone()
-        return frame
+        return dict(frame)
 
-    async def _send(self, message: BaseModel) -> None:
+    async def _send(self, message: BaseModel, timeout_s: float | None = None) -> None:
         text = message.model_dump_json(exclude_none=isinstance(message, ErrorMessage))
         async with self._send_lock:
-            await self._transmit(self.ws.send_text(text))
+            await self._transmit(self.ws.send_text(text), timeout_s)
 
-    async def _transmit(self, sending: Awaitable[None]) -> None:
-        """Send, or `ClientGone`; a client that reads nothing for the stall timeout is let go."""
+    def stall_left(self) -> float:
+        """Seconds until the stall timeout, counted from the last progress (a chunk sent, or a ping)."""
+        return max(0.0, self.config.realtime_stall_timeout_s - (time.monotonic() - self.last_progress))
+
+    async def _transmit(self, sending: Awaitable[None], timeout_s: float | None = None) -> None:
+        """Send, or `ClientGone`: a client that reads nothing is let go when the stall timeout runs out, counted
+        from the last progress (a send that waited the whole timeout after the engine had taken part of it held
+        the replica for both)."""
         try:
-            await asyncio.wait_for(sending, self.config.realtime_stall_timeout_s)
+            await asyncio.wait_for(sending, self.stall_left() if timeout_s is None else timeout_s)
         except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
             raise ClientGone() from None
 
     async def _report(self, error: Exception) -> int:
         """Send the `error` message for what ended the session; the close code to use."""
         code, message, close_code = _error_fields(error)
+        grace = min(REPORT_GRACE_S, self.config.realtime_stall_timeout_s)  # the stall clock may have run out
         try:
-            await self._send(ErrorMessage(message=message, code=code, request_id=self.request_id))
+            await self._send(ErrorMessage(message=message, code=code, request_id=self.request_id), grace)
         except ClientGone:
             pass
         return close_code

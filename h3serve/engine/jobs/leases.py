@@ -8,10 +8,10 @@ import logging
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import Outcomes
+from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.types import JobPolicy
-from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED
+from h3serve.jobstore.store import JobStore
 
 log = logging.getLogger("h3serve.jobs")
 
@@ -19,9 +19,9 @@ log = logging.getLogger("h3serve.jobs")
 class LeaseKeeper:
     """Renews one manager's leases and notices the jobs it no longer holds."""
 
-    def __init__(self, store: JobStore, files: JobFiles, book: JobBook, outcomes: Outcomes, policy: JobPolicy):
+    def __init__(self, store: JobStore, publisher: Publisher, book: JobBook, outcomes: Outcomes, policy: JobPolicy):
         self.store = store
-        self.files = files
+        self.publisher = publisher
         self.book = book
         self.outcomes = outcomes
         self.policy = policy
@@ -42,7 +42,7 @@ class LeaseKeeper:
         also delete orphaned sync jobs and forget jobs submitted here that another server finished."""
         book, store, owner = self.book, self.store, self.policy.owner
         with book.cond:  # the jobs this server runs, and its sync jobs (their clients wait here)
-            mine = {a.job_id for a in book.held()} | set(book.done)
+            mine = {a.job_id for a in book.held()} | book.waited_on()
         held = store.renew(owner, self.policy.lease_s, mine)
         with book.cond:
             for active in book.held():
@@ -51,13 +51,11 @@ class LeaseKeeper:
         if not store.shared:
             return
         for job_id in store.reap_orphaned_sync():
-            self.files.remove(job_id)
+            self.publisher.forget(job_id)
         with book.cond:
             running = {a.job_id for a in book.held()}
-            tracked = [j for j in set(book.done) | set(book.plans) if j not in running]
+            tracked = [j for j in book.tracked() if j not in running]
         for job_id in tracked:
             job = store.get(job_id)
             if job is None or job.status in FINISHED or job.owner not in (None, owner):
-                with book.cond:
-                    book.plans.pop(job_id, None)
-                    book.finish_waiters(job_id)
+                book.forget(job_id)

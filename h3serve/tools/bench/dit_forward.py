@@ -47,10 +47,10 @@ from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import select_kernel
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.accel.quantize import quantize_in_place
-from h3serve.checkpoint.weights import materialize
+from h3serve.loading.components import load_transformer
+from h3serve.loading.tensors import materialize
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.rules import geometry, limits
 from h3serve.tools.bench.flops import ForwardShape, forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync
@@ -111,7 +111,7 @@ class DitBenchResult:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _random_tensors(model: nn.Module, device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+def random_tensors(model: nn.Module, device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """N(0, 1/fan_in) weights (activations keep their scale through the blocks), zero biases, unit norms."""
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.state_dict().items():
@@ -176,7 +176,7 @@ def load_weights(spec: DitBenchSpec) -> tuple[H3TransformerConfig, dict[str, tor
         model = H3Transformer(cfg)
     materialize(
         model,
-        _random_tensors(model, spec.device, spec.seed),
+        random_tensors(model, spec.device, spec.seed),
         spec.dtype,
         spec.device,
         H3Transformer.keep_in_fp32_modules,

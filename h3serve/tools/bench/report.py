@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from h3serve.extras import require
 from h3serve.tools.bench.matrix import SIDE, BenchMatrix
 
 STAGES = ("media_load", "vision_encode", "text_encode", "vae_encode", "denoise", "video_decode", "audio_decode", "mux")
@@ -120,7 +121,8 @@ def summarize(records: list[dict[str, Any]], matrix: BenchMatrix) -> dict[str, A
         cases.append({"case": case, "request": request, "sides": sides, "ratios_vs_peer": ratios})
     return {
         "environment": records[0]["environment"] if records else None,
-        "matrix": {k: getattr(matrix, k) for k in ("steps", "warmup", "runs", "peer", "reference", "seed", "prompt")},
+        "matrix": {k: getattr(matrix, k)
+                   for k in ("steps", "warmup", "runs", "peer", "reference", "seed", "prompt", "prompt_cache")},
         "cases": cases,
     }
 
@@ -226,7 +228,8 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
         f"Environment: {_environment_line(summary['environment'])}" if summary["environment"] else "",
         "",
         f"{m['runs']} measured runs after {m['warmup']} warm-up per side; medians over measured runs"
-        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "") + f"; fidelity reference: {m['reference']}.",
+        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "") + f"; fidelity reference: {m['reference']}"
+        + f"; prompt cache {m.get('prompt_cache', 'cold')}.",
         "",
     ]
     for case in summary["cases"]:
@@ -242,6 +245,7 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
 
 def make_plots(records: list[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> list[Path]:
     """stages.png (median stage times), step_times.png (per-step time per run, in run order), memory.png."""
+    require("plots", "the bench report's plots")
     import matplotlib
 
     matplotlib.use("Agg")
