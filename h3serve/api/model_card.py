@@ -1,7 +1,7 @@
 """The served model's capabilities on its `GET /v1/models` card: what the engine was started with, as a client
 needs it to form requests (the DiT caches and their per-request controls, the attention core, a distilled
-checkpoint's pinned schedule, the adapter formats recognised). Torch-free: the engine flags and the defaults the
-ranks reported, nothing loaded."""
+checkpoint's pinned schedule, the adapter formats recognised, timeline guides). Torch-free: the engine flags and the
+defaults the ranks reported, nothing loaded."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from h3serve.accel.cache_profile import HIGH, CacheProfile, TeaCacheProfile
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.config import EngineConfig
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.guides import guide_capability
 from h3serve.rules.names import QUALITIES, REFRESH_POLICIES
 from h3serve.rules.validate.resolve import TEA_CACHE_TASKS
 
@@ -67,6 +68,7 @@ def capabilities(engine: EngineConfig | None, defaults: ModelDefaults, tasks: tu
         card["pinned_schedule"] = schedule
     if defaults.distilled_checkpoint is not None:
         card["checkpoint"] = {"name": defaults.distilled_checkpoint, "lora": False}
+    card["timeline_guides"] = guide_capability(defaults)
     if engine is None:
         return card
     sparsity = None

@@ -361,16 +361,20 @@ def _check_rows(placed: tuple[PlacedGuide, ...], ctx: GuideContext, guide_limits
 def guide_capability(defaults: ModelDefaults) -> dict[str, object]:
     """Timeline guides on a server, as its `GET /v1/models` card states them: whether they are served (and why not),
     the request's fields, the limits, and what a request may not combine them with."""
+    pin = defaults.pinned_schedule
+    reason = defaults.guide_refusal
+    if reason is None and pin is not None:  # every request of this server runs the pinned schedule
+        reason = f"{pin.owner} pins a distilled schedule (never trained with mid-clip condition rows)"
     card: dict[str, object] = {
-        "served": defaults.guide_refusal is None,
+        "served": reason is None,
         "fields": {"manifest": FIELD, "files": "guide_files", "sources": list(SOURCE_KEYS)},
         "kinds": list(GUIDE_KINDS),
         "limits": dataclasses.asdict(defaults.guide_limits),
         "not_with": ["quality=high", "a distilled (pinned) schedule", "long_video_mode=continuation",
                      "latent-mask edits", "control videos"],
     }
-    if defaults.guide_refusal is not None:
-        card["reason"] = defaults.guide_refusal
+    if reason is not None:
+        card["reason"] = reason
     if defaults.server_cache is not None:
         card["quality"] = f"lossless (this server's --cache-backend {defaults.server_cache} runs when it is omitted)"
     return card

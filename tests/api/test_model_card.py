@@ -62,6 +62,9 @@ def test_a_teacache_server_lists_its_cache_and_a_flashgen_adapter(serve, tiny_ch
         assert cache["server"]["tasks"] == ["t2va", "fl2va"] and cache["quality"]["high"]["backend"] == "cache_dit"
         assert cache["force_refresh"]["policies"] == ["once", "repeat"]
         assert model["capabilities"]["attention"] == {"backend": "auto"}
+        guides = model["capabilities"]["timeline_guides"]
+        assert guides["served"] is True and guides["limits"]["max_entries"] == 8
+        assert "tea_cache" in guides["quality"]  # an omitted quality runs the server's cache: guides need lossless
         assert adapter["id"] == "flash" and adapter["flashgen"]["forwards"] == 4
         assert adapter["flashgen"]["base_schedule"] == [1.0, 0.7, 0.4, 0.15, 0.0]
         body = {"prompt": "waves", "seconds": "4", "extra_params": {"force_refresh_step_hint": 3}}
@@ -80,5 +83,7 @@ def test_a_fasth3_v2_server_lists_vsa_and_its_pinned_schedule(serve, tiny_checkp
                                                                        "sparsity": 0.8}
         assert capabilities["pinned_schedule"]["forwards"] == 8 and capabilities["pinned_schedule"]["flow_shift"] == 10
         assert capabilities["checkpoint"] == {"name": "FastH3 8-step V2", "lora": False}
+        guides = capabilities["timeline_guides"]  # every request runs the pinned schedule: guides are refused
+        assert guides["served"] is False and "pins a distilled schedule" in guides["reason"]
         refused = client.post("/v1/videos", json={"prompt": "waves", "seconds": "4", "num_inference_steps": 4})
         assert refused.status_code == 400 and "runs exactly 8 steps" in refused.text
