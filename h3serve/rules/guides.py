@@ -347,12 +347,14 @@ def place_guides(
 
 
 def _check_rows(placed: tuple[PlacedGuide, ...], ctx: GuideContext, guide_limits: GuideLimits) -> None:
-    rows = guide_rows(placed, ctx.latent_h, ctx.latent_w)
-    if rows > guide_limits.max_guide_rows:
-        raise RequestError(FIELD, f"the guides add {rows:,} rows; the limit is {guide_limits.max_guide_rows:,} (fewer "
-                                  "or shorter guides, or a smaller canvas)")
+    """The row limits: FL2VA keyframes count as guide rows beside guides (as vLLM-Omni counts its adapted anchors)."""
     keyframe_rows = ctx.keyframes * (ctx.latent_h // 2) * (ctx.latent_w // 2)
-    packed = padded_rows(rows + keyframe_rows + target_rows(ctx.num_frames, ctx.latent_h, ctx.latent_w))
+    rows = guide_rows(placed, ctx.latent_h, ctx.latent_w) + keyframe_rows
+    if rows > guide_limits.max_guide_rows:
+        raise RequestError(FIELD, f"the guides{' and keyframes' if keyframe_rows else ''} add {rows:,} rows; the "
+                                  f"limit is {guide_limits.max_guide_rows:,} (fewer or shorter guides, or a smaller "
+                                  "canvas)")
+    packed = padded_rows(rows + target_rows(ctx.num_frames, ctx.latent_h, ctx.latent_w))
     if packed > guide_limits.max_packed_rows:
         raise RequestError(FIELD, f"guides, keyframes and targets pack into {packed:,} rows; the limit is "
                                   f"{guide_limits.max_packed_rows:,}")

@@ -195,6 +195,10 @@ def test_limits_on_entries_rows_and_decoding_work():
     # 768x1344 canvas (16:9 default): one image is 1,008 rows
     rows = ModelDefaults(guide_limits=GuideLimits(max_guide_rows=1007))
     assert "1,008 rows" in refused("timeline_guides", [TimelineGuide(0, IMAGE)], [IMAGE_PROBE], rows)
+    first = MediaRef(Path("k.png"), "k.png", "image")  # an FL2VA keyframe counts as guide rows (vLLM-Omni's anchors)
+    rows = ModelDefaults(guide_limits=GuideLimits(max_guide_rows=2015))
+    message = refused("timeline_guides", [TimelineGuide(0, IMAGE)], [IMAGE_PROBE], rows, image=first)
+    assert "guides and keyframes add 2,016 rows" in message
     packed = ModelDefaults(guide_limits=GuideLimits(max_packed_rows=37_710 + 1008))  # 38,718: padded to 38,720
     assert "pack into 38,720 rows" in refused("timeline_guides", [TimelineGuide(0, IMAGE)], [IMAGE_PROBE], packed)
     work = ModelDefaults(guide_limits=GuideLimits(max_decoded_visual_pixels=22 * 1344 * 768 - 1))
