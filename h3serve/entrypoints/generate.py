@@ -289,7 +289,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         layout = read_layout(model, config.dits, base=config.base_checkpoint)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = dataclasses.replace(engine_defaults(config, layout.defaults()), server_cache=config.server_cache)
-        defaults = guide_serving(config, defaults, setup.attention["self"])  # as the ranks' defaults
+        defaults = guide_serving(config, defaults, setup.attention.get("self"))  # as the ranks' defaults
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)
         refusal = long_request_refusal(config, plan, device_memory_of(config, device))
         if refusal is not None:  # the planner's verdict, before a weight is read

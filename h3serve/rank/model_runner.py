@@ -64,7 +64,7 @@ class ModelRunner:
         # A fused FastH3 adapter pins its schedule; a merged LoRA (--merge-lora) runs in every request.
         self.defaults = engine_defaults(config, self.layout.defaults())
         self.defaults = dataclasses.replace(self.defaults, server_cache=config.server_cache)
-        self.defaults = guide_serving(self.config, self.defaults, setup.attention["self"])
+        self.defaults = guide_serving(self.config, self.defaults, setup.attention.get("self"))
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -235,11 +235,11 @@ class ModelRunner:
                 "prompt_cache_hits": cache.hits if cache else 0, "prompt_cache_misses": cache.misses if cache else 0}
 
 
-def guide_serving(config: EngineConfig, defaults: ModelDefaults, self_attention: str) -> ModelDefaults:
+def guide_serving(config: EngineConfig, defaults: ModelDefaults, self_attention: str | None) -> ModelDefaults:
     """The defaults with this engine's timeline guide serving: its limits, and why it serves none (a self-attention
     backend that is not dense). The cache they refuse per request is the defaults' `server_cache`."""
-    return dataclasses.replace(defaults, guide_limits=config.guide_limits(),
-                               guide_refusal=attention_refusal(self_attention))
+    refusal = None if self_attention is None else attention_refusal(self_attention)
+    return dataclasses.replace(defaults, guide_limits=config.guide_limits(), guide_refusal=refusal)
 
 
 def _media(result: GenerationResult) -> GenerationOutput:
