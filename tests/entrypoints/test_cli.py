@@ -193,7 +193,7 @@ def test_generate_with_guides_writes_the_mp4_and_refuses_a_guide_outside_the_out
     image, tone = _guide_files(tmp_path)
     mp4 = tmp_path / "guided.mp4"
     argv = ["generate", "a lighthouse", "-o", str(mp4), "--model", str(tiny_checkpoint), "--duration", "4",
-            "--steps", "1", "--guide", "-1=" + str(image), "--guide", f"36={tone}"]
+            "--width", "64", "--height", "32", "--steps", "1", "--guide", "-1=" + str(image), "--guide", f"36={tone}"]
     assert main(argv) == 0
     streams = _ffprobe(mp4)
     assert int(streams["video"]["nb_read_frames"]) == 107 and streams["audio"]["sample_rate"] == "32000"
