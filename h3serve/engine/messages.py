@@ -131,6 +131,7 @@ class Done:
     frames: int = 0  # streamed: frames in each MP4
     outputs: int = 1  # spooled: outputs, output i in `RankJob.spool_for(i)`
     counters: dict[str, int] | None = None  # rank 0's running totals (LocalEngine.counters)
+    stage_timeline: tuple[tuple[str, float, float], ...] = ()  # (stage, start, end) on the time.monotonic clock
 
 
 @dataclass(frozen=True)

@@ -238,12 +238,12 @@ def _run_job(
     if rank == 0 and isinstance(sink, Mp4Sink):
         durations, peak = output.stage_durations, output.peak_memory_mb
         events.put(Done(job.seq, durations, peak, files=tuple(sink.outputs()), frames=output.num_frames,
-                        counters=output.counters))
+                        counters=output.counters, stage_timeline=tuple(output.stage_timeline)))
     elif rank == 0:
         for index, media in enumerate(output.outputs):
             write_raw(job.spool_for(index), media.video, media.audio)
         events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters,
-                        outputs=len(output.outputs)))
+                        outputs=len(output.outputs), stage_timeline=tuple(output.stage_timeline)))
 
 
 def _run_realtime(
