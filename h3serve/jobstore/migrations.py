@@ -69,6 +69,8 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
         ["ALTER TABLE jobs ADD COLUMN progress_steps INTEGER NOT NULL DEFAULT 0"],
         # 5: several outputs of one prompt; a job of N counts N toward the queue bound. Older rows made one.
         ["ALTER TABLE jobs ADD COLUMN num_outputs INTEGER NOT NULL DEFAULT 1"],
+        # 6: every stage's start and end (JSON [[stage, start, end], ...]). Older rows recorded none.
+        ["ALTER TABLE jobs ADD COLUMN stage_timeline TEXT NOT NULL DEFAULT '[]'"],
     ]
 
 

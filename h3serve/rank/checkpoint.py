@@ -21,6 +21,7 @@ from h3serve.checkpoint.file_reading import file_metadata, safetensors_header, w
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
 from h3serve.checkpoint.weights import iter_tensors, materialize, realign
 from h3serve.model import keys as native_keys
+from h3serve.model.audio_decode import streamline_audio_vae
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.rank import dit_pieces
 from h3serve.rank import fasth3_fusion as fuse_adapter
@@ -335,6 +336,7 @@ def load_components(
     else:
         audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
         realign(audio_vae).eval()
+    streamline_audio_vae(audio_vae)  # the same bits with less work (h3serve.model.audio_decode)
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others

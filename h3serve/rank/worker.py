@@ -217,7 +217,8 @@ def _run_job(
     sink = None
     if job.encoder is not None:  # streamed: rank 0 writes the MP4; the others decode their tiles in step
         mp4 = Path(job.spool).with_suffix(".mp4")
-        sink = Mp4Sink(mp4, job.encoder, previews=True) if rank == 0 else DiscardSink()
+        sink = Mp4Sink(mp4, job.encoder, previews=True, batch_frames=job.plan.preencode_batch_frames,
+                       device=engine.device) if rank == 0 else DiscardSink()
     try:
         output = engine.generate(job.plan, on_step, sink)
     except _CancelledHere:

@@ -30,7 +30,15 @@ from h3serve.api.intake.json_values import as_json
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.canvas import SHORT_EDGE_MODES
-from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER, SAMPLE_SOLVERS, AudioMode, LongVideoMode, Quality, Task
+from h3serve.rules.names import (
+    DEFAULT_SAMPLE_SOLVER,
+    SAMPLE_SOLVERS,
+    AudioMode,
+    LongVideoMode,
+    Quality,
+    Task,
+    X264Preset,
+)
 from h3serve.rules.request import GenerationRequest
 
 _SIZE_PATTERN = r"^\s*\d{1,6}\s*[xX]\s*\d{1,6}\s*$"
@@ -189,7 +197,31 @@ class ControlTypes(BaseModel):
     inpaint: ControlObject | None = Field(None, description=CONTROL_RULE)
 
 
-class ExtraParams(LongVideoFields, EditOptions, ControlTypes):
+class VideoCodecOptions(_Strict):
+    """vLLM-Omni's `video_codec_options`: the H.264 encoder's settings for this request (NVENC: crf is its QP)."""
+
+    preset: X264Preset | None = Field(None, description="x264 preset (default: the server's --x264-preset)")
+    crf: Annotated[int, Field(strict=True, ge=0, le=51)] | None = Field(
+        None, description="constant rate factor, 0 (lossless) to 51 (default: the server's --crf)"
+    )
+
+
+PREENCODE_RULE = (
+    "vLLM-Omni's pre-encode: the MP4 is encoded while the VAE decodes (always so with --decode-mode stream; "
+    "accepted either way). With preencode_mp4 true, preencode_batch_frames (a positive integer, default 17) is how "
+    "many decoded frames the encoder takes at once (whole VAE clips, never split)"
+)
+
+
+class PreencodeFields(_Strict):
+    preencode_mp4: Annotated[bool, Field(strict=True)] | None = Field(None, description=PREENCODE_RULE)
+    preencode_batch_frames: Annotated[int, Field(strict=True, ge=1, le=_HI_FRAMES)] | None = Field(
+        None, description=PREENCODE_RULE
+    )
+    video_codec_options: VideoCodecOptions | None = None
+
+
+class ExtraParams(LongVideoFields, EditOptions, ControlTypes, PreencodeFields):
     task: Task | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
@@ -355,6 +387,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "task": (f"{_EXTRA}task",),
     "sample_solver": (f"{_EXTRA}sample_solver",),
     "num_outputs": ("num_outputs_per_prompt", "n"),
+    "preencode_mp4": (f"{_EXTRA}preencode_mp4",),
+    "preencode_batch_frames": (f"{_EXTRA}preencode_batch_frames",),
+    "video_preset": (f"{_EXTRA}video_codec_options.preset",),
+    "video_crf": (f"{_EXTRA}video_codec_options.crf",),
     **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
 }
 FRAME_INDICES = (f"{_TARGET}frame_indices", f"{_EXTRA}frame_indices", f"{_EXTRA}frame_index")

@@ -49,7 +49,7 @@ class Outcomes:
             if active.dropped:
                 discard_files(output)
                 return
-            write_artifacts(self.files.job_dir(job_id), output, self.policy.encoder_options)
+            write_artifacts(self.files.job_dir(job_id), output, active.encoder or self.policy.encoder_options)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
             self.finish(
@@ -62,6 +62,10 @@ class Outcomes:
         now = time.monotonic()
         self.book.run_seconds = [*self.book.run_seconds[-7:], now - active.started]
         frames = output.num_frames
+        # The engine's spans are on the same monotonic clock (one per host): placed on the job's own run.
+        spans = [*output.stage_timeline, ("encode", encode_start, now)]
+        timeline = tuple((name, round(start - active.started, 6), round(end - active.started, 6))
+                         for name, start, end in sorted(spans, key=lambda span: span[1]))
         try:
             self.finish(
                 active,
@@ -71,6 +75,7 @@ class Outcomes:
                 fps=limits.FPS,
                 duration_s=frames / limits.FPS,
                 stage_durations={**output.stage_durations, "encode": now - encode_start},
+                stage_timeline=timeline,
                 peak_memory_mb=float(output.peak_memory_mb),
                 inference_time_s=now - active.started,
             )

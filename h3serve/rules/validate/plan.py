@@ -46,6 +46,9 @@ class GenerationPlan:
     sample_solver: SampleSolver = DEFAULT_SAMPLE_SOLVER  # each modality's sampler (h3serve.model.scheduler)
     num_outputs: int = 1  # outputs of the prompt: output i is this plan at seed + i with one output (`output`)
     control: ControlRequest | None = None  # checked: its type, media and scale (1 when not given)
+    preencode_batch_frames: int = 1  # the MP4 encoder takes the decoded frames in batches of at least this many
+    video_preset: str | None = None  # the request's x264 preset (video_codec_options); None: the server's
+    video_crf: int | None = None  # the request's CRF; None: the server's
 
     @property
     def continuation(self) -> bool:
