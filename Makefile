@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# `make demo`'s prompt is the package's (h3serve.tools.demo_model.DEMO_PROMPT), read once the venv exists.
-PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.tools.demo_model import DEMO_PROMPT; print(DEMO_PROMPT)')
+# `make demo`'s prompt is the package's (h3serve.demo.defaults.DEMO_PROMPT), read once the venv exists.
+PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.defaults import DEMO_PROMPT; print(DEMO_PROMPT)')
 
-.PHONY: demo test lint ffmpeg chromium postgresql venv clean
+.PHONY: demo test lint typecheck fuzz ffmpeg chromium postgresql venv clean
 
 venv: $(STAMP)
 
@@ -45,7 +45,7 @@ postgresql:
 	    echo "error: could not install postgresql with apt-get; install it by hand, then rerun make" >&2; \
 	    exit 1; }; }
 
-# The shipped demo checkpoint (h3serve/tools/demo_checkpoint): a tiny H3 trained on the demo world (README).
+# The shipped demo checkpoint (h3serve/demo/checkpoint): a tiny H3 trained on the demo world (README).
 demo: venv ffmpeg
 	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 4 --steps 20 --seed 0
 	@echo "wrote $$(pwd)/demo.mp4"
@@ -53,11 +53,19 @@ demo: venv ffmpeg
 	  -show_entries format=duration -of compact demo.mp4
 	$(BIN)/h3serve check-demo demo.mp4 --prompt "$(PROMPT)"
 
-test: venv ffmpeg chromium postgresql
+test: venv ffmpeg chromium postgresql lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: venv
-	$(BIN)/ruff check h3serve tests
+	$(BIN)/ruff check h3serve tests scripts
+
+typecheck: venv
+	$(BIN)/mypy
+
+# The long randomised fuzz runs (never part of `make test`, whose fuzz tests replay fixed, recorded example sets):
+# FUZZ_SEED picks the run (default: a new one, printed), FUZZ_EXAMPLES its size. What they find gets a fixed test.
+fuzz: venv ffmpeg
+	H3SERVE_FUZZ=1 $(BIN)/python -m pytest -q -m fuzz -p no:cacheprovider tests
 
 clean:
 	rm -rf $(VENV) demo.mp4 .pytest_cache

@@ -20,6 +20,7 @@ from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
+from h3serve.extras import require
 from h3serve.offload.modes import (
     AUTO,
     MIN_DENOISE_CHUNK_ROWS,
@@ -88,7 +89,7 @@ class EngineConfig:
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
     # --realtime-lora: TaoMate-H3's causal-streaming LoRA directory (h3serve.adapters.taomate); enables real-time
-    # sessions (h3serve.rank.realtime) on the T2VA DiT, applied unmerged beside any per-request LoRA.
+    # sessions (h3serve.rank.realtime_loop) on the T2VA DiT, applied unmerged beside any per-request LoRA.
     realtime_lora: str | None = None
     # Exact AdaLN memoisation (h3serve.model.adaln_memo): the host store's bytes; None (--adaln-memo off): each
     # forward computes its modulations.
@@ -341,6 +342,8 @@ class EngineConfig:
             )
         if self.cache_backend not in ("none", "cache_dit"):
             raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        if self.cache_backend == "cache_dit":
+            require("cache", "--cache-backend cache_dit")
         self.cache_profile()
         refusal = self.cache_refusal()
         if self.cache_backend != "none" and refusal:

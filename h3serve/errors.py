@@ -23,30 +23,30 @@ class H3ServeError(Exception):
     `client_safe`: the message may be shown to the client (client errors always; a server error only when it
     says so, since a checkpoint or configuration message names the operator's paths)."""
 
-    kind: ClassVar[ErrorKind] = "server"
-    code: ClassVar[str] = "internal_error"
+    kind: ErrorKind = "server"
+    code: str = "internal_error"
     client_safe: ClassVar[bool] = False
 
 
 class ClientError(H3ServeError):
     """The request (its fields, media or cost) was at fault; the message names what and the limit."""
 
-    kind: ClassVar[ErrorKind] = "client"
-    code: ClassVar[str] = "invalid_request"
+    kind: ErrorKind = "client"
+    code: str = "invalid_request"
     client_safe: ClassVar[bool] = True
 
 
 class ServerError(H3ServeError):
     """The server's configuration, checkpoint or engine failed; not the client's fault."""
 
-    kind: ClassVar[ErrorKind] = "server"
-    code: ClassVar[str] = "server_error"
+    kind: ErrorKind = "server"
+    code: str = "server_error"
 
 
 class RequestError(ClientError, ValueError):
     """A request field breaks a rule. `str(err)` is one line: "field: what is wrong (the limit)"."""
 
-    code: ClassVar[str] = "invalid_request"
+    code: str = "invalid_request"
 
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
@@ -57,7 +57,7 @@ class RequestError(ClientError, ValueError):
 class ConfigError(ServerError, ValueError):
     """An illegal flag or combination; the message says which and how to fix it."""
 
-    code: ClassVar[str] = "invalid_config"
+    code: str = "invalid_config"
 
 
 @dataclass(frozen=True)

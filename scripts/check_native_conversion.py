@@ -26,14 +26,14 @@ import torch
 from PIL import Image
 
 from h3serve.checkpoint.resolver import read_json, read_layout
+from h3serve.loading.components import load_components
 from h3serve.model.conditioning import normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
-from h3serve.rank.checkpoint import load_components
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import GenerationPlan, validate
 from h3serve.tools.bench.peer import load_reference_pipeline, reference_inputs
-from h3serve.tools.tiny_native import build_native_checkpoint
+from h3serve.tools.tiny.make_native import build_native_checkpoint
 
 PROMPT = "A red fox trots through fresh snow at dawn."
 CANVAS_KEYS = ("canvas_short_edge", "canvas_max_pixels", "reference_image_short_edge")

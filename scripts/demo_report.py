@@ -2,7 +2,8 @@
 
     python scripts/demo_report.py --model DIR [--seeds 10] > table.md
 
-Runs on the CPU in the process (fp32), the same cases as tests/tools/test_demo_checkpoint.py (h3serve.tools.demo_eval).
+Runs on the CPU in the process (fp32), the same cases as tests/demo/test_shipped_checkpoint.py
+(h3serve.demo.evaluation).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import time
 from pathlib import Path
 
 from h3serve.accel.quant_config import parse_quantization
-from h3serve.tools.demo_eval import TASKS, DemoEvaluator, evaluate, summarize
-from h3serve.tools.demo_model import DEMO_STEPS
+from h3serve.demo.defaults import DEMO_STEPS
+from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
 
 
 def rows(label: str, evaluator: DemoEvaluator, tasks: tuple[str, ...], seeds: range) -> list[str]:

@@ -13,9 +13,9 @@ import argparse
 import matplotlib
 import numpy as np
 
+from h3serve.demo.defaults import DEMO_PROMPT
 from h3serve.rules import limits
-from h3serve.tools.compare import decode_mp4
-from h3serve.tools.demo_model import DEMO_PROMPT
+from h3serve.tools.clip_compare import decode_mp4
 
 matplotlib.use("Agg")
 from matplotlib import pyplot as plt  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
+from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
 from h3serve.tools.live_server import wait_healthy
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
@@ -45,7 +45,7 @@ def main() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="h3serve-shot-") as data:
-        command = [sys.executable, "-m", "h3serve.cli", "serve", "--port", str(port), "--data-dir", data,
+        command = [sys.executable, "-m", "h3serve", "serve", "--port", str(port), "--data-dir", data,
                    "--log-level", "warning"]
         proc = subprocess.Popen(command, start_new_session=True)
         try:

@@ -21,7 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
-    from h3serve.tools.tiny_checkpoint import build_tiny_checkpoint
+    from h3serve.tools.tiny.make_checkpoint import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("checkpoint") / "tiny", seed=0)
 
@@ -29,7 +29,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
     """The same weights as `tiny_checkpoint`, in the native MiniMaxAI layout (FL2VA/ + Ref2VA/)."""
-    from h3serve.tools.tiny_native import native_from_modular
+    from h3serve.tools.tiny.make_native import native_from_modular
 
     return native_from_modular(tiny_checkpoint, tmp_path_factory.mktemp("checkpoint") / "tiny-native")
 
@@ -37,8 +37,8 @@ def tiny_native_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_pipeline(tiny_checkpoint):
     from h3serve.checkpoint.resolver import read_layout
+    from h3serve.loading.components import load_components
     from h3serve.model.pipeline import H3Pipeline
-    from h3serve.rank.checkpoint import load_components
 
     layout = read_layout(tiny_checkpoint)
     return H3Pipeline(load_components(layout)), layout.defaults()

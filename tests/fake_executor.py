@@ -12,7 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from h3serve.engine.executor import Cancelled, EngineError
-from h3serve.engine.output import GenerationOutput
+from h3serve.messages import GenerationOutput
 from h3serve.rules import geometry, limits
 from h3serve.rules.names import TASKS
 from h3serve.rules.validate import GenerationPlan, ModelDefaults

@@ -1,11 +1,11 @@
-"""A stand-in for the engine's real-time sessions (h3serve.engine.realtime) that needs no model: the API tests run
-the WebSocket protocol, its limits and the web page against real fragmented-MP4 segments in milliseconds.
+"""A stand-in for the engine's real-time sessions (h3serve.engine.realtime_stream) that needs no model: the API tests
+run the WebSocket protocol, its limits and the web page against real fragmented-MP4 segments in milliseconds.
 
-`FakeRealtimeStream` keeps `RealtimeStream`'s contract: the session's real chunk geometry (h3serve.rules.realtime:
-the frames and samples each chunk publishes), a new prompt from the next chunk boundary on with vLLM-Omni's event
-ids (started = active = the applied event; completed = it and the ones it overwrote), `stop` after the chunk in
-flight then the trailer then None, `close` at once and idempotent. Each chunk's frames are synthetic, their colour
-set by the prompt in force (`prompt_colour`), encoded by the real `FragmentWriter`.
+`FakeRealtimeStream` keeps `RealtimeStream`'s contract: the session's real chunk geometry
+(h3serve.rules.realtime_geometry: the frames and samples each chunk publishes), a new prompt from the next chunk
+boundary on with vLLM-Omni's event ids (started = active = the applied event; completed = it and the ones it overwrote),
+`stop` after the chunk in flight then the trailer then None, `close` at once and idempotent. Each chunk's frames are
+synthetic, their colour set by the prompt in force (`prompt_colour`), encoded by the real `FragmentWriter`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import numpy as np
 from fake_executor import FakeExecutor
 
-from h3serve.engine.realtime import (
+from h3serve.engine.realtime_stream import (
     Interaction,
     RealtimeBusy,
     RealtimeChunk,
@@ -28,8 +28,8 @@ from h3serve.errors import RequestError
 from h3serve.media.fragments import FragmentWriter
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules import limits
-from h3serve.rules.realtime import published_frames, samples_at
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rules.realtime_geometry import published_frames, samples_at
+from h3serve.rules.validate.realtime_plan import plan_realtime
 
 FAIL_AT_PROMPT = "please fail at chunk 2"  # the engine fails while making chunk 2
 STALL_PROMPT = "please stall after chunk 1"  # no chunk comes after chunk 1

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import safetensors
 
+from h3serve.checkpoint import native_names
 from h3serve.checkpoint.file_reading import safetensors_header
-from h3serve.checkpoint.weights import STORED_DTYPES
-from h3serve.model import keys
+from h3serve.loading.tensors import STORED_DTYPES
 
 
 def _nbytes(tensor) -> int:
@@ -90,14 +90,14 @@ def dit_file_bytes(folder: Path, lazy: Callable[[str], bool]) -> tuple[int, int,
     stretch of each block tensor: two partial stored rows, and its alignment gap in a flat buffer, under 64 B)."""
     files = sorted(folder.glob("*.safetensors"))
     headers = {file: safetensors_header(file) for file in files}
-    native = keys.is_native_key_set([k for header in headers.values() for k in header])
+    native = native_names.is_native_key_set([k for header in headers.values() for k in header])
     resident = blocks = slack = 0
     for header in headers.values():
         for key, info in header.items():
             if key == "__metadata__":
                 continue
             n = math.prod(info["shape"]) * STORED_DTYPES[info["dtype"]].itemsize
-            if not lazy(keys.native_to_diffusers_name(key) if native else key):
+            if not lazy(native_names.native_to_diffusers_name(key) if native else key):
                 resident += n
                 continue
             blocks += n

@@ -12,7 +12,7 @@ import h3serve.jobstore
 
 LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint.resolver", "h3serve.rules.request",
           "h3serve.rules.validate", "h3serve.rules.limits", "h3serve.rules.geometry", "h3serve.rules.long_video",
-          "h3serve.rules.edit_mask", "h3serve.cli", "h3serve.tools.plan_cli", "h3serve.tools.serve_cli"]
+          "h3serve.rules.edit_mask", "h3serve.entrypoints.cli", "h3serve.entrypoints.plan", "h3serve.entrypoints.serve"]
 
 
 def _parent_modules() -> list[str]:
@@ -41,7 +41,8 @@ def test_cli_argument_parsing_does_not_import_torch():
         f"try:\n    main([{', '.join(repr(a) for a in argv)}])\nexcept SystemExit:\n    pass"
         for argv in (["--help"], ["serve", "--help"], ["generate", "--help"], ["plan", "--help"], ["bench", "--help"])
     )
-    code = "import contextlib, io\nfrom h3serve.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+    code = "import contextlib, io\nfrom h3serve.entrypoints.cli import main\n"
+    code += "with contextlib.redirect_stdout(io.StringIO()):\n"
     code += "\n".join("    " + line for line in parse.splitlines())
     assert _torch_after(code) == "False"
 
@@ -49,7 +50,7 @@ def test_cli_argument_parsing_does_not_import_torch():
 def test_the_engine_flags_are_checked_without_torch(tiny_checkpoint):
     """`h3serve serve` parses and validates every engine flag in the API process; only the ranks load torch."""
     code = (
-        "import argparse\nfrom h3serve.tools.engine_args import add_engine_args, engine_config_from_args\n"
+        "import argparse\nfrom h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args\n"
         "p = argparse.ArgumentParser()\nadd_engine_args(p)\n"
         "args = p.parse_args(['--device', 'auto', '--cache-backend', 'cache_dit', '--quantization', 'fp8'])\n"
         f"engine_config_from_args(args, {str(tiny_checkpoint)!r})"

@@ -22,6 +22,7 @@ from dataclasses import asdict
 from torch import nn
 
 from h3serve.accel.cache_profile import HIGH, CacheConfigError, CacheProfile, profile_for
+from h3serve.extras import require
 from h3serve.model.pipeline_types import CacheStats
 
 __all__ = ["HIGH", "CacheConfigError", "CacheProfile", "CacheStats", "DitBlockCache", "block_cache", "profile_for"]
@@ -30,6 +31,7 @@ __all__ = ["HIGH", "CacheConfigError", "CacheProfile", "CacheStats", "DitBlockCa
 def _cache_dit():
     """cache-dit, imported on first use (it imports diffusers eagerly; a few seconds) and quiet unless asked."""
     os.environ.setdefault("CACHE_DIT_LOG_LEVEL", "error")
+    require("cache", "the DiT block cache")
     import cache_dit
 
     return cache_dit

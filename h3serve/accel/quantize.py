@@ -5,7 +5,8 @@ tensor-parallel sharding: the selected linears become `Fp8Linear`s and the weigh
 tensor at a time on the load device (the full-precision model is never resident). A weight the checkpoint
 already stores in FP8 (safetensors F8_E4M3 plus a `weight_scale`) is taken as it is, never re-quantised.
 The whole text encoder (loaded by transformers) is quantised in place by `quantize_in_place`, after
-`load_stored_fp8` has put back the stored FP8 weights and scales transformers cannot load.
+`h3serve.loading.quantize_on_load.load_stored_fp8` has put back the stored FP8 weights and scales transformers
+cannot load.
 
 Tensor parallelism: a shard's scales are the rows of the one-rank scales. A row-split linear (input features
 split) and, per tensor, every split linear take the maxima over the whole weight (one MAX all-reduce per
@@ -30,7 +31,6 @@ from torch.distributed import ProcessGroup
 
 from h3serve.accel.fp8 import FP8, Fp8Linear, Fp8Twin, quantize_fp8, weight_amax
 from h3serve.accel.quant_config import ComponentQuant
-from h3serve.checkpoint.weights import aligned
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Rename = Callable[[str], tuple[str, ...]]
@@ -84,7 +84,7 @@ def stored_fp8(files: list[Path], rename: Rename | None = None) -> dict[str, boo
     return {model_name: per_channel for name, per_channel in found.items() for model_name in rename(name)}
 
 
-def _twin(
+def fp8_twin(
     layer: nn.Module,
     per_channel: bool,
     compute_dtype: torch.dtype,
@@ -104,7 +104,7 @@ def swap_to_fp8(
     """Replace each named linear (module name -> per-channel scales?) by its FP8 twin, on the linear's device."""
     layers = {}
     for name, per_channel in names.items():
-        layer = _twin(model.get_submodule(name), per_channel, compute_dtype, kernel)
+        layer = fp8_twin(model.get_submodule(name), per_channel, compute_dtype, kernel)
         model.set_submodule(name, layer)
         layers[name] = layer
     return layers
@@ -188,37 +188,6 @@ def quantizing(tensors: Tensors, load: Fp8Load, device: torch.device, tp: Shardi
 
 
 @torch.no_grad()
-def load_stored_fp8(
-    model: nn.Module, files: list[Path], rename: Rename, compute_dtype: torch.dtype, kernel: str
-) -> list[str]:
-    """Swap each linear of a loaded model whose weight the checkpoint stores as F8_E4M3 + `weight_scale` for an
-    `Fp8Linear` holding exactly the stored bytes and scale, read from `files` (for a model a library loaded, which
-    cast the FP8 weights to its dtype and dropped the scales: transformers' text encoder). Returns their names."""
-    stored = stored_fp8(files, rename)
-    layers: dict[str, Fp8Linear] = {}
-    for name, per_channel in stored.items():
-        linear = model.get_submodule(name)
-        layer = _twin(linear, per_channel, compute_dtype, kernel, device="meta")
-        if linear.bias is not None:
-            layer.bias = nn.Parameter(linear.bias.to(compute_dtype), requires_grad=False)
-        layers[name] = layer
-    for file in files if layers else []:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                module, _, attr = key.rpartition(".")
-                for name in rename(module) if attr in ("weight", "weight_scale") else ():
-                    if name in layers:
-                        layer, tensor = layers[name], aligned(f.get_tensor(key))  # no view of the file
-                        if attr == "weight":
-                            layer.weight = nn.Parameter(tensor, requires_grad=False)
-                        else:
-                            layer.weight_scale = tensor.float().reshape(layer.weight_scale.shape).contiguous()
-    for name, layer in layers.items():
-        model.set_submodule(name, layer.to(model.get_submodule(name).weight.device))
-    return sorted(layers)
-
-
-@torch.no_grad()
 def quantize_in_place(
     model: nn.Module,
     component: str,
@@ -235,7 +204,7 @@ def quantize_in_place(
     for name in names:
         linear = model.get_submodule(name)
         device = work_device or linear.weight.device
-        layer = _twin(linear, quant.per_channel, compute_dtype, kernel, device="meta")
+        layer = fp8_twin(linear, quant.per_channel, compute_dtype, kernel, device="meta")
         weight = linear.weight.to(device)
         amax = weight_amax(weight, quant.per_channel)
         if tp is not None and _needs_whole_amax(layer, tp.style(name) is not None):

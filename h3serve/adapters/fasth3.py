@@ -1,10 +1,10 @@
 """FastVideo's FastH3 adapter (a 4-step DMD2 student), recognised by its metadata and fused at load (torch-free).
 
 Not a request-switchable LoRA: `W = W_base + B@A` (scale exactly 1, no alpha), `.diff` tensors add to weights and
-`.diff_b` to biases, computed in fp32 before any sharding (h3serve.rank.fasth3_fusion). Claimed only when the metadata
-says format `fastvideo-lora-v2`, names a `fastvideo/` model containing `fasth3`, names `MiniMaxAI/MiniMax-H3` as
-its base if it names one, and its declared tensor counts match the file. The sparse-attention variants
-(`.set_weight` tensors) and bundles with an `adapter_manifest.json` are refused.
+`.diff_b` to biases, computed in fp32 before any sharding (h3serve.loading.fasth3_fusion). Claimed only when the
+metadata says format `fastvideo-lora-v2`, names a `fastvideo/` model containing `fasth3`, names `MiniMaxAI/MiniMax-H3`
+as its base if it names one, and its declared tensor counts match the file. The sparse-attention variants (`.set_weight`
+tensors) and bundles with an `adapter_manifest.json` are refused.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 
 
 class H3App(FastAPI):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 
@@ -37,7 +37,7 @@ class BodyTimeouts:
     cycle: Any
     headers: list[tuple[bytes, bytes]]
     transport: asyncio.Transport
-    limits: Any
+    limits: ClassVar[Any]
 
     _body_timer: asyncio.TimerHandle | None = None
     _body_cycle: object = None  # the request whose body is watched

@@ -12,7 +12,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
 from h3serve.engine.jobs import JobManager
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 
 
 @dataclass(frozen=True)
@@ -28,4 +28,5 @@ class ServerContext:
 
 
 def get_context(request: Request) -> ServerContext:
-    return request.app.state.context
+    context: ServerContext = request.app.state.context
+    return context

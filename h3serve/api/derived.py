@@ -111,7 +111,7 @@ def _with_source_defaults(given: GenerationRequest, source: Job | None) -> Gener
 # What a route makes of the request's own fields, the source video and (given by id) its job: the request to
 # queue and how validation errors name its video.
 Aliases = dict[str, str]
-Build = Callable[[GenerationRequest, MediaRef | None, Job | None], tuple[GenerationRequest, Aliases]]
+Build = Callable[[GenerationRequest, MediaRef, Job | None], tuple[GenerationRequest, Aliases]]
 # The job's `seconds` from the request model and the source job (None: the planned duration).
 Label = Callable[[VideoCreateFields, Job | None], str | None]
 
@@ -156,14 +156,14 @@ async def _submit(
 
 
 async def _source_video(ctx: ServerContext, job_id: str, source: Job | None, given: MediaSource | str | None
-                        ) -> MediaRef | None:
+                        ) -> MediaRef:
     """The job's source video in its inputs: the completed job's MP4 copied, or the uploaded file stored."""
     if source is not None:
         return await run_in_threadpool(_copy_output, ctx, source, job_id)
     if isinstance(given, MediaSource):
         folder = await run_in_threadpool(ctx.manager.files.inputs_dir, job_id)
         return (await store_media((given,), folder, ctx.fetcher))[0].ref
-    return None
+    raise bad_request('video: is required (a video file or {"id": ...})', VIDEO_FIELD, "missing_field")
 
 
 def _label(fields: VideoCreateFields, source: Job | None) -> str | None:

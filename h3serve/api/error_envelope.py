@@ -7,7 +7,9 @@ with its traceback and answered with a generic 500, so no stack trace or server 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +21,9 @@ from starlette.routing import Match
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
 from h3serve.rules.validate import RequestError
+
+E = TypeVar("E", bound=Exception)
+Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 log = logging.getLogger("h3serve.api")
 
@@ -153,11 +158,21 @@ async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     return error_response(500, "Internal server error.", "internal_error")
 
 
+def _for(kind: type[E], handle: Callable[[Request, E], Awaitable[Response]]) -> Handler:
+    """`handle` as Starlette registers it (any exception): it only ever receives a `kind`."""
+
+    async def handler(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, kind)
+        return await handle(request, exc)
+
+    return handler
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(APIError, _api_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(ClientDisconnect, _client_gone)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StoreUnavailable, _store_unavailable)
-    app.add_exception_handler(StoreClosed, _store_closed)
+    app.add_exception_handler(APIError, _for(APIError, _api_error))
+    app.add_exception_handler(StarletteHTTPException, _for(StarletteHTTPException, _http_error))
+    app.add_exception_handler(ClientDisconnect, _for(ClientDisconnect, _client_gone))
+    app.add_exception_handler(RequestValidationError, _for(RequestValidationError, _validation_error))
+    app.add_exception_handler(StoreUnavailable, _for(StoreUnavailable, _store_unavailable))
+    app.add_exception_handler(StoreClosed, _for(StoreClosed, _store_closed))
     app.add_exception_handler(Exception, _unexpected)

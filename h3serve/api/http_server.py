@@ -139,8 +139,9 @@ class HardenedH11Protocol(BodyTimeouts, H11Protocol):
 
     def _disarm_header_timer(self) -> None:
         self.idle.pop(self, None)
-        if getattr(self, "_header_timer", None) is not None:
-            self._header_timer.cancel()
+        timer: asyncio.TimerHandle | None = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
             self._header_timer = None
 
     def _headers_too_slow(self) -> None:

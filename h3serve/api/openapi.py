@@ -45,7 +45,8 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
             return [walk(v) for v in node]
         return node
 
-    return walk(schema)
+    inlined: dict[str, Any] = walk(schema)
+    return inlined
 
 
 def _strip_nulls(node: Any) -> Any:
@@ -64,7 +65,9 @@ def _strip_nulls(node: Any) -> Any:
     return node
 
 
-def _request_body(json_body: dict, form: dict, multipart: dict | None = None) -> dict[str, Any]:
+def _request_body(
+    json_body: dict[str, Any], form: dict[str, Any], multipart: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An OpenAPI requestBody taking the same fields as JSON, urlencoded form and (with uploads) multipart."""
     content = {"application/json": {"schema": json_body}}
     if multipart is not None:

@@ -24,7 +24,7 @@ REALTIME_FACTOR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10
 CHUNK_KINDS = ("media", "trailer")
 
 # No `*_created` series beside each histogram and counter: the exposition keeps the names it always had.
-prometheus_client.disable_created_metrics()
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 
 class _LiveState(Collector):
@@ -67,7 +67,7 @@ class _LiveState(Collector):
 
 
 def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
-    """Each replica's engine totals as of its last finished job (`LocalEngine.counters`, the executor's loads):
+    """Each replica's engine totals as of its last finished job (`ModelRunner.counters`, the executor's loads):
     a dashboard, or a test, sees that switching LoRA adapters reloads and recompiles nothing."""
     loads = CounterMetricFamily("h3serve_engine_loads", "Times a replica's rank processes loaded the model "
                                 "(start-up and every restart), as of its last finished job.", labels=["replica"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -125,10 +125,10 @@ class Model(BaseModel):
     # A LoRA adapter's card, as vLLM lists LoRA modules: its file, the base model, and its factors.
     root: str | None = None
     parent: str | None = None
-    permission: list[dict] | None = None
-    lora: dict | None = None
-    turbo: dict | None = None  # a Turbo adapter's contract: its forwards and tasks
-    pdd: dict | None = None  # a PDD 8-step adapter's: its forwards and tasks
+    permission: list[dict[str, Any]] | None = None
+    lora: dict[str, Any] | None = None
+    turbo: dict[str, Any] | None = None  # a Turbo adapter's contract: its forwards and tasks
+    pdd: dict[str, Any] | None = None  # a PDD 8-step adapter's: its forwards and tasks
 
 
 class ModelList(BaseModel):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from h3serve.errors import ConfigError
-from h3serve.jobstore.postgres import is_postgres_url
+from h3serve.jobstore import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules import limits
 

@@ -96,7 +96,7 @@ def public_address_only(ip: IPAddress) -> str | None:
 
 async def system_resolver(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [info[4][0] for info in infos]
+    return [str(info[4][0]) for info in infos]
 
 
 def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
@@ -199,7 +199,8 @@ class MediaFetcher:
                     if response.status_code != 200:
                         raise MediaFetchError(f"the URL answered HTTP {response.status_code}")
                     await self._save(response, dest, max_bytes)
-                    return response.headers.get("content-type")
+                    content_type: str | None = response.headers.get("content-type")
+                    return content_type
                 finally:
                     await response.aclose()
         raise MediaFetchError(f"more than {self.max_redirects} redirects")

@@ -1,7 +1,7 @@
 """Where an H3 checkpoint's components live: one resolver for every layout a model path may hold.
 
 Torch-free: the API process, the planner and `h3serve plan` read a checkpoint's layout, defaults and component
-configs without importing torch; the rank processes load the weights (h3serve.rank.checkpoint).
+configs without importing torch; the rank processes load the weights (h3serve.loading.components).
 
 Layouts served: a diffusers *modular* root (`modular_model_index.json` and its component folders), a native
 MiniMaxAI root with `FL2VA/` and/or `Ref2VA/` (h3serve.checkpoint.native), and a single native variant folder. A root

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from h3serve.engine.output import GenerationOutput
 from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
 from h3serve.media.previews import output_file_name, output_prefix, preview_indices, write_previews
+from h3serve.messages import GenerationOutput
 
 
 def discard_files(output: GenerationOutput) -> None:
@@ -38,4 +38,6 @@ def _write_output(job_dir: Path, output: GenerationOutput, index: int, encoder_o
     # The previews show the MP4's own pixels (its rounding), whichever way the video was decoded.
     frames = {i: rgb8(output.video[i]) for i in set(preview_indices(len(output.video)))}
     write_previews(job_dir, frames, len(output.video), prefix=output_prefix(index))
+    if output.audio is None:
+        raise ValueError("the output has frames but no soundtrack")
     write_mp4(job_dir / output_file_name("video", index), output.video, output.audio, options=encoder_options)

@@ -15,6 +15,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import multiprocessing.queues
 import os
 import queue
 import shutil
@@ -26,22 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import (
-    Done,
-    Event,
-    Failed,
-    Fatal,
-    JobCancelled,
-    Progress,
-    RankJob,
-    Ready,
-    RealtimeEnded,
-    RealtimeOpen,
-    Stop,
-    spool_file,
-)
-from h3serve.engine.output import GenerationOutput
-from h3serve.engine.realtime import (
+from h3serve.engine.realtime_stream import (
     RealtimeBusy,
     RealtimeSpec,
     RealtimeStream,
@@ -51,10 +37,25 @@ from h3serve.engine.realtime import (
 from h3serve.errors import ConfigError, ServerError
 from h3serve.media.fragments import FragmentWriter
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.messages import (
+    Done,
+    Event,
+    Fatal,
+    GenerationOutput,
+    JobCancelled,
+    JobFailed,
+    JobProgress,
+    RankJob,
+    Ready,
+    RealtimeEnded,
+    RealtimeOpen,
+    Stop,
+    spool_file,
+)
 from h3serve.parallel.rendezvous import Rendezvous
 from h3serve.parallel.start_method import rank_context, start_rank
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rules.validate.realtime_plan import plan_realtime
 
 log = logging.getLogger("h3serve.engine")
 ProgressCallback = Callable[[int, int], None]
@@ -156,7 +157,7 @@ class Executor:
 
     def _start(self) -> None:
         self._requests = self._ctx.Queue()
-        self._events = self._ctx.Queue()
+        self._events: multiprocessing.queues.Queue[Event] = self._ctx.Queue()
         self._cancel = self._ctx.Value("q", 0)  # seq of the job to cancel
         rendezvous = self.rendezvous.fresh()
         world = self.config.world_size
@@ -254,7 +255,7 @@ class Executor:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [p.pid for p in self._procs if p.pid is not None]
 
     def run_follower(self, poll_s: float = 1.0, restart: bool = True) -> None:
         """Non-leader nodes: keep the local ranks alive until they exit cleanly, which they do when the leader
@@ -278,7 +279,7 @@ class Executor:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return f"rank {rank} exited with code {code}"
-            if isinstance(event, Failed):
+            if isinstance(event, JobFailed):
                 return event.message
 
     # -- requests --------------------------------------------------------------------------------------------
@@ -310,7 +311,7 @@ class Executor:
             job = RankJob(
                 seq=next(self._seq),
                 plan=plan,
-                spool=str(self._spool / f"job-{os.getpid()}-{time.time_ns()}.npz"),
+                spool=str(self.spool_dir / f"job-{os.getpid()}-{time.time_ns()}.npz"),
                 encoder=encoder if self.config.decode_mode == "stream" else None,
             )
             if on_start is not None:
@@ -326,7 +327,7 @@ class Executor:
                         continue
                     if getattr(event, "seq", None) != job.seq:
                         continue  # a late message about an earlier job
-                    if isinstance(event, Progress) and on_progress is not None:
+                    if isinstance(event, JobProgress) and on_progress is not None:
                         on_progress(event.done, event.total)
                     elif isinstance(event, Done):
                         return self._output(job.spool, event)
@@ -334,7 +335,7 @@ class Executor:
                         if deadline is not None and time.monotonic() >= deadline:
                             raise TimeoutError(f"generation timed out after {timeout_s:g}s")
                         raise Cancelled(f"job {job.seq} was cancelled")
-                    elif isinstance(event, Failed):
+                    elif isinstance(event, JobFailed):
                         raise EngineError(self._root_cause(event), client_error=event.client_error, code=event.code)
             except EngineError:
                 # With several ranks a failing rank exits (see worker_main), so the group is always rebuilt.
@@ -344,7 +345,7 @@ class Executor:
             finally:
                 self._cancel_requested = None
 
-    # -- real-time sessions (h3serve.engine.realtime) ----------------------------------------------------------
+    # -- real-time sessions (h3serve.engine.realtime_stream) ----------------------------------------------------------
 
     def open_realtime(self, spec: RealtimeSpec, writer_factory: SegmentWriterFactory | None = None) -> RealtimeStream:
         """Check `spec`, take the ranks for a session (`RealtimeBusy` while a job or another session runs) and start
@@ -391,7 +392,7 @@ class Executor:
             if getattr(event, "seq", None) == seq:
                 return event
 
-    def failed(self, event: Failed) -> None:
+    def failed(self, event: JobFailed) -> None:
         """Raise a session's failure as `EngineError` (several ranks: they exited, so they are restarted first)."""
         message = self._root_cause(event)
         if not self.alive() or self.config.world_size > 1:
@@ -410,8 +411,8 @@ class Executor:
                 return
             except EngineError:
                 return
-            if isinstance(event, JobCancelled | RealtimeEnded | Failed):
-                if isinstance(event, Failed) and self.config.world_size > 1:
+            if isinstance(event, JobCancelled | RealtimeEnded | JobFailed):
+                if isinstance(event, JobFailed) and self.config.world_size > 1:
                     self._recover()
                 return
 
@@ -438,7 +439,7 @@ class Executor:
             raise TimeoutError(f"generation timed out after {timeout_s:g}s; the ranks were restarted to stop it")
         raise Cancelled(f"job {seq} was cancelled; the ranks were restarted to stop it within its step")
 
-    def _root_cause(self, error: Failed, settle_s: float = 2.0) -> str:
+    def _root_cause(self, error: JobFailed, settle_s: float = 2.0) -> str:
         """With several ranks, a rank's error is often a symptom (its collective lost a peer that died): give
         the processes a moment to settle and name a rank that died without reporting, if any."""
         if len(self._procs) <= 1:
@@ -455,7 +456,7 @@ class Executor:
                     event = self._events.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(event, Failed) and event.rank is not None:
+                if isinstance(event, JobFailed) and event.rank is not None:
                     reporters.add(event.rank)
             silent = [(rank, code) for rank, code in dead if rank not in reporters]
             if silent:

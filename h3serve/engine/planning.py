@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from h3serve.media import intake
 from h3serve.media.source import check_source, frames_at_24fps
-from h3serve.rules.request import GenerationRequest
+from h3serve.rules.request import GenerationRequest, MediaKind, MediaRef
 from h3serve.rules.validate import (
     GenerationPlan,
     ModelDefaults,
@@ -47,7 +47,8 @@ def plan_request(
         intake.check_references(request.references, starts)  # every rule, without keeping decoded frames
     extend_frames = None if request.extend_video is None else frames_at_24fps(request.extend_video, "extend_video")
     plan = validate(request, defaults, keyframe_size, extend_frames)
-    sources = (("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
+    sources: tuple[tuple[str, MediaRef | None, MediaKind], ...] = (
+        ("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
         if ref is not None:
             check_source(ref, field, kind)  # kind and size; decoded when the job runs, only as far as needed

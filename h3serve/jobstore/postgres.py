@@ -25,12 +25,8 @@ log = logging.getLogger("h3serve.store")
 _MIGRATION_LOCK = 0x68337365  # "h3se"
 
 
-def is_postgres_url(target: str) -> bool:
-    return target.startswith(("postgresql://", "postgres://"))
-
-
 class PostgresJobStore(SQLJobStore):
-    """`h3serve.jobstore.protocol.JobStore` on a PostgreSQL database."""
+    """`h3serve.jobstore.store.JobStore` on a PostgreSQL database."""
 
     shared = True
     lock_clause = "FOR UPDATE SKIP LOCKED"
@@ -40,11 +36,11 @@ class PostgresJobStore(SQLJobStore):
         self.connect_timeout_s = connect_timeout_s
         self._lock = threading.Lock()
         self._closed = False
-        self._db: psycopg.Connection | None = None
+        self._db: psycopg.Connection[dict[str, Any]] | None = None
         with self._lock:
             self._migrate()
 
-    def _connection(self) -> psycopg.Connection:
+    def _connection(self) -> psycopg.Connection[dict[str, Any]]:
         if self._db is None or self._db.closed or self._db.broken:
             if self._db is not None:
                 log.warning("job store: reconnecting to PostgreSQL")
@@ -81,7 +77,8 @@ class PostgresJobStore(SQLJobStore):
                 raise StoreClosed()
             try:
                 cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
-                return cursor.fetchall() if cursor.description else []
+                rows: list[Row] = list(cursor.fetchall()) if cursor.description else []
+                return rows
             except psycopg.OperationalError as e:  # connection refused, lost or timed out: not the query's fault
                 first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise StoreUnavailable(f"the job database is unreachable ({first_line})") from e

@@ -22,7 +22,7 @@ Row = Mapping[str, Any]
 
 
 class SQLJobStore:
-    """`h3serve.jobstore.protocol.JobStore` over a DB-API connection; subclasses supply `_run` and the dialect."""
+    """`h3serve.jobstore.store.JobStore` over a DB-API connection; subclasses supply `_run` and the dialect."""
 
     shared = False  # whether other processes may use the same store (then the data dir is shared too)
     lock_clause = ""  # appended to the claim's row selection (PostgreSQL: FOR UPDATE SKIP LOCKED)

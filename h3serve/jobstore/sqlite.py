@@ -19,7 +19,7 @@ from h3serve.jobstore.store_errors import StoreClosed
 
 
 class SQLiteJobStore(SQLJobStore):
-    """`h3serve.jobstore.protocol.JobStore` on one SQLite file."""
+    """`h3serve.jobstore.store.JobStore` on one SQLite file."""
 
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)

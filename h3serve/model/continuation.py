@@ -22,10 +22,10 @@ from h3serve.model.pipeline_types import (
     FrameSink,
     GenerationResult,
     LatentGuide,
+    LatentTarget,
     ReferenceMedia,
     StageClock,
     StepCallback,
-    Target,
 )
 from h3serve.model.request_encoder import RequestEncoder
 from h3serve.model.sampler import Sampler
@@ -192,7 +192,7 @@ class Continuation:
 
         The guide rows are the clean latents, noise-augmented like every visual condition; they sit on the RoPE
         positions of this window's first latents. The window's noise comes from `window_seed(seed, index)`."""
-        target = Target(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
+        target = LatentTarget(window.latent_frames, plan.latent_height, plan.latent_width, window.audio_latents)
         extra = None
         if guide is not None:
             _, _, frames, h, w = guide.video.shape

@@ -21,7 +21,7 @@ from h3serve.model.conditioning import (
     video_condition_pixels,
 )
 from h3serve.model.layout import ReferenceBlock, build_keyframe_layout, build_reference_layout
-from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, ReferenceMedia, StageClock, Target
+from h3serve.model.pipeline_types import Encoded, H3Components, LatentGuide, LatentTarget, ReferenceMedia, StageClock
 from h3serve.model.text_encoder import IMAGE_PAD, VIDEO_PAD
 from h3serve.model.vision_inputs import num_vision_tokens, preprocess_image, preprocess_video
 from h3serve.rules import limits
@@ -154,7 +154,7 @@ def reference_encoded(
     components: H3Components,
     media: ReferenceMedia,
     text: Presentation,
-    target: Target,
+    target: LatentTarget,
     clock: StageClock,
     guide: tuple[ReferenceBlock, LatentGuide] | None = None,
     media_origin: float | None = None,

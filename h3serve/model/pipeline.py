@@ -5,7 +5,7 @@ One `GenerationPlan` in, one `GenerationResult` out, in three stages the pipelin
 the same three through its `Continuation` (continuation.py). A plan of several outputs (output i: the request at
 seed + i) encodes once and denoises its outputs in batches of up to `output_batch`, where each item steps as it
 would alone; a continuation, an edit or a cached request runs its outputs one after another. The components are
-plain torch modules; loading them is `h3serve.rank.checkpoint`'s job.
+plain torch modules; loading them is `h3serve.loading.components`'s job.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from h3serve.model.pipeline_types import (
     FrameSink,
     GenerationResult,
     H3Components,
+    LatentTarget,
     NoHooks,
     StageClock,
     StageHooks,
     StepCallback,
-    Target,
 )
 from h3serve.model.request_encoder import RequestEncoder
 from h3serve.model.sampler import Sampler
@@ -124,7 +124,7 @@ class H3Pipeline:
         forwards = len(self.sampler.schedules(plan)[0])
         cached = self.cache is not None and dit is not None
         with self.cache.for_request(dit, plan.quality, forwards) if cached else nullcontext() as cache:
-            latents = self.sampler.sample_batch(plan, enc, dit, Target.of(plan), seeds, clock, on_step, edits)
+            latents = self.sampler.sample_batch(plan, enc, dit, LatentTarget.of(plan), seeds, clock, on_step, edits)
         clock.record_denoise_per_step()
         return [self.decoder.decode(video, audio, clock, cache, sink)
                 for (video, audio), sink in zip(latents, sinks, strict=True)]

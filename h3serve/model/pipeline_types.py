@@ -211,7 +211,7 @@ class ControlPixels:
 
 
 @dataclass(frozen=True)
-class Target:
+class LatentTarget:
     """The generated latents' shape: video latent frames and canvas, audio latents per channel."""
 
     latent_frames: int
@@ -220,7 +220,7 @@ class Target:
     audio_latents: int
 
     @classmethod
-    def of(cls, plan: GenerationPlan) -> Target:
+    def of(cls, plan: GenerationPlan) -> LatentTarget:
         """The whole request's target (a continuation window has its own frames and audio latents)."""
         return cls(plan.latent_frames, plan.latent_height, plan.latent_width, plan.audio_latents)
 

@@ -22,9 +22,9 @@ from h3serve.model.pipeline_types import (
     ControlPixels,
     Encoded,
     H3Components,
+    LatentTarget,
     ReferenceMedia,
     StageClock,
-    Target,
 )
 from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
@@ -41,7 +41,7 @@ class RequestEncoder:
         """Presentation -> text states, condition latents and the packed layout."""
         if cond.references:
             media = self.reference_media(cond.references, clock)
-            target = Target.of(plan)
+            target = LatentTarget.of(plan)
             return reference_encoded(self.components, media, self.presentation(media, plan.prompt), target, clock)
         enc = keyframes_encoded(self.components, self.device, plan, cond.keyframes, cond.anchors, clock)
         if cond.control is not None:

@@ -15,11 +15,11 @@ from h3serve.model.layout import Layout, patchify, unpatchify
 from h3serve.model.pipeline_types import (
     Encoded,
     H3Components,
+    LatentTarget,
     NoHooks,
     StageClock,
     StageHooks,
     StepCallback,
-    Target,
 )
 from h3serve.model.scheduler import FlowSchedule, FlowSolver, scale_noise
 from h3serve.model.step_times import StepTimes, step_times
@@ -58,7 +58,7 @@ class Sampler:
         return video, audio
 
     def initial_rows(
-        self, enc: Encoded, target: Target, seed: int
+        self, enc: Encoded, target: LatentTarget, seed: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(video rows, audio rows) at the first step, conditions noised, and the target's (video, audio) noise."""
         # One CPU generator, the reference's draw order: condition noise, then video noise, then audio noise.
@@ -92,7 +92,7 @@ class Sampler:
         plan: GenerationPlan,
         enc: Encoded,
         dit: H3Transformer | None,
-        target: Target,
+        target: LatentTarget,
         seed: int,
         clock: StageClock,
         on_step: StepCallback | None,
@@ -107,7 +107,7 @@ class Sampler:
         plan: GenerationPlan,
         enc: Encoded,
         dit: H3Transformer | None,
-        target: Target,
+        target: LatentTarget,
         seeds: tuple[int, ...],
         clock: StageClock,
         on_step: StepCallback | None,

@@ -9,12 +9,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from h3serve.checkpoint import native_names
 from h3serve.checkpoint.file_reading import weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, read_layout, safetensors_files
-from h3serve.model import keys as native_keys
+from h3serve.checkpoint.text_encoder_names import checkpoint_module_names
 from h3serve.model.transformer_config import H3TransformerConfig
 from h3serve.parallel.degrees import ModelDims, read_model_dims
-from h3serve.parallel.text_encoder_tp import checkpoint_module_names
 from h3serve.rules import limits
 
 RELEASED = "released"
@@ -118,8 +118,8 @@ def _stored_fp8(folder: Path, name: str, text_config) -> dict[str, bool]:
     files = safetensors_files(folder)
     if name == "text_encoder":
         return stored_fp8(files, checkpoint_module_names(text_config.text_config.num_hidden_layers))
-    native = native_keys.is_native_key_set(weight_keys(files))
-    return stored_fp8(files, native_keys.native_module_names if native else None)
+    native = native_names.is_native_key_set(weight_keys(files))
+    return stored_fp8(files, native_names.native_module_names if native else None)
 
 
 def model_dims(source: str | Path, dits: tuple[str, ...]) -> ModelDims:

@@ -3,7 +3,7 @@ from its tensors, or read from their sources when the block was never loaded who
 
 Each rank keeps 1/G of every streamed block (h3serve.offload.units.GatheredUnit): the block's tensors laid end to
 end in one flat buffer per dtype, cut in G equal pieces. Under DLO all-gather the DiT loader leaves the streamed
-blocks on the meta device and registers a `RowSource` for each of their tensors (h3serve.rank.dit_pieces); the cut
+blocks on the meta device and registers a `RowSource` for each of their tensors (h3serve.loading.dit_pieces); the cut
 asks a source only for the rows its stretch of the piece covers (a partial row at each end), so a rank reads about
 1/G of the blocks from the checkpoint and no whole block exists in its host memory.
 """

@@ -6,7 +6,7 @@ from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.measured_engine import UNMODELLED, UNMODELLED_PROFILES
 from h3serve.offload.overhead import TERMS
 from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
-from h3serve.offload.realtime import REALTIME_KV
+from h3serve.offload.realtime_kv import REALTIME_KV
 
 STAGE_LABELS = {
     "text_encode": "text enc",

@@ -12,7 +12,7 @@ what a placement test observes):
       its base bytes on the device and never streams.
   host_bytes: staged components whole; streamed components' blocks (all of them: resident blocks are reloaded
       per request), 1/G of each under DLO all-gather (G = ulysses·ring), which is all the load holds of them too:
-      each rank reads only its piece from the files (h3serve.rank.dit_pieces), never the whole DiT first.
+      each rank reads only its piece from the files (h3serve.loading.dit_pieces), never the whole DiT first.
   AdaLN (h3serve.offload.adaln): with the memo on, the task DiT's modulations during denoise and the memo's
       store in host memory (`adaln_memo`, up to its bound); with the projections in host memory, the DiTs without
       them, and `adaln` in host memory with one slot in denoise.

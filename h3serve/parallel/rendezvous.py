@@ -2,7 +2,7 @@
 
 Multi-node: start one `h3serve` process per node, e.g.
     torchrun --nnodes 2 --nproc-per-node 1 --node-rank K --master-addr HOST --master-port 29500 \\
-        -m h3serve.cli serve MODEL --num-gpus 16 ...
+        -m h3serve serve MODEL --num-gpus 16 ...
 or set MASTER_ADDR, MASTER_PORT, NNODES and NODE_RANK by hand. Each node's executor spawns its share of
 the ranks (`world / nnodes`, global ranks `node · local .. node · local + local - 1`); node 0 holds global
 rank 0, which takes the requests; the other nodes only keep their ranks alive. Under torchrun the agent

@@ -1,16 +1,14 @@
 """What one rank applies: its process groups, how it loads its shards, and the hooks it installs.
 
-`LocalEngine` builds a `RankParallel` after `init_process_group` and before loading anything:
+`ModelRunner` builds a `RankParallel` after `init_process_group` and before loading anything:
   - `dit_tp` is passed to `load_transformer` (sharded modules, sliced reads);
-  - `load_text_conditioner` replaces the unsharded text-encoder loader (first N ranks shard, others skip);
+  - the text encoder loads sharded on the first N ranks (h3serve.loading.text_encoder_shards);
   - `install` wires sequence parallelism into each DiT and tile parallelism into the video VAE.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,7 +23,6 @@ from h3serve.parallel.vae_tiles import TileParallelDecode
 
 if TYPE_CHECKING:
     from h3serve.model.pipeline_types import H3Components
-    from h3serve.model.text_encoder import TextConditioner
 
 
 def _new_groups(degrees: ParallelDegrees, rank: int, axes: tuple[str, ...]) -> ProcessGroup | None:
@@ -106,44 +103,6 @@ class RankParallel:
     def runs_encoder_whole(self) -> bool:
         """Rank 0 without text-encoder TP runs the unsharded encoder, loaded the usual way."""
         return self.degrees.text_encoder_tp == 1 and self.rank == 0
-
-    def load_text_conditioner(
-        self,
-        folder: Path,
-        tokenizer_folder: Path,
-        dtype: torch.dtype,
-        device: torch.device,
-        load_whole: Callable[..., TextConditioner],
-        load_device: torch.device | None = None,
-        quantize: Callable | None = None,
-        kernel: str = "weight_only",
-    ):
-        """The text conditioner on a multi-rank engine: weights load onto `load_device` (host memory under offload,
-        default `device`); the hidden states every rank receives live on `device`. `load_whole` is the unsharded
-        loader (h3serve.rank.checkpoint), used where this rank runs the encoder whole; `quantize` (FP8) runs on a
-        loaded shard before it moves to `load_device`; stored FP8 linears load on the `kernel` path."""
-        load_device = load_device or device
-        from transformers import AutoConfig, AutoTokenizer
-
-        from h3serve.parallel.text_encoder_tp import ParallelTextConditioner, load_text_encoder_shard
-        from h3serve.rules import limits
-
-        if self.runs_encoder_whole:
-            whole = load_whole(folder, tokenizer_folder, dtype, load_device)
-            model, tokenizer = whole.model, whole.tokenizer
-        else:  # a TP shard, or a weightless skeleton on the ranks that do not run the encoder
-            config = AutoConfig.from_pretrained(folder)
-            config.text_config.num_hidden_layers = limits.TEXT_ENCODER_LAYER + 1  # as the unsharded loader
-            model = load_text_encoder_shard(folder, config, dtype, load_device, self.text_tp, quantize, kernel)
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-        return ParallelTextConditioner(
-            model,
-            tokenizer,
-            limits.TEXT_ENCODER_LAYER,
-            runs_encoder=self.runs_text_encoder,
-            out_device=device,
-            out_dtype=dtype,
-        )
 
     def install(self, components: H3Components, attention: Backend) -> None:
         """Sequence parallelism (with the DiT blocks' attention backend) into every loaded DiT, tile parallelism

@@ -23,7 +23,7 @@ from h3serve.errors import ConfigError
 START_ENV = "H3SERVE_RANK_START"
 START_METHODS = ("spawn", "forkserver")
 # What the fork server imports once: the rank worker and engine, the pipeline with diffusers' VAE classes.
-PRELOAD = ["h3serve.rank.worker", "h3serve.rank.local", "h3serve.parallel.launch"]
+PRELOAD = ["h3serve.rank.worker", "h3serve.rank.model_runner", "h3serve.parallel.launch"]
 
 
 def rank_context() -> BaseContext:

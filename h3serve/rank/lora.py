@@ -78,7 +78,7 @@ class LoraLinear(nn.Module):
         self.groups = groups
         w = base.weight
         dtype = factor_dtype(base)
-        # A gathered block's weights are still on the meta device (read piece by piece, h3serve.rank.dit_pieces):
+        # A gathered block's weights are still on the meta device (read piece by piece, h3serve.loading.dit_pieces):
         # its factors start as real zeros in host memory, where the block's unit takes them from.
         where = torch.device("cpu") if w.is_meta else w.device
         a, b = (groups * slot_rank, w.shape[1]), (groups, w.shape[0] // groups, slot_rank)

@@ -21,12 +21,12 @@ from h3serve.offload.modes import AUTO, OffloadError
 from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.plan_report import format_plan
 from h3serve.offload.planner import Runtime
-from h3serve.offload.realtime import realtime_kv_bytes, with_realtime_cache
+from h3serve.offload.realtime_kv import realtime_kv_bytes, with_realtime_cache
 from h3serve.offload.request_shapes import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
 from h3serve.rank.device_checks import resolve_device, resolve_dtype
 from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
-from h3serve.rules.validate.realtime import RealtimePlan
+from h3serve.rules.validate.realtime_plan import RealtimePlan
 
 
 def plan_for_engine(

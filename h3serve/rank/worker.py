@@ -20,12 +20,13 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import (
+from h3serve.errors import ConfigError, job_error_for
+from h3serve.messages import (
     Done,
-    Failed,
     Fatal,
     JobCancelled,
-    Progress,
+    JobFailed,
+    JobProgress,
     RankJob,
     Ready,
     RealtimeInteract,
@@ -34,12 +35,11 @@ from h3serve.engine.messages import (
     RealtimeStop,
     Stop,
 )
-from h3serve.errors import ConfigError, job_error_for
 from h3serve.parallel.launch import join_group
 from h3serve.parallel.peers import Peers, is_lost_connection
 from h3serve.rank.device_checks import check_engine
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import Inbox, run_session, spool_chunk
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import Inbox, run_session, spool_chunk
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 
@@ -100,15 +100,15 @@ class CancelVote:
         return bool(host[0])
 
 
-def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: Peers | None = None) -> Failed:
+def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: Peers | None = None) -> JobFailed:
     """What a client may read about a failure: request/media errors say what is wrong with the input; a collective
     that lost a peer names the rank and node it lost; anything else is summarised by its type only (the
     traceback, with its internal paths and addresses, goes to the server log)."""
     failure = job_error_for(e)
     if peers is not None and rank is not None and is_lost_connection(e):
-        return Failed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
+        return JobFailed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
     message = str(e) if failure.client else f"internal error during generation ({type(e).__name__}); see the server log"
-    return Failed(seq, prefix + message, rank, failure.client, failure.code)
+    return JobFailed(seq, prefix + message, rank, failure.client, failure.code)
 
 
 _KEEPALIVE = "keepalive"
@@ -174,8 +174,8 @@ def rank_gpu(device: torch.device, rank: int, world: int, local_rank: int | None
 
 def _start(
     rank: int, world: int, init_method: str, config: EngineConfig, events, local_rank: int | None
-) -> tuple[LocalEngine, Peers | None]:
-    """This rank's `LocalEngine`: the flags' torch checks, its GPU, the process group and where every rank runs
+) -> tuple[ModelRunner, Peers | None]:
+    """This rank's `ModelRunner`: the flags' torch checks, its GPU, the process group and where every rank runs
     (several ranks), the weights. A rank that cannot start exits, after rank 0 reported why (the parent turns the
     report into a start-up error)."""
     try:  # before any CUDA work: the flags only torch can check
@@ -192,7 +192,7 @@ def _start(
             timeout = None if config.collective_timeout_s is None else timedelta(seconds=config.collective_timeout_s)
             join_group(rank, world, init_method, cuda, timeout)
             peers = Peers.gather(init_method, world)
-        return LocalEngine(config, rank=rank, world_size=world, setup=setup), peers
+        return ModelRunner(config, rank=rank, world_size=world, setup=setup), peers
     except Exception as e:
         if rank == 0:
             events.put(Fatal(f"{type(e).__name__}: {e}"))
@@ -210,7 +210,7 @@ def _run_job(
 
     def on_step(done: int, total: int) -> None:
         if rank == 0:
-            events.put(Progress(job.seq, done, total))
+            events.put(JobProgress(job.seq, done, total))
         if cancelled():
             raise _CancelledHere
 
@@ -250,7 +250,7 @@ def _run_job(
 def _run_realtime(
     engine, job: RealtimeOpen, rank: int, world: int, requests, events, cancel_value, peers: Peers | None
 ) -> bool:
-    """A real-time session on this rank (h3serve.rank.realtime); True when the parent asked the ranks to exit."""
+    """A real-time session on this rank (h3serve.rank.realtime_loop); True when the parent asked the ranks to exit."""
     decide = Inbox(requests, job.seq, cancel_value).boundary if rank == 0 else None
     try:
         return run_session(engine, job, rank, world, decide, spool_chunk(job, events.put), events.put).exit

@@ -5,6 +5,7 @@ rank share. Reading and checking the files is `h3serve.adapters`'."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from h3serve.errors import RequestError
 from h3serve.rules.schedule import PinnedSchedule
@@ -63,7 +64,7 @@ class AdapterChoice:
     pdd: PddContract | None = None
 
     @classmethod
-    def from_dict(cls, data: dict) -> AdapterChoice:
+    def from_dict(cls, data: dict[str, Any]) -> AdapterChoice:
         """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
         turbo, pdd = data.get("turbo"), data.get("pdd")
         return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo),

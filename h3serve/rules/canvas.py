@@ -86,8 +86,9 @@ def resolve_canvas(
     if width is None and height is None:
         if ratio is None:  # absent, auto or adaptive
             ratio = keyframe_size if task == "fl2va" and keyframe_size is not None else limits.DEFAULT_ASPECT_RATIO
-        check_ratio("aspect_ratio", *ratio)
-        return geometry.resolve_canvas_size(*ratio, short, cap)
+        aspect_w, aspect_h = ratio
+        check_ratio("aspect_ratio", aspect_w, aspect_h)
+        return geometry.resolve_canvas_size(aspect_w, aspect_h, short, cap)
 
     if width is None or height is None:
         raise CanvasError("width" if width is None else "height", "width and height must be given together")

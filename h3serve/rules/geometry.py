@@ -43,7 +43,7 @@ def audio_latents(num_frames: int) -> int:
     return int(round(num_frames / limits.FPS * limits.AUDIO_LATENTS_PER_SECOND))
 
 
-def resolve_canvas_size(aspect_w: float, aspect_h: float, short_edge: int, max_pixels: int) -> tuple[int, int]:
+def resolve_canvas_size(aspect_w: float, aspect_h: float, short_edge: int, max_pixels: float) -> tuple[int, int]:
     """(height, width) of the canvas for an aspect ratio: short edge first, area capped, rounded to 32."""
     if aspect_w <= 0 or aspect_h <= 0:
         raise ValueError(f"aspect ratio must be positive, got {aspect_w}:{aspect_h}")

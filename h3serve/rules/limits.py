@@ -84,8 +84,8 @@ MAX_SOURCE_BYTES = 512 * 2**20
 MAX_MASK_BYTES = 8 * 2**20
 MAX_MASK_NESTING = 64
 
-# Real-time sessions (TaoMate-H3, h3serve/rules/realtime.py): up to ten minutes of 24 fps video per session, on a
-# canvas whose short edge is one the streaming LoRA was served at (vLLM-Omni), or the checkpoint's own canvas.
+# Real-time sessions (TaoMate-H3, h3serve/rules/realtime_geometry.py): up to ten minutes of 24 fps video per session,
+# on a canvas whose short edge is one the streaming LoRA was served at (vLLM-Omni), or the checkpoint's own canvas.
 MAX_REALTIME_FRAMES = 10 * 60 * FPS  # 14,400
 REALTIME_SHORT_EDGES = (480, 768, 1088)
 REALTIME_DEFAULT_SIZE = (480, 864)  # (width, height): vLLM-Omni's TaoMate-H3 canvas, the start-up plan's

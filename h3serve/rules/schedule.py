@@ -97,7 +97,7 @@ def resolve_pinned_shift(field: str, requested: float | None, pin: PinnedSchedul
     """A pinned shift, which the request must omit or restate exactly; None when not pinned (the caller's rule
     applies to `requested`)."""
     pinned = None if pin is None else getattr(pin, field)
-    if pinned is None:
+    if pin is None or pinned is None:
         return None
     if requested is not None and not (isinstance(requested, int | float) and float(requested) == pinned):
         raise RequestError(field, f"{pin.owner} runs at {field} {pinned:g} ({pin.forwards} steps); omit the "

@@ -8,5 +8,5 @@ class Skip(Exception):
     """Raised by a check that cannot apply here; the message says why."""
 
 
-class Failed(Exception):
+class CheckFailed(Exception):
     """Raised by a check whose result is wrong; the message says what and the fix."""

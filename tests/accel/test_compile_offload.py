@@ -7,16 +7,16 @@ import shlex
 
 import pytest
 
-from h3serve.rank.local import LocalEngine
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 
-def _engine(checkpoint, flags: str) -> LocalEngine:
+def _engine(checkpoint, flags: str) -> ModelRunner:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(shlex.split(f"--device cpu --threads 1 --task-type t2va {flags}"))
-    return LocalEngine(engine_config_from_args(args, checkpoint))
+    return ModelRunner(engine_config_from_args(args, checkpoint))
 
 
 @pytest.mark.slow

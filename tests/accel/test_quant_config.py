@@ -12,8 +12,8 @@ import torch
 from h3serve.accel.quant_checks import dit_linear_names, text_linear_names
 from h3serve.accel.quant_config import ComponentQuant, QuantizationError, parse_quantization
 from h3serve.config import ConfigError, EngineConfig
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.rank.device_checks import check_engine
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 
 def test_fp8_alone_quantises_every_component_per_channel():

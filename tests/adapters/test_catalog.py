@@ -18,7 +18,7 @@ from h3serve.model.transformer import H3TransformerConfig
 from h3serve.rules.adapter_choice import turbo_pin
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import ModelDefaults, RequestError, validate
-from h3serve.tools.tiny_adapter import lora_tensors, write_peft_adapter, write_turbo_adapter
+from h3serve.tools.tiny.make_adapter import lora_tensors, write_peft_adapter, write_turbo_adapter
 
 CFG = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
 SHAPES = target_shapes(CFG)

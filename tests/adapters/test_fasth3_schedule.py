@@ -12,7 +12,7 @@ from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.schedule import shifted_sigmas
 from h3serve.rules.validate import ModelDefaults, RequestError, validate
-from h3serve.tools.tiny_adapter import write_fasth3_adapter
+from h3serve.tools.tiny.make_adapter import write_fasth3_adapter
 
 
 def test_the_pinned_sigmas_are_fasth3s():

@@ -10,9 +10,9 @@ import pytest
 
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.taomate import WEIGHTS_FILE, diffusers_parts, inspect_taomate, is_taomate_dir, native_targets
-from h3serve.cli import main
-from h3serve.tools.tiny_adapter import save_file, write_taomate_adapter
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.entrypoints.cli import main
+from h3serve.tools.tiny.make_adapter import save_file, write_taomate_adapter
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 TINY = dict(PRESETS["tiny"].transformer)
 

@@ -77,7 +77,7 @@ def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | 
     port = port or free_port()
     log_path = data_dir.parent / f"{data_dir.name}-server-{port}.log"
     command = [
-        sys.executable, "-m", "h3serve.cli", "serve", str(checkpoint), "--port", str(port), "--data-dir",
+        sys.executable, "-m", "h3serve", "serve", str(checkpoint), "--port", str(port), "--data-dir",
         str(data_dir), "--x264-preset", "ultrafast", "--log-level", "warning", *args,
     ]
     with open(log_path, "ab") as log:

@@ -18,7 +18,7 @@ from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
-from h3serve.tools.tiny_adapter import write_pdd_adapter, write_peft_adapter, write_turbo_adapter
+from h3serve.tools.tiny.make_adapter import write_pdd_adapter, write_peft_adapter, write_turbo_adapter
 
 CFG = {"hidden_size": 48, "num_attention_heads": 4, "attention_head_dim": 32, "ffn_dim": 64, "num_layers": 6,
        "num_refiner_layers": 1}

@@ -15,12 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from h3serve.adapters.catalog import LoraField
 from h3serve.adapters.serving import catalog_for
-from h3serve.cli import main
+from h3serve.entrypoints.cli import main
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.media.sink import Mp4Sink
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def _references(checkpoint, flags: str, tmp_path) -> list[bytes]:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(shlex.split(flags)), checkpoint)
-    engine, catalog = LocalEngine(config), catalog_for(config)
+    engine, catalog = ModelRunner(config), catalog_for(config)
     out = []
     for i, (name, scale) in enumerate(SEQUENCE):
         lora = None if name is None else catalog.choose(LoraField(name=name, scale=scale))

@@ -2,8 +2,8 @@
 Ref2VA through `h3serve generate` on one rank (raw arrays equal, MP4s byte-identical), and one Ref2VA request per
 layout through a live `h3serve serve` on two tensor-parallel CPU ranks (MP4s byte-identical).
 
-The weights load bit-identical (tests/tools/test_tiny_native.py) onto aligned storage
-(h3serve.checkpoint.weights.aligned): no result depends on where a tensor sits in either layout's files."""
+The weights load bit-identical (tests/tools/tiny/test_make_native.py) onto aligned storage
+(h3serve.loading.tensors.aligned): no result depends on where a tensor sits in either layout's files."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from api_servers import start_live_server
 from PIL import Image
 
-from h3serve.cli import main
+from h3serve.entrypoints.cli import main
 
 pytestmark = pytest.mark.slow
 SEED, STEPS = 9, 1

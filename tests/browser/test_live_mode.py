@@ -14,7 +14,7 @@ from browser_pages import API_KEY, close_page, open_page
 from fake_realtime import FakeRealtimeExecutor, prompt_colour
 from playwright.sync_api import Page, expect
 
-from h3serve.rules.realtime import published_frames
+from h3serve.rules.realtime_geometry import published_frames
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "api" / "realtime"))  # the real-time test server
 from realtime_servers import serve_realtime  # noqa: E402

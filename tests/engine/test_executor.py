@@ -12,7 +12,7 @@ import torch
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Cancelled, EngineError, Executor
 from h3serve.parallel.start_method import START_ENV
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 
@@ -38,7 +38,7 @@ def test_result_equals_in_process_engine(executor, tiny_checkpoint):
     # Same thread count: CPU reductions (the audio VAE convs) are only bit-stable at equal parallelism.
     threads = torch.get_num_threads()
     try:
-        local = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1)).generate(_plan(executor))
+        local = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1)).generate(_plan(executor))
     finally:
         torch.set_num_threads(threads)
     np.testing.assert_array_equal(out.video, local.video)

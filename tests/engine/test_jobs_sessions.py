@@ -12,7 +12,7 @@ from waiting import wait_until
 
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.jobs.types import ShuttingDown
-from h3serve.engine.realtime import RealtimeBusy
+from h3serve.engine.realtime_stream import RealtimeBusy
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions

@@ -10,13 +10,13 @@ from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import Interaction, RealtimeBusy, RealtimeSpec, RealtimeUnavailable
+from h3serve.engine.realtime_stream import Interaction, RealtimeBusy, RealtimeSpec, RealtimeUnavailable
 from h3serve.errors import RequestError
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules import realtime as rt
-from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules import realtime_geometry as rt
+from h3serve.rules.validate.realtime_plan import plan_realtime
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_a_session_streams_the_offline_run_then_its_trailer(executor, config):
     threads, offline = torch.get_num_threads(), Recorder()
     try:
         plan = plan_realtime("fireworks over a harbour", 64, 64, 9, 200, defaults=executor.defaults)
-        assert generate_offline(LocalEngine(config), plan, offline) == 8
+        assert generate_offline(ModelRunner(config), plan, offline) == 8
     finally:
         torch.set_num_threads(threads)
     np.testing.assert_array_equal(frames, offline.arrays()[0])

@@ -18,7 +18,7 @@ from h3serve.jobstore.records import Job
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.parallel.rendezvous import Rendezvous
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 
@@ -42,7 +42,7 @@ def test_replicas_match_a_single_engine_byte_for_byte(replicas, tiny_checkpoint)
     plan = validate(_request(seed=5), replicas[0].defaults)
     threads = torch.get_num_threads()
     try:  # the single engine in-process, at the replicas' thread count (CPU reductions depend on it)
-        reference = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1)).generate(plan)
+        reference = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1)).generate(plan)
     finally:
         torch.set_num_threads(threads)
     for executor in replicas:

@@ -28,10 +28,10 @@ from h3serve.api.app import create_app
 from h3serve.api.http_server import build_server
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
+from h3serve.entrypoints import serve as serve_cli
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.media.mp4 import EncoderOptions
-from h3serve.tools import serve_cli
 
 GRACE_S = 0.2  # --shutdown-grace
 REQUESTS_WAIT_S = 1.0  # uvicorn's timeout_graceful_shutdown (5 s in production): then it cancels the requests
@@ -154,7 +154,7 @@ def test_a_sync_waiter_is_answered_json_503_though_its_run_lets_go_late(tmp_path
     timeline = Timeline()
     with server(tmp_path, timeline) as running, uvicorn_errors() as errors:
         thread, answer = post_in_thread(f"{running.url}/v1/videos/sync", SYNC_BODY, timeline, "answered")
-        wait_until(lambda: running.manager.book.active, what="the job to run")
+        wait_until(lambda: running.manager.book.running(), what="the job to run")
         running.stop()
         thread.join(30)
         assert running.stopped.wait(30)
@@ -198,7 +198,7 @@ def test_each_step_ends_before_the_next_begins_with_delays_injected(tmp_path, mo
     with server(tmp_path, timeline) as running, client() as keep_alive:
         assert keep_alive.get(f"{running.url}/health").status_code == 200  # a connection open before the stop
         first, first_answer = post_in_thread(f"{running.url}/v1/videos/sync", SYNC_BODY, timeline, "answered 1")
-        wait_until(lambda: running.manager.book.active, what="the first job to run")
+        wait_until(lambda: running.manager.book.running(), what="the first job to run")
         second, second_answer = post_in_thread(f"{running.url}/v1/videos/sync", {**SYNC_BODY, "seed": 2},
                                                timeline, "answered 2")
         wait_until(lambda: running.manager.queue_depth == 1, what="the second job to queue")
@@ -241,7 +241,7 @@ def test_a_request_the_server_had_to_cancel_ends_before_the_store_closes(tmp_pat
     monkeypatch.setattr(JobManager, "delete", slow_delete)
     with server(tmp_path, timeline) as running:
         thread, answer = post_in_thread(f"{running.url}/v1/videos/sync", SYNC_BODY, timeline, "answered")
-        wait_until(lambda: running.manager.book.active, what="the job to run")
+        wait_until(lambda: running.manager.book.running(), what="the job to run")
         running.stop()
         thread.join(30)
         assert running.stopped.wait(30)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from h3serve.engine.artifacts import write_artifacts
-from h3serve.engine.output import GenerationOutput
 from h3serve.media.mp4 import EncoderOptions, rgb8
 from h3serve.media.previews import VARIANTS
 from h3serve.media.sink import DiscardSink, Mp4Sink
+from h3serve.messages import GenerationOutput
 
 FAST = EncoderOptions(preset="ultrafast", threads=1)
 

@@ -11,7 +11,7 @@ from h3serve.media.mp4 import write_mp4
 from h3serve.model.adaln_memo import AdaLNMemo, ForwardTimes, compute_entries, memo_key, no_scope
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.pipeline import H3Pipeline
-from h3serve.model.pipeline_types import Conditioning, StageClock, Target
+from h3serve.model.pipeline_types import Conditioning, LatentTarget, StageClock
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
@@ -145,6 +145,6 @@ def test_memo_on_and_off_write_the_same_raw_arrays_and_mp4(tiny_pipeline, tmp_pa
     clock = StageClock(memoised.device)
     enc = memoised.encode(plan, Conditioning(), clock)
     dit = plain.components.transformer
-    video, audio = memoised.sampler.sample(plan, enc, dit, Target.of(plan), plan.seed, clock, None)
+    video, audio = memoised.sampler.sample(plan, enc, dit, LatentTarget.of(plan), plan.seed, clock, None)
     assert (memo.misses, memo.hits) == (forwards, forwards)
     assert torch.equal(video, off.video_latents) and torch.equal(audio, off.audio_latents)

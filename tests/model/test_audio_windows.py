@@ -13,8 +13,8 @@ from diffusers import AutoencoderKLMiniMaxH3Audio
 
 from h3serve.model.audio_windows import decode_windows, halo_latents
 from h3serve.offload.activations import RELEASED_AUDIO_HALO
-from h3serve.tools.tiny_presets import AUDIO_OUTPUT_GAIN
-from h3serve.tools.tiny_weights import construct, randomize_
+from h3serve.tools.tiny.presets import AUDIO_OUTPUT_GAIN
+from h3serve.tools.tiny.random_init import construct, randomize_
 
 
 @contextmanager

@@ -10,12 +10,12 @@ import torch
 from safetensors.torch import load_file
 
 from h3serve.errors import ConfigError
+from h3serve.loading.controlnet_weights import read_controlnet
 from h3serve.model.controlnet import ControlInput, control_places, control_rows
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import TransformerBlock
-from h3serve.rank.controlnet import read_controlnet
-from h3serve.tools.tiny_adapter import save_file, write_controlnet
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.tools.tiny.make_adapter import save_file, write_controlnet
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 CFG = dict(PRESETS["tiny"].transformer)
 

@@ -7,7 +7,8 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 from small_dit import SMALL_DIT
 
-from h3serve.model import keys
+from h3serve.checkpoint import native_names
+from h3serve.loading import dit_keys as keys
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, row_spans
 
@@ -117,12 +118,12 @@ def test_fused_qkv_projections_keep_the_output_bit_identical(reference, ours):
 def test_native_keys_round_trip(ours, layout):
     sd = ours.state_dict()
     native = keys.diffusers_to_native(sd, SMALL_DIT["attention_head_dim"], layout)
-    assert keys.is_native_key_set(list(native))
+    assert native_names.is_native_key_set(list(native))
     assert "blocks.0.attn.qkv_proj.weight" in native and "video_patch_proj.weight" in native
-    assert not keys.is_native_key_set(list(sd))
+    assert not native_names.is_native_key_set(list(sd))
     back = {}
     for k, v in native.items():
-        back.update(keys.split_native_tensor(keys.native_to_diffusers_name(k), v, 2, 32, layout))
+        back.update(keys.split_native_tensor(native_names.native_to_diffusers_name(k), v, 2, 32, layout))
     assert set(back) == set(sd)
     for k in sd:
         assert torch.equal(back[k], sd[k]), k

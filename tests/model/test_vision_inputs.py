@@ -14,13 +14,13 @@ from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
+from h3serve.loading.components import read_vision_config
 from h3serve.model.vision_inputs import (
     VisionProcessorConfig,
     num_vision_tokens,
     preprocess_image,
     preprocess_video,
 )
-from h3serve.rank.checkpoint import read_vision_config
 
 # Released Qwen3-VL settings (patch 16, 2x2 merge, mean/std 0.5) with a real-sized budget, and a Qwen2-VL style
 # config (patch 14, CLIP mean/std, legacy min_pixels / max_pixels keys): both differ from the tiny checkpoint's.

@@ -15,7 +15,7 @@ from h3serve.offload.plan_report import format_plan
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 
 def test_planned_bytes_are_the_runtimes_and_shards_divide_them(tmp_path):

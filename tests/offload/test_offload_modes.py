@@ -13,14 +13,14 @@ import torch
 from PIL import Image
 
 from h3serve.config import ConfigError
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.request import GenerationRequest, MediaRef
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 MODES = {
     "none": "",
@@ -35,11 +35,11 @@ MODES = {
 ONE_TASK = ("none", "adaln_host")  # modes that check T2VA only (the others cover every task)
 
 
-def engine_for(checkpoint, flags: str) -> LocalEngine:
+def engine_for(checkpoint, flags: str) -> ModelRunner:
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(shlex.split(f"--device cpu --threads 1 {flags}"))
-    return LocalEngine(engine_config_from_args(args, checkpoint))
+    return ModelRunner(engine_config_from_args(args, checkpoint))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_every_mode_is_byte_identical_and_places_each_stage(tiny_checkpoint, req
             assert (tmp_path / "offload.mp4").read_bytes() == (tmp_path / "resident.mp4").read_bytes()
 
 
-def check_placement(engine: LocalEngine, task: str, plan) -> None:
+def check_placement(engine: ModelRunner, task: str, plan) -> None:
     """What the hooks did, stage by stage, against the placement plan and against what the mode says."""
     runtime, offload = engine.offload, engine.config.offload
     shape = RequestShape(plan.width, plan.height, plan.num_frames, task)

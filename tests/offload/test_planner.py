@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from h3serve.checkpoint.resolver import read_layout
+from h3serve.loading.components import load_components, load_transformer
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
@@ -21,7 +22,6 @@ from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.offload.request_shapes import default_shape, plan_largest
 from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.tensor_parallel import TensorParallel
-from h3serve.rank.checkpoint import load_components, load_transformer
 
 DITS = ("transformer", "transformer_ref")
 MODULE = OffloadConfig(staged=frozenset({"dit", "text_encoder", "vae", "audio_vae"}))
@@ -374,8 +374,8 @@ def test_auto_chunks_the_denoise_rows_only_where_whole_rows_do_not_fit(released)
 def test_the_fl2va_plan_on_one_32_gib_card_fits_with_a_gib_of_headroom():
     """The issue's target: released FL2VA 1344x768, 5 s, FP8, the encoder, AdaLN and VAEs on the host, one 32 GiB
     card: whole rows miss by 0.25 GiB; the planner's row chunk makes it fit with the 1 GiB headroom kept."""
+    from h3serve.entrypoints.plan import build_plan, register
     from h3serve.tools.bench.acceptance import FL2VA_OFFLOAD
-    from h3serve.tools.plan_cli import build_plan, register
 
     parser = argparse.ArgumentParser(prog="h3serve")
     register(parser.add_subparsers())

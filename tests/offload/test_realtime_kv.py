@@ -7,14 +7,14 @@ import torch
 
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
-from h3serve.model.realtime.session import CausalSession
+from h3serve.loading.components import load_components
+from h3serve.model.realtime.causal_session import CausalSession
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.plan_report import format_plan
-from h3serve.offload.realtime import REALTIME_KV
-from h3serve.rank.checkpoint import load_components
+from h3serve.offload.realtime_kv import REALTIME_KV
 from h3serve.rank.placement import plan_for_engine, realtime_refusal
-from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.rules.validate.realtime_plan import plan_realtime
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 
 class _NoLora:

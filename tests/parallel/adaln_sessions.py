@@ -9,16 +9,16 @@ from offload_sessions import dlo
 from rank_sessions import plan_for
 
 from h3serve.config import EngineConfig
+from h3serve.loading.adaln_sidecar import load_sidecars
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.modes import OffloadConfig
-from h3serve.rank.adaln_sidecar import load_sidecars
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 
 ADALN_HOST = OffloadConfig(adaln=True)  # the DiT resident, its AdaLN projections in host memory
 
 
 def _run(checkpoint: Path, rank: int, world: int, layout: dict, sidecars: Path | None = None, **config) -> dict:
-    engine = LocalEngine(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, **layout,
+    engine = ModelRunner(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, **layout,
                                       **config), rank, world)  # fmt: skip
     memo, outcomes = engine.pipeline.sampler.adaln, {}
     plan = plan_for(engine.defaults)

@@ -16,8 +16,8 @@ from pathlib import Path
 from rank_plans import plan_for
 
 from h3serve.engine.executor import EngineError, Executor
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.media.raw import write_raw
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 
 def say(**message) -> None:

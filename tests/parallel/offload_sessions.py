@@ -15,7 +15,7 @@ from h3serve.offload.activations import RequestShape
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import plan_for_engine
 
 STAGED = frozenset({"text_encoder", "vae", "audio_vae"})  # what the legacy layerwise flags also stage
@@ -31,7 +31,7 @@ def dlo(transfer: str, resident: int = 0) -> OffloadConfig:
 def _run(checkpoint: Path, rank: int, world: int, layout: dict, offload: OffloadConfig) -> dict:
     config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
     with counting_reads() as reads:  # the tensor bytes this rank's load reads from the DiT's files
-        engine = LocalEngine(config, rank, world)
+        engine = ModelRunner(config, rank, world)
     plan = plan_for(engine.defaults)
     if config.lora_paths:  # a layout serving LoRA runs its first adapter
         plan = replace(plan, lora=catalog_for(config).choose(LoraField(name=config.lora_paths[0][0])))

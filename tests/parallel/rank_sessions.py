@@ -10,13 +10,13 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
+from h3serve.demo.defaults import DEMO_PROMPT
+from h3serve.demo.evaluation import DemoEvaluator
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.validate import GenerationPlan
-from h3serve.tools.demo_eval import DemoEvaluator
-from h3serve.tools.demo_model import DEMO_PROMPT
 
 
 def packed_length(plan: GenerationPlan) -> int:
@@ -28,7 +28,7 @@ def _config(checkpoint: Path, **overrides) -> EngineConfig:
     return EngineConfig(model=checkpoint, threads=1, task_type="fl2va", **overrides)
 
 
-def _summary(engine: LocalEngine, keep_video: bool, several: bool = False) -> dict:
+def _summary(engine: ModelRunner, keep_video: bool, several: bool = False) -> dict:
     result = engine.pipeline.generate(plan_for(engine.defaults))
     if several:  # seeds 1 and 2 as one DiT batch (num_outputs_per_prompt 2): the batch through this layout
         batch = engine.pipeline.generate(dataclasses.replace(plan_for(engine.defaults), num_outputs=2))
@@ -64,9 +64,9 @@ def pipeline_cases(
     if tile_decodes:
         out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
     if rank == 0:  # the other ranks wait for it in the next case's first collective
-        out["reference"] = _summary(LocalEngine(_config(checkpoint), 0, 1), keep_video=True)
+        out["reference"] = _summary(ModelRunner(_config(checkpoint), 0, 1), keep_video=True)
     for name, overrides in cases:
-        engine = LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world)
+        engine = ModelRunner(_config(checkpoint, num_ranks=world, **overrides), rank, world)
         out[name] = _summary(engine, keep_video=name.startswith("vae"), several=several)
         del engine
     return out
@@ -98,35 +98,35 @@ def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, di
     FP8 layers this rank's DiT holds."""
     from h3serve.accel.fp8 import Fp8Linear
 
-    def summary(engine: LocalEngine) -> dict:
+    def summary(engine: ModelRunner) -> dict:
         result = engine.pipeline.generate(plan_for(engine.defaults))
         layers = sum(isinstance(m, Fp8Linear) for m in engine.pipeline.components.transformer.modules())
         return {"video_latents": result.video_latents, "audio_latents": result.audio_latents, "fp8_layers": layers}
 
     out = {}
     if rank == 0:
-        out["reference"] = summary(LocalEngine(_config(checkpoint, quantization=quantization), 0, 1))
+        out["reference"] = summary(ModelRunner(_config(checkpoint, quantization=quantization), 0, 1))
     for name, overrides in cases:
-        out[name] = summary(LocalEngine(_config(checkpoint, num_ranks=world, **overrides), rank, world))
+        out[name] = summary(ModelRunner(_config(checkpoint, num_ranks=world, **overrides), rank, world))
     return out
 
 
 def demo_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]]) -> dict:
-    """`make demo`'s request on the trained demo checkpoint (h3serve.tools.demo_model), its decoded video and
+    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.defaults), its decoded video and
     soundtrack: rank 0 first on one rank and then with its DiT streamed layer by layer (layerwise offload), then every
     rank through each layout."""
 
-    def run(engine: LocalEngine) -> dict:
+    def run(engine: ModelRunner) -> dict:
         evaluator = DemoEvaluator(engine.pipeline, engine.defaults)
         result = engine.pipeline.generate(evaluator.plan(DEMO_PROMPT, 0))
         return {"video": result.video.numpy(), "audio": result.audio.numpy()}
 
     out = {}
     if rank == 0:
-        out["reference"] = run(LocalEngine(EngineConfig(model=checkpoint, threads=1), 0, 1))
+        out["reference"] = run(ModelRunner(EngineConfig(model=checkpoint, threads=1), 0, 1))
         layerwise = EngineConfig(model=checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))
-        out["layerwise"] = run(LocalEngine(layerwise, 0, 1))
+        out["layerwise"] = run(ModelRunner(layerwise, 0, 1))
     for name, overrides in cases:
         config = EngineConfig(model=checkpoint, threads=1, num_ranks=world, **overrides)
-        out[name] = run(LocalEngine(config, rank, world))
+        out[name] = run(ModelRunner(config, rank, world))
     return out

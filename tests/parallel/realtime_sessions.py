@@ -7,12 +7,12 @@ from pathlib import Path
 from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules.validate.realtime_plan import plan_realtime
 
 
-def _arrays(engine: LocalEngine, plan) -> tuple:
+def _arrays(engine: ModelRunner, plan) -> tuple:
     recorder = Recorder()
     generate_offline(engine, plan, recorder)
     return recorder.arrays()
@@ -26,11 +26,11 @@ def realtime_cases(rank: int, world: int, checkpoint: Path, lora: str, chunks_fr
 
     out = {}
     if rank == 0:
-        engine = LocalEngine(config(), 0, 1)
+        engine = ModelRunner(config(), 0, 1)
         plan = plan_realtime("a lighthouse in a storm!", 64, 64, 3, chunks_frames, defaults=engine.defaults)
         out["reference"] = _arrays(engine, plan)
         del engine
-    engine = LocalEngine(config(num_ranks=world, ulysses_degree=world), rank, world)
+    engine = ModelRunner(config(num_ranks=world, ulysses_degree=world), rank, world)
     plan = plan_realtime("a lighthouse in a storm!", 64, 64, 3, chunks_frames, defaults=engine.defaults)
     out["ulysses"] = _arrays(engine, plan) if rank == 0 else generate_offline(engine, plan, None)
     out["heads"] = engine.pipeline.components.transformer.config.num_attention_heads // world

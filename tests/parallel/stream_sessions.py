@@ -17,7 +17,7 @@ from h3serve.model.pipeline_types import StageClock
 from h3serve.model.stream_decode import decode_chunks
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.vae_tiles import TileParallelDecode
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 
 FAST = EncoderOptions(preset="ultrafast", threads=1)
 SMALL_TILES = (32, 32, 16, 16)  # 128x64 frames in 3x7 tiles: every clip's tiles are spread over the ranks
@@ -48,7 +48,7 @@ def _case(rank: int, world: int, checkpoint: Path, layout: dict, offload: Offloa
     """One layout: the full decode written by `write_mp4` on rank 0, then its latents streamed into an
     `Mp4Sink` on rank 0 (a `DiscardSink` elsewhere), under the engine's placement hooks."""
     config = EngineConfig(model=checkpoint, threads=1, task_type="fl2va", num_ranks=world, offload=offload, **layout)
-    engine = LocalEngine(config, rank, world)
+    engine = ModelRunner(config, rank, world)
     pipe = engine.pipeline
     pipe.components.vae.enable_tiling(*SMALL_TILES)
     plan = plan_for(engine.defaults)

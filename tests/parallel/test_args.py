@@ -8,8 +8,8 @@ import shlex
 import pytest
 
 from h3serve.config import ConfigError
+from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.rank.device_checks import check_engine
-from h3serve.tools.engine_args import add_engine_args, engine_config_from_args
 
 # Every flag of the reference's launch-recipe table (§5) and its "related flags" list.
 RECIPE = (
@@ -143,13 +143,13 @@ def test_defaults_are_one_rank(parallel_checkpoint, capsys):
     ],
 )
 def test_num_gpus_beyond_the_parallel_degrees_becomes_replicas(line, layout):
-    from h3serve.tools.engine_args import data_parallel_layout
+    from h3serve.entrypoints.engine_args import data_parallel_layout
 
     assert data_parallel_layout(_parse(line)) == layout
 
 
 def test_illegal_data_parallel_layouts_name_the_flag():
-    from h3serve.tools.engine_args import data_parallel_layout
+    from h3serve.entrypoints.engine_args import data_parallel_layout
 
     with pytest.raises(ConfigError, match="--data-parallel-size must be >= 1"):
         data_parallel_layout(_parse("--data-parallel-size 0"))

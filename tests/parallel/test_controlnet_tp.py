@@ -12,12 +12,12 @@ from rank_harness import run_ranks
 from safetensors.torch import save_file
 from small_dit import random_small_dit
 
+from h3serve.loading.components import load_transformer
+from h3serve.loading.controlnet_weights import read_controlnet
 from h3serve.model.controlnet import ControlInput
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer
-from h3serve.rank.checkpoint import load_transformer
-from h3serve.rank.controlnet import read_controlnet
-from h3serve.tools.tiny_adapter import write_controlnet
+from h3serve.tools.tiny.make_adapter import write_controlnet
 
 
 def _inputs(text_dim: int):

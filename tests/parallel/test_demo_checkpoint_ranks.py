@@ -8,10 +8,10 @@ import pytest
 from rank_harness import run_ranks
 from rank_sessions import demo_cases
 
+from h3serve.demo.defaults import DEMO_PROMPT, shipped_demo_checkpoint
+from h3serve.demo.world import checks
+from h3serve.demo.world.grammar import parse_prompt
 from h3serve.media.mp4 import rgb8, write_mp4
-from h3serve.tools.demo_model import DEMO_PROMPT, shipped_demo_checkpoint
-from h3serve.tools.demo_world import checks
-from h3serve.tools.demo_world.grammar import parse_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ BYTE_IDENTICAL = ("layerwise", "u2")
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
     demo = shipped_demo_checkpoint()
-    assert demo is not None, "the demo checkpoint ships with h3serve (h3serve/tools/demo_checkpoint)"
+    assert demo is not None, "the demo checkpoint ships with h3serve (h3serve/demo/checkpoint)"
     return run_ranks(2, demo_cases, demo, CASES)
 
 

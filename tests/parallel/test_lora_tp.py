@@ -19,11 +19,11 @@ from safetensors.torch import save_file
 from small_dit import SMALL_DIT
 
 from h3serve.accel.quant_config import ComponentQuant
+from h3serve.loading.components import load_transformer
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.parallel.tensor_parallel import Fp8RowParallelLinear
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.tools.tiny_adapter import write_fasth3_adapter, write_pdd_adapter, write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_fasth3_adapter, write_pdd_adapter, write_peft_adapter
 
 SCALE, ALPHA, RANK = 0.8, 4.0, 4
 

@@ -13,12 +13,12 @@ from rank_harness import run_ranks
 from read_counter import dit_file_bytes
 
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
+from h3serve.loading.dit_pieces import BlockPieces
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import ADALN_MEMO
-from h3serve.rank.dit_pieces import BlockPieces
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_all_gather_keeps_half_of_every_streamed_block_per_rank(ranks):
 
 
 def test_all_gather_ranks_read_only_their_piece_of_the_dit_blocks(ranks, tiny_checkpoint):
-    """DLO all-gather reads each block's piece from the files (h3serve.rank.dit_pieces), not the whole DiT."""
+    """DLO all-gather reads each block's piece from the files (h3serve.loading.dit_pieces), not the whole DiT."""
     folder = tiny_checkpoint / "transformer"
     resident, blocks, slack = dit_file_bytes(folder, BlockPieces(PieceSources(), adaln_on_host=True).lazy)
     for rank in ranks:

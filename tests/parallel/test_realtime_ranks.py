@@ -15,12 +15,12 @@ from tiny_parallel import PARALLEL_DIT
 
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
-from h3serve.engine.realtime import Interaction, RealtimeSpec
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules import realtime as rt
-from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import write_taomate_adapter
+from h3serve.engine.realtime_stream import Interaction, RealtimeSpec
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules import realtime_geometry as rt
+from h3serve.rules.validate.realtime_plan import plan_realtime
+from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def test_a_session_through_two_ulysses_rank_processes(parallel_checkpoint, tmp_p
     config = EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va", realtime_lora=lora)
     threads, reference = torch.get_num_threads(), Recorder()
     try:
-        engine = LocalEngine(config)
+        engine = ModelRunner(config)
         generate_offline(engine, plan_realtime("a harbour at night", 64, 64, 4, 100, defaults=engine.defaults),
                          reference)
         del engine

@@ -11,12 +11,12 @@ from safetensors.torch import save_file
 from tiny_parallel import PARALLEL_DIT, randomize_
 
 from h3serve.accel.attention import BACKENDS
-from h3serve.model import keys
+from h3serve.checkpoint.text_encoder_names import checkpoint_key_to_name
+from h3serve.loading import dit_keys as keys
+from h3serve.loading.components import load_transformer
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.parallel.ring import merge_partial
 from h3serve.parallel.tensor_parallel import GatheredColumnLinear, RowParallelLinear, TensorParallel
-from h3serve.parallel.text_encoder_tp import checkpoint_key_to_name
-from h3serve.rank.checkpoint import load_transformer
 
 
 @pytest.fixture(scope="module")

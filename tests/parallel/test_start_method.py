@@ -19,7 +19,7 @@ def report(rank: int, world: int) -> dict:
     return {
         "marker": os.environ.get("H3SERVE_TEST_MARKER"),
         "parent": parent.pid if parent is not None else None,
-        "preloaded": "h3serve.rank.local" in sys.modules,  # a spawned rank imports only what it needs
+        "preloaded": "h3serve.rank.model_runner" in sys.modules,  # a spawned rank imports only what it needs
     }
 
 

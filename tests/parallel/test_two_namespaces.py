@@ -1,7 +1,7 @@
 """Two nodes on real sockets: two network namespaces joined by a veth pair stand in for two machines.
 
 Two sessions, each a pair of node processes started in the namespaces the way docs/scaling.md tells users to:
-- torchrun: the same `torchrun --nnodes 2 --node-rank K --master-addr A -m h3serve.cli generate ... -tp 2` on
+- torchrun: the same `torchrun --nnodes 2 --node-rank K --master-addr A -m h3serve generate ... -tp 2` on
   both nodes. Node 0 writes the output, bit-identical to TP2 on one node (TP2 itself differs from one rank in the
   last bits, as TP's partial sums are added in another order: that is held to the multi-rank tolerance).
 - the by-hand variables NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT: node 1 runs `h3serve serve` (a follower
@@ -33,7 +33,7 @@ from two_namespaces import JsonLines, NamespacesUnavailable, TwoNodes, log_tail
 from h3serve.config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.media.raw import read_raw
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def _node_env(**variables: str) -> dict[str, str]:
 def one_rank(parallel_checkpoint):
     threads = torch.get_num_threads()
     try:
-        engine = LocalEngine(EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va"))
+        engine = ModelRunner(EngineConfig(model=parallel_checkpoint, threads=1, task_type="fl2va"))
         return engine.generate(plan_for(engine.defaults)).outputs[0]
     finally:
         torch.set_num_threads(threads)
@@ -100,7 +100,7 @@ def torchrun_tp2(nodes, parallel_checkpoint, tmp_path_factory) -> TorchrunRun:
         argv = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--node-rank", str(node), "--master-addr", nodes.addresses[0], "--master-port", "29500",
-            "-m", "h3serve.cli", "generate", PROMPT, "--model", str(parallel_checkpoint), "--steps", str(STEPS),
+            "-m", "h3serve", "generate", PROMPT, "--model", str(parallel_checkpoint), "--steps", str(STEPS),
             "--seed", str(SEED), "--duration", str(DURATION_S), *NODE_FLAGS, "-tp", "2",
             "--save-raw", str(folder / f"node{node}.npz"), "-o", str(folder / f"node{node}.mp4"),
         ]
@@ -165,7 +165,7 @@ def env_var_u2(nodes, parallel_checkpoint, tmp_path_factory) -> EnvVarRun:
     folder = tmp_path_factory.mktemp("env_vars")
     flags = [*NODE_FLAGS, "--usp", "2", "--collective-timeout", f"{COLLECTIVE_TIMEOUT_S:g}"]
     rendezvous = {"NNODES": "2", "MASTER_ADDR": nodes.addresses[0], "MASTER_PORT": "29600"}
-    follower = nodes.start(1, [sys.executable, "-m", "h3serve.cli", "serve", str(parallel_checkpoint), *flags],
+    follower = nodes.start(1, [sys.executable, "-m", "h3serve", "serve", str(parallel_checkpoint), *flags],
                            _node_env(**rendezvous, NODE_RANK="1"), folder / "node1.log")
     steps = ",".join(str(n) for n in REQUEST_STEPS)
     leader = nodes.start(0, [sys.executable, str(LEADER), str(parallel_checkpoint), *flags, "--out", str(folder),

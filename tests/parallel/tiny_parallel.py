@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 PARALLEL_DIT = {**PRESETS["tiny"].transformer, "num_attention_heads": 4}  # 4 heads: TP2 x U2 needs 4
 

@@ -12,15 +12,15 @@ import pytest
 import torch
 from PIL import Image
 
-from h3serve.cli import main
 from h3serve.config import ConfigError, EngineConfig
+from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions, write_mp4
-from h3serve.rank.local import LocalEngine
 from h3serve.rank.media_conditioning import control_pixels
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import ControlRequest, GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError
-from h3serve.tools.tiny_adapter import write_controlnet
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.tools.tiny.make_adapter import write_controlnet
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 PROMPT = "a red ball moving left"
 
@@ -51,7 +51,7 @@ def control_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint, control_file):
-    return LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+    return ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                     controlnet_model_path=str(control_file)))
 
 

@@ -19,7 +19,7 @@ from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
 from h3serve.rules.adapter_choice import AdapterChoice
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 _model = random_small_dit
 
@@ -216,8 +216,8 @@ def test_taomate_directory_on_native_names_equals_the_native_merge(tmp_path):
     """The real-time LoRA's native factors (fused stacked Q/K/V, [gate; value] fc1) applied unmerged on h3serve's
     diffusers modules equal the test's merge into the native weights converted with the checkpoint key maps."""
     from h3serve.adapters.taomate import WEIGHTS_FILE
-    from h3serve.model.keys import diffusers_to_native, native_to_diffusers_name, split_native_tensor
-    from h3serve.tools.tiny_adapter import write_taomate_adapter
+    from h3serve.loading.dit_keys import diffusers_to_native, native_to_diffusers_name, split_native_tensor
+    from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
     cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
     folder = write_taomate_adapter(tmp_path / "taomate", cfg, rank=4, alpha=6.0, seed=3, std=0.1)

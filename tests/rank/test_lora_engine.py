@@ -18,10 +18,10 @@ from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import plan_for_engine
 from h3serve.rules.request import GenerationRequest
-from h3serve.tools.tiny_adapter import write_peft_adapter
+from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 
 def _merge_into(dit, adapter, scale: float, alpha: float, rank: int) -> None:
@@ -60,11 +60,11 @@ SEQUENCE = ("a", None, "b", "a")
 SCALES = {"a": 1.0, "b": 0.5}
 
 
-def _engine(checkpoint, paths, **overrides) -> LocalEngine:
-    return LocalEngine(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", lora_paths=paths, **overrides))
+def _engine(checkpoint, paths, **overrides) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=checkpoint, threads=1, task_type="fl2va", lora_paths=paths, **overrides))
 
 
-def _serve(engine: LocalEngine, catalog: LoraCatalog) -> list:
+def _serve(engine: ModelRunner, catalog: LoraCatalog) -> list:
     """The interleaved requests of SEQUENCE through `engine`: (video, audio) of each."""
     outputs = []
     for name in SEQUENCE:

@@ -17,10 +17,10 @@ from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.pdd import inspect_pdd, is_pdd
 from h3serve.adapters.peft import target_shapes
 from h3serve.config import EngineConfig
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError
-from h3serve.tools.tiny_adapter import save_file, write_pdd_adapter
+from h3serve.tools.tiny.make_adapter import save_file, write_pdd_adapter
 
 PROMPT = "a red ball moving left"
 
@@ -36,7 +36,7 @@ def pdd_file(tiny_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint, pdd_file):
-    return LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+    return ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                     lora_paths=(("acc", str(pdd_file)),)))
 
 
@@ -107,7 +107,7 @@ def test_the_served_output_equals_the_tests_own_merge(tiny_pipeline, tiny_checkp
     assert choice.pdd is not None and choice.pdd.forwards == 8 and choice.pdd.tasks == ("t2va", "fl2va")
     plan = engine.plan(GenerationRequest(prompt=PROMPT, duration_s=4, seed=2, lora=choice))
     assert (plan.steps, plan.flow_shift, plan.audio_flow_shift) == (8, 12.0, 3.0)
-    engine.lora.activate_for(plan)  # what LocalEngine.generate does first; the pipeline's result keeps the latents
+    engine.lora.activate_for(plan)  # what ModelRunner.generate does first; the pipeline's result keeps the latents
     served = engine.pipeline.generate(plan)
     reference = _reference(plain, plan, pdd_file)
     assert (served.video_latents - reference.video_latents).abs().max() <= 1e-5
@@ -189,7 +189,7 @@ def test_an_engine_with_its_dit_offloaded_refuses_a_pdd_request_by_name(tiny_che
     request is refused (as the client's error naming `lora`), and plain requests still run."""
     from h3serve.offload.modes import OffloadConfig
 
-    engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+    engine = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                       offload=OffloadConfig(streamed=frozenset({"dit"})),
                                       lora_paths=(("acc", str(pdd_file)),)))
     plan = engine.plan(GenerationRequest(prompt=PROMPT, duration_s=4, lora=_choice(tiny_checkpoint, pdd_file)))

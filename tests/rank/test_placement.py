@@ -15,7 +15,7 @@ from h3serve.config import ConfigError, EngineConfig
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.request_shapes import longest_pass
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import long_request_refusal, placement_for_engine, plan_for_engine
 
 CPU = torch.device("cpu")
@@ -41,7 +41,7 @@ def test_the_engine_runs_the_resident_layers_auto_resolves(tiny_checkpoint, caps
     # On the tiny checkpoint the VAE decode, not the DiT, sets the peak: every block fits, so auto keeps all six
     # (the planner's own choice between K values is tested on the released model in test_planner).
     memory = _peak_with(tiny_checkpoint, 6) + GiB
-    engine = LocalEngine(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=memory))
+    engine = ModelRunner(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=memory))
     assert engine.config.offload.resident_layers == engine.placement.resident_layers == 6
     assert len(engine.offload.prefix) == 6 and engine.offload.streams["transformer"][0].units  # the refiner streams
     log = capsys.readouterr().err
@@ -54,7 +54,7 @@ def test_a_configuration_that_cannot_fit_is_refused_before_loading(tiny_checkpoi
     config = _config(tiny_checkpoint, device_memory=64 * 2**20, decode_mode="full")
     refused = r"does not fit the device: rank 0 needs .* GiB in video_decode .* \(short by .* GiB\); offload more"
     with pytest.raises(ConfigError, match=refused):
-        LocalEngine(config)
+        ModelRunner(config)
     with pytest.raises(ConfigError, match="--dlo-resident-layers auto: even with 0 resident blocks"):
         placement_for_engine(_config(tiny_checkpoint, offload=AUTO_DLO, device_memory=64 * 2**20), CPU)
 
@@ -66,7 +66,7 @@ def test_auto_needs_a_device_size_on_cpu(tiny_checkpoint):
 
 def test_generate_refuses_at_start_up_with_one_line(tiny_checkpoint, tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "h3serve.cli", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
+        [sys.executable, "-m", "h3serve", "generate", "a fox", "-o", str(tmp_path / "out.mp4"),
          "--model", str(tiny_checkpoint), "--device", "cpu", "--device-memory", "64MiB", "--steps", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

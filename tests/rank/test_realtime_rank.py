@@ -13,7 +13,9 @@ import torch
 from realtime_recorder import Recorder
 
 from h3serve.config import EngineConfig
-from h3serve.engine.messages import (
+from h3serve.errors import ConfigError
+from h3serve.media.raw import read_chunk
+from h3serve.messages import (
     JobCancelled,
     RealtimeChunkReady,
     RealtimeEnded,
@@ -22,15 +24,13 @@ from h3serve.engine.messages import (
     RealtimeRead,
     RealtimeStop,
 )
-from h3serve.errors import ConfigError
-from h3serve.media.raw import read_chunk
 from h3serve.model.realtime.prompt import encode_prompt
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import Boundary, Inbox, generate_offline, realtime_choice, run_session, spool_chunk
-from h3serve.rules import realtime as rt
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import Boundary, Inbox, generate_offline, realtime_choice, run_session, spool_chunk
+from h3serve.rules import realtime_geometry as rt
 from h3serve.rules.request import GenerationRequest
-from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.rules.validate.realtime_plan import plan_realtime
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def lora_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint, lora_dir):
     threads = torch.get_num_threads()
-    yield LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va", realtime_lora=str(lora_dir)))
+    yield ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va", realtime_lora=str(lora_dir)))
     torch.set_num_threads(threads)
 
 
@@ -153,7 +153,7 @@ def test_sessions_and_jobs_reuse_the_compiled_blocks(tiny_checkpoint, lora_dir):
     the blocks their own back, so after the first session and job no graph is built again."""
     threads = torch.get_num_threads()
     try:
-        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
+        engine = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                           realtime_lora=str(lora_dir), compile_granularity="regional",
                                           compile_backend="aot_eager"))
         plan, job = _plan(engine, "x", 1, 100), engine.plan(GenerationRequest(prompt="x", steps=2, duration_s=4))

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from h3serve.config import EngineConfig
 from h3serve.parallel.peers import Peers
-from h3serve.rank import local, worker
+from h3serve.rank import model_runner, worker
 from h3serve.rank.device_checks import RankDevice
 from h3serve.rank.worker import CancelVote, rank_gpu
 
@@ -44,7 +44,7 @@ def test_a_single_rank_worker_on_cuda_n_sets_its_device_first(monkeypatch):
         assert chosen == [2], "the device must be current before the engine does any CUDA work"
         return SimpleNamespace(device=setup.device)
 
-    monkeypatch.setattr(worker, "LocalEngine", engine)
+    monkeypatch.setattr(worker, "ModelRunner", engine)
     worker._start(0, 1, "unused://", EngineConfig(model="unused", device="cuda:2"), events=None, local_rank=None)
     assert chosen == [2]
 
@@ -58,9 +58,10 @@ def test_an_in_process_engine_on_cuda_n_sets_its_device(monkeypatch, tiny_checkp
         raise _Stop(device)
 
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
-    monkeypatch.setattr(local, "check_engine", lambda config: RankDevice(torch.device("cuda", 1), torch.float32, {}))
+    device = RankDevice(torch.device("cuda", 1), torch.float32, {})
+    monkeypatch.setattr(model_runner, "check_engine", lambda config: device)
     with pytest.raises(_Stop) as stopped:  # stopped there: the rest of the load would need the GPU
-        local.LocalEngine(EngineConfig(model=tiny_checkpoint, device="cuda:1", threads=1))
+        model_runner.ModelRunner(EngineConfig(model=tiny_checkpoint, device="cuda:1", threads=1))
     assert torch.device(stopped.value.args[0]) == torch.device("cuda", 1)
 
 

@@ -74,7 +74,8 @@ def test_malformed_ratios(text):
 
 
 def test_the_cli_reads_the_canvas_fields():
-    from h3serve.cli import _request_from_args, build_parser
+    from h3serve.entrypoints.cli import build_parser
+    from h3serve.entrypoints.generate import _request_from_args
 
     args = build_parser().parse_args(["generate", "x", "-o", "o.mp4", "--short-edge", "1440", "--aspect-ratio", "auto"])
     plan = validate(_request_from_args(args))

@@ -3,7 +3,7 @@ global timeline, published frames, and the clean K/V cache's retention and bound
 
 from __future__ import annotations
 
-from h3serve.rules import realtime as rt
+from h3serve.rules import realtime_geometry as rt
 
 
 def test_first_request_and_later_requests():

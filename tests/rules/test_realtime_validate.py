@@ -6,7 +6,7 @@ import pytest
 
 from h3serve.errors import RequestError
 from h3serve.rules.defaults import ModelDefaults
-from h3serve.rules.validate.realtime import plan_realtime
+from h3serve.rules.validate.realtime_plan import plan_realtime
 
 TINY = ModelDefaults(canvas_short_edge=64)
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from h3serve import cli
+from h3serve.entrypoints import cli
+from h3serve.entrypoints.plan import plan_from_argv
 from h3serve.tools.bench import acceptance
-from h3serve.tools.bench.acceptance import Context, Failed, Row, Skip
+from h3serve.tools.bench.acceptance import AcceptanceContext, CheckFailed, Row, Skip
 
 ROW_KEYS = {"name", "what", "status", "budget_s", "seconds", "figure", "message", "data"}
 QUICK = ("environment", "numerics", "memory", "throughput")  # the selftest's CPU part without spawned ranks
@@ -50,22 +51,23 @@ def test_the_acceptance_command_runs_end_to_end_on_cpu(tiny_checkpoint, tmp_path
     assert all(f"| {name} |" in table for name in rows)
 
 
-def _ctx(tmp_path: Path, budget_s: float = 10.0) -> Context:
-    return Context(cuda=False, device_name="test", out=tmp_path, budget_s=budget_s)
+def _ctx(tmp_path: Path, budget_s: float = 10.0) -> AcceptanceContext:
+    return AcceptanceContext(cuda=False, device_name="test", out=tmp_path, budget_s=budget_s,
+                             plan_from_argv=plan_from_argv)
 
 
 def test_rows_past_the_global_budget_are_skipped_and_a_crash_fails_only_its_row(tmp_path):
-    def slow(ctx: Context, budget: float) -> tuple[str, dict]:
+    def slow(ctx: AcceptanceContext, budget: float) -> tuple[str, dict]:
         time.sleep(0.3)
         return "done", {"x": 1}
 
-    def crash(ctx: Context, budget: float) -> tuple[str, dict]:
+    def crash(ctx: AcceptanceContext, budget: float) -> tuple[str, dict]:
         raise KeyError("boom")
 
-    def wrong(ctx: Context, budget: float) -> tuple[str, dict]:
-        raise Failed("peak over plan")
+    def wrong(ctx: AcceptanceContext, budget: float) -> tuple[str, dict]:
+        raise CheckFailed("peak over plan")
 
-    def gpu(ctx: Context, budget: float) -> tuple[str, dict]:
+    def gpu(ctx: AcceptanceContext, budget: float) -> tuple[str, dict]:
         ctx.gpu()
         raise AssertionError("unreachable on CPU")
 
@@ -85,7 +87,7 @@ def test_rows_past_the_global_budget_are_skipped_and_a_crash_fails_only_its_row(
 
 def test_a_row_past_its_budget_is_killed_and_fails(tmp_path):
     start = time.perf_counter()
-    with pytest.raises(Failed, match="over its budget of 1 s") as failed:
+    with pytest.raises(CheckFailed, match="over its budget of 1 s") as failed:
         acceptance.h3serve(["selftest", "--device", "cpu"], 1.0, lambda line: None)
     assert time.perf_counter() - start < 10
     assert "its last output: " in str(failed.value)  # where the child was when it was killed
@@ -114,7 +116,7 @@ def test_the_request_rows_matrices_are_valid_bench_matrices(tiny_checkpoint):
 
 
 def test_skip_and_the_gpu_guard():
-    ctx = Context(cuda=True, device_name="gpu", out=Path("."), budget_s=1.0)
+    ctx = AcceptanceContext(cuda=True, device_name="gpu", out=Path("."), budget_s=1.0)
     ctx.gpu()  # no exception on a GPU
     with pytest.raises(Skip, match="the checkpoint row did not build"):
         acceptance._needs_checkpoint(ctx)

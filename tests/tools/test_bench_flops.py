@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.tools.bench.flops import FlopCounter, ForwardShape, forward_flops, text_embed_flops
-from h3serve.tools.tiny_checkpoint import PRESETS
+from h3serve.tools.tiny.make_checkpoint import PRESETS
 
 CFG = H3TransformerConfig.from_dict(dict(PRESETS["tiny"].transformer))
 

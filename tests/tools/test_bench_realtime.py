@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from h3serve.cli import main
-from h3serve.engine.realtime import RealtimeSpec
-from h3serve.tools.bench.realtime import ChunkTiming, SessionTiming, summary
+from h3serve.engine.realtime_stream import RealtimeSpec
+from h3serve.entrypoints.cli import main
+from h3serve.tools.bench.realtime_latency import ChunkTiming, SessionTiming, summary
 
 
 def test_the_figures_of_a_session():
@@ -46,6 +46,6 @@ def test_bench_realtime_refuses_a_model_without_its_lora(tmp_path, capsys):
 
 
 def _lora(tmp_path):
-    from h3serve.tools.tiny_adapter import make_tiny_adapter
+    from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
     return make_tiny_adapter(tmp_path / "taomate", "taomate")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from h3serve import cli
 from h3serve.accel import attention
+from h3serve.entrypoints import cli
 
 QUICK = ("environment", "numerics", "memory", "throughput")  # all but two-rank sessions and real requests (slow below)
 
@@ -104,10 +104,10 @@ def test_without_two_gpus_the_multi_gpu_checks_say_why(monkeypatch):
     import torch
 
     from h3serve.tools.selftest import parallel_checks
-    from h3serve.tools.selftest.core import SKIP, Context, run_check
+    from h3serve.tools.selftest.core import SKIP, SelftestContext, run_check
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    ctx = Context(torch.device("cuda"), torch.bfloat16, {}, False, None, None, budget_s=60)
+    ctx = SelftestContext(torch.device("cuda"), torch.bfloat16, {}, False, None, None, budget_s=60)
     for check in (parallel_checks.collectives, parallel_checks.tensor_parallel, parallel_checks.ulysses):
         outcome = run_check("multi_gpu", check, ctx)
         assert (outcome.status, outcome.message) == (SKIP, "1 GPU visible: the multi-GPU checks need two or more")

@@ -53,8 +53,7 @@ async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
     if mime == JSON_TYPE:
         return RequestBody(await asyncio.to_thread(_json_object, await request.body()))
     if mime == URLENCODED:
-        pairs = await asyncio.to_thread(_urlencoded_pairs, await request.body())
-        return _form_body(pairs, {})
+        return _form_body(await asyncio.to_thread(_urlencoded_pairs, await request.body()), {})
     if mime != MULTIPART:
         raise APIError(
             415,

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from h3serve.api.error_envelope import APIError
 from h3serve.api.intake.json_values import preview
@@ -53,7 +54,7 @@ def _shown(raw: Any) -> str:
     return preview(raw)
 
 
-def _message(error: dict[str, Any]) -> str:
+def _message(error: ErrorDetails) -> str:
     value = _shown(error.get("input"))
     kind = error["type"]
     if error["loc"] == ("prompt",) and kind in ("string_too_short", "string_pattern_mismatch"):

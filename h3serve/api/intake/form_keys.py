@@ -15,6 +15,7 @@ from h3serve.errors import ClientError
 
 _KEY = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])*)$")
 _SEGMENT = re.compile(r"\[([^\[\]]*)\]")
+Node = dict[str, Any] | list[Any]  # a rebuilt value that holds others
 
 
 class BracketError(ClientError, ValueError):
@@ -39,7 +40,7 @@ def base_name(key: str) -> str:
     return split_key(key)[0]
 
 
-def _container(parent: dict | list, segment: str, rest: list[str], key: str) -> dict | list:
+def _container(parent: Node, segment: str, rest: list[str], key: str) -> Node:
     """The dict or list at `parent[segment]` that the remaining path `rest` descends into (created if new)."""
     kind = list if rest[0] == "" else dict
     if isinstance(parent, list):
@@ -47,15 +48,16 @@ def _container(parent: dict | list, segment: str, rest: list[str], key: str) -> 
         last = parent[-1] if parent else None
         if kind is dict and isinstance(last, dict) and (len(rest) > 1 or rest[0] not in last):
             return last
-        parent.append(kind())
-        return parent[-1]
+        fresh: Node = kind()
+        parent.append(fresh)
+        return fresh
     existing = parent.setdefault(segment, kind())
     if not isinstance(existing, kind):
         raise BracketError(key)
     return existing
 
 
-def _set_leaf(parent: dict | list, segment: str, value: Any, key: str) -> None:
+def _set_leaf(parent: Node, segment: str, value: Any, key: str) -> None:
     if isinstance(parent, list):
         parent.append(value)
     elif segment not in parent:
@@ -86,7 +88,7 @@ def unflatten(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         path = split_key(key)
         if len(path) > MAX_NESTING:  # the rebuilt value is walked recursively: bound its depth
             raise BracketError(key, f"nests more than {MAX_NESTING} levels deep")
-        parent: dict | list = root
+        parent: Node = root
         for depth, segment in enumerate(path[:-1]):
             parent = _container(parent, segment, path[depth + 1 :], key)
         _set_leaf(parent, path[-1], value, key)

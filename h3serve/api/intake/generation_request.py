@@ -96,7 +96,7 @@ def _limit(kind: MediaKind | None, field: str = "") -> int:
 
 def _declared_kind(content_type: str | None) -> MediaKind | None:
     major = (content_type or "").split("/")[0].strip().lower()
-    return major if major in BYTE_LIMITS else None  # type: ignore[return-value]
+    return next((kind for kind in BYTE_LIMITS if kind == major), None)
 
 
 def _file_name(index: int, client_name: str) -> str:
@@ -216,7 +216,8 @@ def place_media(
     cannot go there. `frame_indices`: the request's, for FL2VA keyframes."""
     sources = {m.source.field: m.ref for m in media if m.source.field in SOURCE_FIELDS}
     media = [m for m in media if m.source.field not in SOURCE_FIELDS]
-    request = dataclasses.replace(request, **sources)
+    for field, ref in sources.items():
+        request = dataclasses.replace(request, **{field: ref})  # type: ignore[arg-type]  # a media field's name
     if keyframes_requested(request.task, media):
         image, last_image = _keyframes(media, frame_indices) if media else (None, None)
         return dataclasses.replace(request, image=image, last_image=last_image)

@@ -7,6 +7,7 @@ Each raises `APIError` 400 naming the field, so a client learns which value was 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from h3serve.api.error_envelope import APIError, bad_request
@@ -33,7 +34,7 @@ def _structure_error(value: Any, limit: int = MAX_NESTING) -> str | None:
             continue
         if isinstance(item, dict):
             stack.extend((key, depth) for key in item)
-            children = item.values()
+            children: Iterable[Any] = item.values()
         elif isinstance(item, list):
             children = item
         else:
@@ -59,12 +60,18 @@ def preview(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
+def _add(seen: set[str], key: str) -> bool:
+    """Add `key` to `seen`; False, so that a scan reads on."""
+    seen.add(key)
+    return False
+
+
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """One rule for every body: a field given twice is refused (as a repeated form field is), never resolved."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        duplicate = next(k for k, _ in pairs if k in seen or _add(seen, k))
         raise ValueError(f"the key {preview(duplicate)} appears more than once in an object")
     return obj
 
@@ -74,7 +81,7 @@ def parse_json(text: str | bytes) -> Any:
     duplicate keys and lone surrogates; `ValueError` with a one-line reason."""
     # Counted before parsing (a C-speed scan): parsing millions of values holds the GIL for seconds. Every
     # comma counts, even inside strings, so this over-counts; a prompt of MAX_PROMPT_CHARS commas still passes.
-    separators = text.count(b"," if isinstance(text, bytes) else ",")
+    separators = text.count(b",") if isinstance(text, bytes) else text.count(",")
     if separators >= MAX_JSON_ITEMS:
         raise ValueError(f"more than {MAX_JSON_ITEMS} values (a request has at most a few dozen)")
     try:

@@ -1,4 +1,4 @@
-"""The bridge from a `RealtimeStream` (blocking calls, h3serve.engine.realtime) to the event loop.
+"""The bridge from a `RealtimeStream` (blocking calls, h3serve.engine.realtime_stream) to the event loop.
 
 One thread owns the stream's blocking calls, `next_chunk` and `close`, which must never run at once (both read the
 executor's events). It takes the next chunk only once the previous one was sent (`sent`), so a slow client holds
@@ -13,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from h3serve.engine.realtime import RealtimeChunk, RealtimeStream
+from h3serve.engine.realtime_stream import RealtimeChunk, RealtimeStream
 
 log = logging.getLogger("h3serve.realtime")
 POLL_S = 0.25  # how often the thread looks up from a wait to see whether the session wants it to stop
@@ -60,7 +60,7 @@ class ChunkPump:
                 self.stream.close()
             except Exception:
                 log.exception("closing a real-time stream failed")
-            self._call_soon(lambda: self._done.done() or self._done.set_result(None))
+            self._call_soon(self._set_done)
 
     def _take_credit(self) -> bool:
         while not self._closing.is_set():
@@ -78,6 +78,10 @@ class ChunkPump:
 
     def _deliver(self, item: Delivery) -> None:
         self._call_soon(lambda: self.chunks.put_nowait(item))
+
+    def _set_done(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
 
     def _call_soon(self, callback: Callable[[], object]) -> None:
         try:

@@ -13,11 +13,11 @@ from starlette.websockets import WebSocket
 from h3serve.api.auth import KEY_SUBPROTOCOL, MISSING_KEY, authorized
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import error_response
-from h3serve.api.realtime.messages import ErrorMessage
-from h3serve.api.realtime.protocol import POLICY, TRY_LATER
+from h3serve.api.realtime.events import ErrorMessage
+from h3serve.api.realtime.parse import POLICY, TRY_LATER
 from h3serve.api.realtime.session import RealtimeSession
 from h3serve.engine.jobs.types import ShuttingDown
-from h3serve.engine.realtime import RealtimeBusy, RealtimeUnavailable
+from h3serve.engine.realtime_stream import RealtimeBusy, RealtimeUnavailable
 
 router = APIRouter()
 PATH = "/v1/realtime/video"

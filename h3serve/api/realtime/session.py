@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from h3serve.api.prometheus import Metrics
-from h3serve.api.realtime.messages import (
+from h3serve.api.realtime.events import (
     ChunkMetadata,
     ErrorMessage,
     InteractionQueued,
@@ -31,7 +31,7 @@ from h3serve.api.realtime.messages import (
     SessionStart,
     VideoStart,
 )
-from h3serve.api.realtime.protocol import (
+from h3serve.api.realtime.parse import (
     INTERNAL,
     NORMAL,
     POLICY,
@@ -45,7 +45,7 @@ from h3serve.api.realtime.pump import ChunkPump
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs.sessions import SessionLease
 from h3serve.engine.jobs.types import ShuttingDown
-from h3serve.engine.realtime import Interaction, RealtimeBusy, RealtimeChunk, RealtimeSpec, RealtimeStream
+from h3serve.engine.realtime_stream import Interaction, RealtimeBusy, RealtimeChunk, RealtimeSpec, RealtimeStream
 from h3serve.errors import ClientError, H3ServeError, job_error_for
 from h3serve.rules import limits
 
@@ -71,7 +71,7 @@ class RealtimeSession:
         """The whole session; returns once the socket is closed and the stream with it."""
         pump: ChunkPump | None = None
         reader: asyncio.Task[None] | None = None
-        close_code = NORMAL
+        close_code: int | None = NORMAL
         try:
             start = await self._receive_start()
             spec = start.spec(self.config.served_model_name)
@@ -181,7 +181,7 @@ class RealtimeSession:
             raise ClientGone() from None
         if frame["type"] == "websocket.disconnect":
             raise ClientGone()
-        return frame
+        return dict(frame)
 
     async def _send(self, message: BaseModel) -> None:
         text = message.model_dump_json(exclude_none=isinstance(message, ErrorMessage))

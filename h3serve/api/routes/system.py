@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -22,7 +22,7 @@ async def health(request: Request) -> JSONResponse:
     # Async on purpose: it answers from the event loop even if every worker thread were busy.
     manager = get_context(request).manager
     reason = manager.unhealthy_reason()
-    body: dict = {"status": "healthy"} if reason is None else {"status": "unhealthy", "reason": reason}
+    body: dict[str, Any] = {"status": "healthy"} if reason is None else {"status": "unhealthy", "reason": reason}
     replicas = manager.replicas()
     if len(replicas) > 1:  # data parallelism: each replica's own state
         body["replicas"] = [

@@ -10,8 +10,8 @@ from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import Outcomes
 from h3serve.engine.jobs.types import JobPolicy
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED
+from h3serve.jobstore.store import JobStore
 
 log = logging.getLogger("h3serve.jobs")
 
@@ -42,7 +42,7 @@ class LeaseKeeper:
         also delete orphaned sync jobs and forget jobs submitted here that another server finished."""
         book, store, owner = self.book, self.store, self.policy.owner
         with book.cond:  # the jobs this server runs, and its sync jobs (their clients wait here)
-            mine = {a.job_id for a in book.held()} | set(book.done)
+            mine = {a.job_id for a in book.held()} | book.waited_on()
         held = store.renew(owner, self.policy.lease_s, mine)
         with book.cond:
             for active in book.held():
@@ -54,10 +54,8 @@ class LeaseKeeper:
             self.files.remove(job_id)
         with book.cond:
             running = {a.job_id for a in book.held()}
-            tracked = [j for j in set(book.done) | set(book.plans) if j not in running]
+            tracked = [j for j in book.tracked() if j not in running]
         for job_id in tracked:
             job = store.get(job_id)
             if job is None or job.status in FINISHED or job.owner not in (None, owner):
-                with book.cond:
-                    book.plans.pop(job_id, None)
-                    book.finish_waiters(job_id)
+                book.forget(job_id)

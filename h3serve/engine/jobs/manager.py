@@ -49,8 +49,8 @@ from h3serve.engine.jobs.types import (
 from h3serve.engine.planning import plan_request
 from h3serve.engine.submission import Admission, PreparedJob, prepare_job
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.store import JobStore
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
@@ -172,7 +172,7 @@ class JobManager:
         server waits for its requests before cancelling them. A waiter then finds its job unfinished."""
         with self.book.cond:
             self.stop_taking_work()
-            for active in self.book.active.values():
+            for active in self.book.running():
                 if active.seq is not None:
                     self.executors[active.replica].cancel(active.seq)
             self.answer_waiters()
@@ -180,18 +180,12 @@ class JobManager:
 
     def stop_taking_work(self) -> None:
         """The first step of every stop: no job is queued or claimed from here on (`ShuttingDown`). Idempotent."""
-        with self.book.cond:
-            self.book.stopping = True
-            self.book.cond.notify_all()
+        self.book.stop()
 
     def answer_waiters(self, *, keep_held: bool = False) -> None:
         """Wake every waiter of this server's jobs (`done_event`), after `stop_taking_work` so that no new one
         comes. `keep_held`: not those of the jobs still held (running, or their output being written)."""
-        with self.book.cond:
-            held = {a.job_id for a in self.book.held()} if keep_held else set()
-            for job_id in [j for j in self.book.done if j not in held]:
-                self.book.finish_waiters(job_id)
-            self.book.cond.notify_all()
+        self.book.answer_waiters(keep_held=keep_held)
 
     def drain(self, grace_s: float) -> bool:
         """Graceful stop, in order: take no more jobs, answer the waiters of queued jobs (they stay queued for
@@ -233,7 +227,7 @@ class JobManager:
         return [self._replica_status(i) for i in range(len(self.executors))]
 
     def _replica_status(self, i: int) -> ReplicaStatus:
-        active = self.book.active.get(i)
+        active = self.book.running_on(i)
         problem = None
         if len(self._runner_threads) <= i or not self._runner_threads[i].is_alive():
             problem = "the job runner is not running"
@@ -245,8 +239,8 @@ class JobManager:
                 limit = self.stall_timeout_s
                 problem = f"the running job made no progress for {stalled_s:.0f} s (--stall-timeout {limit:g})"
         job_id = active.job_id if active else None
-        busy = active is not None or i in self.book.sessions
-        return ReplicaStatus(i, busy, job_id, self.book.served[i], problem, dict(self.book.counters[i]))
+        busy = active is not None or self.book.in_session(i)
+        return ReplicaStatus(i, busy, job_id, self.book.served(i), problem, self.book.counters(i))
 
     def add_listener(self, listener: JobListener) -> None:
         """`listener(job)` is called from a runner thread whenever a job completes or fails."""
@@ -278,7 +272,7 @@ class JobManager:
 
     def _retry_after_s(self) -> int:
         """A slot frees when a running job ends: about one job's duration, from the recent ones."""
-        recent = self.book.run_seconds[-8:]
+        recent = self.book.recent_run_seconds()
         if not recent:
             return DEFAULT_RETRY_AFTER_S
         return max(1, math.ceil(sum(recent) / len(recent) / len(self.executors)))
@@ -309,17 +303,14 @@ class JobManager:
             if job.sync:
                 job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
             job = self.store.insert(job)
-            self.book.plans[job.id] = prepared.plan
-            self.book.done[job.id] = threading.Event()
-            self.book.wakeups += 1
-            self.book.cond.notify_all()
+            self.book.track(job.id, prepared.plan)
         return job
 
     def done_event(self, job_id: str) -> threading.Event | None:
         """Set once the job completes, fails or is deleted; None when this server is not tracking it.
 
         Lock-free (one dict read), so the event loop can call it without waiting on a store write."""
-        return self.book.done.get(job_id)
+        return self.book.waiter(job_id)
 
     def delete(self, job_id: str) -> bool:
         """Forget a job and its files. A queued job leaves the queue; a running one stops at its next step
@@ -330,12 +321,11 @@ class JobManager:
                 return False
             active = self.book.find(job_id)
             if active is not None:
-                active.deleted = True  # the runner removes the files once the executor lets go
+                self.book.dropped(active, deleted=True)  # the runner removes the files once the executor lets go
                 if active.seq is not None:
                     self.executors[active.replica].cancel(active.seq)
                 return True
-            self.book.plans.pop(job_id, None)
-            self.book.finish_waiters(job_id)
+            self.book.forget(job_id)
         running_elsewhere = (job.status == "in_progress" and job.owner != self.policy.owner
                              and (job.lease_expires_at or 0) > time.time())
         if not running_elsewhere:  # else its owner removes them once it lets go (it may be writing them)

@@ -14,11 +14,11 @@ from h3serve.engine.artifacts import discard_files, write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
-from h3serve.engine.output import GenerationOutput
 from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import FINISHED, JobError
+from h3serve.jobstore.store import JobStore
+from h3serve.messages import GenerationOutput
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.jobs")
@@ -60,7 +60,7 @@ class Outcomes:
             )
             return
         now = time.monotonic()
-        self.book.run_seconds = [*self.book.run_seconds[-7:], now - active.started]
+        self.book.record_run(now - active.started)
         frames = output.num_frames
         # The engine's spans are on the same monotonic clock (one per host): placed on the job's own run.
         spans = [*output.stage_timeline, ("encode", encode_start, now)]
@@ -88,10 +88,8 @@ class Outcomes:
         job = self.store.get(active.job_id)
         if job is not None and job.owner == self.policy.owner and job.status in FINISHED:
             return  # recorded by this very run a moment ago
-        if job is None:
-            active.deleted = True  # the runner removes the files once the executor lets go
-        else:
-            active.lost = True
+        self.book.dropped(active, deleted=job is None)  # deleted: the runner removes the files once it lets go
+        if job is not None:
             log.warning("job %s: lease lost to %s; stopping this run", active.job_id, job.owner)
         if active.seq is not None:
             self.executors[active.replica].cancel(active.seq)
@@ -142,7 +140,9 @@ class Outcomes:
                 self.drop(active)
                 return
         job = self.store.get(active.job_id)
-        for listener in self.book.listeners if job is not None else ():
+        if job is None:  # deleted since
+            return
+        for listener in self.book.listeners:
             try:
                 listener(job)
             except Exception:

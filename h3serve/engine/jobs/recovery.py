@@ -4,13 +4,12 @@ finished, unfinished ones run again from the start, in order), and a TTL sweeper
 from __future__ import annotations
 
 import logging
-import threading
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import job_error
 from h3serve.engine.jobs.types import JobPolicy, Replanner
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
+from h3serve.jobstore.store import JobStore
 from h3serve.media.intake import MediaError
 from h3serve.rules.validate import RequestError
 
@@ -55,11 +54,11 @@ class Recovery:
         recovered = 0
         for job in self.store.unfinished():
             try:
-                self.book.plans[job.id] = self.replan(job.request)
+                plan = self.replan(job.request)
             except (RequestError, MediaError) as e:  # the model or the input files changed under the job
                 self.store.update(job.id, status="failed", completed_at=int(self.policy.clock()), error=job_error(e))
                 continue
-            self.book.done[job.id] = threading.Event()
+            self.book.track(job.id, plan, wake=False)
             recovered += 1
         if recovered:
             log.info("recovered %d unfinished job(s)", recovered)

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.outcomes import Outcomes, job_error
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
-from h3serve.engine.output import GenerationOutput
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.protocol import JobStore
 from h3serve.jobstore.records import Job
+from h3serve.jobstore.store import JobStore
 from h3serve.media.intake import MediaError
+from h3serve.messages import GenerationOutput
 from h3serve.rules.validate import GenerationPlan, RequestError
 
 log = logging.getLogger("h3serve.jobs")
@@ -69,7 +68,7 @@ class ReplicaRunner:
                         self.outcomes.write_and_finish(active, output)
                     self._release(active)
         finally:
-            finisher = self.book.finishers.get(self.replica)
+            finisher = self.book.finisher_of(self.replica)
             if finisher is not None:
                 finisher.join()  # the runner ends once its last output is written
 
@@ -80,7 +79,7 @@ class ReplicaRunner:
         with book.cond:
             while not book.stopping:
                 seen = book.wakeups
-                if self.replica in book.sessions:  # a real-time session holds the replica: no job until it ends
+                if book.in_session(self.replica):  # a real-time session holds the replica: no job until it ends
                     book.cond.wait(self.policy.poll_s)
                     continue
                 try:
@@ -92,15 +91,14 @@ class ReplicaRunner:
                     # Our own running job, its lease run out (a heartbeat held up): the claim renewed it.
                     log.warning("job %s: lease ran out while running here; renewed", job.id)
                 elif job is not None:
-                    active = book.active[self.replica] = ActiveJob(job.id, self.replica)
-                    return job, active
+                    return job, book.claim(self.replica, job.id)
                 if book.wakeups == seen:
                     book.cond.wait(self.policy.poll_s)
             return None
 
     def _hand_off(self, active: ActiveJob, output: GenerationOutput) -> None:
         """Give the job to the replica's finisher thread (after its previous one is written) and free the replica."""
-        previous = self.book.finishers.get(self.replica)
+        previous = self.book.finisher_of(self.replica)
         if previous is not None:
             previous.join()  # one job finishing per replica: bounded memory, outcomes recorded in order
 
@@ -110,32 +108,20 @@ class ReplicaRunner:
             finally:
                 self._release(active)
 
-        with self.book.cond:
-            del self.book.active[self.replica]
-            self.book.finishing[self.replica] = active
         thread = threading.Thread(target=write_then_release, name=f"h3serve-job-finisher-{self.replica}", daemon=True)
-        self.book.finishers[self.replica] = thread
+        self.book.hand_off(self.replica, active, thread)
         thread.start()
 
     def _release(self, active: ActiveJob) -> None:
         """The job leaves this server's hands: remove a deleted job's files, count it, wake its waiters."""
-        book = self.book
-        with book.cond:
-            if active.deleted:
-                self.files.remove(active.job_id)
-            if book.active.get(self.replica) is active:
-                del book.active[self.replica]
-            if book.finishing.get(self.replica) is active:
-                del book.finishing[self.replica]
-            book.served[self.replica] += 1
-            book.plans.pop(active.job_id, None)
-            book.finish_waiters(active.job_id)  # after the outcome is stored: a sync waiter reads it next
-            book.cond.notify_all()  # a drain waits for the held jobs
+        if active.deleted:
+            self.files.remove(active.job_id)
+        self.book.release(self.replica, active)
 
     def _plan_for(self, job: Job, active: ActiveJob) -> GenerationPlan | None:
         """The job's plan: the one made at submission, else planned again (a job submitted to another server,
         or before a restart); None after failing the job when its request no longer plans."""
-        plan = self.book.plans.get(job.id)
+        plan = self.book.plan_of(job.id)
         if plan is not None:
             return plan
         try:
@@ -152,13 +138,11 @@ class ReplicaRunner:
 
         def on_start(seq: int) -> None:
             with book.cond:
-                active.seq = seq
-                active.last_progress = time.monotonic()
-                if active.dropped or book.stopping:
+                if book.started(active, seq):
                     executor.cancel(seq)
 
         def on_progress(done: int, total: int) -> None:
-            active.last_progress = time.monotonic()
+            book.progressed(active)
             percent = min(99, done * 100 // max(total, 1))  # 100 only once the files are written
             if percent > reported[0]:
                 reported[0] = percent
@@ -181,5 +165,5 @@ class ReplicaRunner:
             timeout_s=self.policy.job_timeout_s,
             encoder=active.encoder,
         )
-        book.counters[self.replica] = dict(output.counters)
+        book.record_counters(self.replica, output.counters)
         return None if active.dropped else output

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.types import ExecutorLike, ShuttingDown
-from h3serve.engine.realtime import RealtimeBusy, RealtimeSpec, RealtimeStream
+from h3serve.engine.realtime_stream import RealtimeBusy, RealtimeSpec, RealtimeStream
 
 
 class SessionLease:
@@ -42,14 +42,11 @@ class SessionSlots:
         with self.book.cond:
             if self.book.stopping:
                 raise ShuttingDown("the server is shutting down")
-            for replica in range(len(self.executors)):
-                if replica not in self.book.active and replica not in self.book.sessions:
-                    self.book.sessions.add(replica)
-                    return SessionLease(self, replica)
-        raise RealtimeBusy(self.retry_after_s())
+            replica = self.book.reserve_session()
+        if replica is None:
+            raise RealtimeBusy(self.retry_after_s())
+        return SessionLease(self, replica)
 
     def release(self, replica: int) -> None:
-        with self.book.cond:
-            self.book.sessions.discard(replica)
-            self.book.cond.notify_all()  # the replica's runner may claim again
+        self.book.release_session(replica)
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from h3serve.engine.output import GenerationOutput
-from h3serve.engine.realtime import RealtimeSpec, RealtimeStream
+from h3serve.engine.realtime_stream import RealtimeSpec, RealtimeStream
 from h3serve.errors import ServerError
 from h3serve.jobstore.records import Job
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.messages import GenerationOutput
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 

@@ -18,7 +18,7 @@ from h3serve.model.decoder import Decoder
 from h3serve.model.stream_decode import rgb8
 from h3serve.model.tile_stitch import decode_clip
 from h3serve.rules import limits
-from h3serve.rules.realtime import OVERLAP_FRAMES, WINDOW_FRAMES, WINDOW_LATENTS, WINDOW_STEP
+from h3serve.rules.realtime_geometry import OVERLAP_FRAMES, WINDOW_FRAMES, WINDOW_LATENTS, WINDOW_STEP
 
 HOP = limits.AUDIO_SAMPLE_RATE // limits.AUDIO_LATENTS_PER_SECOND  # 800 samples per audio latent
 

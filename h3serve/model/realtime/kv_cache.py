@@ -1,18 +1,18 @@
 """The clean K/V cache of a real-time session: per DiT block, the keys and values of earlier chunks' media rows.
 
 After a chunk's three denoise steps one more forward at σ = 0 recomputes its keys and values from its clean latents;
-each block stages its media rows (post-norm, post-RoPE, this rank's head shard after the Ulysses exchange) right
-after the history, and `commit` makes them part of it. Retention (`h3serve.rules.realtime.kept_after_commit`) keeps the
-first chunk's video rows as a sink plus the two most recent chunks, and `drop_audio` implements the reset every 12
-requests. The buffers are allocated once, at the bound the rules compute (`kv_rows_bound`), so the cache's device
-bytes are exactly the planner's figure for the whole session.
+each block stages its media rows (post-norm, post-RoPE, this rank's head shard after the Ulysses exchange) right after
+the history, and `commit` makes them part of it. Retention (`h3serve.rules.realtime_geometry.kept_after_commit`) keeps
+the first chunk's video rows as a sink plus the two most recent chunks, and `drop_audio` implements the reset every 12
+requests. The buffers are allocated once, at the bound the rules compute (`kv_rows_bound`), so the cache's device bytes
+are exactly the planner's figure for the whole session.
 """
 
 from __future__ import annotations
 
 import torch
 
-from h3serve.rules.realtime import CachedChunk, Keep, apply_keep, kept_after_commit, kept_without_audio
+from h3serve.rules.realtime_geometry import CachedChunk, Keep, apply_keep, kept_after_commit, kept_without_audio
 
 
 class CleanKVCache:

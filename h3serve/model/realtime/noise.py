@@ -8,7 +8,7 @@ import torch
 
 from h3serve.model.layout import patchify
 from h3serve.rules import limits
-from h3serve.rules.realtime import REQUEST_AUDIO_LATENTS, REQUEST_VIDEO_LATENTS, VIDEO_SEED_STRIDE
+from h3serve.rules.realtime_geometry import REQUEST_AUDIO_LATENTS, REQUEST_VIDEO_LATENTS, VIDEO_SEED_STRIDE
 
 LATENT_CHANNELS, AUDIO_CHANNELS_PER_ROW = 24, 32
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from h3serve.model.realtime.layout import teacher_layout
-from h3serve.model.realtime.schedule import euler_, teacher_sigmas
+from h3serve.model.realtime.chunk_layout import teacher_layout
+from h3serve.model.realtime.student_schedule import euler_, teacher_sigmas
 from h3serve.model.sampler import _to_device
 from h3serve.model.transformer import H3Transformer
 from h3serve.rules import limits
-from h3serve.rules.realtime import ROLLOVER_LATENTS, TEACHER_STATES
+from h3serve.rules.realtime_geometry import ROLLOVER_LATENTS, TEACHER_STATES
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import cast
+from typing import Any, cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
@@ -123,7 +123,7 @@ def resolve_output_encoding(request: GenerationRequest, num_frames: int) -> tupl
 
 
 def resolve_control(
-    request: GenerationRequest, task: str, mode: str | None, masks: tuple, quality: str | None
+    request: GenerationRequest, task: str, mode: str | None, masks: tuple[Any, ...], quality: str | None
 ) -> ControlRequest | None:
     """A control request checked: one known type with its media (inpaint: a mask; the others: a control video; a
     source only beside a mask), a finite scale >= 0 (default 1), on a T2VA request without long video, edits or

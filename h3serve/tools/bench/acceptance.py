@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from h3serve.tools.verdicts import Failed, Skip
+from h3serve.tools.verdicts import CheckFailed, Skip
 
 GLOBAL_BUDGET_S = 560.0  # the rows' budgets as measured on one H200 (ROWS); the first plan of 8 minutes held too little
 SCHEMA = "h3serve.gpu-acceptance/1"
@@ -65,7 +65,7 @@ class RowResult:
 
 
 @dataclass
-class Context:
+class AcceptanceContext:
     """What every row reads: the device kind, the work folder, the budgets, and what earlier rows left."""
 
     cuda: bool
@@ -74,6 +74,8 @@ class Context:
     budget_s: float
     selftest_only: tuple[str, ...] = ()
     log: Callable[[str], None] = lambda line: None
+    # `h3serve plan ARGV`'s plan (h3serve.entrypoints.plan.plan_from_argv): the planner rows' figures.
+    plan_from_argv: Callable[[list[str]], Any] | None = None
     started: float = field(default_factory=time.perf_counter)
     shared: dict = field(default_factory=dict)
 
@@ -90,15 +92,15 @@ class Row:
     name: str
     what: str
     budget_s: float
-    run: Callable[[Context, float], tuple[str, dict]]
+    run: Callable[[AcceptanceContext, float], tuple[str, dict]]
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Child processes: the existing commands, killed at their budget
 def h3serve(argv: list[str], timeout_s: float, log: Callable[[str], None]) -> str:
-    """Run `h3serve ARGV` in a child process group; its output's tail. Failed on a non-zero exit or past
+    """Run `h3serve ARGV` in a child process group; its output's tail. CheckFailed on a non-zero exit or past
     `timeout_s` (the whole group is killed: bench workers and selftest ranks go with it)."""
-    code = "import sys; from h3serve.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from h3serve.entrypoints.cli import main; sys.exit(main(sys.argv[1:]))"
     log(f"[gpu-acceptance] h3serve {' '.join(argv)}")
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
@@ -107,11 +109,11 @@ def h3serve(argv: list[str], timeout_s: float, log: Callable[[str], None]) -> st
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()  # everything the child printed before it was killed
-        raise Failed(f"over its budget of {timeout_s:.0f} s (killed): h3serve {' '.join(argv[:2])}; "
+        raise CheckFailed(f"over its budget of {timeout_s:.0f} s (killed): h3serve {' '.join(argv[:2])}; "
                      f"its last output: {_last_line(out)}") from None
     tail = out[-2000:]
     if proc.returncode not in (0, 1):  # selftest exits 1 on a failed check: its JSON says which
-        raise Failed(f"h3serve {argv[0]} exited {proc.returncode}: {_last_line(tail)}")
+        raise CheckFailed(f"h3serve {argv[0]} exited {proc.returncode}: {_last_line(tail)}")
     return tail
 
 
@@ -149,7 +151,7 @@ def matrix_bodies(checkpoint: str, adapter: str) -> dict[str, dict]:
     }
 
 
-def _matrix(ctx: Context, name: str, timeout_s: float) -> list[dict]:
+def _matrix(ctx: AcceptanceContext, name: str, timeout_s: float) -> list[dict]:
     folder = ctx.out / name
     path = ctx.out / f"{name}.json"  # JSON is YAML: the matrix file format, no YAML writer needed
     body = matrix_bodies(ctx.shared["checkpoint"], ctx.shared.get("turbo", ""))[name]
@@ -160,7 +162,7 @@ def _matrix(ctx: Context, name: str, timeout_s: float) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------------------
 # Rows
-def selftest(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def selftest(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     path = ctx.out / "selftest.json"
     argv = ["selftest", "--device", "cuda" if ctx.cuda else "cpu", "--budget-s", f"{budget_s * 0.9:.0f}",
             "--json", str(path)]
@@ -171,11 +173,11 @@ def selftest(ctx: Context, budget_s: float) -> tuple[str, dict]:
     verdict = next((line for line in reversed(tail.splitlines()) if line.startswith("verdict:")), "verdict: ?")
     failed = [o["name"] for o in outcomes if o["status"] == FAIL]
     if failed:
-        raise Failed(f"{verdict} (see selftest.json)")
+        raise CheckFailed(f"{verdict} (see selftest.json)")
     return verdict.removeprefix("verdict: "), {"outcomes": outcomes}
 
 
-def dit_forward(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def dit_forward(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     ctx.gpu()
     folder = ctx.out / "dit_forward"
     h3serve(["bench", "--dit-forward", "--dit-layers", "4", "--shape", FULL, "--text-rows", "128",
@@ -193,18 +195,11 @@ def dit_forward(ctx: Context, budget_s: float) -> tuple[str, dict]:
     return figure, {"variants": variants, "flops": record["flops"], "gemm_peak_flops": record["gemm_peak_flops"]}
 
 
-def fl2va_plan(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def fl2va_plan(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     """The planner's verdict for the issue's target (no device needed)."""
-    import argparse
-
-    from h3serve.tools import plan_cli
-
-    parser = argparse.ArgumentParser(prog="h3serve")
-    plan_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["plan", "--preset", "released", "--task-type", "fl2va", "--task", "fl2va",
-                              "--width", "1344", "--height", "768", "--device", "cuda", "--device-memory", "32GiB",
-                              "--quantization", "fp8", "--diffusion-offload-config", json.dumps(FL2VA_OFFLOAD)])
-    plan, _ = plan_cli.build_plan(args)
+    plan = ctx.plan_from_argv(["--preset", "released", "--task-type", "fl2va", "--task", "fl2va",
+                                "--width", "1344", "--height", "768", "--device", "cuda", "--device-memory", "32GiB",
+                                "--quantization", "fp8", "--diffusion-offload-config", json.dumps(FL2VA_OFFLOAD)])
     rank = max(plan.ranks, key=lambda r: r.peak_device_bytes)
     data = {"peak_device_bytes": plan.peak_device_bytes, "peak_tensor_bytes": plan.peak_tensor_bytes,
             "peak_stage": rank.peak_stage, "fits": plan.fits, "shortfall_bytes": plan.shortfall_bytes,
@@ -219,7 +214,7 @@ def fl2va_plan(ctx: Context, budget_s: float) -> tuple[str, dict]:
             f"{plan.headroom / 2**30:.0f} GiB headroom"), data
 
 
-def checkpoint(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def checkpoint(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     ctx.gpu()
     start = time.perf_counter()
     tail = h3serve(["make-tiny-checkpoint", "--default", "--preset", GPU_PRESET], budget_s, ctx.log)
@@ -233,7 +228,7 @@ def checkpoint(ctx: Context, budget_s: float) -> tuple[str, dict]:
         "checkpoint": ctx.shared["checkpoint"], "adapter": str(adapter)}
 
 
-def _needs_checkpoint(ctx: Context) -> None:
+def _needs_checkpoint(ctx: AcceptanceContext) -> None:
     ctx.gpu()
     if "checkpoint" not in ctx.shared:
         raise Skip("the checkpoint row did not build the gpu-accept checkpoint")
@@ -246,7 +241,7 @@ def _peak(record: dict) -> dict:
             "denoise_per_step_s": record["stages"]["denoise_per_step"], "e2e_s": record["e2e_engine_s"]}
 
 
-def offload_modes(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def offload_modes(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     _needs_checkpoint(ctx)
     records = _matrix(ctx, "offload_modes", budget_s)
     modes = {r["config"]["engine"]: _peak(r) for r in records}
@@ -256,11 +251,11 @@ def offload_modes(ctx: Context, budget_s: float) -> tuple[str, dict]:
     over = [n for n, m in modes.items() if m["error"] is not None and m["error"] > PEAK_MARGIN]
     figure = "allocator peak / plan (tensors): " + ", ".join(parts)
     if over:
-        raise Failed(f"{figure}: the planner under-promises for {', '.join(over)} (over +{PEAK_MARGIN:.0%})")
+        raise CheckFailed(f"{figure}: the planner under-promises for {', '.join(over)} (over +{PEAK_MARGIN:.0%})")
     return figure, {"modes": modes}
 
 
-def adaln(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def adaln(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     ctx.gpu()
     modes = ctx.shared.get("offload_modes")
     if not modes or not {"resident", "adaln-host"} <= set(modes):
@@ -271,7 +266,7 @@ def adaln(ctx: Context, budget_s: float) -> tuple[str, dict]:
     return figure, {"host": host, "device": device}
 
 
-def turbo(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def turbo(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     _needs_checkpoint(ctx)
     records = _matrix(ctx, "turbo", budget_s)
     runs = {r["config"]["engine"]: {"e2e_s": r["e2e_engine_s"], "denoise_s": r["stages"]["denoise"],
@@ -282,7 +277,7 @@ def turbo(ctx: Context, budget_s: float) -> tuple[str, dict]:
     return figure, {"runs": runs}
 
 
-def fl2va_measured(ctx: Context, budget_s: float) -> tuple[str, dict]:
+def fl2va_measured(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     _needs_checkpoint(ctx)
     if "fl2va_plan" not in ctx.shared:
         raise Skip("the plan.fl2va_32gib row did not run")
@@ -298,7 +293,7 @@ def fl2va_measured(ctx: Context, budget_s: float) -> tuple[str, dict]:
               f"{corrected / 2**30:.2f} GiB: {'fits' if fits else 'does not fit'} 1 x 32 GiB")
     data = {"measured": m, "released_corrected_bytes": corrected, "released_fits": fits}
     if m["error"] is not None and m["error"] > PEAK_MARGIN:
-        raise Failed(f"{figure}: the planner under-promises by more than {PEAK_MARGIN:.0%}")
+        raise CheckFailed(f"{figure}: the planner under-promises by more than {PEAK_MARGIN:.0%}")
     return figure, data
 
 
@@ -322,7 +317,7 @@ ROWS = (
 
 # ------------------------------------------------------------------------------------------------------------
 # Running and reporting
-def run_row(row: Row, ctx: Context) -> RowResult:
+def run_row(row: Row, ctx: AcceptanceContext) -> RowResult:
     """One row: its figure, "skipped: why", or the failure; never started past the global budget."""
     result = RowResult(row.name, row.what, SKIP, row.budget_s)
     if ctx.left_s() < row.budget_s:
@@ -334,7 +329,7 @@ def run_row(row: Row, ctx: Context) -> RowResult:
         result.status = PASS
     except Skip as e:
         result.message = str(e)
-    except Failed as e:
+    except CheckFailed as e:
         result.status, result.message = FAIL, str(e)
     except Exception as e:  # a crash fails its row, not the command: the JSON and table are still written
         result.status, result.message = FAIL, f"{type(e).__name__}: {e}"
@@ -343,7 +338,7 @@ def run_row(row: Row, ctx: Context) -> RowResult:
     return result
 
 
-def run(ctx: Context, rows: tuple[Row, ...] = ROWS) -> dict:
+def run(ctx: AcceptanceContext, rows: tuple[Row, ...] = ROWS) -> dict:
     """Every row in order; the JSON record (`SCHEMA`)."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     results = [run_row(row, ctx) for row in rows]

@@ -47,10 +47,10 @@ from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import select_kernel
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.accel.quantize import quantize_in_place
-from h3serve.checkpoint.weights import materialize
+from h3serve.loading.components import load_transformer
+from h3serve.loading.tensors import materialize
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
-from h3serve.rank.checkpoint import load_transformer
 from h3serve.rules import geometry, limits
 from h3serve.tools.bench.flops import ForwardShape, forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync

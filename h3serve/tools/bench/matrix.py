@@ -114,7 +114,7 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
-class Case:
+class BenchCase:
     task: str
     shape: Shape
     engine: EngineSpec
@@ -141,8 +141,8 @@ class BenchMatrix:
     reference: str = "auto"  # auto (peer if given, else first) | peer | first | a .mp4/.npz file
     gemm_seconds: float = 3.0  # time budget of each GEMM peak measurement (one before, one after each case)
 
-    def cases(self) -> list[Case]:
-        return [Case(t, s, e) for e, t, s in itertools.product(self.engines, self.tasks, self.shapes)]
+    def cases(self) -> list[BenchCase]:
+        return [BenchCase(t, s, e) for e, t, s in itertools.product(self.engines, self.tasks, self.shapes)]
 
     def check(self) -> BenchMatrix:
         """Fail on any illegal value; resolves `reference: auto`."""

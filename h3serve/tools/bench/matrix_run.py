@@ -21,7 +21,7 @@ import numpy as np
 from h3serve.config import EngineConfig
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest, MediaRef
-from h3serve.tools.bench.matrix import SIDE, BenchMatrix, Case, EngineSpec, Shape
+from h3serve.tools.bench.matrix import SIDE, BenchCase, BenchMatrix, EngineSpec, Shape
 from h3serve.tools.bench.side_process import RunSpec, Worker
 
 SCHEMA = "h3serve.bench.run/1"
@@ -39,7 +39,7 @@ class BenchResult:
 def resolve_model(matrix: BenchMatrix) -> Path:
     if matrix.model:
         return Path(matrix.model).expanduser()
-    from h3serve.tools.tiny_checkpoint import ensure_tiny_checkpoint
+    from h3serve.tools.tiny.make_checkpoint import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(preset=matrix.preset)
 
@@ -60,7 +60,7 @@ def _synthetic_image(path: Path, width: int, height: int, phase: float) -> Media
     return MediaRef(path=path, name=path.name, kind="image")
 
 
-def build_request(matrix: BenchMatrix, case: Case, inputs_dir: Path) -> GenerationRequest:
+def build_request(matrix: BenchMatrix, case: BenchCase, inputs_dir: Path) -> GenerationRequest:
     s = case.shape
     request = GenerationRequest(
         prompt=matrix.prompt, width=s.width, height=s.height, num_frames=s.num_frames, steps=matrix.steps,
@@ -84,7 +84,7 @@ def streams(engine: EngineSpec) -> bool:
 
 
 def _fidelity(reference: Any, raw_path: str, label: str) -> dict[str, Any]:
-    from h3serve.tools.compare import compare_clips, load_clip
+    from h3serve.tools.clip_compare import compare_clips, load_clip
 
     return {"reference": label, **compare_clips(reference, load_clip(raw_path)).to_json()}
 
@@ -107,7 +107,7 @@ class _Bench:
         self.first_raw: dict[tuple[str, Shape], tuple[str, str]] = {}  # (task, shape) -> (raw path, label)
         self.file_reference = None
         if matrix.reference not in ("peer", "first"):
-            from h3serve.tools.compare import load_clip
+            from h3serve.tools.clip_compare import load_clip
 
             self.file_reference = load_clip(matrix.reference)
 
@@ -125,7 +125,7 @@ class _Bench:
         for case in self.m.cases():
             plan_request(self.request_for(case), defaults)
 
-    def request_for(self, case: Case) -> GenerationRequest:
+    def request_for(self, case: BenchCase) -> GenerationRequest:
         """The case's request; an engine with `lora` names that preloaded adapter (its schedule, if pinned)."""
         request = build_request(self.m, case, self.out / "inputs")
         if case.engine.lora is None:
@@ -168,7 +168,7 @@ class _Bench:
         if not self.keep_raw:
             shutil.rmtree(self.out / "raw", ignore_errors=True)
 
-    def run_case(self, case: Case, workers: dict[str, Worker], command: str) -> list[dict[str, Any]]:
+    def run_case(self, case: BenchCase, workers: dict[str, Worker], command: str) -> list[dict[str, Any]]:
         request = self.request_for(case)
         sides = list(workers)
         gemm = [workers[SIDE].gemm_peak(self.m.gemm_seconds)]
@@ -201,7 +201,7 @@ class _Bench:
         return records
 
     def _frame(
-        self, record: dict, case: Case, side: str, phase: str, i: int, worker: Worker, command: str, spec: RunSpec
+        self, record: dict, case: BenchCase, side: str, phase: str, i: int, worker: Worker, command: str, spec: RunSpec
     ) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
@@ -224,8 +224,8 @@ class _Bench:
         """Every EngineConfig field the side ran with (defaults included), JSON-ready."""
         return _jsonable(asdict(self.engine_config(engine)))
 
-    def _add_fidelity(self, case: Case, records: list[dict[str, Any]]) -> None:
-        from h3serve.tools.compare import load_clip
+    def _add_fidelity(self, case: BenchCase, records: list[dict[str, Any]]) -> None:
+        from h3serve.tools.clip_compare import load_clip
 
         measured = [r for r in records if r["phase"] == "measured"]
         if self.m.reference == "peer":

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from h3serve.config import EngineConfig
-from h3serve.engine.output import GenerationOutput
-from h3serve.rank.local import LocalEngine
+from h3serve.messages import GenerationOutput
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 
 PROMPT = "A red fox trots through fresh snow at dawn."
@@ -52,7 +52,7 @@ def measure_outputs(
     warm-up each. Raises if the two ways give different bits for any output."""
     config = EngineConfig(model=model, threads=threads, decode_mode="full",
                           max_output_batch=outputs).validate()
-    engine = LocalEngine(config)
+    engine = ModelRunner(config)
     request = GenerationRequest(prompt=PROMPT, width=size[0], height=size[1], duration_s=duration_s, steps=steps,
                                 seed=0, num_outputs=outputs)
     plan = engine.plan(request)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from h3serve.checkpoint.weights import realign
+from h3serve.loading.tensors import realign
 from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
 from h3serve.rules.validate import GenerationPlan
 
@@ -41,7 +41,7 @@ def load_reference_pipeline(
     """`ModularPipeline` for `task`, with its processor assembled without torchvision."""
     from diffusers import ModularPipeline
 
-    from h3serve.tools.tiny_checkpoint import load_processor
+    from h3serve.tools.tiny.make_checkpoint import load_processor
 
     pipe = ModularPipeline.from_pretrained(str(checkpoint), workflow=task)
     pipe.load_components(names=COMPONENTS[task], torch_dtype=dtype)

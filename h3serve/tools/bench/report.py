@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from h3serve.extras import require
 from h3serve.tools.bench.matrix import SIDE, BenchMatrix
 
 STAGES = ("media_load", "vision_encode", "text_encode", "vae_encode", "denoise", "video_decode", "audio_decode", "mux")
@@ -248,6 +249,7 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
 def make_plots(records: list[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> list[Path]:
     """stages.png (median stage times), step_times.png (per-step time per run, in run order), memory.png, and
     timeline.png (per request: each stage's start and end in its last measured run, so overlap shows)."""
+    require("plots", "the bench report's plots")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -26,7 +26,7 @@ from h3serve.model.transformer import H3TransformerConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.plan_report import plan_json
 from h3serve.rank.device_checks import resolve_device, resolve_dtype
-from h3serve.rank.local import LocalEngine
+from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import device_memory_of, plan_for_engine
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan
@@ -64,8 +64,8 @@ class H3Runner:
         self.config = config
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
-        self.local = LocalEngine(config) if config.world_size == 1 else None
-        self.engine: LocalEngine | Executor = self.local or Executor(config)
+        self.local = ModelRunner(config) if config.world_size == 1 else None
+        self.engine: ModelRunner | Executor = self.local or Executor(config)
 
     def run(self, request: GenerationRequest, mp4_path: str | None = None) -> RunOutput:
         """One request; with `mp4_path` (and `decode_mode: stream`) its video is streamed into that MP4."""

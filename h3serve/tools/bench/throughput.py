@@ -32,7 +32,7 @@ PROMPT = "A red fox trots through fresh snow at dawn."
 
 
 @dataclass(frozen=True)
-class Layout:
+class ReplicaLayout:
     replicas: int
     overlap: bool  # the mux of a finished job overlaps the next job's run (the server's default)
 
@@ -42,7 +42,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class Throughput:
-    layout: Layout
+    layout: ReplicaLayout
     threads: int  # per rank
     jobs: int
     seconds: float  # the median round
@@ -75,7 +75,9 @@ def _run_batch(manager: JobManager, count: int, steps: int, seed0: int, timeout_
 
 
 @contextlib.contextmanager
-def _server(model: Path, layout: Layout, jobs: int, threads: int, log: Callable[[str], None]) -> Iterator[JobManager]:
+def _server(
+    model: Path, layout: ReplicaLayout, jobs: int, threads: int, log: Callable[[str], None]
+) -> Iterator[JobManager]:
     """A job manager over `layout.replicas` CPU replicas of `threads` threads per rank, on a temporary store."""
     replicas = layout.replicas
     config = EngineConfig(model=model, device="cpu", threads=threads, data_parallel_size=replicas).validate()
@@ -99,7 +101,7 @@ def _server(model: Path, layout: Layout, jobs: int, threads: int, log: Callable[
             executor.close()
 
 
-def measure(model: Path, layouts: list[Layout], jobs: int, steps: int, threads: int, rounds: int,
+def measure(model: Path, layouts: list[ReplicaLayout], jobs: int, steps: int, threads: int, rounds: int,
             log: Callable[[str], None], timeout_s: float = 3600.0) -> list[Throughput]:
     """Every layout's jobs/minute: all servers start first (idle ranks cost no CPU), each is warmed up with one
     job per replica, then `rounds` rounds time `jobs` jobs on each in turn (A/B alternation, so a change in the

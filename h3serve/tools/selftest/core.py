@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from h3serve.model.transformer import H3TransformerConfig
-from h3serve.tools.verdicts import Failed, Skip
+from h3serve.tools.verdicts import CheckFailed, Skip
 
 PASS, FAIL, SKIP = "pass", "fail", "skipped"
 # CPU: a reduced width (the mechanisms, in seconds); CUDA: the released width, a few blocks.
@@ -35,8 +37,17 @@ class Outcome:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class DemoRequest:
+    """The end-to-end request on the shipped demo checkpoint, and `verdict(mp4)`: a figure of what the MP4 shows
+    right, or `CheckFailed` naming what it does not (h3serve.entrypoints.selftest supplies both)."""
+
+    request: Any  # a GenerationRequest
+    verdict: Callable[[Path], str]
+
+
 @dataclass
-class Context:
+class SelftestContext:
     device: torch.device
     dtype: torch.dtype  # the compute dtype of the engine flags
     attention: dict[str, str]  # role -> backend of the engine flags
@@ -44,6 +55,9 @@ class Context:
     model: object  # the checkpoint for the end-to-end request (Path)
     engine_config: object  # the EngineConfig of the engine flags
     budget_s: float
+    # The planner's plan of the released H3 under these engine flags for GPUs of N bytes (`h3serve plan`).
+    released_plan: Callable[[int], Any] | None = None
+    demo: DemoRequest | None = None  # on the shipped demo checkpoint: its request, whose MP4 must show what it asks
     shared: dict = field(default_factory=dict)  # what several checks reuse (the end-to-end engine)
     started: float = field(default_factory=time.perf_counter)
 
@@ -67,10 +81,10 @@ class Context:
         return self.budget_s - (time.perf_counter() - self.started)
 
 
-Check = Callable[[Context], tuple[str, dict] | str]
+Check = Callable[[SelftestContext], tuple[str, dict] | str]
 
 
-def run_check(name: str, check: Check, ctx: Context) -> Outcome:
+def run_check(name: str, check: Check, ctx: SelftestContext) -> Outcome:
     """Run one check: its figure on success, "skipped: why" when it cannot apply, the message on failure."""
     if ctx.left_s() <= 0:
         return Outcome(name, FAIL, message=f"not run: the budget of {ctx.budget_s:g} s is spent; raise --budget-s")
@@ -79,7 +93,7 @@ def run_check(name: str, check: Check, ctx: Context) -> Outcome:
         got = check(ctx)
     except Skip as e:
         return Outcome(name, SKIP, message=str(e), seconds=time.perf_counter() - start)
-    except Failed as e:
+    except CheckFailed as e:
         return Outcome(name, FAIL, message=str(e), seconds=time.perf_counter() - start)
     except Exception as e:  # a crash is a failure of that check, not of the selftest
         return Outcome(name, FAIL, message=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - start)

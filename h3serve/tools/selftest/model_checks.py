@@ -18,7 +18,7 @@ from h3serve.rules import limits
 from h3serve.tools.bench.dit_forward import DitBenchSpec, _ours, forward_inputs, load_weights
 from h3serve.tools.bench.flops import forward_flops
 from h3serve.tools.bench.measure import gemm_peak, sync
-from h3serve.tools.selftest.core import Context, Failed, Skip
+from h3serve.tools.selftest.core import CheckFailed, SelftestContext, Skip
 from h3serve.tools.selftest.plan_verdict import layerwise_stage
 
 # Relative RMS error bounds (stated in the figure): a 3-block bf16 forward against fp32 on the same weights sits
@@ -36,12 +36,12 @@ def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
-def _spec(ctx: Context, dtype: torch.dtype, shape: tuple[int, int, int], text_rows: int = 64) -> DitBenchSpec:
+def _spec(ctx: SelftestContext, dtype: torch.dtype, shape: tuple[int, int, int], text_rows: int = 64) -> DitBenchSpec:
     width, height, frames = shape
     return DitBenchSpec(width, height, frames, text_rows, ctx.device, dtype, None, random_config=ctx.dit)
 
 
-def _model(ctx: Context, dtype: torch.dtype) -> tuple[H3Transformer, dict]:
+def _model(ctx: SelftestContext, dtype: torch.dtype) -> tuple[H3Transformer, dict]:
     cfg, weights = load_weights(_spec(ctx, dtype, ctx.numerics_shape()))
     model = _ours(cfg, weights, ctx.device)
     attention.install(model, ctx.attention)
@@ -53,7 +53,7 @@ def run_forward(model: H3Transformer, x) -> tuple[torch.Tensor, torch.Tensor]:
         return model(x.video, x.audio, model.embed_text(x.text), x.timestep, x.row_index, x.packed)
 
 
-def block_dtype(ctx: Context) -> str:
+def block_dtype(ctx: SelftestContext) -> str:
     """The few-block DiT in the compute dtype against itself in fp32 (same random weights, same inputs)."""
     if ctx.dtype == torch.float32:
         raise Skip("the compute dtype is float32: there is no lower precision to compare with fp32")
@@ -64,7 +64,7 @@ def block_dtype(ctx: Context) -> str:
     errs = [rel_error(a, b) for a, b in zip(run_forward(low, x), run_forward(wide, xw), strict=True)]
     figure = f"rel. RMS error video {errs[0]:.1e}, audio {errs[1]:.1e} (bound {HALF_BOUND:.0e})"
     if max(errs) > HALF_BOUND:
-        raise Failed(f"{figure}: the {ctx.dtype} DiT drifts from fp32; check the dtype policy / kernels")
+        raise CheckFailed(f"{figure}: the {ctx.dtype} DiT drifts from fp32; check the dtype policy / kernels")
     return figure
 
 
@@ -79,7 +79,7 @@ def _reference_attention(q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
 def attention_backend(name: str):
     """A check of one attention backend (whole and, if it has one, its log-sum-exp form) against the formula."""
 
-    def check(ctx: Context) -> str:
+    def check(ctx: SelftestContext) -> str:
         backend = attention.BACKENDS[name]
         reason = backend.unusable(ctx.device)
         if reason is not None:
@@ -98,13 +98,13 @@ def attention_backend(name: str):
         bound = _bound(dtype)
         figure = f"{dtype}: rel. error {err:.1e}, max |lse error| {lse_err:.1e} (bound {bound:.0e})"
         if err > bound or lse_err > 100 * bound:
-            raise Failed(f"{figure}: {name} disagrees with softmax attention; use TORCH_SDPA")
+            raise CheckFailed(f"{figure}: {name} disagrees with softmax attention; use TORCH_SDPA")
         return figure
 
     return check
 
 
-def row_chunks(ctx: Context) -> str:
+def row_chunks(ctx: SelftestContext) -> str:
     """The few-block DiT with its working set in row chunks (`--denoise-chunk-rows`) against whole rows: the same
     per-row math, bit-identical on CPU; on a GPU within rounding (cuBLAS may tile fewer rows differently), and the
     allocator's peak lower."""
@@ -127,14 +127,14 @@ def row_chunks(ctx: Context) -> str:
     if peaks:
         figure += f", forward peak {peaks[0]:.0f} -> {peaks[1]:.0f} MiB"
     if not ctx.cuda and not all(torch.equal(a, b) for a, b in zip(*results, strict=True)):
-        raise Failed(f"{figure}: chunked rows differ on CPU, where they must be bit-identical")
+        raise CheckFailed(f"{figure}: chunked rows differ on CPU, where they must be bit-identical")
     if max(errs) > _bound(ctx.dtype) / 10:
-        raise Failed(f"{figure} (bound {_bound(ctx.dtype) / 10:.0e}): chunking changed the math; use "
+        raise CheckFailed(f"{figure} (bound {_bound(ctx.dtype) / 10:.0e}): chunking changed the math; use "
                      "--denoise-chunk-rows off and report it")
     return figure
 
 
-def compiled(ctx: Context) -> str:
+def compiled(ctx: SelftestContext) -> str:
     if not ctx.cuda:
         raise Skip("compile is checked on CUDA (the engine compiles there by default; on CPU the C++ build alone "
                    "exceeds the budget)")
@@ -153,7 +153,7 @@ def compiled(ctx: Context) -> str:
     first_s = time.perf_counter() - start
     figure = f"rel. error {max(errs):.1e} (bound {_bound(ctx.dtype):.0e}), first compiled call {first_s:.0f} s"
     if max(errs) > _bound(ctx.dtype):
-        raise Failed(f"{figure}: the compiled DiT disagrees with eager; run with --enforce-eager and report it")
+        raise CheckFailed(f"{figure}: the compiled DiT disagrees with eager; run with --enforce-eager and report it")
     return figure
 
 
@@ -191,7 +191,7 @@ def _allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device)
 
 
-def memory_paths(ctx: Context) -> tuple[str, dict]:
+def memory_paths(ctx: SelftestContext) -> tuple[str, dict]:
     """CPU offload (the whole DiT staged), layerwise offload and a resident-layers prefix give the resident
     output bit for bit; on CUDA pinned bytes are exact and the layerwise allocator peak, with that DiT alone on
     the device, is within the planner's figure for it (`h3serve plan`'s denoise tensors) + PEAK_MARGIN."""
@@ -222,7 +222,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
         planned = sum(u.host_bytes for _, kept, streamed in paths.values() for u in kept + streamed)
         data["pinned"] = {"bytes": pinned, "planned": planned}
         if pinned != planned:
-            raise Failed(f"pinned host memory {pinned} B differs from the units' (the plan's) {planned} B")
+            raise CheckFailed(f"pinned host memory {pinned} B differs from the units' (the plan's) {planned} B")
     stage = layerwise_stage(cfg, ctx.dtype, ctx.numerics_shape(), spec.text_rows, ctx.device.type)
     for name in list(paths):
         model, kept, streamed = paths.pop(name)  # dropped after its forward: one path on the device at a time
@@ -233,10 +233,11 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
         try:
             got = run_forward(model, x)
         except RuntimeError as e:  # a block computed on released (empty) weights: a hook did not place it
-            raise Failed(f"{name}: the forward failed under offload, a block was not on the device ({e})") from None
+            raise CheckFailed(f"{name}: the forward failed under offload, a block was not on the device ({e})") \
+                from None
         if not all(torch.equal(a, b) for a, b in zip(got, resident, strict=True)):
             diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, resident, strict=True))
-            raise Failed(f"{name}: output differs from resident (max |diff| {diff:.2e}); offload hooks are wrong")
+            raise CheckFailed(f"{name}: output differs from resident (max |diff| {diff:.2e}); offload hooks are wrong")
         data[name] = {"host_bytes": sum(u.host_bytes for u in kept + streamed)}
         if name == "layerwise":
             data[name]["predicted"] = stage.tensor_bytes
@@ -244,7 +245,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
             peak = torch.cuda.max_memory_allocated(ctx.device) - base
             data[name]["peak"] = peak
             if peak > stage.tensor_bytes * (1 + PEAK_MARGIN):
-                raise Failed(f"layerwise: allocator peak {peak / 2**20:.0f} MiB exceeds the plan's "
+                raise CheckFailed(f"layerwise: allocator peak {peak / 2**20:.0f} MiB exceeds the plan's "
                              f"{stage.tensor_bytes / 2**20:.0f} MiB by more than {PEAK_MARGIN:.0%}: streamed "
                              "blocks pile up or the planner's denoise activations are low")
         for unit in kept + streamed:
@@ -258,7 +259,7 @@ def memory_paths(ctx: Context) -> tuple[str, dict]:
     return figure, data
 
 
-def throughput(ctx: Context) -> tuple[str, dict]:
+def throughput(ctx: SelftestContext) -> tuple[str, dict]:
     """Step time and MFU of the few-block DiT at the released default canvas (1344x768, 124 frames on CUDA),
     extrapolated to the 50-block DiT and a 50-step request (50 forwards)."""
     spec = _spec(ctx, ctx.dtype, ctx.shape(), text_rows=256)
@@ -285,10 +286,10 @@ def throughput(ctx: Context) -> tuple[str, dict]:
     figure = (f"{cfg.num_layers} blocks at {w}x{h}x{f}: {step * 1e3:.0f} ms/forward, {mfu}; "
               f"50 blocks: ~{full_step:.2f} s/step, 50 steps: ~{request:.0f} s")
     data = {"forward_s": step, "flops": flops, "gemm_peak": peak, "full_step_s": full_step, "request_s": request}
-    if ctx.cuda:
+    if ctx.cuda and ctx.released_plan is not None:
         from h3serve.tools.selftest.plan_verdict import released_verdict
 
-        verdict, plan = released_verdict(ctx.device, ctx.shared.get("args"))
+        verdict, plan = released_verdict(ctx.device, ctx.released_plan)
         figure += f"; planner: {verdict}"
         data["plan"] = plan
     return figure, data

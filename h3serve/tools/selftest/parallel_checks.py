@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from h3serve.accel import attention
-from h3serve.checkpoint.weights import materialize
+from h3serve.loading.tensors import materialize
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 from h3serve.offload.activations import RequestShape
 from h3serve.parallel.degrees import ParallelDegrees
@@ -24,7 +24,7 @@ from h3serve.parallel.setup import RankParallel, parameter_bytes
 from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.tools.bench.dit_forward import DitBenchSpec, _ours, forward_inputs, load_weights
 from h3serve.tools.selftest.collectives import USES, measure, message_bytes
-from h3serve.tools.selftest.core import Context, Failed, Skip
+from h3serve.tools.selftest.core import CheckFailed, SelftestContext, Skip
 from h3serve.tools.selftest.model_checks import rel_error, run_forward
 
 # Relative RMS error against one rank. fp32 (CPU): only the order of the sums differs (TP's split GEMMs, GEMMs
@@ -101,7 +101,7 @@ def rank_session(rank: int, world: int, spec: SessionSpec) -> dict:
     return out
 
 
-def _world(ctx: Context) -> int:
+def _world(ctx: SelftestContext) -> int:
     if not ctx.cuda:
         return 2  # two gloo processes: the same code paths at the reduced width, in seconds
     count = torch.cuda.device_count()
@@ -110,8 +110,8 @@ def _world(ctx: Context) -> int:
     return count - count % 2  # TP2 and Ulysses-2 pair the ranks up
 
 
-def _session(ctx: Context) -> tuple[int, list[dict]]:
-    """The session's per-rank results (run once for the three checks); Failed with a rank's error."""
+def _session(ctx: SelftestContext) -> tuple[int, list[dict]]:
+    """The session's per-rank results (run once for the three checks); CheckFailed with a rank's error."""
     world = _world(ctx)
     if "multi_gpu" not in ctx.shared:
         width, height, frames = ctx.shape()
@@ -134,18 +134,18 @@ def _session(ctx: Context) -> tuple[int, list[dict]]:
         ctx.shared["multi_gpu"] = got
     got = ctx.shared["multi_gpu"]
     if isinstance(got, RankFailure):
-        raise Failed(f"the {world}-rank session failed ({got.last_line}); run with one GPU's flags to isolate it")
+        raise CheckFailed(f"the {world}-rank session failed ({got.last_line}); run with one GPU's flags to isolate it")
     return world, got
 
 
-def collectives(ctx: Context) -> tuple[str, dict]:
+def collectives(ctx: SelftestContext) -> tuple[str, dict]:
     """TP's all-reduce, Ulysses' all-to-all, Ring's exchange and the sequence gather: right values, bandwidth."""
     world, ranks = _session(ctx)
     backend = "NCCL" if ctx.cuda else "gloo"
     for rank, got in enumerate(ranks):
         wrong = [op for op, m in got["collectives"].items() if not m["ok"]]
         if wrong:
-            raise Failed(
+            raise CheckFailed(
                 f"{backend} {wrong[0]} returned wrong values on rank {rank} of {world}: check the "
                 f"{backend} install and its transport (NCCL_P2P_DISABLE=1, NCCL_IB_DISABLE=1 narrow it down)"
             )
@@ -167,11 +167,11 @@ def _applied(name: str, got: dict) -> str | None:
 
 
 def _parity(name: str, label: str, path: str):
-    def check(ctx: Context) -> tuple[str, dict]:
+    def check(ctx: SelftestContext) -> tuple[str, dict]:
         world, ranks = _session(ctx)
         applied = [_applied(name, got[name]) for got in ranks]
         if None in applied:
-            raise Failed(f"{label} was not applied on rank {applied.index(None)}: the parallel set-up is wrong")
+            raise CheckFailed(f"{label} was not applied on rank {applied.index(None)}: the parallel set-up is wrong")
         video = max(got[name]["video"] for got in ranks)
         audio = max(got[name]["audio"] for got in ranks)
         bound = PARITY_BOUND[ctx.dtype]
@@ -181,7 +181,7 @@ def _parity(name: str, label: str, path: str):
             f"video {video:.1e}, audio {audio:.1e} (bound {bound:.0e})"
         )
         if max(video, audio) > bound:
-            raise Failed(f"{figure}: the {label} output differs from one rank; {path} is wrong here")
+            raise CheckFailed(f"{figure}: the {label} output differs from one rank; {path} is wrong here")
         return figure, {"video": video, "audio": audio, "bound": bound, "applied": applied[0]}
 
     check.__doc__ = f"The few-block DiT under {label} against one rank, same weights and inputs."

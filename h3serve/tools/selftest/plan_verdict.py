@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 
-def released_verdict(device: torch.device, engine_args: argparse.Namespace | None) -> tuple[str, dict]:
-    """The planner's "fits" / "does not fit" for the released H3 at 1344x768, 5 s, with the given engine flags
-    (parallel layout, offload, quantization) on GPUs of this size, and its peak."""
-    from h3serve.tools import plan_cli
-
-    memory = torch.cuda.get_device_properties(device).total_memory
-    parser = argparse.ArgumentParser(prog="h3serve")
-    plan_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["plan", "--preset", "released", "--width", "1344", "--height", "768"])
-    if engine_args is not None:  # the same engine flags the selftest was given
-        for key, value in vars(engine_args).items():
-            if hasattr(args, key) and key not in ("func", "model", "json"):
-                setattr(args, key, value)
-    args.device_memory, args.preset, args.model_dir = str(memory), "released", None
-    plan, _ = plan_cli.build_plan(args)
+def released_verdict(device: torch.device, released_plan: Callable[[int], Any]) -> tuple[str, dict]:
+    """The planner's "fits" / "does not fit" for the released H3 at 1344x768, 5 s, with the selftest's engine
+    flags (parallel layout, offload, quantization: `released_plan` plans with them) on GPUs of this size, and its
+    peak."""
+    plan = released_plan(torch.cuda.get_device_properties(device).total_memory)
     peak = plan.peak_device_bytes
     word = "fits" if plan.fits else f"does not fit ({plan.shortfall_bytes / 2**30:.1f} GiB short; see h3serve plan)"
     figure = f"released H3 with these flags on GPUs of this size: {word}, peak {peak / 2**30:.1f} GiB per GPU"

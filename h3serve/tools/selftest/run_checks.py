@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-
-from h3serve.tools.selftest.core import Check, Context, Outcome, run_check
+from h3serve.tools.selftest.core import Check, Outcome, SelftestContext, run_check
 
 
-def checks(ctx: Context) -> list[tuple[str, Check]]:
+def checks(ctx: SelftestContext) -> list[tuple[str, Check]]:
     """Every check, in run order (cheap and telling first)."""
     from h3serve.accel.attention import BACKENDS
     from h3serve.tools.selftest import model_checks, parallel_checks, system_checks
@@ -24,19 +22,7 @@ def checks(ctx: Context) -> list[tuple[str, Check]]:
     return out
 
 
-def run(args: argparse.Namespace) -> list[Outcome]:
-    from h3serve.rank.device_checks import check_engine
-    from h3serve.tools.cli_util import model_dir
-    from h3serve.tools.engine_args import engine_config_from_args
-
-    model = model_dir(args.model)  # the shipped demo checkpoint by default: end_to_end checks what it shows
-    config = engine_config_from_args(args, model)
-    setup = check_engine(config)
-    ctx = Context(
-        device=setup.device, dtype=setup.dtype, attention=setup.attention,
-        compile=not config.enforce_eager, model=model, engine_config=config,
-        budget_s=args.budget_s,
-    )
-    ctx.shared["args"] = args  # the planner's verdict reads the same engine flags
-    chosen = [(n, c) for n, c in checks(ctx) if not args.only or any(n.startswith(p) for p in args.only)]
+def run(ctx: SelftestContext, only: list[str]) -> list[Outcome]:
+    """Every check whose name starts with one of `only` (all when empty), in order, within the budget."""
+    chosen = [(n, c) for n, c in checks(ctx) if not only or any(n.startswith(p) for p in only)]
     return [run_check(name, check, ctx) for name, check in chosen]

@@ -11,10 +11,10 @@ from pathlib import Path
 import torch
 
 from h3serve.accel import attention
-from h3serve.tools.selftest.core import Context, Failed
+from h3serve.tools.selftest.core import CheckFailed, SelftestContext
 
 
-def environment(ctx: Context) -> tuple[str, dict]:
+def environment(ctx: SelftestContext) -> tuple[str, dict]:
     """Devices, free memory, driver / CUDA / cuDNN / NCCL / torch versions, usable attention backends and FP8."""
     data: dict = {"torch": torch.__version__, "device": str(ctx.device), "dtype": str(ctx.dtype).split(".")[-1]}
     data["attention_backends"] = attention.usable_backends(ctx.device, ctx.dtype)
@@ -33,7 +33,7 @@ def environment(ctx: Context) -> tuple[str, dict]:
                   f"CUDA {data['cuda']}, cuDNN {data['cudnn']}, NCCL {data['nccl']}, driver {data['driver']}, "
                   f"torch {data['torch']}; FP8 GEMM {'yes' if data['fp8_gemm'] else 'no (weight-only FP8)'}")
         if free < 2**30:
-            raise Failed(f"{figure}: under 1 GiB free on {ctx.device}; another process holds the GPU")
+            raise CheckFailed(f"{figure}: under 1 GiB free on {ctx.device}; another process holds the GPU")
     else:
         figure = f"CPU only ({os.cpu_count()} CPUs), torch {data['torch']}; FP8: weight-only"
     figure += f"; attention: {', '.join(data['attention_backends'])}"
@@ -51,18 +51,18 @@ def _driver() -> str:
         return "unknown"
 
 
-def _request(ctx: Context, request, inspect=None) -> tuple[str, dict]:
+def _request(ctx: SelftestContext, request, inspect=None) -> tuple[str, dict]:
     """`request` through the real engine (the engine flags, the selftest's checkpoint; loaded once), muxed and
     probed; `inspect(path)`, when given, checks the MP4 further and returns a figure to add."""
     from h3serve.config import EngineConfig
     from h3serve.media.mp4 import write_mp4
     from h3serve.media.probe import check_output_contract, probe
-    from h3serve.rank.local import LocalEngine
+    from h3serve.rank.model_runner import ModelRunner
 
     if "engine" not in ctx.shared:
         config: EngineConfig = dataclasses.replace(ctx.engine_config, model=Path(ctx.model))
         start = time.perf_counter()
-        ctx.shared["engine"] = LocalEngine(config)
+        ctx.shared["engine"] = ModelRunner(config)
         ctx.shared["load_s"] = time.perf_counter() - start
     engine, load_s = ctx.shared["engine"], ctx.shared["load_s"]
     plan = engine.plan(request)
@@ -75,42 +75,27 @@ def _request(ctx: Context, request, inspect=None) -> tuple[str, dict]:
         result = probe(path)
         problems = check_output_contract(result)
         if problems:
-            raise Failed(f"the MP4 breaks the output contract (read by {result.reader}): {'; '.join(problems)}")
+            raise CheckFailed(f"the MP4 breaks the output contract (read by {result.reader}): {'; '.join(problems)}")
         extra = f"; {inspect(path)}" if inspect is not None else ""
     figure = f"{plan.num_frames} frames {plan.width}x{plan.height}, {plan.steps} steps: engine load {load_s:.1f} s, " \
              f"request {run_s:.1f} s; MP4 meets the output contract (read by {result.reader}){extra}"
     return figure, {"load_s": load_s, "request_s": run_s}
 
 
-def end_to_end(ctx: Context) -> tuple[str, dict]:
+def end_to_end(ctx: SelftestContext) -> tuple[str, dict]:
     """One T2VA request through the real engine (the engine flags), written as an MP4 and probed against the
     output contract. On the shipped demo checkpoint (the default) the request is the demo's, and the MP4 must show
-    and sound what it asks for (h3serve.tools.demo_world.checks): what a dtype, a kernel or a parallel layout
+    and sound what it asks for (`ctx.demo`: the demo world's checks): what a dtype, a kernel or a parallel layout
     must keep. On any other checkpoint, a small request whose content nobody can check."""
     from h3serve.rules.request import GenerationRequest
-    from h3serve.tools.demo_model import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS, shipped_demo_checkpoint
 
-    demo = shipped_demo_checkpoint()
-    if demo is None or Path(ctx.model).resolve() != demo.resolve():
+    if ctx.demo is None:
         return _request(ctx, GenerationRequest(prompt="selftest: a lighthouse at dusk", width=64, height=64, steps=3,
                                                duration_s=4, seed=1))
-    request = GenerationRequest(prompt=DEMO_PROMPT, duration_s=DEMO_DURATION_S, steps=DEMO_STEPS, seed=0)
-    return _request(ctx, request, _demo_verdict)
+    return _request(ctx, ctx.demo.request, ctx.demo.verdict)
 
 
-def _demo_verdict(path: Path) -> str:
-    """The demo prompt's checks on the MP4 as a user decodes it; `Failed` naming what is missing."""
-    from h3serve.tools.demo_cli import mp4_verdict
-    from h3serve.tools.demo_model import DEMO_PROMPT
-
-    verdict = mp4_verdict(path, DEMO_PROMPT)
-    if not verdict.passed:
-        raise Failed(f"the demo checkpoint's MP4 does not show what {DEMO_PROMPT!r} asks: {', '.join(verdict.failed)} "
-                     "wrong (h3serve check-demo measures it)")
-    return f"shows {DEMO_PROMPT!r} ({', '.join(verdict.checks)} right)"
-
-
-def end_to_end_continuation(ctx: Context) -> tuple[str, dict]:
+def end_to_end_continuation(ctx: SelftestContext) -> tuple[str, dict]:
     """A two-window continuation (the second window is guided by the first one's latents, on the device)."""
     from h3serve.rules.request import GenerationRequest
 

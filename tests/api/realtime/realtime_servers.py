@@ -38,7 +38,7 @@ class RealtimeServer:
         free = self.executor._lock.acquire(blocking=False)
         if free:
             self.executor._lock.release()
-        return free and not self.manager.book.sessions
+        return free and not any(self.manager.book.in_session(i) for i in range(len(self.manager.executors)))
 
 
 @contextlib.contextmanager

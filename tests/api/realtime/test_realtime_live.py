@@ -18,10 +18,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from h3serve.config import EngineConfig
 from h3serve.media.fragments import FragmentWriter
-from h3serve.rank.local import LocalEngine
-from h3serve.rank.realtime import generate_offline
-from h3serve.rules.validate.realtime import plan_realtime
-from h3serve.tools.tiny_adapter import make_tiny_adapter
+from h3serve.rank.model_runner import ModelRunner
+from h3serve.rank.realtime_loop import generate_offline
+from h3serve.rules.validate.realtime_plan import plan_realtime
+from h3serve.tools.tiny.make_adapter import make_tiny_adapter
 
 KEY = "live-realtime-key"
 pytestmark = pytest.mark.slow  # a server with rank processes
@@ -84,7 +84,7 @@ def test_a_30_s_session_is_the_offline_plan_in_valid_fragments_with_exact_counts
     assert last["type"] == "session.done" and metadata[-1]["kind"] == "trailer"
     threads, offline = torch.get_num_threads(), Recorder()
     try:
-        engine = LocalEngine(EngineConfig(model=tiny_checkpoint, threads=1, realtime_lora=str(lora), task_type="fl2va"))
+        engine = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, realtime_lora=str(lora), task_type="fl2va"))
         generate_offline(engine, plan_realtime(PROMPT, 64, 64, 9, 720, defaults=engine.defaults), offline)
     finally:
         torch.set_num_threads(threads)

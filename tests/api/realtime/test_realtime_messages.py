@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from h3serve.api.realtime.messages import SessionStart
+from h3serve.api.realtime.events import SessionStart
 from h3serve.errors import RequestError
 from h3serve.rules import limits
 

@@ -12,10 +12,10 @@ import torch
 @pytest.fixture(scope="session")
 def realtime_parts(tiny_checkpoint, tmp_path_factory):
     from h3serve.checkpoint.resolver import read_layout
-    from h3serve.rank.checkpoint import load_components
+    from h3serve.loading.components import load_components
     from h3serve.rank.lora import LoraRuntime
     from h3serve.rules.adapter_choice import AdapterChoice
-    from h3serve.tools.tiny_adapter import write_taomate_adapter
+    from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
     components = load_components(read_layout(tiny_checkpoint))
     dit = components.transformer

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from small_dit import random_small_dit
 
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
-from h3serve.model.realtime.attention import CausalAttention
+from h3serve.model.realtime.causal_attention import CausalAttention
 from h3serve.model.realtime.kv_cache import CleanKVCache
-from h3serve.rules.realtime import CachedChunk
+from h3serve.rules.realtime_geometry import CachedChunk
 
 
 def _masked_reference(q, k, v, history_k, history_v, text):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from h3serve.model.realtime.causal_session import CausalSession
 from h3serve.model.realtime.prompt import encode_prompt
-from h3serve.model.realtime.session import CausalSession
-from h3serve.rules import realtime as rt
+from h3serve.rules import realtime_geometry as rt
 
 
 def _session(parts, seed: int, chunks: int) -> CausalSession:

@@ -7,7 +7,7 @@ import torch
 from h3serve.model.decoder import Decoder
 from h3serve.model.realtime.decode import ChunkAudioDecoder, ChunkVideoDecoder
 from h3serve.model.stream_decode import decode_chunks, rgb8
-from h3serve.rules import realtime as rt
+from h3serve.rules import realtime_geometry as rt
 
 
 def test_windows_over_two_requests_equal_the_whole_decode(realtime_parts):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from h3serve.model.realtime.kv_cache import CleanKVCache
-from h3serve.rules import realtime as rt
+from h3serve.rules import realtime_geometry as rt
 
 
 def _chunk_tensor(index: int, c: rt.CachedChunk) -> torch.Tensor:

@@ -1,0 +1,7 @@
+"""`python -m h3serve ...`: the `h3serve` command (torchrun and the tests start it this way)."""
+
+import sys
+
+from h3serve.entrypoints.cli import main
+
+sys.exit(main())

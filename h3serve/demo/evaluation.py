@@ -1,0 +1,182 @@
+"""Does the demo checkpoint do what it is asked? Every task run on a pipeline over seeds, measured from the output
+pixels and samples with h3serve.demo.world.checks (the tests and docs/demo_world.md read these cases).
+
+Cases per seed (deterministic): T2VA cycles the five motions with both sounds and the four colours; FL2VA places the
+object at a random start with a first keyframe; Ref2VA takes the colour from a reference image and the pitch from a
+reference sound; a continuation of three 4 s windows keeps the object, its colour and its motion in each window; a
+latent-mask edit repaints the object inside a band mask and keeps the source outside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from h3serve.accel.quant_config import QuantizationConfig
+from h3serve.checkpoint.resolver import read_layout
+from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_STEPS
+from h3serve.demo.world import checks, world
+from h3serve.demo.world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
+from h3serve.loading.components import load_components
+from h3serve.media.mp4 import rgb8
+from h3serve.model.conditioning import AudioReference, normalize_image_reference
+from h3serve.model.pipeline import H3Pipeline
+from h3serve.model.pipeline_types import Conditioning
+from h3serve.rules import limits
+from h3serve.rules.edit_mask import LatentMask
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import ModelDefaults, validate
+
+TASKS = ("t2va", "fl2va", "ref2va", "continuation", "edit")
+CONTINUATION_WINDOW_FRAMES = 107
+CONTINUATION_DURATION_S = 11.5  # 277 frames: three 107-frame windows overlapping by 22
+EDIT_KEEP_MIN_PSNR = 25.0  # dB, outside the mask, against the source
+
+
+@dataclass
+class EvalCase:
+    """One generated request and what was measured on it."""
+
+    task: str
+    seed: int
+    prompt: str
+    checks: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(self.checks.values())
+
+
+def case_attributes(seed: int) -> Attributes:
+    """Seeds 0-9 meet every motion with both sounds, every colour and both shapes."""
+    return Attributes(COLORS[seed % 4], SHAPES[(seed // 5) % 2], MOTIONS[seed % 5], SOUNDS[(seed % 5 + seed // 5) % 2])
+
+
+class DemoEvaluator:
+    """Runs the cases on one loaded pipeline (the demo checkpoint's)."""
+
+    def __init__(self, pipeline: H3Pipeline, defaults: ModelDefaults, steps: int = DEMO_STEPS):
+        self.pipeline, self.defaults, self.steps = pipeline, defaults, steps
+
+    @classmethod
+    def load(
+        cls, model: Path, quantization: QuantizationConfig | None = None, steps: int = DEMO_STEPS
+    ) -> DemoEvaluator:
+        """An evaluator on the checkpoint in `model` (fp32 on the CPU; its weights quantised with `quantization`)."""
+        layout = read_layout(model)
+        return cls(H3Pipeline(load_components(layout, quantization=quantization)), layout.defaults(), steps)
+
+    def plan(self, prompt: str, seed: int, **fields):
+        request = GenerationRequest(prompt=prompt, duration_s=DEMO_DURATION_S, steps=self.steps, seed=seed, **fields)
+        return validate(request, self.defaults)
+
+    def generate(self, plan, conditioning: Conditioning | None = None) -> tuple[np.ndarray, np.ndarray]:
+        result = self.pipeline.generate(plan, conditioning)
+        return rgb8(result.video.numpy()), result.audio.numpy()
+
+    def run(self, task: str, seed: int) -> EvalCase:
+        return getattr(self, task)(seed)
+
+    def t2va(self, seed: int) -> EvalCase:
+        attrs = case_attributes(seed)
+        prompt = prompt_for(attrs)
+        video, audio = self.generate(self.plan(prompt, seed))
+        return EvalCase("t2va", seed, prompt, checks.check_t2va(video, audio, attrs))
+
+    def fl2va(self, seed: int) -> EvalCase:
+        attrs = case_attributes(seed)
+        plan = self.plan(prompt_for(attrs), seed)
+        scene = world.sample_scene(np.random.default_rng(1000 + seed), "fl2va", plan.width, plan.height, 1, attrs)
+        keyframe = world.render_video(scene)[0]
+        cond = Conditioning(keyframes=[Image.fromarray(keyframe)], anchors=("first",))
+        video, audio = self.generate(dataclasses.replace(plan, task="fl2va"), cond)
+        result = checks.check_t2va(video, audio, attrs)
+        return EvalCase("fl2va", seed, plan.prompt, {"keyframe": checks.check_keyframe(video, keyframe), **result})
+
+    def ref2va(self, seed: int) -> EvalCase:
+        attrs = case_attributes(seed)
+        prompt = prompt_for(attrs, reference_image=True, reference_sound=True)
+        image = Image.fromarray(world.reference_image(attrs.color, attrs.shape))
+        refs = [
+            normalize_image_reference(image, self.defaults.reference_image_short_edge),
+            AudioReference(torch.from_numpy(world.reference_audio(attrs.sound))),
+        ]
+        plan = dataclasses.replace(self.plan(prompt, seed), task="ref2va")
+        video, audio = self.generate(plan, Conditioning(references=refs))
+        return EvalCase("ref2va", seed, prompt, checks.check_t2va(video, audio, attrs))
+
+    def continuation(self, seed: int) -> EvalCase:
+        """Three windows: in each window's own frames the same colour and the prompt's motion."""
+        attrs = case_attributes(seed)
+        prompt = prompt_for(attrs)
+        request = GenerationRequest(
+            prompt=prompt, duration_s=CONTINUATION_DURATION_S, steps=self.steps, seed=seed, long_video=True,
+            long_video_mode="continuation", continuation_window_frames=CONTINUATION_WINDOW_FRAMES,
+        )
+        plan = validate(request, self.defaults)
+        video, audio = self.generate(plan)
+        result: dict[str, bool] = {"windows": len(plan.windows) == 3}
+        for window in plan.windows:
+            a0 = round(window.start * limits.AUDIO_SAMPLE_RATE / limits.FPS)
+            a1 = round(window.end * limits.AUDIO_SAMPLE_RATE / limits.FPS)
+            part = checks.check_t2va(video[window.start : window.end], audio[:, a0:a1], attrs)
+            result.update({f"window{window.index}_{name}": ok for name, ok in part.items()})
+        return EvalCase("continuation", seed, prompt, result)
+
+    def edit(self, seed: int) -> EvalCase:
+        """A source clip of the world re-coloured inside a band mask over the object's path (its latent rows for a
+        left/right motion, its latent columns otherwise): the object takes the prompt's new colour, and the source
+        is kept outside the band."""
+        attrs = case_attributes(seed)
+        source_attrs = dataclasses.replace(attrs, color=COLORS[(COLORS.index(attrs.color) + 1) % 4])
+        plan = self.plan(prompt_for(attrs), seed)
+        scene = world.sample_scene(np.random.default_rng(2000 + seed), "t2va", plan.width, plan.height,
+                                   plan.num_frames, source_attrs)
+        source = world.render_video(scene)
+        mask = band_mask(scene, plan.latent_frames, plan.latent_height, plan.latent_width)
+        edit_plan = dataclasses.replace(plan, video_mask=LatentMask.of(mask))
+        video, audio = self.generate(edit_plan, Conditioning(edit_video=source))
+        pixels = np.kron(mask[0], np.ones((limits.VAE_SPATIAL_COMPRESSION,) * 2)) > 0  # [H, W]
+        kept = checks.psnr(video[:, ~pixels], source[:, ~pixels]) if (~pixels).any() else float("inf")
+        result = {"color": checks.measure_color(video) == attrs.color, "kept": kept >= EDIT_KEEP_MIN_PSNR,
+                  "motion": checks.measure_motion(video) == attrs.motion}
+        return EvalCase("edit", seed, plan.prompt, result)
+
+
+def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.ndarray:
+    """A latent mask [T, h, w] (1 = generate) covering the object's path with one latent cell of margin."""
+    mask = np.zeros((frames, height, width), np.float32)
+    cell = limits.VAE_SPATIAL_COMPRESSION
+    x, y = world.trajectory(scene)[0]
+    if scene.attrs.motion in ("moving left", "moving right"):
+        top, bottom = int(y // cell), int((y + scene.size - 1) // cell)
+        mask[:, max(0, top - 1) : bottom + 2] = 1.0
+    else:  # up, down and bouncing keep their column
+        left, right = int(x // cell), int((x + scene.size - 1) // cell)
+        mask[:, :, max(0, left - 1) : right + 2] = 1.0
+    return mask
+
+
+def evaluate(evaluator: DemoEvaluator, task: str, seeds: range) -> list[EvalCase]:
+    return [evaluator.run(task, seed) for seed in seeds]
+
+
+def summarize(cases: list[EvalCase]) -> dict:
+    """One task's cases as docs/demo_world.md tables them: how many are right, how often each check is wrong, and
+    the seeds of the cases that are not right."""
+    wrong: dict[str, int] = {}
+    for case in cases:
+        for name, ok in case.checks.items():
+            if not ok:
+                wrong[name] = wrong.get(name, 0) + 1
+    return {
+        "cases": len(cases),
+        "right": sum(case.passed for case in cases),
+        "wrong": dict(sorted(wrong.items(), key=lambda item: (-item[1], item[0]))),
+        "failed_seeds": [case.seed for case in cases if not case.passed],
+    }
