@@ -52,8 +52,10 @@ def test_insert_get_update_delete(store):
     job = store.insert(make_job(seed=9, image=MediaRef(Path("/d/k.png"), "k.png", "image")))
     assert job.seq == 1 and store.get(job.id) == job
     store.update(job.id, status="failed", progress=40, error=JobError("generation_failed", "boom"),
-                 stage_durations={"denoise": 1.5}, completed_at=120, expired=True)
+                 stage_durations={"denoise": 1.5}, completed_at=120, expired=True,
+                 stage_timeline=(("denoise", 0.25, 1.75), ("mux", 1.5, 2.0)))
     got = store.get(job.id)
+    assert got.stage_timeline == (("denoise", 0.25, 1.75), ("mux", 1.5, 2.0))
     assert (got.status, got.progress, got.error, got.stage_durations, got.completed_at, got.expired) == (
         "failed", 40, JobError("generation_failed", "boom"), {"denoise": 1.5}, 120, True
     )

@@ -11,7 +11,7 @@ import pytest
 import torch
 from av.video.reformatter import ColorRange, Colorspace
 
-from h3serve.media.mp4 import EncoderOptions, rgb8, yuv_frame
+from h3serve.media.mp4 import EncoderOptions, nvenc_refusal, rgb8, yuv_frame
 from h3serve.media.nvenc import NvencMp4Writer, choose_encoder, rgb_to_nv12
 
 
@@ -83,3 +83,13 @@ def test_nvenc_access_units_are_muxed_with_the_soundtrack(tmp_path):
     assert decoded.shape == (22, 32, 48, 3)
     mse = np.mean((decoded - rgb8(video).astype(np.float32)) ** 2)
     assert 10 * np.log10(255**2 / mse) > 30  # the NV12 conversion and the packets' order are right
+
+
+def test_a_requests_codec_options_override_the_servers_and_nvenc_needs_the_streamed_decode():
+    server = EncoderOptions(preset="medium", crf=18, encoder="auto")
+    assert server.for_request("ultrafast", None) == EncoderOptions(preset="ultrafast", crf=18)
+    assert server.for_request(None, 0).crf == 0  # crf 0 (lossless) is a value, not "not given"
+    assert server.for_request(None, None) == server
+    nvenc_refusal(EncoderOptions(encoder="nvenc"), "stream")
+    with pytest.raises(ValueError, match="--video-encoder nvenc needs --decode-mode stream"):
+        nvenc_refusal(EncoderOptions(encoder="nvenc"), "full")
