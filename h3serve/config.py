@@ -16,8 +16,8 @@ from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
-from h3serve.adapters.serving import catalog_for, dit_config, lora_enabled
-from h3serve.adapters.taomate import inspect_taomate
+from h3serve.adapters.serving import catalog_for, dit_config, engine_defaults, lora_enabled
+from h3serve.adapters.taomate import inspect_taomate, is_taomate_dir
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
 from h3serve.errors import ConfigError
 from h3serve.extras import require
@@ -31,13 +31,21 @@ from h3serve.offload.modes import (
 )
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules import limits
+from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import TASK_TYPES
+from h3serve.rules.request import GenerationRequest
+from h3serve.rules.validate import RequestError, validate
 
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # the --device values; `auto` is resolved by each rank (torch)
 DTYPES = ("float32", "bfloat16", "float16")
 DECODE_MODES = ("stream", "full")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # torch.compile backends the engine accepts
 DEFAULT_ADALN_MEMO_BYTES = 4 * 2**30  # the AdaLN memo's host store: a few requests' schedules of the released DiT
+DEFAULT_PROMPT_CACHE_BYTES = 256 * 2**20  # the prompt cache's host store: ~150 released-size prompts of 200 tokens
+WARMUP_SHAPE = re.compile(r"([1-9][0-9]*)x([1-9][0-9]*)x([1-9][0-9]*)")  # --warmup WIDTHxHEIGHTxFRAMES
+WARMUP_DEFAULT = "default"  # --warmup: the checkpoint's default request shape
+WARMUP_PROMPT = "warm-up"
+WARMUP_STEPS = 2  # a warm-up request's forwards (a pinned schedule keeps its own): every path, no more
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,9 @@ class EngineConfig:
     max_cpu_loras: int = 4
     max_loras: int = 2
     max_lora_rank: int | None = None
+    # --merge-lora: the one --lora-path adapter is fused into every loaded DiT's weights at load (at --lora-scale),
+    # so its forward costs a base forward; the server then serves that adapter only (h3serve.adapters.serving).
+    merge_lora: bool = False
     dit_adapter: str | None = None  # --dit-adapter: a FastH3 file fused into the T2VA DiT at load (rank.fasth3_fusion)
     controlnet_model_path: str | None = None  # a Fun ControlNet Union file beside the T2VA DiT (rank.controlnet)
     # --realtime-lora: TaoMate-H3's causal-streaming LoRA directory (h3serve.adapters.taomate); enables real-time
@@ -95,6 +106,13 @@ class EngineConfig:
     # forward computes its modulations.
     adaln_memo_bytes: int | None = DEFAULT_ADALN_MEMO_BYTES
     adaln_cache_dir: Path | None = None  # --adaln-cache-dir: start-up sidecars of the default schedules
+    # The prompt cache (h3serve.model.prompt_cache): text states of recent prompts in host memory, at most this many
+    # bytes; None (--prompt-cache off): every request runs the text encoder.
+    prompt_cache_bytes: int | None = DEFAULT_PROMPT_CACHE_BYTES
+    # --warmup: T2VA request shapes ("default" or WxHxFRAMES) each rank runs once before the engine reports ready
+    # (h3serve.rank.warmup): compile, kernel plans, the allocator's pools and the default schedule's AdaLN memo are
+    # then paid before the first request. `serve` warms the default shape unless told otherwise; () here: none.
+    warmup: tuple[str, ...] = ()
     # --denoise-chunk-rows: a DiT block's working set in chunks of this many rows ("auto": the planner chunks only a
     # configuration that would not fit whole; None: never). Resolved to a number or None at start-up.
     denoise_chunk_rows: DenoiseChunk = AUTO
@@ -258,6 +276,7 @@ class EngineConfig:
                 read_fasth3(self.dit_adapter)
             except AdapterError as e:
                 raise ConfigError(f"--dit-adapter {self.dit_adapter}: {e}") from None
+        self._validate_merge_lora()
         if not lora_enabled(self):
             return
         if self.max_cpu_loras < 1 or self.max_loras < 1:
@@ -271,6 +290,69 @@ class EngineConfig:
         except AdapterError as e:
             raise ConfigError(str(e)) from None
 
+    def _validate_merge_lora(self) -> None:
+        """--merge-lora: a dedicated server of one adapter, fused into the weights; what cannot go with it, refused
+        with the reason."""
+        if not self.merge_lora:
+            return
+        if len(self.lora_paths) != 1 or self.lora_dir is not None:
+            given = f"{len(self.lora_paths)} --lora-path" + (" and --lora-dir" if self.lora_dir else "")
+            raise ConfigError(f"--merge-lora fuses the server's one adapter into the weights: give exactly one "
+                              f"--lora-path and no --lora-dir (got {given}); a server that switches adapters per "
+                              "request runs them unmerged")
+        (name, path), flag = self.lora_paths[0], "--merge-lora"
+        if self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: this server already fuses the FastH3 adapter {Path(self.dit_adapter).name}; "
+                              "fuse one adapter at most")
+        if self.realtime_lora is not None:
+            raise ConfigError(f"{flag}: real-time sessions run the base DiT beside their streaming LoRA "
+                              "(--realtime-lora); a merged adapter would change every session's weights")
+        if is_taomate_dir(path):
+            raise ConfigError(f"{flag} {name}: a TaoMate-H3 streaming LoRA serves real-time sessions "
+                              "(--realtime-lora), unmerged")
+        try:
+            catalog = catalog_for(self, log=lambda text: None)
+        except AdapterError as e:
+            raise ConfigError(str(e)) from None
+        if catalog is not None and catalog.preloaded[name].pdd is not None:
+            raise ConfigError(f"{flag} {name}: a PDD adapter also swaps the DiT's output heads per step and trains "
+                              "the AdaLN projections; it is served unmerged (drop --merge-lora)")
+
+    def warmup_requests(self, defaults: ModelDefaults) -> list[GenerationRequest]:
+        """The requests --warmup names, as a client would send them (checked against the checkpoint's rules by
+        `validate`): the default shape or WIDTHxHEIGHTxFRAMES, T2VA, a fixed prompt, `WARMUP_STEPS` forwards (the
+        engine's `defaults` may pin a schedule, which keeps its own count)."""
+        requests = []
+        merged = defaults.merged_lora
+        pinned = defaults.pinned_schedule is not None or (merged is not None and (merged.turbo or merged.pdd))
+        for shape in self.warmup:
+            steps = None if pinned else WARMUP_STEPS
+            if shape == WARMUP_DEFAULT:
+                size: dict[str, int] = {}
+            else:
+                match = WARMUP_SHAPE.fullmatch(shape)
+                if match is None:
+                    raise ConfigError(f"--warmup {shape}: expected {WARMUP_DEFAULT}, off or WIDTHxHEIGHTxFRAMES "
+                                      "such as 1344x768x124")
+                width, height, frames = (int(g) for g in match.groups())
+                size = {"width": width, "height": height, "num_frames": frames}
+            requests.append(GenerationRequest(prompt=WARMUP_PROMPT, steps=steps, seed=0, **size))
+        return requests
+
+    def _validate_warmup(self) -> None:
+        """Every --warmup shape is a request this checkpoint serves (a bad one is refused before a weight is read)."""
+        if not self.warmup:
+            return
+        defaults = engine_defaults(self, read_layout(self.model, self.dits).defaults())
+        if "transformer" not in self.dits:
+            raise ConfigError("--warmup runs T2VA requests, on the FL2VA DiT; this engine loads only the Ref2VA DiT "
+                              "(--task-type ref2va): use --warmup off")
+        for shape, request in zip(self.warmup, self.warmup_requests(defaults), strict=True):
+            try:
+                validate(request, defaults)
+            except RequestError as e:
+                raise ConfigError(f"--warmup {shape}: {e}") from None
+
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""
         self._validate_device()
@@ -280,6 +362,7 @@ class EngineConfig:
         self._validate_lora()
         self._validate_controlnet()
         self._validate_realtime()
+        self._validate_warmup()
         return self
 
     def _validate_device(self) -> None:
@@ -295,6 +378,8 @@ class EngineConfig:
         self.dtype_name()
         if self.device_memory is not None and self.device_memory <= 0:
             raise ConfigError(f"--device-memory must be > 0, got {self.device_memory}")
+        if self.prompt_cache_bytes is not None and self.prompt_cache_bytes <= 0:
+            raise ConfigError(f"--prompt-cache must be a positive size (or 'off'), got {self.prompt_cache_bytes}")
         if self.threads < 0:
             raise ConfigError(f"--threads must be >= 0, got {self.threads}")
         chunk = self.denoise_chunk_rows
@@ -368,3 +453,14 @@ class EngineConfig:
             )
         if self.adaln_cache_dir is not None and self.adaln_memo_bytes is None:
             raise ConfigError("--adaln-cache-dir fills the AdaLN memo, which --adaln-memo off turns off; drop one")
+
+
+def warmup_shapes(text: str | None) -> tuple[str, ...]:
+    """--warmup: "off" -> none; "default" and WIDTHxHEIGHTxFRAMES shapes, comma-separated (checked by EngineConfig);
+    absent (`generate`, which runs one request anyway) -> none."""
+    if text is None or text.strip().lower() == "off":
+        return ()
+    shapes = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not shapes:
+        raise ConfigError("--warmup: give default, off or WIDTHxHEIGHTxFRAMES shapes separated by commas")
+    return shapes

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from h3serve.adapters.header import AdapterError, SafetensorsHeader, read_header
+from h3serve.adapters.weight_edits import WeightEdits
 
 FORMAT = "fastvideo-lora-v2"
 BASE_MODEL = "MiniMaxAI/MiniMax-H3"
@@ -25,17 +26,10 @@ _LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<half>[AB])\.weight$")
 
 
 @dataclass(frozen=True)
-class FastH3File:
-    """A checked FastH3 file: which tensors edit which parameter."""
+class FastH3File(WeightEdits):
+    """A checked FastH3 file: which tensors edit which parameter (scale 1), and the model it names."""
 
-    path: Path
-    model: str
-    low_rank: dict[str, tuple[str, str]]  # "<module>.weight" -> (lora_A key, lora_B key)
-    diffs: dict[str, str]  # "<module>.weight" or "<module>.bias" -> .diff / .diff_b key
-
-    @property
-    def edited(self) -> set[str]:
-        return set(self.low_rank) | set(self.diffs)
+    model: str = ""
 
 
 def adapter_path(path: str | Path) -> Path:
@@ -102,7 +96,8 @@ def inspect_fasth3(header: SafetensorsHeader) -> FastH3File:
     for key in diff:
         weight = key.endswith(".diff")
         diffs[key.removesuffix(".diff") + ".weight" if weight else key.removesuffix(".diff_b") + ".bias"] = key
-    return FastH3File(header.path, model, {p: (v["A"], v["B"]) for p, v in sorted(pairs.items())}, diffs)
+    low_rank = {p: (v["A"], v["B"]) for p, v in sorted(pairs.items())}
+    return FastH3File(header.path, low_rank, diffs, model=model)
 
 
 def read_fasth3(path: str | Path) -> FastH3File:

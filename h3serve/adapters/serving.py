@@ -8,10 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from h3serve.adapters.catalog import LoraCatalog
+from h3serve.adapters.catalog import LoraCatalog, lora_file
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.peft import target_shapes
 from h3serve.adapters.taomate import read_config
+from h3serve.adapters.weight_edits import WeightEdits, lora_edits
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.defaults import ModelDefaults
 
 DITS = ("transformer", "transformer_ref")
@@ -27,6 +29,7 @@ class AdapterFlags(Protocol):
     lora_scale: float
     max_lora_rank: int | None
     realtime_lora: str | None
+    merge_lora: bool
 
     @property
     def dits(self) -> tuple[str, ...]: ...
@@ -42,7 +45,11 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
 
 
 def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefaults:
-    """The checkpoint's request defaults under a fused FastH3 adapter: its pinned schedule, T2VA only."""
+    """The checkpoint's request defaults under a fused FastH3 adapter (its pinned schedule, T2VA only) or a merged
+    LoRA adapter (every request runs it: `h3serve.rules.adapter_choice.merged_choice`)."""
+    merged = merged_adapter(config)
+    if merged is not None:
+        return dataclasses.replace(defaults, merged_lora=merged)
     if config.dit_adapter is None:
         return defaults
     from h3serve.adapters.fasth3 import POSITIONS, adapter_path
@@ -69,6 +76,27 @@ def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) 
 
 
 def slot_rank(config: AdapterFlags, catalog: LoraCatalog | None) -> int:
-    """The LoRA wrappers' slot rank: the catalog's, or the real-time LoRA's when larger (0: no LoRA wrappers)."""
+    """The LoRA wrappers' slot rank: the catalog's, or the real-time LoRA's when larger (0: no LoRA wrappers). A
+    merged adapter needs none: it is in the weights."""
     realtime = 0 if config.realtime_lora is None else read_config(Path(config.realtime_lora))[0]
-    return max(0 if catalog is None else catalog.slot_rank, realtime)
+    served = 0 if catalog is None or config.merge_lora else catalog.slot_rank
+    return max(served, realtime)
+
+
+def merged_adapter(config: AdapterFlags) -> AdapterChoice | None:
+    """The adapter `--merge-lora` fuses into the weights (the one --lora-path, at --lora-scale); None without it."""
+    if not config.merge_lora:
+        return None
+    catalog = catalog_for(config, log=lambda text: None)
+    if catalog is None or len(catalog.preloaded) != 1:
+        raise AdapterError("--merge-lora fuses exactly one --lora-path adapter")
+    return next(iter(catalog.preloaded.values()))
+
+
+def merged_edits(config: AdapterFlags) -> WeightEdits | None:
+    """The merged adapter as edits of the DiT's weights (h3serve.loading.fasth3_fusion fuses them at load)."""
+    choice = merged_adapter(config)
+    if choice is None:
+        return None
+    info = lora_file(choice.path, target_shapes(dit_config(config.model, config.dits)))
+    return lora_edits(info, choice.scale)

@@ -77,6 +77,9 @@ def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
         "blocks rewritten); switching between cached adapters loads nothing.", labels=["replica", "memory"])
     graphs = CounterMetricFamily("h3serve_compiled_graphs", "torch.compile graphs a replica's rank 0 built "
                                  "(each recompilation adds one; 0 when the DiT runs eagerly).", labels=["replica"])
+    prompts = CounterMetricFamily("h3serve_prompt_cache_lookups", "Prompt-cache lookups of a replica's rank 0: "
+                                  "result=hit skipped the text encoder, result=miss ran it.",
+                                  labels=["replica", "result"])
     for r in replicas:
         if not r.counters:  # no finished job yet
             continue
@@ -85,7 +88,9 @@ def _engine_counters(replicas: list[ReplicaStatus]) -> Iterator[Metric]:
         for memory in ("host", "device"):
             adapters.add_metric([replica, memory], r.counters.get(f"lora_{memory}_loads", 0))
         graphs.add_metric([replica], r.counters.get("compiled_graphs", 0))
-    yield from (loads, adapters, graphs)
+        for result, counter in (("hit", "prompt_cache_hits"), ("miss", "prompt_cache_misses")):
+            prompts.add_metric([replica, result], r.counters.get(counter, 0))
+    yield from (loads, adapters, graphs, prompts)
 
 
 class Metrics:

@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--peer", choices=["diffusers"], help="run the diffusers reference pipeline alongside, A/B alternated"
     )
     p.add_argument("--profile", action="store_true", default=None, help="one extra torch.profiler run per side")
+    p.add_argument(
+        "--prompt-cache",
+        choices=["cold", "warm"],
+        help="cold (default): every h3serve run starts with an empty prompt cache, so the text encode is always "
+        "measured; warm: repeated prompts skip the encoder, as on a server",
+    )
     p.add_argument("--reference", help="fidelity reference: peer | first | FILE.mp4/.npz (default: peer if any)")
     p.add_argument("--gemm-seconds", type=float, help="time budget of each same-run GEMM peak measurement (default 3)")
     p.add_argument("--out", help="output folder (default: a new folder under the h3serve cache)")
@@ -113,6 +119,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--realtime-lora",
         metavar="DIR",
         help="real-time mode: the streaming LoRA (default: a tiny one made for the tiny checkpoint's preset)",
+    )
+    p.add_argument(
+        "--full-depth",
+        action="store_true",
+        help="full-depth mode (one GPU): the released DiT with random bf16 weights made on the device, a Turbo-4 "
+        "T2VA request at --shape (default 1344x768x124) end to end on --model's tokenizer and, where they do not "
+        "fit at the released size, its tiny text encoder and VAEs: timeline, MFU, encoders; OUT/full_depth.json",
     )
     p.add_argument(
         "--gpu-acceptance",
@@ -388,9 +401,34 @@ def cmd_gpu_acceptance(args: argparse.Namespace) -> int:
     return 0 if record["verdict"].startswith("OK") else 1
 
 
+def cmd_full_depth(args: argparse.Namespace) -> int:
+    """`--full-depth`: the released DiT at full depth on one GPU (see `h3serve.tools.bench.full_depth`)."""
+    from h3serve.tools.bench.full_depth import FullDepthSpec, run_full_depth
+    from h3serve.tools.bench.matrix import MatrixError, Shape
+
+    if not args.model or not args.out or len(args.shapes or []) > 1:
+        print("error: --full-depth needs --model (the gpu-accept checkpoint), --out, and at most one --shape",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        shape = Shape.parse(args.shapes[0]) if args.shapes else Shape(1344, 768, 124)
+        spec = FullDepthSpec(Path(args.model), shape.width, shape.height, shape.num_frames, args.seed or 0,
+                             args.gemm_seconds or 1.0, Path(args.out))
+        result = run_full_depth(spec, lambda line: print(line, file=sys.stderr))
+    except (MatrixError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"full depth: {len(result.forwards_s)} forwards {', '.join(f'{s:.2f}' for s in result.forwards_s)} s, "
+          f"MFU {result.mfu:.1%}; whole request {result.e2e_s:.2f} s, outside the forwards "
+          f"{result.outside_forwards_s:.2f} s; sizes {result.sizes}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.gpu_acceptance:
         return cmd_gpu_acceptance(args)
+    if args.full_depth:
+        return cmd_full_depth(args)
     if args.replicas:
         return cmd_throughput(args)
     if args.outputs is not None:
@@ -426,6 +464,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             "profile",
             "reference",
             "gemm_seconds",
+            "prompt_cache",
         )
     }
     try:

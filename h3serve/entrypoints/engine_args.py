@@ -17,7 +17,7 @@ from pathlib import Path
 from h3serve.accel.quant_config import QuantizationError, parse_quantization
 from h3serve.adapters.catalog import parse_lora_paths
 from h3serve.adapters.fasth3 import is_fasth3_path
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, EngineConfig
+from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES, EngineConfig, warmup_shapes
 from h3serve.errors import ConfigError
 from h3serve.offload.modes import (
     OffloadConfig,
@@ -69,6 +69,14 @@ def _add_device_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="AdaLN modulations computed once per request and kept for later requests in a host store of SIZE "
         f"(default {DEFAULT_ADALN_MEMO_BYTES // 2**30}GiB; exact); off: each forward computes them",
+    )
+    g.add_argument(
+        "--prompt-cache",
+        metavar="SIZE|off",
+        default=None,
+        help="text states of recent prompts kept in host memory, up to SIZE (default "
+        f"{DEFAULT_PROMPT_CACHE_BYTES // 2**20}MiB): a repeated prompt skips the text encoder (same bytes); off: "
+        "every request encodes its prompt",
     )
     g.add_argument(
         "--adaln-cache-dir",
@@ -190,7 +198,11 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
     r.add_argument("--max-cpu-loras", type=int, default=4, help="adapters kept in host memory (LRU)")
     r.add_argument("--max-loras", type=int, default=2, help="adapters kept on the device (LRU)")
     r.add_argument("--max-lora-rank", type=int, help="device slot rank (default: largest preloaded; 128 w/ --lora-dir)")
-    r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors)")
+    r.add_argument("--merge-lora", action="store_true",
+                   help="a dedicated server of its one --lora-path adapter: fused into the DiT weights at load (at "
+                   "--lora-scale), so its forward costs a base forward; every request runs it, another adapter or "
+                   "scale is refused")
+    r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors; see --merge-lora)")
     r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
     r.add_argument("--controlnet-model-path", metavar="FILE",
                    help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
@@ -360,6 +372,16 @@ def adaln_memo(text: str | None) -> int | None:
         raise ConfigError(f"{e} (or 'off')") from None
 
 
+def prompt_cache(text: str | None) -> int | None:
+    """--prompt-cache in bytes (the default size when absent; None for `off`); `ConfigError` for a bad size."""
+    if text is not None and text.strip().lower() == "off":
+        return None
+    try:
+        return parse_bytes(text, "--prompt-cache") if text else DEFAULT_PROMPT_CACHE_BYTES
+    except OffloadError as e:
+        raise ConfigError(f"{e} (or 'off')") from None
+
+
 def denoise_chunk_rows(text: str | None):
     """--denoise-chunk-rows: "auto" (absent), None (`off`) or a row count; `ConfigError` for a bad value."""
     try:
@@ -440,6 +462,7 @@ def lora_fields(args: argparse.Namespace) -> dict:
         "max_cpu_loras": args.max_cpu_loras,
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
+        "merge_lora": bool(getattr(args, "merge_lora", False)),
     }
 
 
@@ -483,6 +506,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         quantization=quantization(args),
         **lora_fields(args),
         adaln_memo_bytes=adaln_memo(args.adaln_memo),
+        prompt_cache_bytes=prompt_cache(getattr(args, "prompt_cache", None)),
+        warmup=warmup_shapes(getattr(args, "warmup", None)),
         adaln_cache_dir=Path(args.adaln_cache_dir) if args.adaln_cache_dir else None,
         controlnet_model_path=getattr(args, "controlnet_model_path", None),
         realtime_lora=getattr(args, "realtime_lora", None),

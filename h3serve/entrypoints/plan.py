@@ -131,6 +131,7 @@ def build_plan(args: argparse.Namespace):
         device_memory,
         layout_fields,
         offload_config,
+        prompt_cache,
         quantization,
     )
     from h3serve.offload.inventory import RELEASED, build_inventory
@@ -168,7 +169,8 @@ def build_plan(args: argparse.Namespace):
     # Compiled as the engine would on the planned device: regional torch.compile on CUDA unless --enforce-eager.
     compiled = device == "cuda" and not args.enforce_eager
     runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled,
-                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows))
+                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows),
+                      prompt_cache=prompt_cache(getattr(args, "prompt_cache", None)) or 0)
     plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, runtime=runtime)
     realtime = getattr(args, "realtime_lora", None) is not None and "transformer" in inv.dits
     if realtime:  # a session's clean K/V cache at --width/--height, else the real-time default canvas

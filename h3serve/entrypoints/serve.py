@@ -50,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -> None:
     """Where to serve and where the jobs are kept."""
+    from h3serve.config import WARMUP_DEFAULT
+
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="checkpoint folder (default: the tiny checkpoint, built on first use)")
     p.add_argument("--host", default=server("host"), help="address to bind (default %(default)s)")
@@ -66,6 +68,11 @@ def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -
     p.add_argument("--job-lease", type=float, default=server("job_lease_s"),
                    help="seconds after a server's last lease renewal before another may rerun its job "
                         "(default %(default)g)")
+    p.add_argument("--warmup", default=WARMUP_DEFAULT, metavar="default|off|WxHxFRAMES,...",
+                   help="T2VA request shapes each rank runs once before /health reports ready, so the first request "
+                   "finds the DiT compiled, the kernels planned, the memory pools and the default schedule's AdaLN "
+                   "memo ready (default: %(default)s, the checkpoint's default shape; off: none). "
+                   "--init-timeout covers it")
     p.add_argument("--no-overlap-output", dest="overlap_output", action="store_false",
                    default=server("overlap_output"),
                    help="write each job's MP4 before its replica takes the next job (default: the mux overlaps "

@@ -16,6 +16,7 @@ import torch
 
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import prepare_fp8, quantizing
+from h3serve.adapters.weight_edits import WeightEdits
 from h3serve.checkpoint import native_config, native_names
 from h3serve.checkpoint.file_reading import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
@@ -46,6 +47,7 @@ def load_transformer(
     component: str = "transformer",
     adapter: str | None = None,
     pieces: BlockPieces | None = None,
+    merged: WeightEdits | None = None,
 ) -> H3Transformer:
     """Load an H3 DiT from a diffusers-layout or native-layout folder (meta init, tensor-by-tensor).
 
@@ -53,7 +55,8 @@ def load_transformer(
     else the config's `qkv_layout`, else "interleaved" (the MiniMaxAI shards). With `tp`, the model is this rank's
     tensor-parallel shard and only its slices are read. With `quant` (or FP8 weights in the checkpoint) the selected
     linears load as FP8 (h3serve.accel.quantize), each weight quantised on `device` as it is read. `adapter`: a
-    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.loading.fasth3_fusion).
+    FastH3 file fused into the weights as they are read, in fp32, before the FP8 step (h3serve.loading.fasth3_fusion);
+    `merged`: a LoRA adapter's edits fused the same way (`--merge-lora`; checked against the DiT by the catalog).
     `pieces` (DLO all-gather): the streamed blocks are not read; they stay on the meta device, Q/K/V fused, with a
     source for each tensor in `pieces.sources`, from which the offload units read only this rank's piece
     (h3serve.loading.dit_pieces).
@@ -71,7 +74,9 @@ def load_transformer(
     if native:
         check_native_shapes(files, cfg, model.state_dict())
         check_native_rope(files, cfg)
-    fasth3 = None if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
+    if adapter is not None and merged is not None:
+        raise ValueError("a FastH3 adapter and a merged LoRA cannot both be fused (refused at start-up)")
+    fasth3 = merged if adapter is None else fuse_adapter.prepare(adapter, model)  # checked on the whole DiT
     lazy = pieces.lazy if pieces is not None else lambda name: False
     name_of = native_names.native_to_diffusers_name if native else lambda key: key
 
@@ -285,13 +290,15 @@ def load_components(
     dit_adapter: str | None = None,
     qkv_layout: native_keys.QkvLayout | None = None,
     pieces: BlockPieces | None = None,
+    merged_lora: WeightEdits | None = None,
 ):
     """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
     Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
     `quantization` names the components whose linears load as FP8, on the `kernel` path. `dit_adapter`: a FastH3
-    file fused into the T2VA DiT (`transformer`) at load. `pieces`: the DiTs' streamed blocks are left to the offload
+    file fused into the T2VA DiT (`transformer`) at load; `merged_lora`: a LoRA adapter fused into every loaded DiT
+    (`--merge-lora`: the server serves that adapter only). `pieces`: the DiTs' streamed blocks are left to the offload
     units, which read only this rank's piece of them (DLO all-gather, `load_transformer`).
     """
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
@@ -323,6 +330,7 @@ def load_components(
             component=name,
             adapter=dit_adapter if name == "transformer" else None,
             pieces=pieces,
+            merged=merged_lora,
         )
         for name in present
     }

@@ -10,7 +10,7 @@ of its rows from the checkpoint, through the steps the whole-tensor load takes, 
                input-split shard: the columns of every row). The row map comes from running the loader's own
                transforms (`shard_ranges`, `TensorParallel.cut_ranges`, `split_native_tensor`) on the row numbers,
                so it cannot drift from what they do to the values; read run by run through safe_open's get_slice.
-  FastH3       + the rows of the edit's fp32 delta (computed whole, one tensor at a time, and cut as the whole
+  edits       + the rows of an adapter edit's fp32 delta (computed whole, one tensor at a time, and cut as the whole
                load cuts it).
   FP8          quantised row by row. A per-channel scale needs only its row (read at full width for an input-split
                shard: the scale is the whole row's maximum); so a rank reads the rows of its piece of the FP8
@@ -36,7 +36,7 @@ from torch import nn
 
 from h3serve.accel.fp8 import FP8, quantize_fp8, scales_of, weight_amax
 from h3serve.accel.quantize import Fp8Load
-from h3serve.adapters.fasth3 import FastH3File
+from h3serve.adapters.weight_edits import WeightEdits
 from h3serve.checkpoint import native_names
 from h3serve.checkpoint.file_reading import safetensors_header
 from h3serve.checkpoint.resolver import CheckpointError
@@ -81,9 +81,10 @@ class StoredRows:
 
 @dataclass(frozen=True)
 class Edit:
-    """A FastH3 edit of one parameter, cut for `tp` as the whole-tensor load cuts it (None: the whole edit)."""
+    """An adapter's edit of one parameter (FastH3, a merged LoRA), cut for `tp` as the whole-tensor load cuts it
+    (None: the whole edit)."""
 
-    adapter: FastH3File
+    adapter: WeightEdits
     name: str
     tp: TensorParallel | None
 
@@ -94,7 +95,7 @@ class Edit:
 
 @dataclass(frozen=True)
 class Values:
-    """A model tensor's rows as the loader's stream carries them: stored, plus a FastH3 edit (in fp32)."""
+    """A model tensor's rows as the loader's stream carries them: stored, plus an adapter's edit (in fp32)."""
 
     stored: StoredRows
     edit: Edit | None = None
@@ -245,7 +246,7 @@ def _arriving_shape(stored: tuple[int, ...], rows: int, columns: tuple[int, int]
 
 @dataclass(frozen=True)
 class LoadRules:
-    """What the whole-tensor load would do to a block tensor: shard, FastH3 edit, FP8, dtype."""
+    """What the whole-tensor load would do to a block tensor: shard, adapter edit, FP8, dtype."""
 
     cfg: H3TransformerConfig
     native: bool
@@ -254,7 +255,7 @@ class LoadRules:
     dtype: torch.dtype
     fp32_modules: tuple[str, ...]
     fp8: Fp8Load | None
-    adapter: FastH3File | None
+    adapter: WeightEdits | None
 
     def sources(
         self, file: Path, key: str, info: dict, shapes: dict[str, tuple[int, ...]]
@@ -273,6 +274,9 @@ class LoadRules:
             if (math.prod(got) != math.prod(want)) if reshaped else got != want:
                 raise CheckpointError(f"weight '{final}' has shape {got}, expected {want}")
             edited = self.adapter is not None and final in self.adapter.edited
+            if edited and arriving == FP8:
+                raise CheckpointError(f"{self.adapter.path.name}: {final} is stored in FP8 in the checkpoint; an "
+                                      "adapter can be fused only into a full-precision weight")
             edit = Edit(self.adapter, final, self.tp) if edited else None
             values = Values(StoredRows(file, key, mine, columns), edit)
             if layer is not None and attr == "weight" and arriving != FP8:  # quantised at load, row by row

@@ -1,9 +1,11 @@
-"""Fusing a FastH3 adapter into the DiT's weights while they load: W + B@A, W + diff, b + diff_b, in fp32.
+"""Fusing adapter edits into the DiT's weights while they load: W + scale·B@A, W + diff, b + diff_b, in fp32.
 
-Applied to the stream of (name, tensor) the loader reads, before FP8 quantisation, tensor-parallel placement and
-offload: under tensor parallelism each rank adds the slice of the full fp32 delta that its slice of the weight
-covers (the same values as fusing the whole weight, then cutting it). The loader casts the sum to the compute
-dtype.
+The edits (`h3serve.adapters.weight_edits.WeightEdits`) are a FastH3 adapter's (scale 1) or, under `--merge-lora`,
+the server's one LoRA adapter's (scale · alpha / r). Applied to the stream of (name, tensor) the loader reads,
+before FP8 quantisation, tensor-parallel placement and offload: under tensor parallelism each rank adds the slice
+of the full fp32 delta that its slice of the weight covers (the same values as fusing the whole weight, then
+cutting it). The loader casts the sum to the compute dtype. A weight stored in FP8 is refused: its values are
+only meaningful with its scale, which the stream carries separately.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 
 from h3serve.adapters.fasth3 import FastH3File, check_against, read_fasth3
+from h3serve.adapters.weight_edits import WeightEdits
 from h3serve.parallel.tensor_parallel import TensorParallel
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
@@ -34,19 +37,21 @@ def prepare(path: str, model: nn.Module) -> FastH3File:
     return adapter
 
 
-def delta_of(handle, adapter: FastH3File, name: str) -> torch.Tensor:
-    """The full fp32 edit of parameter `name`: B@A (scale 1) plus its .diff / .diff_b."""
+def delta_of(handle, adapter: WeightEdits, name: str) -> torch.Tensor:
+    """The full fp32 edit of parameter `name`: scale · B@A plus its .diff / .diff_b."""
     delta = None
     if name in adapter.low_rank:
         key_a, key_b = adapter.low_rank[name]
         delta = handle.get_tensor(key_b).float() @ handle.get_tensor(key_a).float()
+        if adapter.scale != 1.0:
+            delta.mul_(adapter.scale)
     if name in adapter.diffs:
         diff = handle.get_tensor(adapter.diffs[name]).float()
         delta = diff if delta is None else delta + diff
     return delta
 
 
-def shard_delta(handle, adapter: FastH3File, name: str, tp: TensorParallel | None, whole_rows: bool = False):
+def shard_delta(handle, adapter: WeightEdits, name: str, tp: TensorParallel | None, whole_rows: bool = False):
     """The fp32 edit of this rank's shard of parameter `name` (the full edit's rows and columns the shard holds);
     `whole_rows`: every column of the shard's rows (an input-split shard's full rows)."""
     delta = delta_of(handle, adapter, name)
@@ -57,7 +62,7 @@ def shard_delta(handle, adapter: FastH3File, name: str, tp: TensorParallel | Non
 
 
 def fused(
-    tensors: Tensors, adapter: FastH3File, tp: TensorParallel | None = None, elsewhere: frozenset[str] = frozenset()
+    tensors: Tensors, adapter: WeightEdits, tp: TensorParallel | None = None, elsewhere: frozenset[str] = frozenset()
 ) -> Tensors:
     """`tensors` with every edited parameter replaced by its fp32 sum; every edit must meet its tensor, but those
     of the parameters in `elsewhere` (a streamed block's, fused row by row: h3serve.loading.dit_pieces)."""
@@ -68,6 +73,9 @@ def fused(
                 yield name, tensor
                 continue
             pending.discard(name)
+            if tensor.dtype.itemsize == 1:  # an FP8 weight: its values mean nothing without its scale
+                raise ValueError(f"{adapter.path.name}: {name} is stored in FP8 in the checkpoint; an adapter "
+                                 "can be fused only into a full-precision weight")
             yield name, tensor.float() + shard_delta(f, adapter, name, tp)
     if pending:
         raise ValueError(f"{adapter.path.name}: the checkpoint has no tensor for {sorted(pending)[0]}")

@@ -3,6 +3,8 @@ latents and the packed layout, for T2VA / FL2VA keyframes and for Ref2VA referen
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 from PIL import Image
@@ -28,6 +30,19 @@ from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
 
 VideoBlocks = list[tuple[int, list[float]]]  # (tokens per block, block timestamps) per video reference
+
+
+def encode_text(
+    components: H3Components, ids: list[int], vision: dict[str, torch.Tensor], clock: StageClock | None = None
+) -> torch.Tensor:
+    """A presentation's text states: from the prompt cache when it holds them (no `text_encode` stage: the encoder
+    is neither run nor placed), else through the encoder (timed as `text_encode`) and kept in the cache."""
+    key = components.text.prompt_key(ids, vision)
+    states = components.text.cached(key)
+    if states is not None:
+        return states
+    with clock("text_encode") if clock is not None else nullcontext():
+        return components.text.encode(ids, vision, key)
 
 
 def image_inputs(components: H3Components, images: list[Image.Image]) -> dict[str, torch.Tensor]:
@@ -59,8 +74,7 @@ def keyframes_encoded(
         with clock("vae_encode"):
             visual = [encode_visual_condition(components.vae, image_pixels(k).to(device)) for k in keyframes]
     text.text(plan.prompt)
-    with clock("text_encode"):
-        text_states = components.text.encode(text.ids, vision)
+    text_states = encode_text(components, text.ids, vision, clock)
     layout = build_keyframe_layout(
         torch.tensor(text.tags),
         plan.latent_frames,
@@ -161,8 +175,7 @@ def reference_encoded(
     time_offset: float = 0.0,
 ) -> Encoded:
     """Text states and the packed layout of references (and a continuation window's guide) before `target`."""
-    with clock("text_encode"):
-        text_states = components.text.encode(text.ids, media.vision)
+    text_states = encode_text(components, text.ids, media.vision, clock)
     blocks, visual, audio_rows = list(media.blocks), list(media.visual), list(media.audio_rows)
     if guide is not None:
         block, latents = guide

@@ -26,6 +26,7 @@ STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode"
 ADALN = "adaln"  # every DiT's AdaLN projections (blocks' adaln_proj, norm_out.linear) when kept in host memory
 COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae", ADALN)
 ADALN_MEMO = "adaln_memo"  # host bytes only: the memo's store of modulations (h3serve.model.adaln_memo)
+PROMPT_CACHE = "prompt_cache"  # host bytes only: the prompt cache's text states (h3serve.model.prompt_cache)
 GiB = 2**30
 TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs
 MAIN_DIT = "transformer"  # the only DiT whose blocks may stay resident (vLLM-Omni's resident_dit_paths)
@@ -100,7 +101,8 @@ class RankPlan:
     rank: int
     stages: tuple[StagePlan, ...]
     # component -> bytes kept in (pinned) host memory for staging or streaming; "adaln_memo": the AdaLN memo's
-    # store of modulations for later requests, up to its bound (`ADALN_MEMO`)
+    # store of modulations for later requests, up to its bound (`ADALN_MEMO`); "prompt_cache": the prompt cache's
+    # text states, up to its bound (`PROMPT_CACHE`)
     host_bytes: Mapping[str, int]
     communicators: tuple[str, ...] = ()  # the process groups of > 1 rank it joins (one NCCL communicator each)
 

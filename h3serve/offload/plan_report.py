@@ -5,7 +5,7 @@ from __future__ import annotations
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.measured_engine import UNMODELLED, UNMODELLED_PROFILES
 from h3serve.offload.overhead import TERMS
-from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, GiB, PlacementPlan, RankPlan
+from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, PROMPT_CACHE, GiB, PlacementPlan, RankPlan
 from h3serve.offload.realtime_kv import REALTIME_KV
 
 STAGE_LABELS = {
@@ -58,10 +58,9 @@ def _table(r: RankPlan) -> list[str]:
     if any(s.modulations for s in stages):
         lines.append(row("AdaLN modulations", [s.modulations for s in stages]))
     lines.append(row("activations (estimate)", [s.activations for s in stages]))
-    if ADALN_MEMO in r.host_bytes:  # host memory only
-        lines.append(
-            f"  {'AdaLN memo store':<28}{'':>{width * len(stages)}}{gib(r.host_bytes[ADALN_MEMO]):>{width + 2}}"
-        )
+    for key, label in ((ADALN_MEMO, "AdaLN memo store"), (PROMPT_CACHE, "prompt cache")):  # host memory only
+        if key in r.host_bytes:
+            lines.append(f"  {label:<28}{'':>{width * len(stages)}}{gib(r.host_bytes[key]):>{width + 2}}")
     lines.append(row("tensors", [s.tensor_bytes for s in stages]))
     if any(s.overhead for s in stages):  # apart from the tensors, which the allocator's peak is checked against
         lines.append("  runtime overhead (not tensors; h3serve.offload.overhead)")

@@ -44,6 +44,7 @@ from h3serve.offload.placement_plan import (
     ADALN,
     ADALN_MEMO,
     MAIN_DIT,
+    PROMPT_CACHE,
     RESIDENT_GROUP,
     TASK_DIT,
     PlacementPlan,
@@ -117,11 +118,13 @@ def _fp8_scratch(held: dict[str, ComponentBytes], stage: str, dit: str) -> int:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound),
+    """What the plan needs to know of the engine besides placement: AdaLN memo on (its host store's bound), the
+    prompt cache's bound,
     whether the DiT is compiled (the compile workspace) and the denoise row chunk (--denoise-chunk-rows)."""
 
     memo: bool = True
     memo_store: int = 0  # --adaln-memo: the bytes the memo's host store may grow to
+    prompt_cache: int = 0  # --prompt-cache: the bytes its host store may grow to (every rank keeps one)
     compiled: bool = False
     # rows per chunk of a block's working set; None: whole; "auto": whole unless only chunks fit (DENOISE_CHUNK_LADDER)
     denoise_chunk_rows: DenoiseChunk = None
@@ -184,6 +187,8 @@ def _rank_plan(
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     if runtime.memo and runtime.memo_store:
         host[ADALN_MEMO] = runtime.memo_store
+    if runtime.prompt_cache:
+        host[PROMPT_CACHE] = runtime.prompt_cache
     joined = communicators(inv.engine, inv.degrees, rank)
     return RankPlan(rank=rank, stages=stages, host_bytes=host, communicators=joined)
 

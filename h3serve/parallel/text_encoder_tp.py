@@ -58,9 +58,11 @@ class ParallelTextConditioner(TextConditioner):
         return self.out_dtype
 
     @torch.no_grad()
-    def encode(self, ids: list[int], vision: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def run(self, ids: list[int], vision: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """The sharded forward on the first N ranks, rank 0's states broadcast to all (a prompt-cache hit skips this
+        on every rank at once: each rank's cache saw the same requests)."""
         if self.runs_encoder:
-            states = super().encode(ids, vision).to(self.out_dtype).contiguous()
+            states = super().run(ids, vision).to(self.out_dtype).contiguous()
         else:  # the shape is known everywhere: L = len(ids) tokens of the encoder's width
             states = torch.empty((1, len(ids), self.hidden_size), dtype=self.out_dtype, device=self.out_device)
         # Every rank reaches this broadcast exactly once per encode; ranks outside the text-encoder group skip

@@ -14,7 +14,7 @@ import torch
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.adapters.serving import catalog_for, engine_defaults
+from h3serve.adapters.serving import catalog_for, engine_defaults, merged_edits
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.planning import check_task_served, plan_request
@@ -27,6 +27,7 @@ from h3serve.messages import GenerationOutput
 from h3serve.model.adaln_memo import AdaLNMemo, plain_host_copy
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import FrameSink, GenerationResult, H3Components, StepCallback
+from h3serve.model.prompt_cache import PromptCache
 from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.runtime import OffloadRuntime
@@ -42,6 +43,7 @@ from h3serve.rank.placement import (
     output_batch,
     placement_for_engine,
 )
+from h3serve.rules.adapter_choice import merged_choice
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, RequestError
 
@@ -55,7 +57,8 @@ class ModelRunner:
         setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits)
-        self.defaults = engine_defaults(config, self.layout.defaults())  # a fused FastH3 adapter pins its schedule
+        # A fused FastH3 adapter pins its schedule; a merged LoRA (--merge-lora) runs in every request.
+        self.defaults = engine_defaults(config, self.layout.defaults())
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -80,6 +83,8 @@ class ModelRunner:
         # host figure), copied from the device with one wait; on CPU plain tensors.
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
+        if config.prompt_cache_bytes is not None:  # repeated prompts skip the text encoder (the planner counts it)
+            components.text.cache = PromptCache(config.prompt_cache_bytes, host_copy)
         self.pipeline = H3Pipeline(
             components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo,
             output_batch=config.max_output_batch,
@@ -110,6 +115,7 @@ class ModelRunner:
             self.layout, setup.dtype, self.device, config.dits, parallel=self.parallel, on_host=on_host,
             quantization=config.quantization, kernel=kernel, dit_adapter=config.dit_adapter,
             qkv_layout=config.qkv_layout, pieces=None if sources is None else BlockPieces(sources, adaln_host),
+            merged_lora=merged_edits(config),
         )
         roles = setup.attention
         for dit in (components.transformer, components.transformer_ref):
@@ -179,6 +185,8 @@ class ModelRunner:
             raise RequestError(field, f"this server cannot run the request: {refusal}")
         if self.lora is not None:
             self.lora.activate_for(plan)
+        elif self.defaults.merged_lora is not None:  # in the weights: another adapter or scale is refused
+            merged_choice(self.defaults.merged_lora, plan.lora, plan.task)
         elif plan.lora is not None:
             raise RequestError("lora", "this server serves no LoRA adapters")
         with PeakMemory(self.device) as memory:
@@ -206,11 +214,14 @@ class ModelRunner:
 
     def counters(self) -> dict[str, int]:
         """Since this engine loaded: LoRA adapter loads into host memory and for the device (switching between
-        cached adapters adds none), and the torch.compile graphs built in this process (a recompile adds one)."""
+        cached adapters adds none), the torch.compile graphs built in this process (a recompile adds one), and the
+        prompt cache's hits and misses."""
         loads = self.lora.loads if self.lora is not None else {"host": 0, "device": 0}
         compiled = self.config.compile_mode(self.device.type) is not None  # eager: Dynamo is never imported
         graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) if compiled else 0
-        return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs}
+        cache = self.pipeline.components.text.cache
+        return {"lora_host_loads": loads["host"], "lora_device_loads": loads["device"], "compiled_graphs": graphs,
+                "prompt_cache_hits": cache.hits if cache else 0, "prompt_cache_misses": cache.misses if cache else 0}
 
 
 def _media(result: GenerationResult) -> GenerationOutput:

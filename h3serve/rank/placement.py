@@ -100,11 +100,12 @@ def controlnet_bytes(config: EngineConfig, inv, shapes: list[RequestShape]) -> i
 
 
 def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
-    """The AdaLN memo (and its store's bound) and compilation, as the engine will run them on `device_type`."""
+    """The AdaLN memo (and its store's bound), the prompt cache's bound and compilation, as the engine will run
+    them on `device_type`."""
     memo = config.adaln_memo_bytes
     compiled = config.compile_mode(device_type) is not None
     return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=compiled,
-                   denoise_chunk_rows=config.denoise_chunk_rows)
+                   denoise_chunk_rows=config.denoise_chunk_rows, prompt_cache=config.prompt_cache_bytes or 0)
 
 
 def lora_adaln(config: EngineConfig, catalog: LoraCatalog | None) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -40,6 +41,7 @@ from h3serve.parallel.peers import Peers, is_lost_connection
 from h3serve.rank.device_checks import check_engine
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import Inbox, run_session, spool_chunk
+from h3serve.rank.warmup import warm_up
 
 REFUSAL_GRACE_S = 10.0  # a rank other than 0 waits this long on a refused flag before it exits
 
@@ -199,6 +201,20 @@ def _start(
         raise SystemExit(1) from None
 
 
+def _warm(engine: ModelRunner, rank: int, events) -> None:
+    """--warmup on every rank before rank 0 says Ready (h3serve.rank.warmup): the first request finds everything
+    compiled, planned and allocated. A warm-up that fails ends the rank as a failed start-up would."""
+    if not engine.config.warmup:
+        return
+    try:
+        warm_up(engine, (lambda text: print(text, file=sys.stderr)) if rank == 0 else None)
+    except Exception as e:
+        traceback.print_exc()
+        if rank == 0:
+            events.put(Fatal(f"warm-up failed: {type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+
+
 def _run_job(
     engine, job: RankJob, rank: int, world: int, events, cancel_value, comm_device: torch.device, peers: Peers | None
 ) -> None:
@@ -279,6 +295,7 @@ def worker_main(
     _exit_with_parent()
     engine, peers = _start(rank, world, init_method, config, events, local_rank)
     comm_device = engine.device if engine.device.type == "cuda" else torch.device("cpu")
+    _warm(engine, rank, events)
     if rank == 0:
         events.put(Ready(engine.defaults, engine.tasks))
     while True:

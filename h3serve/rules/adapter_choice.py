@@ -95,3 +95,20 @@ def pdd_pin(contract: PddContract, adapter: str, task: str, scale: float) -> Pin
         raise RequestError("lora.scale", f"{owner} runs at scale 1 only (its heads are not scaled), got {scale:g}")
     return PinnedSchedule(owner=owner, steps=contract.forwards, flow_shift=contract.flow_shift,
                           audio_flow_shift=contract.audio_flow_shift)
+
+
+def merged_choice(merged: AdapterChoice, asked: AdapterChoice | None, task: str) -> AdapterChoice:
+    """The adapter a request runs on a server that merged `merged` into its DiTs' weights (`--merge-lora`): that
+    one, whether the request names it (by name or path, at its scale) or no adapter. Any other adapter or scale is
+    refused with the reason rather than served: the base weights are gone, so another adapter would run on top of
+    this one. A task the adapter's contract does not serve is refused too."""
+    owner = f"this server merged the adapter {merged.name} into its weights at load (--merge-lora)"
+    if asked is not None and asked.path != merged.path:
+        raise RequestError("lora", f"{owner} and serves that adapter only, not {asked.name}; a server without "
+                                   "--merge-lora switches adapters per request")
+    if asked is not None and asked.scale != merged.scale:
+        raise RequestError("lora.scale", f"{owner} at scale {merged.scale:g}; it cannot run scale {asked.scale:g}")
+    contract = merged.turbo or merged.pdd
+    if contract is not None and task not in contract.tasks:
+        raise RequestError("task", f"{owner}, which serves {', '.join(contract.tasks)} only, not {task}")
+    return merged

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from h3serve.rules import limits
+from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.schedule import PinnedSchedule
 
 
@@ -21,3 +22,4 @@ class ModelDefaults:
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (schedule.py)
     fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+    merged_lora: AdapterChoice | None = None  # --merge-lora: the LoRA fused into the DiTs, run by every request

@@ -78,7 +78,7 @@ def start_live_server(checkpoint: Path, data_dir: Path, *args: str, port: int | 
     log_path = data_dir.parent / f"{data_dir.name}-server-{port}.log"
     command = [
         sys.executable, "-m", "h3serve", "serve", str(checkpoint), "--port", str(port), "--data-dir",
-        str(data_dir), "--x264-preset", "ultrafast", "--log-level", "warning", *args,
+        str(data_dir), "--x264-preset", "ultrafast", "--log-level", "warning", "--warmup", "off", *args,
     ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

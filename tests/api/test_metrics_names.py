@@ -20,7 +20,7 @@ EXPECTED = {
     ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
     ("h3serve_replica_jobs_served_total", ("replica",)), ("h3serve_request_timeouts_total", ("phase",)),
     ("h3serve_engine_loads_total", ("replica",)), ("h3serve_lora_adapter_loads_total", ("memory", "replica")),
-    ("h3serve_compiled_graphs_total", ("replica",)),
+    ("h3serve_compiled_graphs_total", ("replica",)), ("h3serve_prompt_cache_lookups_total", ("replica", "result")),
     *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
     *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
     # the real-time sessions (WS /v1/realtime/video)
@@ -35,7 +35,8 @@ def _scrape() -> str:
     metrics.on_job_started(0, 0.3)
     metrics.on_job_finished(SimpleNamespace(stage_durations={"denoise": 1.5}, inference_time_s=2.0, status="completed"))
     metrics.count_request_timeout("body")
-    counters = {"engine_loads": 1, "lora_host_loads": 2, "lora_device_loads": 3, "compiled_graphs": 4}
+    counters = {"engine_loads": 1, "lora_host_loads": 2, "lora_device_loads": 3, "compiled_graphs": 4,
+                "prompt_cache_hits": 5, "prompt_cache_misses": 6}
     replica = SimpleNamespace(index=0, problem=None, busy=True, jobs_served=3, counters=counters)
     fresh = SimpleNamespace(index=1, problem=None, busy=False, jobs_served=0, counters={})  # no job finished yet
     manager = SimpleNamespace(replicas=lambda: [replica, fresh], queue_depth=2, healthy=lambda: True)
@@ -56,6 +57,8 @@ def test_metric_names_and_labels_are_unchanged():
     assert values[("h3serve_lora_adapter_loads_total", (("memory", "host"), ("replica", "0")))] == 2
     assert values[("h3serve_lora_adapter_loads_total", (("memory", "device"), ("replica", "0")))] == 3
     assert values[("h3serve_compiled_graphs_total", (("replica", "0"),))] == 4
+    assert values[("h3serve_prompt_cache_lookups_total", (("replica", "0"), ("result", "hit")))] == 5
+    assert values[("h3serve_prompt_cache_lookups_total", (("replica", "0"), ("result", "miss")))] == 6
     assert ("h3serve_engine_loads_total", (("replica", "1"),)) not in values  # counted from its first job
     buckets = sorted(float(s.labels["le"]) for s in samples if s.name == "h3serve_stage_duration_seconds_bucket")
     assert buckets == [*map(float, LATENCY_BUCKETS), float("inf")]

@@ -1,7 +1,8 @@
 """DLO all-gather load (h3serve.loading.dit_pieces): the pieces of the streamed DiT blocks a rank reads from the files
 row by row are byte-identical to those cut from the whole loaded DiT (modular and native layouts, sharded files,
-fp32 and bf16, FP8 online per channel and per tensor and stored, FastH3, LoRA factors, tensor parallelism), and a
-rank reads, counted at safe_open, only the resident parts and its piece of the blocks (about 1/G of them)."""
+fp32 and bf16, FP8 online per channel and per tensor and stored, FastH3, a merged LoRA, LoRA factors, tensor
+parallelism), and a rank reads, counted at safe_open, only the resident parts and its piece of the blocks (about 1/G
+of them)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from read_counter import counting_reads, dit_file_bytes, read_under
 from safetensors.torch import load_file, save_file
 
 from h3serve.accel.quant_config import ComponentQuant
+from h3serve.adapters.catalog import lora_file
+from h3serve.adapters.peft import target_shapes
+from h3serve.adapters.weight_edits import lora_edits
 from h3serve.checkpoint.resolver import CheckpointError
 from h3serve.loading import dit_keys as keys
 from h3serve.loading.components import load_transformer
@@ -25,7 +29,7 @@ from h3serve.offload.runtime import adaln_modules
 from h3serve.offload.units import gathered_layout, gathered_values
 from h3serve.parallel.tensor_parallel import TensorParallel
 from h3serve.rank.lora import LoraLinear, LoraScale, install_lora
-from h3serve.tools.tiny.make_adapter import write_fasth3_adapter
+from h3serve.tools.tiny.make_adapter import write_fasth3_adapter, write_peft_adapter
 
 CPU = torch.device("cpu")
 BF16, PER_CHANNEL, PER_TENSOR = torch.bfloat16, ComponentQuant(), ComponentQuant(granularity="per_tensor")
@@ -50,7 +54,14 @@ def folders(tiny_checkpoint, tiny_native_checkpoint, tmp_path_factory):
     fp8 = load_transformer(modular, quant=ComponentQuant()).state_dict()
     out["native-fp8"] = _write(root / "native-fp8", keys.diffusers_to_native(fp8, head_dim, "interleaved"), config, 1)
     out["fasth3"] = write_fasth3_adapter(root / "fasth3", cfg, rank=3, seed=5, std=0.2).parent
+    out["peft"] = write_peft_adapter(root / "peft", cfg, rank=3, seed=6, std=0.2)
     return out
+
+
+def _merged(folders, scale: float = 0.5):
+    """--merge-lora's edits of the peft adapter (fused at load like FastH3's, at scale · alpha / r)."""
+    cfg = json.loads((folders["modular"] / "config.json").read_text())
+    return lora_edits(lora_file(folders["peft"], target_shapes(cfg)), scale)
 
 
 def _write(folder, tensors, config, shards):
@@ -120,6 +131,8 @@ CASES = {  # folder, load arguments, G, AdaLN projections on host, LoRA wrappers
     "stacked-fp8-per-tensor": ("native-stacked", {"quant": PER_TENSOR}, 2, False, False, None),
     "native-stored-fp8": ("native-fp8", {"dtype": BF16}, 2, True, True, None),
     "tp2-fasth3-bf16": ("modular", {"dtype": BF16, "adapter": "fasth3"}, 2, False, False, 1),
+    "tp2-merged-lora-bf16": ("modular", {"dtype": BF16, "merged": True}, 2, False, False, 0),
+    "merged-lora-fp8": ("modular-shards", {"dtype": BF16, "quant": PER_CHANNEL, "merged": True}, 2, True, False, None),
 }
 
 
@@ -129,6 +142,8 @@ def test_each_rank_reads_exactly_its_old_piece_and_little_else(folders, case):
     folder = folders[name]
     if "adapter" in kwargs:
         kwargs = {**kwargs, "adapter": str(folders[kwargs["adapter"]])}
+    if "merged" in kwargs:
+        kwargs = {**kwargs, "merged": _merged(folders)}
     tp = None if tp_rank is None else TensorParallel(tp_rank, 2, None, H3Transformer.tensor_parallel_plan)
     with counting_reads() as counts:
         whole = load_transformer(folder, tp=tp, **kwargs)
@@ -196,3 +211,12 @@ def test_a_missing_block_weight_is_named(folders, tmp_path):
     folder = _write(tmp_path / "holey", tensors, folders["modular"] / "config.json", shards=2)
     with pytest.raises(CheckpointError, match=r"1 weights missing .*transformer_blocks\.2\.ff\.net\.2\.weight"):
         load_transformer(folder, pieces=BlockPieces(PieceSources(), False))
+
+
+def test_an_adapter_is_never_merged_into_a_weight_stored_in_fp8(folders):
+    """A stored FP8 weight's values mean nothing without its scale: merging into it is refused by name, whole or in
+    pieces."""
+    with pytest.raises(ValueError, match="stored in FP8"):
+        load_transformer(folders["native-fp8"], merged=_merged(folders))
+    with pytest.raises(CheckpointError, match="stored in FP8"):
+        load_transformer(folders["native-fp8"], merged=_merged(folders), pieces=BlockPieces(PieceSources(), False))

@@ -165,7 +165,9 @@ def env_var_u2(nodes, parallel_checkpoint, tmp_path_factory) -> EnvVarRun:
     folder = tmp_path_factory.mktemp("env_vars")
     flags = [*NODE_FLAGS, "--usp", "2", "--collective-timeout", f"{COLLECTIVE_TIMEOUT_S:g}"]
     rendezvous = {"NNODES": "2", "MASTER_ADDR": nodes.addresses[0], "MASTER_PORT": "29600"}
-    follower = nodes.start(1, [sys.executable, "-m", "h3serve", "serve", str(parallel_checkpoint), *flags],
+    # --warmup off: the leader here is a script that runs no warm-up, and every rank must run the same requests
+    follower = nodes.start(1, [sys.executable, "-m", "h3serve", "serve", str(parallel_checkpoint), *flags,
+                               "--warmup", "off"],
                            _node_env(**rendezvous, NODE_RANK="1"), folder / "node1.log")
     steps = ",".join(str(n) for n in REQUEST_STEPS)
     leader = nodes.start(0, [sys.executable, str(LEADER), str(parallel_checkpoint), *flags, "--out", str(folder),

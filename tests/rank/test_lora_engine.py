@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from h3serve.adapters.catalog import LoraCatalog, LoraField
 from h3serve.adapters.peft import target_shapes
 from h3serve.config import EngineConfig
+from h3serve.errors import RequestError
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
@@ -142,3 +143,23 @@ def test_factors_stream_with_their_block_bit_for_bit(tiny_checkpoint, resident, 
     assert engine.offload.host_bytes["transformer"] == planned.host_bytes["transformer"]
     assert ADAPTERS not in planned.stage("denoise").weights  # no device cache: the factors ride in the blocks
     assert all(w.lora_a.numel() == 0 for w in served.wrappers)  # released with their blocks after the request
+
+
+def test_a_merged_adapter_agrees_with_the_unmerged_one_to_fp32_rounding(tiny_checkpoint, resident):
+    """--merge-lora: the adapter fused into the weights at load, no wrappers; a request naming no adapter runs it,
+    to fp32 rounding of the unmerged engine's output; another adapter or scale is refused with the reason."""
+    _, catalog, paths, outputs = resident
+    engine = _engine(tiny_checkpoint, paths[:1], merge_lora=True)
+    assert engine.lora is None and engine.defaults.merged_lora.name == "a"
+    want_video, want_audio = outputs[0]  # "a" at scale 1, unmerged
+    for lora in (None, catalog.choose(LoraField(name="a", scale=1.0))):
+        out = engine.generate(engine.plan(_request(lora)))
+        # Measured on this CPU: video 1.0e-6, audio 1.9e-5 (the audio VAE's gain) of their largest value 1.0.
+        assert np.abs(out.video - want_video).max() <= 1e-5
+        assert np.abs(out.audio - want_audio).max() <= 1e-4
+        assert np.abs(out.video - outputs[1][0]).max() > 1e-2  # unlike the unadapted output
+    for lora, field in ((catalog.choose(LoraField(name="b")), "lora"), (catalog.choose(LoraField(name="a", scale=0.5)),
+                                                                       "lora.scale")):
+        with pytest.raises(RequestError, match="merged the adapter a into its weights") as caught:
+            engine.plan(_request(lora))
+        assert caught.value.field == field

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -146,3 +147,22 @@ def test_several_outputs_batch_as_many_as_the_planner_fits(tiny_checkpoint):
     assert output_batch(config, plan, peaks[0] // 2) == 1  # not even one fits: the start-up plan refused that
     assert output_batch(replace(config, max_output_batch=1), plan, 64 * GiB) == 1
     assert output_batch(config, replace(plan, num_outputs=3), None) == 3
+
+
+def test_the_plan_counts_the_prompt_cache_and_a_merged_adapter_adds_no_factors(tiny_checkpoint, tmp_path):
+    from h3serve.offload.adapters import ADAPTERS
+    from h3serve.offload.placement_plan import PROMPT_CACHE
+    from h3serve.offload.plan_report import format_plan
+    from h3serve.tools.tiny.make_adapter import write_peft_adapter
+
+    plan = plan_for_engine(_config(tiny_checkpoint, prompt_cache_bytes=3 * 2**20), None)
+    assert all(r.host_bytes[PROMPT_CACHE] == 3 * 2**20 for r in plan.ranks)
+    assert "prompt cache" in format_plan(plan, "plan")
+    off = plan_for_engine(_config(tiny_checkpoint, prompt_cache_bytes=None), None)
+    assert PROMPT_CACHE not in off.ranks[0].host_bytes
+    cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
+    adapter = str(write_peft_adapter(tmp_path / "a", cfg).parent)
+    unmerged = plan_for_engine(_config(tiny_checkpoint, lora_paths=(("a", adapter),)), None)
+    merged = plan_for_engine(_config(tiny_checkpoint, lora_paths=(("a", adapter),), merge_lora=True), None)
+    assert ADAPTERS in unmerged.ranks[0].host_bytes and ADAPTERS not in merged.ranks[0].host_bytes
+    assert merged.peak_device_bytes < unmerged.peak_device_bytes  # no factors in the blocks, no device cache

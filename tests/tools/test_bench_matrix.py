@@ -71,9 +71,17 @@ def test_matrix_file_must_be_a_mapping(tmp_path):
 
 def test_the_turbo_matrix_names_its_adapter_per_engine():
     m = load_matrix(REPO / "benchmarks" / "cpu-bench-turbo.yaml", {})
-    base, turbo = m.engines
-    assert (base.lora, turbo.lora, m.steps) == (None, "turbo", 50)
-    assert turbo.options["lora_paths"] == (("turbo", "/tmp/h3serve-turbo"),)
+    base, turbo, merged = m.engines
+    assert (base.lora, turbo.lora, merged.lora, m.steps) == (None, "turbo", "turbo", 50)
+    assert turbo.options["lora_paths"] == merged.options["lora_paths"] == (("turbo", "/tmp/h3serve-turbo"),)
+    assert merged.options["merge_lora"] is True and "merge_lora" not in turbo.options
     assert EngineSpec.parse("name=x,lora_paths=a=/p;b=/q,lora=b", 0).options["lora_paths"] == (("a", "/p"), ("b", "/q"))
     with pytest.raises(MatrixError, match="engine x: lora 'c' is not one of its lora_paths names"):
         EngineSpec.parse({"name": "x", "lora_paths": ["a=/p"], "lora": "c"}, 0)
+
+
+def test_the_prompt_cache_is_cold_unless_the_matrix_asks_for_warm():
+    assert load_matrix(None, {}).prompt_cache == "cold"
+    assert load_matrix(None, {"prompt_cache": "warm"}).prompt_cache == "warm"
+    with pytest.raises(MatrixError, match="prompt_cache: expected cold or warm, got 'lukewarm'"):
+        load_matrix(None, {"prompt_cache": "lukewarm"})

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from h3serve.model.conditioning import Presentation
+from h3serve.model.encode_inputs import encode_text
 from h3serve.model.pipeline_types import H3Components
 
 
@@ -29,4 +30,5 @@ def encode_prompt(components: H3Components, prompt: str) -> PromptStates:
     text encoder may be tensor-parallel)."""
     text = Presentation(components.text.tokenizer)
     text.text(prompt)
-    return PromptStates(prompt, components.text.encode(text.ids, {}), torch.tensor(text.tags, dtype=torch.long))
+    states = encode_text(components, text.ids, {})  # a prompt seen before comes from the prompt cache
+    return PromptStates(prompt, states, torch.tensor(text.tags, dtype=torch.long))

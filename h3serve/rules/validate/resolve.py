@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
-from h3serve.rules.adapter_choice import FASTH3_TASKS, pdd_pin, turbo_pin
+from h3serve.rules.adapter_choice import FASTH3_TASKS, merged_choice, pdd_pin, turbo_pin
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.names import (
@@ -48,6 +48,8 @@ def validate(
     """
     request = driving_audio_split(request)
     task = resolve_task(request)
+    if defaults.merged_lora is not None:  # every request runs the adapter in the weights (--merge-lora)
+        request = dataclasses.replace(request, lora=merged_choice(defaults.merged_lora, request.lora, task))
     defaults = _adapter_pin(request, task, defaults)
     mode = resolve_long_video_mode(request, task)
     height, width = _resolve_size(request, defaults, task, keyframe_size)

@@ -14,6 +14,10 @@ Rows (GPU sizes):
   plan.fl2va_32gib      the planner: released FL2VA 1344x768, 5 s, FP8, AdaLN + encoder + VAEs on the host, on
                         one 32 GiB GPU (runs on CPU too: the planner needs no device).
   checkpoint            the `gpu-accept` preset (the released DiT width, 2 blocks + 1 refiner) and a Turbo adapter.
+  full_depth            `h3serve bench --full-depth`: the released DiT at full depth (random bf16 weights made on the
+                        device, no file), the text encoder and VAEs released where they fit beside it (else the
+                        checkpoint's tiny ones, said so); a Turbo-4 T2VA 1344x768x124 request after the warm-up:
+                        its timeline, the full-depth forward's MFU, the time outside the forwards, x264 vs NVENC.
   offload_modes         T2VA 1344x768x124, 4 steps on `gpu-accept`: resident, AdaLN on the host, layerwise, CPU
                         offload: allocator peak against the plan of each.
   adaln_host_vs_device  from offload_modes' records: denoise step time and peak, AdaLN on the host vs on the device.
@@ -241,6 +245,22 @@ def _peak(record: dict) -> dict:
             "denoise_per_step_s": record["stages"]["denoise_per_step"], "e2e_s": record["e2e_engine_s"]}
 
 
+def full_depth(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
+    _needs_checkpoint(ctx)
+    folder = ctx.out / "full_depth"
+    h3serve(["bench", "--full-depth", "--model", ctx.shared["checkpoint"], "--shape", FULL, "--gemm-seconds", "0.5",
+             "--out", str(folder)], budget_s, ctx.log)
+    record = json.loads((folder / "full_depth.json").read_text())
+    forwards = ", ".join(f"{s:.2f}" for s in record["forwards_s"])
+    tiny = [part for part, size in record["sizes"].items() if size != "released"]
+    encoders = "; ".join(f"{name} {e['seconds']:.2f} s" if "seconds" in e else f"{name}: {e['error']}"
+                         for name, e in record["encoders"].items())
+    figure = (f"Turbo-4 T2VA {FULL}, full depth ({'all released' if not tiny else 'tiny: ' + ', '.join(tiny)}): "
+              f"whole request {record['e2e_s']:.2f} s, forwards {forwards} s (MFU {record['mfu']:.0%}), outside the "
+              f"forwards {record['outside_forwards_s']:.2f} s (target <= 2 s); MP4 {encoders}")
+    return figure, record
+
+
 def offload_modes(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
     _needs_checkpoint(ctx)
     records = _matrix(ctx, "offload_modes", budget_s)
@@ -302,16 +322,20 @@ def fl2va_measured(ctx: AcceptanceContext, budget_s: float) -> tuple[str, dict]:
 # the DiTs in bfloat16; its first budget of 75 s killed the one-core draw). The request rows were killed at their
 # first budgets (80, 45, 35 s): one compiled 1344x768 T2VA request took 30 s end to end after a 6.8 s load; they now
 # run eager. The second H200 run (the same day, a later session) killed the eager turbo row at 65 s (two engines,
-# one of 50 steps), so it has 100 s, taken from the selftest's and dit_forward's margins. They sum to 556 s.
+# one of 50 steps). The full_depth row (issue 58) is estimated, never run: ~20 s of start and weights, a compile of
+# ~17 s (the selftest's first compiled call), two Turbo-4 requests of ~6 s per forward (the 4-block figure x 13) with
+# the released VAEs' decode, two MP4 encodes. Its 130 s came from the measured rows' margins (selftest 95, dit_forward
+# 32, planner 15, checkpoint 80) and the never-run rows' (offload_modes 95, turbo 75, fl2va 37): they sum to 560 s.
 ROWS = (
-    Row("selftest", "`h3serve selftest` on this device", 110.0, selftest),
-    Row("dit_forward", "bf16 / FP8 DiT step time and MFU at full width", 40.0, dit_forward),
-    Row("plan.fl2va_32gib", "the 1 x 32 GiB FL2VA plan (planner)", 20.0, fl2va_plan),
-    Row("checkpoint", "full-width few-block checkpoint for the request rows", 90.0, checkpoint),
-    Row("offload_modes", "allocator peak vs plan per offload mode", 145.0, offload_modes),
+    Row("selftest", "`h3serve selftest` on this device", 95.0, selftest),
+    Row("dit_forward", "bf16 / FP8 DiT step time and MFU at full width", 32.0, dit_forward),
+    Row("plan.fl2va_32gib", "the 1 x 32 GiB FL2VA plan (planner)", 15.0, fl2va_plan),
+    Row("checkpoint", "full-width few-block checkpoint for the request rows", 80.0, checkpoint),
+    Row("full_depth", "the released DiT at full depth: Turbo-4 T2VA 1344x768x124, MFU, timeline", 130.0, full_depth),
+    Row("offload_modes", "allocator peak vs plan per offload mode", 95.0, offload_modes),
     Row("adaln_host_vs_device", "AdaLN on the host vs on the device", 1.0, adaln),
-    Row("turbo_4_vs_50", "Turbo-4 vs 50 forwards", 100.0, turbo),
-    Row("fl2va_32gib.measured", "the 1 x 32 GiB FL2VA plan against an allocator measurement", 50.0, fl2va_measured),
+    Row("turbo_4_vs_50", "Turbo-4 vs 50 forwards", 75.0, turbo),
+    Row("fl2va_32gib.measured", "the 1 x 32 GiB FL2VA plan against an allocator measurement", 37.0, fl2va_measured),
 )
 
 

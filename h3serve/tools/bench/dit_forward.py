@@ -111,7 +111,7 @@ class DitBenchResult:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _random_tensors(model: nn.Module, device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+def random_tensors(model: nn.Module, device: torch.device, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
     """N(0, 1/fan_in) weights (activations keep their scale through the blocks), zero biases, unit norms."""
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in model.state_dict().items():
@@ -176,7 +176,7 @@ def load_weights(spec: DitBenchSpec) -> tuple[H3TransformerConfig, dict[str, tor
         model = H3Transformer(cfg)
     materialize(
         model,
-        _random_tensors(model, spec.device, spec.seed),
+        random_tensors(model, spec.device, spec.seed),
         spec.dtype,
         spec.device,
         H3Transformer.keep_in_fp32_modules,

@@ -14,12 +14,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from h3serve.config import EngineConfig
+from h3serve.config import EngineConfig, warmup_shapes
 from h3serve.errors import ServerError
 from h3serve.offload.modes import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 from h3serve.rules.names import TASKS
 
 PEERS = ("diffusers",)
+PROMPT_CACHE_MODES = ("cold", "warm")
 SIDE = "h3serve"
 DEFAULT_PROMPT = "A red fox trots through fresh snow at dawn, its paws crunching softly."
 
@@ -138,6 +139,9 @@ class BenchMatrix:
     engines: tuple[EngineSpec, ...] = (EngineSpec("default"),)
     peer: str | None = None
     profile: bool = False
+    # cold: every h3serve run starts with an empty prompt cache, so a warm-up of the same prompt cannot hide the text
+    # encode; warm: the cache stays (repeated prompts skip the encoder, as on a server)
+    prompt_cache: str = "cold"
     reference: str = "auto"  # auto (peer if given, else first) | peer | first | a .mp4/.npz file
     gemm_seconds: float = 3.0  # time budget of each GEMM peak measurement (one before, one after each case)
 
@@ -149,6 +153,8 @@ class BenchMatrix:
         for task in self.tasks:
             if task not in TASKS:
                 raise MatrixError(f"tasks: unknown task {task!r}; choose from: {', '.join(TASKS)}")
+        if self.prompt_cache not in PROMPT_CACHE_MODES:
+            raise MatrixError(f"prompt_cache: expected {' or '.join(PROMPT_CACHE_MODES)}, got {self.prompt_cache!r}")
         if self.peer is not None and self.peer not in PEERS:
             raise MatrixError(f"peer: unknown peer {self.peer!r}; choose from: {', '.join(PEERS)}")
         if not self.gemm_seconds > 0:
@@ -232,7 +238,15 @@ def _adaln_memo(value: Any) -> int | None:
         raise MatrixError(f"engine option {e} (or off)") from None
 
 
-_SPECIAL = {"offload": _offload, "adaln_memo_bytes": _adaln_memo}  # options that are not plain scalars
+def _warmup(value: Any) -> tuple[str, ...]:
+    """`warmup`: shapes the engine runs before its first request ("default", WxHxFRAMES; a list, or one
+    comma-separated string), or off / an empty list (none): what `serve --warmup` does."""
+    if value is None or value == []:
+        return ()
+    return warmup_shapes(value if isinstance(value, str) else ",".join(str(v) for v in value))
+
+
+_SPECIAL = {"offload": _offload, "adaln_memo_bytes": _adaln_memo, "warmup": _warmup}  # not plain scalars
 
 
 def _coerce(key: str, value: Any, default: Any) -> Any:
@@ -287,7 +301,7 @@ def matrix_from_dict(data: dict[str, Any]) -> BenchMatrix:
     for key, kind in types.items():
         if key in values and (not isinstance(values[key], kind) or (kind is int and isinstance(values[key], bool))):
             raise MatrixError(f"{key}: expected {_TYPE_NAMES[kind]}, got {values[key]!r}")
-    for key in ("model", "preset", "prompt", "peer", "reference"):
+    for key in ("model", "preset", "prompt", "peer", "reference", "prompt_cache"):
         if key in values and values[key] is not None:
             values[key] = str(values[key])
     return BenchMatrix(**values)

@@ -138,8 +138,12 @@ class _Bench:
         return replace(request, lora=choice, steps=steps)
 
     def engine_config(self, engine: EngineSpec) -> EngineConfig:
-        """The engine's config; unless it sets `task_type`, only the DiTs the matrix's tasks need are loaded."""
+        """The engine's config; unless it sets `task_type`, only the DiTs the matrix's tasks need are loaded. With
+        the prompt cache cold, a multi-rank engine runs without one (its ranks' caches cannot be emptied between
+        runs; an in-process engine's is, before each run)."""
         config = engine.config(self.model)
+        if self.m.prompt_cache == "cold" and config.world_size > 1:
+            config = replace(config, prompt_cache_bytes=None)
         if "task_type" in engine.options:
             return config
         ref, main = "ref2va" in self.m.tasks, any(t != "ref2va" for t in self.m.tasks)
@@ -185,6 +189,7 @@ class _Bench:
                         raw_path=str(self.out / "raw" / f"{stem}.npz") if phase == "measured" and not stream else None,
                         stream=stream,
                         trace_path=str(self.out / "profiles" / f"{stem}.json") if phase == "profile" else None,
+                        warm_prompt_cache=self.m.prompt_cache == "warm",
                     )
                     record = workers[side].run(spec)
                     self.log(

@@ -122,7 +122,8 @@ def summarize(records: list[dict[str, Any]], matrix: BenchMatrix) -> dict[str, A
         cases.append({"case": case, "request": request, "sides": sides, "ratios_vs_peer": ratios})
     return {
         "environment": records[0]["environment"] if records else None,
-        "matrix": {k: getattr(matrix, k) for k in ("steps", "warmup", "runs", "peer", "reference", "seed", "prompt")},
+        "matrix": {k: getattr(matrix, k)
+                   for k in ("steps", "warmup", "runs", "peer", "reference", "seed", "prompt", "prompt_cache")},
         "cases": cases,
     }
 
@@ -232,7 +233,8 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
         f"Environment: {_environment_line(summary['environment'])}" if summary["environment"] else "",
         "",
         f"{m['runs']} measured runs after {m['warmup']} warm-up per side; medians over measured runs"
-        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "") + f"; fidelity reference: {m['reference']}.",
+        + (f"; peer {m['peer']}, alternated ABBA" if m["peer"] else "") + f"; fidelity reference: {m['reference']}"
+        + f"; prompt cache {m.get('prompt_cache', 'cold')}.",
         "",
     ]
     for case in summary["cases"]:

@@ -28,6 +28,7 @@ from h3serve.offload.plan_report import plan_json
 from h3serve.rank.device_checks import resolve_device, resolve_dtype
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.placement import device_memory_of, plan_for_engine
+from h3serve.rank.warmup import warm_up
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan
 from h3serve.tools.bench.flops import ForwardShape
@@ -65,6 +66,8 @@ class H3Runner:
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
         self.local = ModelRunner(config) if config.world_size == 1 else None
+        if self.local is not None and config.warmup:  # as `serve --warmup` does before it reports ready
+            warm_up(self.local)
         self.engine: ModelRunner | Executor = self.local or Executor(config)
 
     def run(self, request: GenerationRequest, mp4_path: str | None = None) -> RunOutput:
@@ -90,19 +93,26 @@ class H3Runner:
         return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed,
                          list(out.stage_timeline))
 
+    def clear_prompt_cache(self) -> None:
+        """Empty the in-process engine's prompt cache (a multi-rank engine's ranks cannot be reached from here: a cold
+        bench runs it without one, h3serve.tools.bench.matrix_run)."""
+        cache = self.local.pipeline.components.text.cache if self.local else None
+        if cache is not None:
+            cache.clear()
+
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         """The in-process DiTs with their configs; empty for multi-rank engines (they live in other processes)."""
         if self.local is None:
             return []
         dits = [self.local.pipeline.components.transformer, self.local.pipeline.components.transformer_ref]
-        return [(m, m.config, _h3_shape) for m in dits if m is not None]
+        return [(m, m.config, h3_shape) for m in dits if m is not None]
 
     def close(self) -> None:
         if isinstance(self.engine, Executor):
             self.engine.close()
 
 
-def _h3_shape(args: tuple, kwargs: dict) -> ForwardShape:
+def h3_shape(args: tuple, kwargs: dict) -> ForwardShape:
     video, audio, text, timestep = args[:4]  # H3Transformer.forward(video, audio, text, timestep, ...)
     return ForwardShape(video.shape[1], audio.shape[1], text.shape[1], timestep.numel())
 

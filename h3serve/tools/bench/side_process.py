@@ -45,6 +45,7 @@ class RunSpec:
     raw_path: str | None = None  # where to write the float arrays (for fidelity); None: not kept
     stream: bool = False  # h3serve side: decode straight into the MP4 (no float arrays, no raw hash)
     trace_path: str | None = None  # profile this run into a Chrome trace here
+    warm_prompt_cache: bool = False  # h3serve side: keep the prompt cache from earlier runs (default: start it empty)
 
 
 def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str, Any], RunOutput]:
@@ -66,6 +67,8 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     tracing = profiled(Path(spec.trace_path), device, profile) if spec.trace_path else nullcontext()
     load_before, cpu_before = os.getloadavg()[0], cpu_seconds()
     local = runner.local if isinstance(runner, H3Runner) else None  # in-process h3serve: its stages are sampled
+    if isinstance(runner, H3Runner) and not spec.warm_prompt_cache:
+        runner.clear_prompt_cache()  # a cold cache: the text encode is measured, whatever ran before
     with RssSampler() as rss, tracing, sampling_stages(local.pipeline if local else None, rss):
         Path(spec.mp4_path).parent.mkdir(parents=True, exist_ok=True)
         origin = time.monotonic()
