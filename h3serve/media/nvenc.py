@@ -53,7 +53,7 @@ def nvenc_missing(device: torch.device) -> str | None:
     if device.type != "cuda":
         return f"the frames are on {device.type}, not a CUDA device"
     if nvc is None:
-        return "PyNvVideoCodec is not installed (pip install 'h3serve[nvenc]')"
+        return "PyNvVideoCodec is not installed (pip install 'h3serve[nvenc]', on a GPU box)"
     try:
         caps = nvc.GetEncoderCaps(gpuid=device.index or 0, codec="h264")
     except Exception as e:  # no encoder engine, or a driver without NVENC
