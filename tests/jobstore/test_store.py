@@ -149,7 +149,8 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
-    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs")]  # schemas 4 and 5 added them
+    # Schemas 4, 5 and 6 added these.
+    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "stage_timeline")]
     for job in jobs:
         values = [to_sql(name, getattr(job, name)) for name in columns]
         db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)
@@ -167,6 +168,7 @@ def test_requests_stored_before_steps_counted_forwards_keep_their_forward_count(
     assert steps == {"queued": 7, "default": None, "least": 1, "done": 49}
     assert {store.get(job.id).progress_steps for job in old.values()} == {0}  # schema 4: not recorded then
     assert {store.get(job.id).num_outputs for job in old.values()} == {1}  # schema 5: one output each then
+    assert {store.get(job.id).stage_timeline for job in old.values()} == {()}  # schema 6: not recorded then
     assert store.get(old["done"].id).request == GenerationRequest(prompt="p", steps=49, seed=4, duration_s=5.0)
     new = store.insert(dataclasses.replace(make_job(steps=8), progress_steps=24))
     store.close()

@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from small_dit import SMALL_DIT, random_small_dit
-from test_lora import _inputs, _run
 
 from h3serve.adapters.catalog import lora_file
 from h3serve.adapters.peft import target_shapes
@@ -28,6 +27,7 @@ from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 from h3serve.tools.tiny.make_adapter import write_pdd_adapter, write_peft_adapter, write_taomate_adapter
+from rank.test_lora import _inputs, _run
 
 CFG = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
 EPS = torch.finfo(torch.float32).eps
