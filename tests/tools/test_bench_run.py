@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from h3serve.entrypoints.bench import command_line
 from h3serve.entrypoints.cli import build_parser, main
-from h3serve.tools.bench import command_line
 from h3serve.tools.bench.matrix import load_matrix
 from h3serve.tools.bench.matrix_run import SCHEMA, run_bench
 
