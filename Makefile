@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# `make demo`'s prompt is the package's (h3serve.demo.defaults.DEMO_PROMPT), read once the venv exists.
-PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.defaults import DEMO_PROMPT; print(DEMO_PROMPT)')
+# `make demo`'s prompt is the package's (h3serve.demo.shipped.DEMO_PROMPT), read once the venv exists.
+PROMPT ?= $(shell $(BIN)/python -c 'from h3serve.demo.shipped import DEMO_PROMPT; print(DEMO_PROMPT)')
 
-.PHONY: demo test lint typecheck fuzz ffmpeg chromium postgresql venv clean
+.PHONY: demo test lint typecheck fuzz ffmpeg chromium postgresql ceph venv clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,17 @@ postgresql:
 	    echo "error: could not install postgresql with apt-get; install it by hand, then rerun make" >&2; \
 	    exit 1; }; }
 
+# The output-store tests start a throwaway single-node Ceph cluster with its S3 gateway (tests/ceph_gateway.py: one
+# monitor, one memstore OSD, one radosgw on loopback, all under a temp dir; its daemons run as root).
+ceph:
+	@command -v ceph-mon >/dev/null && command -v ceph-osd >/dev/null && command -v radosgw >/dev/null || { \
+	  echo "Ceph not found: installing ceph-mon, ceph-osd and radosgw with apt-get (for the output-store tests)"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get install -y ceph-mon ceph-osd radosgw || \
+	    { $$SUDO apt-get update && $$SUDO apt-get install -y ceph-mon ceph-osd radosgw; } || { \
+	    echo "error: could not install Ceph with apt-get; install ceph-mon ceph-osd radosgw by hand" >&2; \
+	    exit 1; }; }
+
 # The shipped demo checkpoint (h3serve/demo/checkpoint): a tiny H3 trained on the demo world (README).
 demo: venv ffmpeg
 	$(BIN)/h3serve generate "$(PROMPT)" -o demo.mp4 --duration 4 --steps 20 --seed 0
@@ -53,7 +64,7 @@ demo: venv ffmpeg
 	  -show_entries format=duration -of compact demo.mp4
 	$(BIN)/h3serve check-demo demo.mp4 --prompt "$(PROMPT)"
 
-test: venv ffmpeg chromium postgresql lint typecheck
+test: venv ffmpeg chromium postgresql ceph lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 lint: venv

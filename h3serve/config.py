@@ -12,13 +12,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from h3serve.accel.cache_profile import CacheConfigError, CacheProfile
+from h3serve.accel.cache_profile import CacheConfigError, CacheProfile, ServerCache, TeaCacheProfile
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.adapters.fasth3 import read_fasth3
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, dit_config, engine_defaults, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate, is_taomate_dir
-from h3serve.checkpoint.resolver import CheckpointError, read_layout
+from h3serve.checkpoint import fasth3_v2
+from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_layout
 from h3serve.errors import ConfigError
 from h3serve.extras import require
 from h3serve.offload.modes import (
@@ -32,7 +33,7 @@ from h3serve.offload.modes import (
 from h3serve.parallel.degrees import ParallelDegrees, check_degrees, parallel_notices, read_model_dims
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
-from h3serve.rules.names import TASK_TYPES
+from h3serve.rules.names import CACHE_BACKENDS, TASK_TYPES
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError, validate
 
@@ -48,9 +49,21 @@ WARMUP_PROMPT = "warm-up"
 WARMUP_STEPS = 2  # a warm-up request's forwards (a pinned schedule keeps its own): every path, no more
 
 
+def warmup_shapes(text: str | None) -> tuple[str, ...]:
+    """--warmup: "off" -> none; "default" and WIDTHxHEIGHTxFRAMES shapes, comma-separated (checked by EngineConfig);
+    absent (`generate`, which runs one request anyway) -> none."""
+    if text is None or text.strip().lower() == "off":
+        return ()
+    shapes = tuple(part.strip().lower() for part in text.split(",") if part.strip())
+    if not shapes:
+        raise ConfigError("--warmup: give default, off or WIDTHxHEIGHTxFRAMES shapes separated by commas")
+    return shapes
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: Path  # checkpoint root (modular layout)
+    base_checkpoint: Path | None = None  # --base-checkpoint: the MiniMax-H3 tree whose VAEs a FastH3 V2 tree uses
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16 | float16
     threads: int = 0  # CPU intra-op threads; 0 = torch's default
@@ -74,8 +87,10 @@ class EngineConfig:
     compile_backend: str = "inductor"  # aot_eager / eager: Dynamo capture only (graph breaks, recompiles)
     attention_backend: str = "auto"  # --diffusion-attention-backend (h3serve.accel.attention); auto: TORCH_SDPA
     attention_per_role: tuple[tuple[str, str], ...] = ()  # -dac per_role: (role, backend) overrides
-    cache_backend: str = "none"  # none | cache_dit (h3serve.accel.cache: first-block residual caching)
-    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over the `high` profile
+    vsa_topk: int | None = None  # --fastvideo-vsa-topk: VSA's key tiles per query tile (None: sparsity 0.8)
+    # none | cache_dit (h3serve.accel.cache: first-block residual caching) | tea_cache (h3serve.accel.teacache)
+    cache_backend: str = "none"
+    cache_config: str = ""  # --cache-config JSON object: DBCache parameters over `high`, or TeaCache's
     init_timeout_s: float = 600.0  # --init-timeout: seconds the ranks may take to load
     idle_keepalive_s: float = 60.0  # idle multi-rank engines exchange a keepalive this often (under the PG timeout)
     collective_timeout_s: float | None = None  # --collective-timeout (process group); None: torch's (gloo 30 min)
@@ -155,6 +170,9 @@ class EngineConfig:
             )
         if self.device_type is not None:
             notices += self.device_notices(self.device_type)
+        if self.cache_backend == "tea_cache" and "transformer_ref" in self.dits:
+            notices.append("notice: --cache-backend tea_cache caches the FL2VA DiT only (T2VA and FL2VA requests); "
+                           "Ref2VA requests run uncached (TeaCache is not calibrated for the Ref2VA DiT)")
         return notices
 
     def device_notices(self, device_type: str) -> list[str]:
@@ -173,21 +191,48 @@ class EngineConfig:
             notices.append(f"notice: --dtype {self.dtype} on CPU is very slow on most CPUs; float32 is the CPU default")
         return notices
 
-    def cache_profile(self) -> CacheProfile | None:
-        """The server's `h3serve.accel.cache_profile.CacheProfile`, or None without --cache-backend cache_dit."""
+    def cache_profile(self) -> ServerCache | None:
+        """The server's cache (`h3serve.accel.cache_profile`): a Cache-DiT `CacheProfile` (cache_dit), a
+        `TeaCacheProfile` (tea_cache), or None without --cache-backend."""
         if self.cache_backend == "none":
             return None
         try:
             data = json.loads(self.cache_config or "{}")
             if not isinstance(data, dict):
                 raise CacheConfigError(f"--cache-config: expected a JSON object, got {type(data).__name__}")
+            if self.cache_backend == "tea_cache":
+                return TeaCacheProfile.from_json(data)
             return CacheProfile.from_json(data)
         except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
             raise ConfigError(str(e)) from None
 
+    @property
+    def server_cache(self) -> str | None:
+        """--cache-backend as the request rules see it: the cache a request that omits `quality` runs under."""
+        return None if self.cache_backend == "none" else self.cache_backend
+
+    def backend_refusal(self, device_type: str | None = None) -> str | None:
+        """Why this engine cannot run its --cache-backend (None: it can, or there is none)."""
+        if self.cache_backend == "tea_cache":
+            return self.tea_cache_refusal()
+        if self.cache_backend == "cache_dit":
+            return self.cache_refusal(device_type)
+        return None
+
+    def tea_cache_refusal(self) -> str | None:
+        """Why this engine cannot run TeaCache: it skips the whole block loop, so whatever needs every block to run
+        in order (layerwise offload streaming, a whole-forward graph) cannot go with it. Sequence parallelism can:
+        the ranks MAX-reduce each decision (gloo and NCCL both have MAX)."""
+        if self.offload.streamed:
+            return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
+        if self.full_graph:
+            return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+        return None
+
     def cache_refusal(self, device_type: str | None = None) -> str | None:
-        """Why this engine cannot run a DiT block cache (--cache-backend cache_dit, or a `quality=high` request);
-        None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no device)."""
+        """Why this engine cannot run Cache-DiT's block cache (--cache-backend cache_dit, or a `quality=high`
+        request); None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no
+        device)."""
         device_type = device_type or self.device_type
         if self.ulysses_degree * self.ring_degree > 1:
             return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
@@ -241,6 +286,24 @@ class EngineConfig:
         if self.cache_backend != "none":
             raise ConfigError(f"{flag}: the hints enter between the DiT's blocks; not with --cache-backend")
 
+    def _validate_fasth3_v2(self, layout: CheckpointLayout) -> None:
+        """A FastH3 V2 tree's start-up contract (vLLM-Omni's): its base VAEs named, video sparse attention on, no
+        top-k override, no LoRA or fused adapter (sequence parallelism: refused with VSA itself)."""
+        flag = f"--model {self.model.name} ({fasth3_v2.NAME})"
+        if self.base_checkpoint is None:
+            try:
+                layout.component("vae")
+            except CheckpointError as e:
+                raise ConfigError(f"{flag}: {e}") from None
+        if not self.sparse_attention:
+            raise ConfigError(f"{flag}: its DiT was distilled with video sparse attention (VIDEO_SPARSE_ATTN_H3); "
+                              "start with --diffusion-attention-backend FASTVIDEO_VSA")
+        if self.vsa_topk is not None:
+            raise ConfigError(f"{flag}: its inference contract pins VSA sparsity {layout.contract.sparsity:g}; "
+                              "drop --fastvideo-vsa-topk")
+        if lora_enabled(self) or self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: a distilled checkpoint runs no LoRA; drop --lora-path/--lora-dir/--dit-adapter")
+
     def _validate_realtime(self) -> None:
         """What vLLM-Omni's TaoMate-H3 refuses (pure Ulysses, TP 1, the FL2VA DiT), and the adapter itself."""
         if self.realtime_lora is None:
@@ -286,9 +349,49 @@ class EngineConfig:
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ConfigError(f"--lora-dir {self.lora_dir}: not a directory")
         try:
-            catalog_for(self, log=lambda text: None)
+            catalog = catalog_for(self, log=lambda text: None)
         except AdapterError as e:
             raise ConfigError(str(e)) from None
+        for name, choice in sorted(catalog.preloaded.items() if catalog is not None else ()):
+            if choice.flashgen is not None:
+                self._check_flashgen(name)
+
+    def _check_flashgen(self, name: str) -> None:
+        """A preloaded FlashGen LoRA: refused where vLLM-Omni refuses it (Ref2VA, a checkpoint or adapter that
+        already pins a base schedule, model-level or layerwise DiT offload), and wherever h3serve cannot keep the
+        AdaLN projections it trains resident."""
+        flag = f"--lora-path {name}"
+        if "transformer" not in self.dits:
+            raise ConfigError(f"{flag}: a FlashGen LoRA adapts the FL2VA DiT (T2VA); Ref2VA is refused; load the "
+                              "FL2VA DiT (--task-type fl2va or auto)")
+        if self.dit_adapter is not None:
+            raise ConfigError(f"{flag}: a FlashGen LoRA brings its own base schedule, and the fused FastH3 adapter "
+                              "already pins one; drop one of them")
+        dit_offloaded = (self.offload.staged_components() | self.offload.streamed_components()) & set(self.dits)
+        if dit_offloaded or self.offload.adaln_on_host(self.adaln_memo_bytes is not None):
+            raise ConfigError(f"{flag}: a FlashGen LoRA trains every block's AdaLN projection; model-level and "
+                              "layerwise DiT offload are refused with it (as vLLM-Omni does), and so is any DiT "
+                              "offload here (h3serve applies AdaLN factors to resident projections only)")
+
+    @property
+    def sparse_attention(self) -> bool:
+        """The DiT blocks' attention core is video sparse attention (FASTVIDEO_VSA)."""
+        roles = dict(self.attention_per_role)
+        return roles.get("self", self.attention_backend) == "FASTVIDEO_VSA"
+
+    def _validate_sparse_attention(self) -> None:
+        """VSA runs on whole rows of one rank's heads: no sequence parallelism; its top-k only with it."""
+        if self.vsa_topk is not None and (not self.sparse_attention or self.vsa_topk < 1):
+            raise ConfigError(f"--fastvideo-vsa-topk {self.vsa_topk}: a positive tile count, with "
+                              "--diffusion-attention-backend FASTVIDEO_VSA")
+        if not self.sparse_attention:
+            return
+        if self.ulysses_degree * self.ring_degree > 1:
+            raise ConfigError("--diffusion-attention-backend FASTVIDEO_VSA: video sparse attention runs on every row "
+                              "of a rank's heads; not with --usp/--ring (tensor parallelism works)")
+        if self.realtime_lora is not None:
+            raise ConfigError("--diffusion-attention-backend FASTVIDEO_VSA: real-time sessions attend through their "
+                              "K/V cache; not with --realtime-lora")
 
     def _validate_merge_lora(self) -> None:
         """--merge-lora: a dedicated server of one adapter, fused into the weights; what cannot go with it, refused
@@ -356,6 +459,7 @@ class EngineConfig:
     def validate(self) -> EngineConfig:
         """Fail loudly, at start-up, on any illegal value (the torch-free checks; the rank runs the others)."""
         self._validate_device()
+        self._validate_sparse_attention()
         self._validate_processes()
         self._validate_compile_and_cache()
         self._validate_model()
@@ -425,20 +529,28 @@ class EngineConfig:
                 "diffusion_compile_granularity='full' is incompatible with sequence parallelism and offload; "
                 "use 'regional' compilation instead"
             )
-        if self.cache_backend not in ("none", "cache_dit"):
-            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: none, cache_dit")
+        if self.cache_backend not in CACHE_BACKENDS:
+            raise ConfigError(f"--cache-backend {self.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
         if self.cache_backend == "cache_dit":
             require("cache", "--cache-backend cache_dit")
         self.cache_profile()
-        refusal = self.cache_refusal()
-        if self.cache_backend != "none" and refusal:
-            raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
+        refusal = self.backend_refusal()
+        if refusal:
+            raise ConfigError(f"--cache-backend {self.cache_backend} is not available with {refusal}")
+        if self.cache_backend == "tea_cache" and "transformer" not in self.dits:
+            raise ConfigError(  # vLLM-Omni's refusal of a Ref2VA partition
+                "--cache-backend tea_cache: TeaCache only supports the MiniMax-H3 FL2VA partition; Ref2VA TeaCache "
+                "has not been calibrated (its coefficients were fitted on the FL2VA DiT); use --task-type fl2va or "
+                "auto, or --cache-backend cache_dit"
+            )
 
     def _validate_model(self) -> None:
         try:  # the one resolver (modular root, native FL2VA/Ref2VA tree or variant folder): gaps named
-            read_layout(self.model, self.dits)
+            layout = read_layout(self.model, self.dits, base=self.base_checkpoint)
         except CheckpointError as e:
             raise ConfigError(f"--model: {e}") from None
+        if layout.contract is not None:
+            self._validate_fasth3_v2(layout)
         dims = read_model_dims(self.model, self.dits)
         check_degrees(self.parallel_degrees(), dims, self.cfg_parallel_size, self.vae_parallel_mode)
         if isinstance(self.offload.resident_layers, int) and self.offload.resident_layers:
@@ -453,14 +565,3 @@ class EngineConfig:
             )
         if self.adaln_cache_dir is not None and self.adaln_memo_bytes is None:
             raise ConfigError("--adaln-cache-dir fills the AdaLN memo, which --adaln-memo off turns off; drop one")
-
-
-def warmup_shapes(text: str | None) -> tuple[str, ...]:
-    """--warmup: "off" -> none; "default" and WIDTHxHEIGHTxFRAMES shapes, comma-separated (checked by EngineConfig);
-    absent (`generate`, which runs one request anyway) -> none."""
-    if text is None or text.strip().lower() == "off":
-        return ()
-    shapes = tuple(part.strip().lower() for part in text.split(",") if part.strip())
-    if not shapes:
-        raise ConfigError("--warmup: give default, off or WIDTHxHEIGHTxFRAMES shapes separated by commas")
-    return shapes

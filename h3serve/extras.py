@@ -12,6 +12,7 @@ EXTRAS: dict[str, tuple[str, str]] = {  # extra -> (the module it provides, what
     "cache": ("cache_dit", "the DiT block cache (--cache-backend cache_dit, quality=high)"),
     "plots": ("matplotlib", "the plots of `h3serve bench` and `h3serve train-demo`"),
     "fidelity": ("skimage", "SSIM in `h3serve compare` and the bench's fidelity columns"),
+    "s3": ("boto3", "outputs in an S3-compatible bucket (--output-store s3://BUCKET/PREFIX)"),
 }
 
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from h3serve.accel.quant_config import parse_quantization
-from h3serve.demo.defaults import DEMO_STEPS
 from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
+from h3serve.demo.shipped import DEMO_STEPS
 
 
 def rows(label: str, evaluator: DemoEvaluator, tasks: tuple[str, ...], seeds: range) -> list[str]:

@@ -1,6 +1,8 @@
-"""The docs' picture of the web playground after a T2VA job on the shipped demo checkpoint.
+"""The docs' picture of the web playground after a T2VA job on the shipped demo checkpoint (or one of its ready
+examples, by its button's title).
 
     python scripts/playground_screenshot.py docs/playground.png [--prompt PROMPT]
+    python scripts/playground_screenshot.py docs/playground_examples.png --example "Last frame: a blue ball moving up"
 
 Starts `h3serve serve` without `--model` (the demo checkpoint) on a free port with a throwaway data dir, opens the
 page in headless Debian Chromium (Playwright; `make test` installs it, or set H3SERVE_CHROMIUM), runs the demo
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
+from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS
 from h3serve.tools.live_server import wait_healthy
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
@@ -38,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--prompt", default=DEMO_PROMPT)
+    parser.add_argument("--example", help="click this ready example (its button's title) instead of typing a prompt")
     args = parser.parse_args()
     chromium = os.environ.get("H3SERVE_CHROMIUM") or next(filter(None, map(shutil.which, CHROMIUM_NAMES)), None)
     if chromium is None:
@@ -55,10 +58,14 @@ def main() -> None:
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 page.goto(url)
                 expect(page.locator("body")).to_have_attribute("data-ready", "true")
-                page.get_by_label("Prompt").fill(args.prompt)
-                for selector, value in {"#seconds": f"{DEMO_DURATION_S:g}", "#steps": str(DEMO_STEPS),
-                                        "#seed": "0"}.items():
-                    page.fill(selector, value)
+                if args.example:  # its task, prompt, duration, steps, seed and files
+                    page.get_by_role("button", name=args.example).click()
+                    expect(page.get_by_label("Prompt")).not_to_have_value("")
+                else:
+                    page.get_by_label("Prompt").fill(args.prompt)
+                    for selector, value in {"#seconds": f"{DEMO_DURATION_S:g}", "#steps": str(DEMO_STEPS),
+                                            "#seed": "0"}.items():
+                        page.fill(selector, value)
                 page.get_by_role("button", name="Generate").click()
                 expect(page.locator("#job-stage")).to_have_text("Done", timeout=JOB_TIMEOUT_MS)
                 page.wait_for_function("document.getElementById('player').readyState >= 2")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -58,3 +59,33 @@ def postgres_server():
 def postgres_url(postgres_server) -> str:
     """A fresh, empty database on the session's PostgreSQL server."""
     return postgres_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def ceph_gateway(tmp_path_factory):
+    """The single-node Ceph S3 gateway (tests/ceph_gateway.py), one for the whole run: every pytest-xdist worker
+    shares it. The tests that need it skip, with the reason, only where it cannot start (not root, Ceph missing)."""
+    from ceph_gateway import GatewayUnavailable, shared_gateway
+
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    with contextlib.ExitStack() as stack:
+        try:
+            gateway = stack.enter_context(shared_gateway(folder))
+        except GatewayUnavailable as e:
+            pytest.skip(f"the Ceph S3 gateway cannot start here: {e}")
+        yield gateway
+
+
+@pytest.fixture
+def bucket(ceph_gateway) -> str:
+    """A fresh, empty bucket on the session's gateway."""
+    return ceph_gateway.new_bucket()
+
+
+@pytest.fixture
+def aws_env(ceph_gateway, monkeypatch) -> dict[str, str]:
+    """The gateway's test credentials in this process's environment (the AWS chain boto3 reads)."""
+    for name, value in ceph_gateway.credentials_env.items():
+        monkeypatch.setenv(name, value)
+    return ceph_gateway.credentials_env

@@ -5,6 +5,7 @@ deterministic outputs. Some prompts make a job fail in a given way (see `FAILURE
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -49,9 +50,10 @@ class FakeExecutor:
     """`ignore_cancel`: steps never notice `cancel` (as a step longer than the close timeout would not);
     only `close` stops such a job."""
 
-    def __init__(self, step_s: float = 0.01, tasks: tuple[str, ...] = TASKS, ignore_cancel: bool = False):
+    def __init__(self, step_s: float = 0.01, tasks: tuple[str, ...] = TASKS, ignore_cancel: bool = False,
+                 controlnet: bool = True):
         self.step_s = step_s
-        self.defaults = TINY_DEFAULTS
+        self.defaults = dataclasses.replace(TINY_DEFAULTS, controlnet=controlnet)  # serves every task and control
         self.tasks = tasks
         self.ignore_cancel = ignore_cancel
         self.plans: list[GenerationPlan] = []  # every plan started, in order

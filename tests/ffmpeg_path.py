@@ -1,4 +1,4 @@
-"""Hide the ffprobe/ffmpeg binaries from PATH lookups, so `h3serve.media.probe` reads with PyAV."""
+"""Hide the ffprobe/ffmpeg binaries from PATH lookups, so `h3serve.media.output_probe` reads with PyAV."""
 
 from __future__ import annotations
 

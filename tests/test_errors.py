@@ -10,7 +10,7 @@ from h3serve.api.error_envelope import APIError
 from h3serve.engine.executor import EngineError
 from h3serve.errors import INTERNAL_ERROR_MESSAGE, ClientError, ConfigError, H3ServeError, ServerError, job_error_for
 from h3serve.jobstore.records import CLIENT_ERROR_CODES, JobError
-from h3serve.media.intake import MediaFormatError
+from h3serve.media.media_inputs import MediaFormatError
 from h3serve.rules.validate import RequestError
 
 
@@ -27,7 +27,7 @@ def _all_error_classes() -> set[type]:
 
 # Control flow, not errors: a selftest check signals its verdict with these (they never leave the selftest runner);
 # a real-time session's socket reports its client gone with the last (it never leaves the session).
-CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.Failed",
+CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.CheckFailed",
                 "h3serve.api.realtime.session.ClientGone"}
 # Client error codes that never become a job's error: refused before a job exists (admission, the body, the WS route).
 NOT_JOB_CODES = {"request_too_costly", "invalid_body", "realtime_unavailable"}

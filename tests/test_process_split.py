@@ -9,6 +9,7 @@ import sys
 import h3serve.api
 import h3serve.engine
 import h3serve.jobstore
+import h3serve.output_store
 
 LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint.resolver", "h3serve.rules.request",
           "h3serve.rules.validate", "h3serve.rules.limits", "h3serve.rules.geometry", "h3serve.rules.long_video",
@@ -17,7 +18,7 @@ LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint.resolver", "h3
 
 def _parent_modules() -> list[str]:
     names = list(LEAVES)
-    for package in (h3serve.api, h3serve.engine, h3serve.jobstore):
+    for package in (h3serve.api, h3serve.engine, h3serve.jobstore, h3serve.output_store):
         names.append(package.__name__)
         names += [info.name for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
     return names

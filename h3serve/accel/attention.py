@@ -20,11 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from h3serve.accel.video_sparse import SparseSettings, VideoSparseAttention
 from h3serve.errors import ServerError
 from h3serve.model.transformer import AttentionFn, sdpa_attention
 
 ROLES = ("self", "minimax_h3.token_refiner")
 DEFAULT = "TORCH_SDPA"
+# Sparse cores: they read the packed layout (h3serve.accel.video_sparse), so they serve the `self` role only. VSA
+# runs its plain-torch reference off CUDA and FlexAttention block masks on CUDA.
+SPARSE = ("FASTVIDEO_VSA",)
 
 
 class AttentionBackendError(ServerError, ValueError):
@@ -184,6 +188,13 @@ def check_backend(
     """Raise `AttentionBackendError` unless `name` can run on `device` in `dtype` (and, with `ring`, run ring
     attention)."""
     usable = ", ".join(usable_backends(device, dtype))
+    if name in SPARSE:
+        if where != "--diffusion-attention-backend" and not where.endswith("per_role.self"):
+            raise AttentionBackendError(f"{where} {name}: video sparse attention tiles the target video's rows; it "
+                                        "serves the DiT blocks (role self) only")
+        if ring:
+            raise AttentionBackendError(f"{where} {name}: video sparse attention runs on whole rows; not with --ring")
+        return
     backend = BACKENDS.get(name)
     if backend is not None and backend.half_only and device.type == "cuda" and dtype not in (None, *HALF_DTYPES):
         raise AttentionBackendError(
@@ -223,6 +234,8 @@ def resolve_roles(
     overridden = dict(per_role)
     check_backend(base, device, ring=ring and "self" not in overridden, dtype=dtype)
     chosen = dict.fromkeys(ROLES, base)
+    if base in SPARSE:  # a sparse default names the DiT blocks' core; the text-only refiner stays dense
+        chosen["minimax_h3.token_refiner"] = DEFAULT
     for role, name in per_role:
         check_backend(
             name, device, f"--diffusion-attention-config per_role.{role}", ring=ring and role == "self", dtype=dtype
@@ -231,12 +244,27 @@ def resolve_roles(
     return chosen
 
 
-def install(transformer: nn.Module, roles: dict[str, str]) -> None:
-    """Set the attention core of every block of `transformer` (an H3Transformer) from its role's backend.
+def install(transformer: nn.Module, roles: dict[str, str], sparse: SparseSettings | None = None) -> None:
+    """Set the attention core of every block of `transformer` (an H3Transformer) from its role's backend;
+    `sparse`: VSA's top-k setting when the `self` role's backend is sparse (default: sparsity 0.8).
 
     Runs before sequence parallelism is installed: SP replaces the main blocks' core with its own exchange.
     """
-    for block in transformer.transformer_blocks:
-        block.attn.attention_fn = BACKENDS[roles["self"]].fn
+    gated = any(block.attn.to_gate_compress is not None for block in transformer.transformer_blocks)
+    if roles["self"] in SPARSE:
+        device = next(transformer.parameters()).device
+        core = VideoSparseAttention(sparse or SparseSettings(), "flex" if device.type == "cuda" else "reference")
+        transformer.sparse_attention = core
+        for block in transformer.transformer_blocks:
+            block.attn.attention_fn = core
+    elif gated:
+        raise AttentionBackendError(
+            f"--diffusion-attention-backend {roles['self']}: this DiT's blocks carry video sparse attention gates "
+            f"(attn.to_gate_compress), trained with VSA; use --diffusion-attention-backend {SPARSE[0]}"
+        )
+    else:
+        transformer.sparse_attention = None
+        for block in transformer.transformer_blocks:
+            block.attn.attention_fn = BACKENDS[roles["self"]].fn
     for block in transformer.token_refiner.refiner_blocks:
         block.attn.attention_fn = BACKENDS[roles["minimax_h3.token_refiner"]].fn

@@ -9,7 +9,11 @@ audio rows' head.
 
 The cache is installed per request (`block_cache`) and removed after it, so a `quality=lossless` request runs the
 plain loop. The profile's fields are cache-dit's `DBCacheConfig` names, so `--cache-config` JSON written for
-cache-dit applies unchanged.
+cache-dit applies unchanged. A request's forced refresh (`extra_params.force_refresh_step_hint` / `_policy`) is
+cache-dit's own `force_refresh_step_hint` / `force_refresh_step_policy`.
+
+`DitBlockCache` is what the pipeline holds: the server's cache (Cache-DiT or TeaCache, h3serve.accel.teacache)
+for requests that omit `quality`, Cache-DiT's `high` profile for `quality=high`, none for `lossless`.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict
 
 from torch import nn
+from torch.distributed import ProcessGroup
 
-from h3serve.accel.cache_profile import HIGH, CacheConfigError, CacheProfile, profile_for
+from h3serve.accel.cache_profile import HIGH, CacheConfigError, CacheProfile, ServerCache, TeaCacheProfile, profile_for
+from h3serve.accel.teacache import tea_cache
 from h3serve.extras import require
 from h3serve.model.pipeline_types import CacheStats
+from h3serve.rules.cache_refresh import ForceRefresh
 
 __all__ = ["HIGH", "CacheConfigError", "CacheProfile", "CacheStats", "DitBlockCache", "block_cache", "profile_for"]
 
@@ -38,7 +45,9 @@ def _cache_dit():
 
 
 @contextmanager
-def block_cache(transformer: nn.Module, profile: CacheProfile, forwards: int) -> Iterator[CacheStats]:
+def block_cache(
+    transformer: nn.Module, profile: CacheProfile, forwards: int, refresh: ForceRefresh | None = None
+) -> Iterator[CacheStats]:
     """Install cache-dit's DBCache on `transformer.transformer_blocks` for one request of `forwards` DiT calls.
 
     The transformer must call its blocks as `x = block(x, *args)` (cache-dit's forward pattern 3). The stats are
@@ -51,43 +60,62 @@ def block_cache(transformer: nn.Module, profile: CacheProfile, forwards: int) ->
         forward_pattern=cache_dit.ForwardPattern.Pattern_3,
         check_forward_pattern=False,
     )
-    config = cache_dit.DBCacheConfig(num_inference_steps=forwards, **asdict(profile))
-    calls = {"blocks": 0, "forwards": 0}
+    forced = {} if refresh is None else {"force_refresh_step_hint": refresh.hint,
+                                         "force_refresh_step_policy": refresh.policy}
+    config = cache_dit.DBCacheConfig(num_inference_steps=forwards, **asdict(profile), **forced)
+    calls = {"forwards": 0}
+    block_calls = [0] * len(blocks)
 
-    def counter(key: str):
+    def count_forward(*_) -> None:
+        calls["forwards"] += 1
+
+    def count_block(index: int):
         def count(*_) -> None:
-            calls[key] += 1
+            block_calls[index] += 1
 
         return count
 
-    hooks = [block.register_forward_pre_hook(counter("blocks")) for block in blocks]
-    hooks.append(transformer.register_forward_pre_hook(counter("forwards")))
+    hooks = [block.register_forward_pre_hook(count_block(i)) for i, block in enumerate(blocks)]
+    hooks.append(transformer.register_forward_pre_hook(count_forward))
     cache_dit.enable_cache(adapter, cache_config=config)
     stats = CacheStats()
     try:
         yield stats
     finally:
-        manager = transformer._context_manager  # set by enable_cache; one context for our one block list
-        cached = {step for name in transformer._context_names for step in manager.get_context(name).cached_steps}
         cache_dit.disable_cache(adapter)
         for hook in hooks:
             hook.remove()
-        stats.evaluated, stats.cached_steps = calls["blocks"], len(cached)
-        stats.skipped = calls["forwards"] * len(blocks) - calls["blocks"]
+        # A cached step skips the first middle block (index Fn); counted here rather than from cache-dit's step
+        # sets, whose indices restart after a forced refresh.
+        first_middle = profile.Fn_compute_blocks
+        has_middle = first_middle < len(blocks) - profile.Bn_compute_blocks
+        middle_calls = block_calls[first_middle] if has_middle else calls["forwards"]
+        stats.evaluated, stats.cached_steps = sum(block_calls), calls["forwards"] - middle_calls
+        stats.skipped = calls["forwards"] * len(blocks) - sum(block_calls)
 
 
 class DitBlockCache:
-    """The pipeline's `BlockCache` (h3serve.model.pipeline_types): cache-dit's DBCache with the server's profile
-    (`--cache-backend cache_dit`; None: off), or the built-in `high` one for a `quality=high` request."""
+    """The pipeline's `BlockCache` (h3serve.model.pipeline_types): the server's cache (`--cache-backend cache_dit`:
+    cache-dit's DBCache with the server's profile; `tea_cache`: TeaCache, on the FL2VA DiT `tea_dit` only; None:
+    off), or Cache-DiT's built-in `high` profile for a `quality=high` request. `group`: the sequence-parallel group
+    whose ranks agree on each TeaCache decision."""
 
-    def __init__(self, server: CacheProfile | None):
+    def __init__(
+        self, server: ServerCache | None, tea_dit: nn.Module | None = None, group: ProcessGroup | None = None
+    ):
         self.server = server
+        self.tea_dit = tea_dit
+        self.group = group
 
     def active(self, quality: str | None) -> bool:
         return profile_for(quality, self.server) is not None
 
     def for_request(
-        self, dit: nn.Module, quality: str | None, forwards: int
+        self, dit: nn.Module, quality: str | None, forwards: int, refresh: ForceRefresh | None = None
     ) -> AbstractContextManager[CacheStats | None]:
         profile = profile_for(quality, self.server)
-        return nullcontext() if profile is None else block_cache(dit, profile, forwards)
+        if profile is None:
+            return nullcontext()
+        if isinstance(profile, TeaCacheProfile):  # calibrated for the FL2VA DiT: a Ref2VA request runs uncached
+            return nullcontext() if dit is not self.tea_dit else tea_cache(dit, profile, refresh, self.group)
+        return block_cache(dit, profile, forwards, refresh)

@@ -1,5 +1,6 @@
-"""The DiT block cache's parameters (`--cache-config`, a request's `quality`): plain data, no torch, so the engine
-flags are checked in the API process; `h3serve.accel.cache` runs them through cache-dit."""
+"""The DiT caches' parameters (`--cache-config`, a request's `quality`): plain data, no torch, so the engine flags
+are checked in the API process. `CacheProfile`: Cache-DiT's DBCache (`h3serve.accel.cache` runs it through
+cache-dit); `TeaCacheProfile`: TeaCache (`h3serve.accel.teacache`)."""
 
 from __future__ import annotations
 
@@ -47,10 +48,56 @@ class CacheProfile:
 
 HIGH = CacheProfile()
 
+# vLLM-Omni's TeaCache calibration for the FL2VA DiT (#5840, `teacache/config.py`): numpy.poly1d coefficients,
+# highest power first, fitted on 70 T2VA prompts (256x448, 107 frames, 50 steps, 3,360 forced pairs; R^2 0.095).
+TEACACHE_COEFFICIENTS = (2283.7040658527776, -777.5977277886368, 94.0841474135949, -4.232669906169421,
+                         0.2173782527946167)
+TEACACHE_THRESHOLD = 0.17  # the recipe's model default
 
-def profile_for(quality: str | None, server: CacheProfile | None) -> CacheProfile | None:
-    """The cache a request runs with: omitted -> the server's (None without --cache-backend cache_dit);
-    `lossless` -> none; `high` -> the built-in high-quality profile, with or without a server cache."""
+
+@dataclass(frozen=True)
+class TeaCacheProfile:
+    """TeaCache's parameters, named as in vLLM-Omni's `--cache-config` for `--cache-backend tea_cache`.
+
+    A step reuses the last computed step's block residual while the accumulated rescaled change of block 0's
+    modulated input stays under `rel_l1_thresh`; `coefficients` rescale the raw relative L1 change (poly1d)."""
+
+    rel_l1_thresh: float = TEACACHE_THRESHOLD
+    coefficients: tuple[float, ...] = TEACACHE_COEFFICIENTS
+
+    @classmethod
+    def from_json(cls, data: dict) -> TeaCacheProfile:
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise CacheConfigError(f"--cache-config: unknown keys {', '.join(unknown)} for --cache-backend tea_cache; "
+                                   f"choose from: {', '.join(known)}")
+        thresh = data.get("rel_l1_thresh", TEACACHE_THRESHOLD)
+        if isinstance(thresh, bool) or not isinstance(thresh, int | float) or not 0 <= thresh < float("inf"):
+            raise CacheConfigError(f"--cache-config: rel_l1_thresh must be a finite number >= 0, got {thresh!r}")
+        coefficients = data.get("coefficients", TEACACHE_COEFFICIENTS)
+        if not isinstance(coefficients, list | tuple) or not coefficients or not all(
+            isinstance(c, int | float) and not isinstance(c, bool) and abs(c) < float("inf") for c in coefficients
+        ):
+            raise CacheConfigError("--cache-config: coefficients must be a non-empty list of finite numbers "
+                                   "(numpy.poly1d order, highest power first)")
+        return cls(float(thresh), tuple(float(c) for c in coefficients))
+
+    def rescale(self, change: float) -> float:
+        """poly(change), Horner's rule (numpy.poly1d's order: highest power first)."""
+        value = 0.0
+        for c in self.coefficients:
+            value = value * change + c
+        return value
+
+
+ServerCache = CacheProfile | TeaCacheProfile
+
+
+def profile_for(quality: str | None, server: ServerCache | None) -> ServerCache | None:
+    """The cache a request runs with: omitted -> the server's (None without --cache-backend); `lossless` -> none;
+    `high` -> Cache-DiT's built-in high-quality profile, with or without a server cache (on a TeaCache server
+    too: `high` names that profile everywhere)."""
     if quality is None:
         return server
     return None if quality == "lossless" else HIGH

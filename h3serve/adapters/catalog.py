@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3serve.adapters import flashgen
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.pdd import VARIANTS as PDD_VARIANTS
 from h3serve.adapters.pdd import inspect_pdd, is_pdd
 from h3serve.adapters.peft import LoraFile, inspect_lora
 from h3serve.adapters.turbo import TURBO_DEFAULT_ALPHA, check_key_format, parse_turbo_name, turbo_file_in
 from h3serve.errors import ConfigError, RequestError
-from h3serve.rules.adapter_choice import AdapterChoice, PddContract
+from h3serve.rules.adapter_choice import AdapterChoice, FlashGenContract, PddContract
+from h3serve.rules.request_paths import path_under
+from h3serve.rules.shown import shown
 
 DEFAULT_SLOT_RANK = 128  # the released Turbo files' rank: what an allow-listed directory may bring
 SCALE_LIMIT = 10.0
+INT_ID_MAX = 2**63 - 1  # lora_int_id: stored with the job as a 64-bit integer
 PEFT_FILE = "adapter_model.safetensors"
 
 
@@ -53,7 +56,10 @@ def adapter_file(path: Path) -> Path:
             return pdd[0]
         if (path / PEFT_FILE).is_file():
             return path / PEFT_FILE
-        raise AdapterError(f"{path.name}: the directory holds no Turbo adapter file and no {PEFT_FILE}")
+        if (path / flashgen.RELEASED_FILE).is_file():
+            return path / flashgen.RELEASED_FILE
+        raise AdapterError(f"{path.name}: the directory holds no Turbo adapter file, no released PDD or FlashGen file "
+                           f"and no {PEFT_FILE}")
     if not path.is_file():
         raise AdapterError(f"{path.name}: no such adapter file or directory")
     if path.suffix != ".safetensors":
@@ -61,19 +67,26 @@ def adapter_file(path: Path) -> Path:
     return path
 
 
+Contract = PddContract | FlashGenContract  # what a special adapter promises beside its factors
+
+
 def read_adapter(
     path: str | Path, dit_config: dict | None, shapes: dict[str, tuple[int, int]],
     log: Callable[[str], None] | None = None,
-) -> tuple[LoraFile, PddContract | None]:
-    """Check an adapter file or directory against the DiT: a PDD file (a head bank; `dit_config` describes the
-    DiT), else a LoRA (`lora_file`)."""
+) -> tuple[LoraFile, Contract | None]:
+    """Check an adapter file or directory against the DiT: a PDD file (a head bank), a FlashGen LoRA (native keys,
+    its metadata's base schedule) — both need `dit_config`, the DiT's config —, else a LoRA (`lora_file`)."""
     file = adapter_file(Path(path))
     header = read_header(file)
-    if is_pdd(header):
-        if dit_config is None:
-            raise AdapterError(f"{file.name}: a PDD file, which this check cannot read without the DiT's config")
+    special = "PDD" if is_pdd(header) else "FlashGen" if flashgen.claims(header) else None
+    if special is not None and dit_config is None:
+        raise AdapterError(f"{file.name}: a {special} file, which this check cannot read without the DiT's config")
+    if special == "PDD":
         pdd = inspect_pdd(header, dit_config)
         return pdd.lora, pdd.contract
+    if special == "FlashGen":
+        found = flashgen.inspect_flashgen(header, dit_config)
+        return found.lora, found.contract
     return lora_file(file, shapes, log), None
 
 
@@ -98,14 +111,7 @@ def guard_path(text: str, root: Path | None) -> Path:
         raise RequestError(
             "lora.path", "this server reads no adapter paths (it was started without --lora-dir); use a preloaded name"
         )
-    candidate = Path(text)
-    if ".." in candidate.parts:
-        raise RequestError("lora.path", "must not contain '..'")
-    full = candidate if candidate.is_absolute() else root / candidate
-    real, real_root = Path(os.path.realpath(full)), Path(os.path.realpath(root))
-    if not real.is_relative_to(real_root):
-        raise RequestError("lora.path", "is outside the adapter directory the server allows (--lora-dir)")
-    return real
+    return path_under(text, root, "lora.path", "the adapter directory the server allows (--lora-dir)")
 
 
 def default_int_id(path: str) -> int:
@@ -151,11 +157,13 @@ class LoraCatalog:
         return bool(self.preloaded) or self.root is not None
 
     def _choice(self, name: str, path: Path, scale: float, int_id: int | None) -> AdapterChoice:
-        info, pdd = read_adapter(path, self.dit_config, self.shapes, self.log)
-        turbo = None if pdd is not None else parse_turbo_name(info.path.name)
+        info, contract = read_adapter(path, self.dit_config, self.shapes, self.log)
+        turbo = None if contract is not None else parse_turbo_name(info.path.name)
         file = str(info.path)
         chosen_id = default_int_id(file) if int_id is None else int_id
-        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo, pdd)
+        pdd = contract if isinstance(contract, PddContract) else None
+        fg = contract if isinstance(contract, FlashGenContract) else None
+        return AdapterChoice(name, file, scale, chosen_id, info.rank, info.alpha, turbo, pdd, fg)
 
     def choose(self, field: LoraField) -> AdapterChoice:
         """Resolve a request's `lora` field; `RequestError` naming the sub-field."""
@@ -166,7 +174,7 @@ class LoraCatalog:
                 raise RequestError("lora", "give a name (a preloaded adapter) or a path")
             if field.name not in self.preloaded:
                 known = ", ".join(sorted(self.preloaded)) or "none"
-                raise RequestError("lora.name", f"unknown adapter {field.name!r}; preloaded: {known}")
+                raise RequestError("lora.name", f"unknown adapter {shown(field.name)}; preloaded: {known}")
             choice = self.preloaded[field.name]
             scale = choice.scale if field.scale is None else field.scale
             int_id = choice.int_id if field.int_id is None else field.int_id
@@ -177,6 +185,8 @@ class LoraCatalog:
             choice = self._choice(field.name or path.stem, path, scale, field.int_id)
         except AdapterError as e:
             raise RequestError("lora.path", str(e)) from None
+        except OSError as e:  # reading under the root failed (a name the kernel refuses, I/O): never the path
+            raise RequestError("lora.path", f"cannot be read ({e.strerror or type(e).__name__})") from None
         if choice.rank > self.slot_rank:
             raise RequestError("lora.path", f"adapter rank {choice.rank} exceeds this server's {self.slot_rank}")
         return choice
@@ -184,6 +194,10 @@ class LoraCatalog:
     def models(self, root_model: str, created: int) -> list[dict]:
         """The preloaded adapters as vLLM lists LoRA modules in GET /v1/models."""
         def turbo(choice: AdapterChoice) -> dict:
+            if choice.flashgen is not None:
+                fg = choice.flashgen
+                return {"flashgen": {"forwards": fg.forwards, "tasks": list(fg.tasks),
+                                     "base_schedule": list(fg.positions), "applied": "unmerged"}}
             if choice.pdd is not None:
                 return {"pdd": {"forwards": choice.pdd.forwards, "tasks": list(choice.pdd.tasks)}}
             if choice.turbo is None:
@@ -238,11 +252,13 @@ def parse_lora_field(value: object) -> LoraField | None:
             raise RequestError(field, "must be a non-empty string of at most 4096 characters")
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
-            raise RequestError("lora.scale", f"must be a number, got {scale!r}")
+            raise RequestError("lora.scale", f"must be a number, got {shown(scale)}")
         if abs(scale) > SCALE_LIMIT:
-            raise RequestError("lora.scale", f"must be between -{SCALE_LIMIT:g} and {SCALE_LIMIT:g}, got {scale:g}")
-    if int_id is not None and (isinstance(int_id, bool) or not isinstance(int_id, int) or int_id < 0):
-        raise RequestError("lora.int_id", f"must be a non-negative integer, got {int_id!r}")
+            raise RequestError("lora.scale", f"must be between -{SCALE_LIMIT:g} and {SCALE_LIMIT:g}, "
+                                             f"got {shown(scale)}")
+    if int_id is not None and (isinstance(int_id, bool) or not isinstance(int_id, int)
+                               or not 0 <= int_id <= INT_ID_MAX):
+        raise RequestError("lora.int_id", f"must be an integer from 0 to {INT_ID_MAX}, got {shown(int_id)}")
     if name is None and path is None:
         raise RequestError("lora", "give a name (a preloaded adapter) or a path")
     return LoraField(name, path, None if scale is None else float(scale), int_id)

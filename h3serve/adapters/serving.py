@@ -29,6 +29,7 @@ class AdapterFlags(Protocol):
     lora_scale: float
     max_lora_rank: int | None
     realtime_lora: str | None
+    controlnet_model_path: str | None
     merge_lora: bool
 
     @property
@@ -45,8 +46,10 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
 
 
 def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefaults:
-    """The checkpoint's request defaults under a fused FastH3 adapter (its pinned schedule, T2VA only) or a merged
-    LoRA adapter (every request runs it: `h3serve.rules.adapter_choice.merged_choice`)."""
+    """The checkpoint's request defaults on this engine: with a ControlNet branch, control requests are served;
+    under a fused FastH3 adapter, its pinned schedule, T2VA only; a merged LoRA adapter (--merge-lora) runs in every
+    request (`h3serve.rules.adapter_choice.merged_choice`)."""
+    defaults = dataclasses.replace(defaults, controlnet=config.controlnet_model_path is not None)
     merged = merged_adapter(config)
     if merged is not None:
         return dataclasses.replace(defaults, merged_lora=merged)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable
 
@@ -38,3 +39,12 @@ def authorized(connection: HTTPConnection, api_key: str | None, *, subprotocols:
     offered = connection.headers.get("sec-websocket-protocol", "") if subprotocols else ""
     keys = [p.strip()[len(KEY_SUBPROTOCOL):] for p in offered.split(",") if p.strip().startswith(KEY_SUBPROTOCOL)]
     return any(hmac.compare_digest(key.encode(), expected) for key in keys)
+
+
+def key_scope(api_key: str | None) -> str:
+    """The API key a request came with, as stored beside what it made (webhook endpoints, and the jobs whose events
+    they receive): a digest, never the key itself; "" when keys are off. A server checks one key, so the scope of
+    every request it authorised is its key's."""
+    if api_key is None:
+        return ""
+    return hashlib.sha256(b"h3serve key scope\0" + api_key.encode()).hexdigest()[:32]

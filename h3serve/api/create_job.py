@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from h3serve.api.auth import key_scope
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.intake.generation_request import build_generation_request
@@ -22,9 +23,10 @@ from h3serve.api.sync_line import Deadline
 from h3serve.engine.admission import TooCostly
 from h3serve.engine.jobs.types import QueueFull, ShuttingDown
 from h3serve.jobstore.records import Job, new_job_id
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest
+from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
 Wait = Callable[[Callable[[], Awaitable[Job]]], Awaitable[Job]]
@@ -64,8 +66,8 @@ async def ensure_capacity(ctx: ServerContext, sync: bool = False) -> None:
 def check_model(fields: VideoCreateFields, ctx: ServerContext) -> None:
     """`model`, if given, names the served model (else 400 `model_not_found`)."""
     if fields.model is not None and fields.model != ctx.config.served_model_name:
-        raise bad_request(f"model: this server runs {ctx.config.served_model_name!r}, got {fields.model!r}", "model",
-                          "model_not_found")
+        raise bad_request(f"model: this server runs {ctx.config.served_model_name!r}, got {shown(fields.model)}",
+                          "model", "model_not_found")
 
 
 async def submit(request: Request, ctx: ServerContext, *, sync: bool, deadline: Deadline | None = None) -> Job:
@@ -104,12 +106,13 @@ async def queue_request(
     `aliases`). Media must be stored already. `seconds`: the job's `seconds` (None: the planned duration).
     `wait`: how a sync request waits for a queue slot (SyncLine.enter); None: a full queue is 429 at once."""
     manager = ctx.manager
+    scope = key_scope(ctx.config.api_key)
     try:
         if wait is None:
             return await run_in_threadpool(manager.submit, generation_request, job_id=job_id, seconds=seconds,
-                                           sync=sync)
+                                           sync=sync, key_scope=scope)
         prepared = await run_in_threadpool(manager.prepare, generation_request, job_id=job_id, seconds=seconds,
-                                           sync=sync)
+                                           sync=sync, key_scope=scope)
 
         async def attempt() -> Job:
             return await run_in_threadpool(manager.enqueue, prepared)

@@ -20,7 +20,6 @@ The other create fields (num_inference_steps, seed, size, extra_params, ...) wor
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -78,16 +77,20 @@ def completed_job(ctx: ServerContext, video_id: str, param: str = "video_id") ->
                        param, headers={"x-should-retry": "false"})
     if job.status == "failed":
         raise APIError(422, f"Video '{video_id}' failed; it cannot be used as a source.", "video_failed", param)
-    if job.expired or not ctx.manager.files.file(job.id, VARIANTS["video"].file_name).is_file():
+    if job.expired:
         raise APIError(404, f"The files of video '{video_id}' expired and were deleted.", "video_expired", param)
+    if ctx.manager.outputs.head(job.id, VARIANTS["video"].file_name) is None:
+        raise APIError(404, f"The MP4 of video '{video_id}' is missing from the output store (removed outside the "
+                            "server); it cannot be used as a source.", "file_not_found", param)
     return job
 
 
 def _copy_output(ctx: ServerContext, source: Job, job_id: str) -> MediaRef:
-    """The source job's MP4, copied into the new job's inputs (deleting the source cannot break the new job)."""
+    """The source job's MP4, copied from the output store into the new job's inputs (deleting the source cannot
+    break the new job)."""
     folder = ctx.manager.files.inputs_dir(job_id)
     dest = folder / f"{source.id}.mp4"
-    shutil.copyfile(ctx.manager.files.file(source.id, VARIANTS["video"].file_name), dest)
+    ctx.manager.outputs.download(source.id, VARIANTS["video"].file_name, dest)
     return MediaRef(path=dest, name=source.id, kind="video")
 
 

@@ -20,6 +20,8 @@ from starlette.routing import Match
 
 from h3serve.errors import H3ServeError
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
+from h3serve.output_store.interface import OutputMissing, OutputStoreUnavailable
+from h3serve.rules.shown import shown
 from h3serve.rules.validate import RequestError
 
 E = TypeVar("E", bound=Exception)
@@ -70,15 +72,23 @@ def from_request_error(err: RequestError, aliases: dict[str, str] | None = None)
     return APIError(400, f"{param}: {err.message}", "invalid_value", param)
 
 
+MAX_ID_SHOWN = 64  # a job id is 38 characters
+
+
 def not_found(video_id: str) -> APIError:
-    return APIError(404, f"Video with id '{video_id}' not found.", "video_not_found", "video_id")
+    """404 for an unknown id; the id is echoed cut to a job id's length (a client's 60 KB id is not sent back)."""
+    return APIError(404, f"Video with id {shown(video_id, MAX_ID_SHOWN)} not found.", "video_not_found", "video_id")
+
+
+def envelope(status: int, message: str, code: str, param: str | None = None) -> dict[str, dict[str, str | None]]:
+    """The body of every error answer."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
 
 
 def error_response(status: int, message: str, code: str, param: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(envelope(status, message, code, param), status_code=status, headers=headers)
 
 
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -132,7 +142,9 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     first = exc.errors()[0] if exc.errors() else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "body")]
     param = ".".join(location) or None
-    message = f"{param}: {first.get('msg', 'invalid value')}" if param else first.get("msg", "invalid request")
+    # A validator's own words, without pydantic's "Value error, " in front of them.
+    detail = str(first.get("msg", "invalid value" if param else "invalid request")).removeprefix("Value error, ")
+    message = f"{param}: {detail}" if param else detail
     return error_response(400, message, "invalid_value", param)
 
 
@@ -151,6 +163,20 @@ async def _store_closed(request: Request, exc: StoreClosed) -> JSONResponse:
     log.warning("%s %s: %s", request.method, request.url.path, exc)
     return error_response(503, "The server is shutting down; retry later.", "shutting_down",
                           headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
+async def _output_store_unavailable(request: Request, exc: OutputStoreUnavailable) -> JSONResponse:
+    # The bucket is away: the operator's log names it; the client learns what failed and to retry.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, f"The output store is unreachable right now ({exc.reason}); retry shortly.",
+                          "output_store_unavailable", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
+async def _output_missing(request: Request, exc: OutputMissing) -> JSONResponse:
+    # The record says the job completed, yet its object is gone (removed outside h3serve): a 404 saying so.
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(404, "The video's file is missing from the output store (removed outside the server).",
+                          "file_not_found")
 
 
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -175,4 +201,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _for(RequestValidationError, _validation_error))
     app.add_exception_handler(StoreUnavailable, _for(StoreUnavailable, _store_unavailable))
     app.add_exception_handler(StoreClosed, _for(StoreClosed, _store_closed))
+    app.add_exception_handler(OutputStoreUnavailable, _for(OutputStoreUnavailable, _output_store_unavailable))
+    app.add_exception_handler(OutputMissing, _for(OutputMissing, _output_missing))
     app.add_exception_handler(Exception, _unexpected)

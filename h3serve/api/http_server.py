@@ -30,6 +30,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from h3serve.api.body_timeout import BodyTimeouts
 from h3serve.api.log_limit import RateLimitFilter
 from h3serve.api.prometheus import Metrics
+from h3serve.api.realtime.handshake import EnvelopeWebSocketProtocol
 from h3serve.api.server_config import ServerConfig
 from h3serve.engine.jobs import JobManager
 
@@ -242,6 +243,7 @@ def build_server(app: FastAPI, config: ServerConfig, **overrides: Any) -> H3Serv
         host=config.host,
         port=config.port,
         http=protocol,
+        ws=EnvelopeWebSocketProtocol,  # refused upgrades answer in the JSON error envelope
         timeout_keep_alive=config.keep_alive_timeout_s,
         # After the drain only responses already being written remain: a few seconds suffice.
         timeout_graceful_shutdown=5,

@@ -4,7 +4,11 @@ also checks the fields, so the two cannot drift), plus the media fields and the 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
+
+from fastapi.routing import APIRoute, iter_route_contexts
+from starlette.routing import BaseRoute
 
 from h3serve.api.intake.read import URL_PREFIXES
 from h3serve.api.intake.request_model import CROSS_FIELD_RULES, VideoCreateFields
@@ -165,3 +169,21 @@ CREATED_LINKS: dict[int | str, dict[str, Any]] = {
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorBody, "description": "error"} for status in statuses}
+
+
+def exact_request_bodies(document: dict[str, Any], routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """`document` with each route's own requestBody (its `openapi_extra`) put back as written.
+
+    FastAPI validates the document through pydantic models whose bounds are floats, so a body that two routes
+    share came out with `"maximum": 9.223372036854775e+18` (2**63, which the server refuses) where the schema says
+    the integer 9223372036854775807; the bodies here are plain JSON already and go out unchanged."""
+    for context in iter_route_contexts(list(routes)):  # routes with their routers' prefixes
+        route = context.original_route
+        body = (route.openapi_extra or {}).get("requestBody") if isinstance(route, APIRoute) else None
+        if body is None:
+            continue
+        for method in context.methods or ():
+            operation = document.get("paths", {}).get(context.path_format, {}).get(method.lower())
+            if operation is not None:
+                operation["requestBody"] = copy.deepcopy(body)
+    return document

@@ -1,6 +1,7 @@
 """Prometheus metrics (prometheus_client): queue depth, jobs by state, per-replica state, slow-client timeouts,
-latency histograms, and the real-time sessions (open, chunks sent, time to first chunk, chunk interval, real-time
-factor). One registry per app, so several servers in one process (the tests) never share counts."""
+latency histograms, the real-time sessions (open, chunks sent, time to first chunk, chunk interval, real-time
+factor) and the webhook deliveries (by state in the outbox, attempts by outcome, attempt and delivery times). One
+registry per app, so several servers in one process (the tests) never share counts."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from prometheus_client.registry import Collector
 
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.jobs.types import ReplicaStatus
+from h3serve.engine.outbox.sender import ATTEMPT_OUTCOMES
 from h3serve.jobstore.records import JOB_STATUSES, Job
+from h3serve.jobstore.webhook_records import DELIVERY_STATES
 
 # Seconds: a tiny CPU job's stage takes milliseconds; a 15 s 1344x768 video denoises for many minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 TIMEOUT_PHASES = ("headers", "body")
 # A chunk's interval over its media duration: below 1 the stream keeps ahead of playback.
+UPLOAD_OUTCOMES = ("retried", "failed")  # a failed attempt at a job's outputs: tried again, or the job failed
 REALTIME_FACTOR_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 30, 100)
 CHUNK_KINDS = ("media", "trailer")
 
@@ -33,6 +37,7 @@ class _LiveState(Collector):
     def __init__(self) -> None:
         self.manager: JobManager | None = None
         self.jobs_by_state: dict[str, int] = {}
+        self.deliveries_by_state: dict[str, int] = {}
 
     def collect(self) -> Iterator[Metric]:
         manager = self.manager
@@ -46,6 +51,11 @@ class _LiveState(Collector):
         for state in JOB_STATUSES:
             jobs.add_metric([state], self.jobs_by_state.get(state, 0))
         yield jobs
+        deliveries = GaugeMetricFamily("h3serve_webhook_deliveries", "Webhook deliveries in the outbox by state "
+                                       "(every server's, on a shared store).", labels=["state"])
+        for delivery_state in DELIVERY_STATES:
+            deliveries.add_metric([delivery_state], self.deliveries_by_state.get(delivery_state, 0))
+        yield deliveries
         yield GaugeMetricFamily(
             "h3serve_engine_up", "Whether the engine's rank processes and the job runner are alive.",
             int(manager.healthy()),
@@ -122,7 +132,65 @@ class Metrics:
             "h3serve_job_duration_seconds", "Wall time of a job from start to finish (queue time excluded).",
             ["status"], buckets=LATENCY_BUCKETS, registry=self.registry,
         )
+        self._uploads()
         self._realtime()
+        self._webhooks()
+
+    def _webhooks(self) -> None:
+        """This server's webhook delivery attempts (h3serve/engine/outbox), each series present from the start."""
+        self.webhook_attempts = Counter(
+            "h3serve_webhook_attempts", "Webhook delivery attempts this server made, by outcome.", ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ATTEMPT_OUTCOMES:
+            self.webhook_attempts.labels(outcome)
+        self.webhook_attempt_seconds = Histogram(
+            "h3serve_webhook_attempt_seconds", "Duration of one webhook delivery attempt (until the receiver answered "
+            "or the attempt failed).", buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.webhook_delivery_seconds = Histogram(
+            "h3serve_webhook_delivery_seconds", "Time from a webhook event (a job's end) until a receiver accepted it, "
+            "retries included.", buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.webhook_given_up = Counter(
+            "h3serve_webhook_given_up", "Webhook deliveries this server marked failed after their retry horizon.",
+            registry=self.registry,
+        )
+
+    def on_webhook_attempt(self, outcome: str, seconds: float) -> None:
+        self.webhook_attempts.labels(outcome).inc()
+        self.webhook_attempt_seconds.observe(seconds)
+
+    def on_webhook_delivered(self, latency_s: float) -> None:
+        self.webhook_delivery_seconds.observe(max(0.0, latency_s))
+
+    def on_webhook_given_up(self) -> None:
+        self.webhook_given_up.inc()
+
+    def _uploads(self) -> None:
+        """The output store's series (a bucket: --output-store s3://...), each present from the start."""
+        self.upload_bytes = Counter(
+            "h3serve_output_upload_bytes", "Bytes of job outputs uploaded to the output store's bucket.",
+            registry=self.registry,
+        )
+        self.upload_seconds = Histogram(
+            "h3serve_output_upload_seconds", "Time to upload one output file to the bucket.",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.upload_failures = Counter(
+            "h3serve_output_upload_failures", "Failed attempts at putting a job's outputs into the bucket: retried "
+            "after a backoff, or failed (the job failed).", ["outcome"], registry=self.registry,
+        )
+        for outcome in UPLOAD_OUTCOMES:
+            self.upload_failures.labels(outcome)
+
+    def on_upload(self, outcome: str, size: int, seconds: float) -> None:
+        """A file went up to the bucket ("uploaded"), or an attempt at a job's files failed."""
+        if outcome == "uploaded":
+            self.upload_bytes.inc(size)
+            self.upload_seconds.observe(seconds)
+        else:
+            self.upload_failures.labels(outcome).inc()
 
     def _realtime(self) -> None:
         """The real-time sessions' series (WS /v1/realtime/video), each present from the start."""
@@ -172,7 +240,9 @@ class Metrics:
         if job.inference_time_s is not None:
             self.job_seconds.labels(job.status).observe(job.inference_time_s)
 
-    def render(self, manager: JobManager, jobs_by_state: dict[str, int]) -> str:
+    def render(self, manager: JobManager, jobs_by_state: dict[str, int],
+               deliveries_by_state: dict[str, int] | None = None) -> str:
         with self._render_lock:  # the live collector reads what this scrape passed in
             self._live.manager, self._live.jobs_by_state = manager, jobs_by_state
+            self._live.deliveries_by_state = deliveries_by_state or {}
             return prometheus_client.generate_latest(self.registry).decode()

@@ -129,6 +129,9 @@ class Model(BaseModel):
     lora: dict[str, Any] | None = None
     turbo: dict[str, Any] | None = None  # a Turbo adapter's contract: its forwards and tasks
     pdd: dict[str, Any] | None = None  # a PDD 8-step adapter's: its forwards and tasks
+    flashgen: dict[str, Any] | None = None  # a FlashGen 4-step LoRA's: its forwards, tasks and base schedule
+    # The served model's card only: what the engine serves and how (h3serve.api.model_card).
+    capabilities: dict[str, Any] | None = None
 
 
 class ModelList(BaseModel):

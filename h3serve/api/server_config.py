@@ -6,12 +6,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from h3serve.engine.outbox.sender import AllowedHost
 from h3serve.errors import ConfigError
 from h3serve.jobstore import is_postgres_url
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.output_store.location import BucketLocation, check_endpoint_url
 from h3serve.rules import limits
 
 MAX_BODY_BYTES = 64 * 2**20  # a whole request, uploads included
+MAX_PRESIGNED_URL_S = 7 * 24 * 3600  # SigV4's longest presigned URL lifetime
+MAX_UPLOAD_ATTEMPTS = 20
 
 
 def default_data_dir() -> Path:
@@ -32,6 +36,11 @@ class ServerConfig:
     job_store: str | None = None  # a postgresql:// URL shared by several servers; None: jobs.sqlite3 in data_dir
     job_lease_s: float = 30.0  # a dead server's running job is claimed again this long after its last renewal
     overlap_output: bool = True  # write a job's MP4 while its replica runs the next job (h3serve.engine.jobs)
+    output_store: str | None = None  # s3://BUCKET/PREFIX: outputs in an S3-compatible bucket; None: the data dir
+    s3_endpoint_url: str | None = None  # the bucket's S3 endpoint (MinIO, Ceph, GCS); None: AWS's, from the chain
+    output_redirect: bool = False  # downloads answer 302 to a presigned bucket URL instead of streaming the bytes
+    output_url_ttl_s: int = 300  # how long a presigned download URL stays valid
+    output_upload_attempts: int = 5  # tries at putting a job's outputs into the bucket before the job fails
     max_queue: int = 16  # queued jobs (the running one excluded) before 429
     sync_timeout_s: float = 600.0  # /v1/videos/sync: 504 and the job is aborted after this
     output_ttl_s: float = 86_400.0  # outputs are deleted this long after a job finishes; 0: never
@@ -53,6 +62,13 @@ class ServerConfig:
     realtime: bool = False  # the engine has --realtime-lora: WS /v1/realtime/video serves sessions
     realtime_start_timeout_s: float = limits.REALTIME_START_TIMEOUT_S  # session.start must come within this
     realtime_stall_timeout_s: float = limits.REALTIME_STALL_TIMEOUT_S  # a session with no progress this long ends
+    # Webhooks (docs/webhooks.md): hosts a webhook URL may reach over http and at any address (HOST[:PORT]; the
+    # rest must be https to a public address), one attempt's deadline, the retries' first delay and horizon.
+    webhook_allow_hosts: tuple[str, ...] = ()
+    webhook_timeout_s: float = limits.WEBHOOK_TIMEOUT_S
+    webhook_retry_initial_s: float = limits.WEBHOOK_RETRY_INITIAL_S
+    webhook_retry_horizon_s: float = limits.WEBHOOK_RETRY_HORIZON_S
+    webhook_poll_s: float = 1.0  # due retries and other servers' events are looked for this often
 
     @property
     def store_path(self) -> Path:
@@ -61,6 +77,16 @@ class ServerConfig:
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def webhook_lease_s(self) -> float:
+        """A delivery attempt's lease: the jobs' (a dead server's deliveries are taken over as soon as its jobs),
+        but never shorter than two attempts, so a live server never loses the delivery it is sending."""
+        return max(self.job_lease_s, 2 * self.webhook_timeout_s)
+
+    @property
+    def webhook_allowed(self) -> tuple[AllowedHost, ...]:
+        return tuple(AllowedHost.parse(host) for host in self.webhook_allow_hosts)
 
     def validate(self) -> ServerConfig:
         """Fail loudly, at start-up, on any illegal value."""
@@ -88,6 +114,20 @@ class ServerConfig:
              f"--job-store: expected a postgresql://USER@HOST/DB URL, got {self.job_store!r}"),
             (self.job_lease_s >= 1, f"--job-lease must be >= 1 second, got {self.job_lease_s:g}"),
             (self.api_key is None or self.api_key.strip() != "", "--api-key must not be empty"),
+            (not self.output_redirect or self.output_store is not None,
+             "--output-redirect needs --output-store s3://BUCKET/PREFIX (the data dir has no URLs to redirect to)"),
+            (self.s3_endpoint_url is None or self.output_store is not None,
+             "--s3-endpoint-url needs --output-store s3://BUCKET/PREFIX"),
+            (1 <= self.output_url_ttl_s <= MAX_PRESIGNED_URL_S,
+             f"--output-url-ttl must be 1..{MAX_PRESIGNED_URL_S} seconds (7 days), got {self.output_url_ttl_s}"),
+            (1 <= self.output_upload_attempts <= MAX_UPLOAD_ATTEMPTS,
+             f"--output-upload-attempts must be 1..{MAX_UPLOAD_ATTEMPTS}, got {self.output_upload_attempts}"),
+            (self.webhook_timeout_s > 0, f"--webhook-timeout must be > 0, got {self.webhook_timeout_s:g}"),
+            (self.webhook_retry_initial_s > 0, f"--webhook-retry-initial must be > 0, got "
+             f"{self.webhook_retry_initial_s:g}"),
+            (self.webhook_retry_horizon_s >= self.webhook_retry_initial_s,
+             f"--webhook-retry-horizon must be >= --webhook-retry-initial, got {self.webhook_retry_horizon_s:g}"),
+            (self.webhook_poll_s > 0, f"the webhook poll interval must be > 0, got {self.webhook_poll_s:g}"),
             (bool(self.served_model_name), "--served-model-name must not be empty"),
         )
         for ok, message in checks:
@@ -97,6 +137,14 @@ class ServerConfig:
             self.encoder_options.validate(limits.AUDIO_SAMPLE_RATE)
         except ValueError as e:  # a bad --x264-preset/--crf/--audio-bitrate fails here, not in every job
             raise ConfigError(f"encoder: {e}") from None
+        if self.output_store is not None:
+            BucketLocation.parse(self.output_store)
+        if self.s3_endpoint_url is not None:
+            check_endpoint_url(self.s3_endpoint_url)
+        try:
+            self.webhook_allowed  # noqa: B018 (parsed here so that a bad one fails at start-up)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.data_dir.exists() and not self.data_dir.is_dir():
             raise ConfigError(f"--data-dir: {self.data_dir} exists and is not a folder")
         return self

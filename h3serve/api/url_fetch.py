@@ -1,9 +1,9 @@
 """Fetch media from http(s) and data URLs into files, with byte caps, a deadline, and an SSRF guard.
 
-The guard resolves the host once, refuses it if any address is loopback, private, link-local, multicast,
-reserved or otherwise not public, and then connects to exactly the address it checked (the Host header and
-TLS SNI keep the name), so a DNS answer that changes between the check and the connection cannot slip
-through. Redirects are followed by hand, each hop checked the same way.
+The guard (h3serve/engine/url_guard.py, shared with the webhook deliveries) resolves the host once, refuses it if
+any address is loopback, private, link-local, multicast, reserved or otherwise not public, and then connects to
+exactly the address it checked (the Host header and TLS SNI keep the name), so a DNS answer that changes between
+the check and the connection cannot slip through. Redirects are followed by hand, each hop checked the same way.
 """
 
 from __future__ import annotations
@@ -11,21 +11,24 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import ipaddress
 import os
-import socket
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 
 from h3serve.api.percent import percent_decode
+from h3serve.engine.url_guard import (
+    AddressPolicy,
+    AddressRefused,
+    Resolver,
+    pinned_address,
+    public_address_only,
+    system_resolver,
+)
 from h3serve.errors import ClientError
 from h3serve.media.raw import atomic_output
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-AddressPolicy = Callable[[IPAddress], str | None]
+__all__ = ["MediaFetchError", "MediaFetcher", "public_address_only"]
 MAX_REDIRECTS = 5
 CHUNK_BYTES = 1 << 16
 WRITE_BYTES = 1 << 20  # a download is written in pieces this large, each in a worker thread
@@ -69,34 +72,6 @@ def _parse_url(text: str, base: httpx.URL | None = None) -> httpx.URL:
     if scheme not in ("http", "https") or not host:
         raise MediaFetchError("must be an http(s) or data URL")
     return url
-
-
-def public_address_only(ip: IPAddress) -> str | None:
-    """Why `ip` may not be fetched from (None: it is a public unicast address)."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        # IPv4 inside IPv6 (mapped ::ffff:a.b.c.d, 6to4 2002:ab:cd::, Teredo's client): judged as that IPv4.
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is not None:
-            inner = public_address_only(embedded)
-            if inner is not None:
-                return f"{inner} inside {ip}"
-    for reason, hit in (
-        ("an unspecified address", ip.is_unspecified),
-        ("a loopback address", ip.is_loopback),
-        ("a link-local address", ip.is_link_local),
-        ("a private address", ip.is_private),
-        ("a multicast address", ip.is_multicast),
-        ("a reserved address", ip.is_reserved),
-        ("not a public address", not ip.is_global),
-    ):
-        if hit:
-            return reason
-    return None
-
-
-async def system_resolver(host: str, port: int) -> list[str]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
 
 
 def _data_url_bytes(url: str, max_bytes: int) -> tuple[bytes, str]:
@@ -164,20 +139,12 @@ class MediaFetcher:
 
     async def _pinned_address(self, url: httpx.URL) -> str:
         """The checked address to connect to for `url`'s host."""
+        port = url.port or (443 if url.scheme == "https" else 80)
         try:
-            addresses = await self.resolver(url.host, url.port or (443 if url.scheme == "https" else 80))
-        except (OSError, UnicodeError):
-            raise MediaFetchError(f"the host {url.host!r} could not be resolved") from None
-        if not addresses:
-            raise MediaFetchError(f"the host {url.host!r} could not be resolved")
-        for address in addresses:
-            ip = ipaddress.ip_address(address.split("%")[0])
-            reason = None if self.allow_private else self.policy(ip)
-            if reason:
-                raise MediaFetchError(
-                    f"the host {url.host!r} resolves to {reason}, which media URLs may not reach"
-                )
-        return addresses[0].split("%")[0]
+            return await pinned_address(url.host, port, self.resolver, None if self.allow_private else self.policy)
+        except AddressRefused as e:
+            suffix = "" if e.reason is None else ", which media URLs may not reach"
+            raise MediaFetchError(f"{e}{suffix}") from None
 
     async def _fetch_http(self, url: str, dest: Path, max_bytes: int) -> str | None:
         timeout = httpx.Timeout(self.timeout_s)

@@ -4,7 +4,9 @@ Torch-free: the API process, the planner and `h3serve plan` read a checkpoint's 
 configs without importing torch; the rank processes load the weights (h3serve.loading.components).
 
 Layouts served: a diffusers *modular* root (`modular_model_index.json` and its component folders), a native
-MiniMaxAI root with `FL2VA/` and/or `Ref2VA/` (h3serve.checkpoint.native), and a single native variant folder. A root
+MiniMaxAI root with `FL2VA/` and/or `Ref2VA/` (h3serve.checkpoint.native), a single native variant folder, and
+FastVideo's FastH3 8-step V2 tree (a modular root with `fastvideo_inference.json`, its VAEs from a base checkpoint:
+h3serve.checkpoint.fasth3_v2). A root
 carrying both kinds serves the modular layout when its components are all present: it is the diffusers-converted
 form, one index names every component, and the release repository carries it next to the original folders; the
 choice is logged. A modular index whose component folders are absent falls back to a complete native tree.
@@ -12,13 +14,15 @@ choice is logged. A modular index whose component folders are absent falls back 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from h3serve.checkpoint import native_config
+from h3serve.checkpoint import fasth3_v2, native_config
+from h3serve.checkpoint.fasth3_v2 import FastH3Contract
 from h3serve.checkpoint.file_reading import INDEX_FILE, CheckpointError, missing_weights, read_json, safetensors_files
 from h3serve.checkpoint.native import read_native, variant_folders
 from h3serve.rules.defaults import ModelDefaults
@@ -44,9 +48,12 @@ class CheckpointLayout:
     kind: str = "modular"
     formats: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     shifts: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    contract: FastH3Contract | None = None  # a FastH3 V2 tree's inference contract (kind "fasth3-v2")
 
     def component(self, name: str) -> Path:
         if name not in self.components:
+            if self.contract is not None and name in ("vae", "audio_vae"):
+                fasth3_v2.base_vaes(None, self.contract.base_revision)  # raises, naming --base-checkpoint
             raise CheckpointError(f"{self.root}: the checkpoint has no '{name}' component")
         return self.components[name]
 
@@ -86,6 +93,8 @@ class CheckpointLayout:
             reference_image_short_edge=int(cfg.get("reference_image_short_edge", base.reference_image_short_edge)),
             flow_shift=shift("scheduler", base.flow_shift),
             audio_flow_shift=shift("audio_scheduler", base.audio_flow_shift),
+            pinned_schedule=None if self.contract is None else self.contract.pin(),
+            distilled_checkpoint=None if self.contract is None else fasth3_v2.NAME,
         )
 
 
@@ -135,10 +144,41 @@ def _say(log: Callable[[str], None] | None, text: str) -> None:
         _log.warning(text)
 
 
-def read_layout(
-    root: str | Path, dits: tuple[str, ...] = ALL_DITS, log: Callable[[str], None] | None = None
+def read_fasth3_v2_layout(
+    root: Path, dits: tuple[str, ...], base: Path | None, log: Callable[[str], None] | None = None
 ) -> CheckpointLayout:
-    """Resolve a model path to its components, for the DiTs `dits` (what `--task-type` selects).
+    """A FastH3 8-step V2 tree: its contract checked, its modular components, the VAEs of `base` (without one the
+    layout has no VAEs, and asking for them names --base-checkpoint)."""
+    contract = fasth3_v2.read_contract(root)
+    if "transformer" not in dits:
+        raise CheckpointError(f"{root}: the {fasth3_v2.NAME} checkpoint holds a T2VA (FL2VA-partition) DiT only; "
+                              "serve it with --task-type fl2va (or auto), not ref2va")
+    if not (root / INDEX_FILE).is_file():
+        raise CheckpointError(f"{root}: a {fasth3_v2.NAME} tree is a modular checkpoint; {INDEX_FILE} is missing")
+    modular = read_modular_layout(root)
+    components = {k: v for k, v in modular.components.items() if k not in ("vae", "audio_vae", "transformer_ref")}
+    layout = CheckpointLayout(root, components, modular.pipeline_config, kind="fasth3-v2", contract=contract)
+    gaps = _modular_gaps(layout, ("transformer",))
+    if "transformer" not in components:
+        gaps.append("transformer: not in the index")
+    if gaps:
+        raise CheckpointError(f"{root}: incomplete {fasth3_v2.NAME} checkpoint: " + "; ".join(gaps))
+    if base is None:
+        return layout
+    vaes = fasth3_v2.base_vaes(base, contract.base_revision)
+    _say(log, f"{root}: {fasth3_v2.describe(contract)}; VAEs from {base} ({vaes.note})")
+    return dataclasses.replace(layout, components={**components, **vaes.components},
+                               formats=MappingProxyType(vaes.formats))
+
+
+def read_layout(
+    root: str | Path,
+    dits: tuple[str, ...] = ALL_DITS,
+    log: Callable[[str], None] | None = None,
+    base: str | Path | None = None,
+) -> CheckpointLayout:
+    """Resolve a model path to its components, for the DiTs `dits` (what `--task-type` selects). `base`: the
+    MiniMax-H3 checkpoint whose VAEs a FastH3 V2 tree decodes with (--base-checkpoint).
 
     Refused with every gap named: a half-downloaded tree, a variant missing for the requested DiTs, a path that is
     no H3 checkpoint at all.
@@ -146,6 +186,11 @@ def read_layout(
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise CheckpointError(f"model directory not found: {root}")
+    if fasth3_v2.is_fasth3_v2(root):
+        return read_fasth3_v2_layout(root, dits, None if base is None else Path(base), log)
+    if base is not None:
+        raise CheckpointError(f"--base-checkpoint {base}: only a FastH3 V2 checkpoint takes its VAEs from a base; "
+                              f"{root} has its own")
     modular = (root / INDEX_FILE).is_file()
     native = bool(variant_folders(root))
     if not modular and not native:

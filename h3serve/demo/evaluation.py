@@ -2,9 +2,13 @@
 pixels and samples with h3serve.demo.world.checks (the tests and docs/demo_world.md read these cases).
 
 Cases per seed (deterministic): T2VA cycles the five motions with both sounds and the four colours; FL2VA places the
-object at a random start with a first keyframe; Ref2VA takes the colour from a reference image and the pitch from a
-reference sound; a continuation of three 4 s windows keeps the object, its colour and its motion in each window; a
-latent-mask edit repaints the object inside a band mask and keeps the source outside it.
+object at a random start with a first keyframe (`fl2va`), a last one (`fl2va_last`: the scene's last frame) or both
+(`fl2va_both`), each keyframe checked against the frame it pins; Ref2VA takes the colour from a reference image and
+the pitch from a reference sound (`ref2va`) or from the prompt (`ref2va_named`); a continuation of three 4 s windows
+keeps the object, its colour and its motion in each window; a latent-mask edit repaints the object inside a band
+mask and keeps the source outside it. The `_drawn` rows are the keyframe and reference rows with inputs as a person
+makes them (h3serve.demo.world.drawn: another size, place, background, image size and aspect, a shifted colour,
+a sound at another level and phase), put on the canvas by the server's own fit (`prepare_keyframes`).
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from PIL import Image
 
 from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_STEPS
-from h3serve.demo.world import checks, world
+from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_STEPS
+from h3serve.demo.world import checks, drawn
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes, prompt_for
 from h3serve.loading.components import load_components
 from h3serve.media.mp4 import rgb8
-from h3serve.model.conditioning import AudioReference, normalize_image_reference
+from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rules import limits
@@ -32,7 +37,17 @@ from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import ModelDefaults, validate
 
-TASKS = ("t2va", "fl2va", "ref2va", "continuation", "edit")
+# The keyframe rows: their anchors (keyframes taken from the scene's first and/or last frame).
+KEYFRAME_ROWS = {"fl2va": ("first",), "fl2va_last": ("last",), "fl2va_both": ("first", "last")}
+# The reference rows: whether the sound comes from a reference clip (else the prompt names it).
+REFERENCE_ROWS = {"ref2va": True, "ref2va_named": False}
+DRAWN = "_drawn"  # the suffix of a keyframe or reference row whose inputs a person made (drawn.py)
+TASKS = (
+    "t2va", *KEYFRAME_ROWS, *REFERENCE_ROWS, "continuation", "edit",
+    *(row + DRAWN for row in (*KEYFRAME_ROWS, *REFERENCE_ROWS)),
+)
+# The rng seeds of each case's draws, per seed: the FL2VA scene, the edit's source, the drawn inputs.
+KEYFRAME_RNG, EDIT_RNG, DRAWN_RNG = 1000, 2000, 3000
 CONTINUATION_WINDOW_FRAMES = 107
 CONTINUATION_DURATION_S = 11.5  # 277 frames: three 107-frame windows overlapping by 22
 EDIT_KEEP_MIN_PSNR = 25.0  # dB, outside the mask, against the source
@@ -80,6 +95,11 @@ class DemoEvaluator:
         return rgb8(result.video.numpy()), result.audio.numpy()
 
     def run(self, task: str, seed: int) -> EvalCase:
+        base = task.removesuffix(DRAWN)
+        if base in KEYFRAME_ROWS:
+            return self.keyframes(task, seed, KEYFRAME_ROWS[base], base != task)
+        if base in REFERENCE_ROWS:
+            return self.references(task, seed, REFERENCE_ROWS[base], base != task)
         return getattr(self, task)(seed)
 
     def t2va(self, seed: int) -> EvalCase:
@@ -88,27 +108,35 @@ class DemoEvaluator:
         video, audio = self.generate(self.plan(prompt, seed))
         return EvalCase("t2va", seed, prompt, checks.check_t2va(video, audio, attrs))
 
-    def fl2va(self, seed: int) -> EvalCase:
+    def keyframes(self, task: str, seed: int, anchors: tuple[str, ...], person_made: bool = False) -> EvalCase:
+        """FL2VA from a random start: keyframes of the scene's first and/or last frame (`keyframe_inputs`) put on the
+        canvas by the server's fit; each checked against the frame it pins ("keyframe", "last_keyframe"), then the
+        prompt's checks."""
         attrs = case_attributes(seed)
         plan = self.plan(prompt_for(attrs), seed)
-        scene = world.sample_scene(np.random.default_rng(1000 + seed), "fl2va", plan.width, plan.height, 1, attrs)
-        keyframe = world.render_video(scene)[0]
-        cond = Conditioning(keyframes=[Image.fromarray(keyframe)], anchors=("first",))
+        images = keyframe_inputs(seed, anchors, person_made, plan.width, plan.height, plan.num_frames)
+        keyframes = prepare_keyframes([Image.fromarray(image) for image in images], plan.width, plan.height)
+        cond = Conditioning(keyframes=keyframes, anchors=anchors)
         video, audio = self.generate(dataclasses.replace(plan, task="fl2va"), cond)
-        result = checks.check_t2va(video, audio, attrs)
-        return EvalCase("fl2va", seed, plan.prompt, {"keyframe": checks.check_keyframe(video, keyframe), **result})
+        result = {}
+        for anchor, keyframe in zip(anchors, keyframes, strict=True):
+            pinned = 0 if anchor == "first" else -1
+            name = "keyframe" if anchor == "first" else "last_keyframe"
+            result[name] = checks.check_keyframe(video, np.asarray(keyframe), pinned)
+        return EvalCase(task, seed, plan.prompt, {**result, **checks.check_t2va(video, audio, attrs)})
 
-    def ref2va(self, seed: int) -> EvalCase:
+    def references(self, task: str, seed: int, sound_clip: bool, person_made: bool = False) -> EvalCase:
+        """Ref2VA: the colour from a reference image, the pitch from a reference sound clip (`sound_clip`) or from
+        the prompt (`reference_inputs`)."""
         attrs = case_attributes(seed)
-        prompt = prompt_for(attrs, reference_image=True, reference_sound=True)
-        image = Image.fromarray(world.reference_image(attrs.color, attrs.shape))
-        refs = [
-            normalize_image_reference(image, self.defaults.reference_image_short_edge),
-            AudioReference(torch.from_numpy(world.reference_audio(attrs.sound))),
-        ]
+        prompt = prompt_for(attrs, reference_image=True, reference_sound=sound_clip)
+        image, sound = reference_inputs(seed, sound_clip, person_made)
+        refs: list = [normalize_image_reference(Image.fromarray(image), self.defaults.reference_image_short_edge)]
+        if sound is not None:
+            refs.append(AudioReference(torch.from_numpy(sound)))
         plan = dataclasses.replace(self.plan(prompt, seed), task="ref2va")
         video, audio = self.generate(plan, Conditioning(references=refs))
-        return EvalCase("ref2va", seed, prompt, checks.check_t2va(video, audio, attrs))
+        return EvalCase(task, seed, prompt, checks.check_t2va(video, audio, attrs))
 
     def continuation(self, seed: int) -> EvalCase:
         """Three windows: in each window's own frames the same colour and the prompt's motion."""
@@ -135,7 +163,7 @@ class DemoEvaluator:
         attrs = case_attributes(seed)
         source_attrs = dataclasses.replace(attrs, color=COLORS[(COLORS.index(attrs.color) + 1) % 4])
         plan = self.plan(prompt_for(attrs), seed)
-        scene = world.sample_scene(np.random.default_rng(2000 + seed), "t2va", plan.width, plan.height,
+        scene = world.sample_scene(np.random.default_rng(EDIT_RNG + seed), "t2va", plan.width, plan.height,
                                    plan.num_frames, source_attrs)
         source = world.render_video(scene)
         mask = band_mask(scene, plan.latent_frames, plan.latent_height, plan.latent_width)
@@ -146,6 +174,33 @@ class DemoEvaluator:
         result = {"color": checks.measure_color(video) == attrs.color, "kept": kept >= EDIT_KEEP_MIN_PSNR,
                   "motion": checks.measure_motion(video) == attrs.motion}
         return EvalCase("edit", seed, plan.prompt, result)
+
+
+def keyframe_inputs(
+    seed: int, anchors: tuple[str, ...], person_made: bool, width: int, height: int, frames: int
+) -> list[np.ndarray]:
+    """A keyframe row's keyframe images (uint8 [H, W, 3], in `anchors`' order) for seed `seed`: the first and/or
+    last frame of `case_attributes(seed)`'s scene from a random start on a `width`x`height` canvas of `frames`
+    frames, the world's own or as a person draws them (a second one keeping the canvas's aspect)."""
+    scene = world.sample_scene(np.random.default_rng(KEYFRAME_RNG + seed), "fl2va", width, height, frames,
+                               case_attributes(seed))
+    pinned = [0 if anchor == "first" else scene.frames - 1 for anchor in anchors]
+    if person_made:
+        rng = np.random.default_rng(DRAWN_RNG + seed)
+        return [drawn.drawn_keyframe(rng, scene, f, stretched=i == 0) for i, f in enumerate(pinned)]
+    return [world.render_video(dataclasses.replace(scene, frames=f + 1))[f] for f in pinned]
+
+
+def reference_inputs(seed: int, sound_clip: bool, person_made: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """A reference row's reference image (uint8 [H, W, 3]) and, with `sound_clip`, its reference sound (float32
+    [2, N] at 32 kHz) for seed `seed`: the world's own, or as a person makes them."""
+    attrs = case_attributes(seed)
+    if person_made:
+        rng = np.random.default_rng(DRAWN_RNG + seed)
+        image = drawn.drawn_reference_image(rng, attrs.color, attrs.shape)
+        return image, drawn.drawn_reference_audio(rng, attrs.sound) if sound_clip else None
+    image = world.reference_image(attrs.color, attrs.shape)
+    return image, world.reference_audio(attrs.sound) if sound_clip else None
 
 
 def band_mask(scene: world.Scene, frames: int, height: int, width: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
-from h3serve.media.previews import output_file_name, output_prefix, preview_indices, write_previews
+from h3serve.media.previews import VARIANTS, output_file_name, output_prefix, preview_indices, write_previews
 from h3serve.messages import GenerationOutput
 
 
@@ -18,21 +18,25 @@ def discard_files(output: GenerationOutput) -> None:
             Path(path).unlink(missing_ok=True)
 
 
-def write_artifacts(job_dir: Path, output: GenerationOutput, encoder_options: EncoderOptions) -> None:
+def write_artifacts(job_dir: Path, output: GenerationOutput, encoder_options: EncoderOptions) -> dict[str, str]:
     """Every variant of every output into `job_dir`; output 0's MP4 last, so its presence means the job's files
-    are complete."""
+    are complete. The files written (their names in `job_dir`) and their media types, in writing order."""
     job_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, str] = {}
     for index in reversed(range(len(output.outputs))):
-        _write_output(job_dir, output.outputs[index], index, encoder_options)
+        written.update(_write_output(job_dir, output.outputs[index], index, encoder_options))
+    return written
 
 
-def _write_output(job_dir: Path, output: GenerationOutput, index: int, encoder_options: EncoderOptions) -> None:
+def _write_output(job_dir: Path, output: GenerationOutput, index: int, encoder_options: EncoderOptions
+                  ) -> dict[str, str]:
     """One output's variants, its MP4 last. A streamed output's files were written by the engine already (under
     one folder): they are moved in."""
     if output.files:
-        for name in sorted(output.files, key=lambda n: n == "video"):
+        variants = sorted(output.files, key=lambda n: n == "video")
+        for name in variants:
             shutil.move(output.files[name], job_dir / output_file_name(name, index))
-        return
+        return {output_file_name(name, index): VARIANTS[name].media_type for name in variants}
     if output.video is None:
         raise ValueError("the output has neither frames nor files")
     # The previews show the MP4's own pixels (its rounding), whichever way the video was decoded.
@@ -41,3 +45,4 @@ def _write_output(job_dir: Path, output: GenerationOutput, index: int, encoder_o
     if output.audio is None:
         raise ValueError("the output has frames but no soundtrack")
     write_mp4(job_dir / output_file_name("video", index), output.video, output.audio, options=encoder_options)
+    return {output_file_name(name, index): VARIANTS[name].media_type for name in ("thumbnail", "spritesheet", "video")}

@@ -5,8 +5,9 @@ No torch here: the API process calls this on the event loop's executor to answer
 
 from __future__ import annotations
 
-from h3serve.media import intake
-from h3serve.media.source import check_source, frames_at_24fps
+from h3serve.media import media_inputs as intake
+from h3serve.media.control_media import check_control_media
+from h3serve.media.source import check_source_header, frames_at_24fps
 from h3serve.rules.request import GenerationRequest, MediaKind, MediaRef
 from h3serve.rules.validate import (
     GenerationPlan,
@@ -50,6 +51,8 @@ def plan_request(
     sources: tuple[tuple[str, MediaRef | None, MediaKind], ...] = (
         ("source_video", plan.source_video, "video"), ("source_audio", plan.source_audio, "audio"))
     for field, ref, kind in sources:
-        if ref is not None:
-            check_source(ref, field, kind)  # kind and size; decoded when the job runs, only as far as needed
+        if ref is not None:  # kind, size and frame size; decoded when the job runs, only as far as needed
+            check_source_header(ref, field, kind)
+    if plan.control is not None:  # each input's kind, size and frame size from its header
+        check_control_media(plan.control)
     return plan

@@ -42,11 +42,14 @@ def prepare_job(
     created_at: int,
     seconds: str | None = None,
     sync: bool = False,
+    key_scope: str = "",
 ) -> PreparedJob:
     """Plan `request` (`RequestError` / `MediaError` naming the field), admit its cost (`TooCostly`) and build its
-    job record. `seconds`: the job's `seconds` as the client asked (None: the planned duration)."""
+    job record. `seconds`: the job's `seconds` as the client asked (None: the planned duration); `key_scope`: the
+    API key that asked (its webhook endpoints get the job's event)."""
     plan = plan_request(request, defaults, tasks)
     check_cost(plan, admission.max_request_cost or default_max_cost(defaults, plan.long_video_mode))
     label = seconds if seconds is not None else f"{plan.duration_s:g}"
-    job = Job.planned(job_id, admission.model_name, request, plan, label, created_at=created_at, sync=sync)
+    job = Job.planned(job_id, admission.model_name, request, plan, label, created_at=created_at, sync=sync,
+                      key_scope=key_scope)
     return PreparedJob(job, plan)

@@ -403,6 +403,7 @@ def cmd_gpu_acceptance(args: argparse.Namespace) -> int:
 
 def cmd_full_depth(args: argparse.Namespace) -> int:
     """`--full-depth`: the released DiT at full depth on one GPU (see `h3serve.tools.bench.full_depth`)."""
+    from h3serve.entrypoints.plan import plan_from_argv
     from h3serve.tools.bench.full_depth import FullDepthSpec, run_full_depth
     from h3serve.tools.bench.matrix import MatrixError, Shape
 
@@ -414,7 +415,7 @@ def cmd_full_depth(args: argparse.Namespace) -> int:
         shape = Shape.parse(args.shapes[0]) if args.shapes else Shape(1344, 768, 124)
         spec = FullDepthSpec(Path(args.model), shape.width, shape.height, shape.num_frames, args.seed or 0,
                              args.gemm_seconds or 1.0, Path(args.out))
-        result = run_full_depth(spec, lambda line: print(line, file=sys.stderr))
+        result = run_full_depth(spec, plan_from_argv, lambda line: print(line, file=sys.stderr))
     except (MatrixError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -441,7 +442,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_dit_forward(args)
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.errors import ConfigError
-    from h3serve.media.intake import MediaError
+    from h3serve.media.media_inputs import MediaError
     from h3serve.rules.validate import RequestError
     from h3serve.tools.bench.matrix import MatrixError, load_matrix
     from h3serve.tools.bench.matrix_run import run_bench

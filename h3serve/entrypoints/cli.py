@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from h3serve.entrypoints import bench, compare, demo, generate, make_tiny, plan, probe, selftest, serve
+from h3serve.entrypoints import (
+    bench,
+    compare,
+    demo_commands,
+    generate,
+    make_tiny,
+    plan,
+    probe,
+    selftest,
+    serve,
+    webhooks,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     plan.register(sub)
     selftest.register(sub)
-    demo.register(sub)
+    demo_commands.register(sub)
+    webhooks.register(sub)
     return parser
 
 

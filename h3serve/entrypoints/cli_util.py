@@ -20,7 +20,7 @@ def model_dir(arg: str | None) -> Path:
     an install left it out) the random tiny checkpoint, built on first use."""
     if arg:
         return Path(arg).expanduser()
-    from h3serve.demo.defaults import shipped_demo_checkpoint
+    from h3serve.demo.shipped import shipped_demo_checkpoint
 
     if (demo := shipped_demo_checkpoint()) is not None:
         return demo

@@ -27,6 +27,7 @@ from h3serve.offload.modes import (
     parse_bytes,
     parse_denoise_chunk_rows,
 )
+from h3serve.rules.names import CACHE_BACKENDS as SERVED_CACHE_BACKENDS
 from h3serve.rules.names import TASK_TYPE_ALIASES
 
 # vLLM-Omni's backend names. The dense exact ones are h3serve.accel.attention's registry (which checks that the
@@ -40,7 +41,8 @@ DENSE_ATTENTION = (
     "FLASH_ATTN_3_HUB",
     "TRTLLM_ATTN",
 )
-APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "FASTVIDEO_VSA", "RAINFUSION_ATTN")
+APPROXIMATE_ATTENTION = ("SAGE_ATTN", "SAGE_ATTN_3", "RAINFUSION_ATTN")
+SPARSE_ATTENTION = ("FASTVIDEO_VSA",)  # video sparse attention (h3serve.accel.video_sparse): FastH3 V2 runs on it
 CACHE_BACKENDS = ("none", "cache_dit", "tea_cache", "mag_cache", "sea_cache", "step_cache")
 COMPILE_GRANULARITIES = ("regional", "full")
 ULYSSES_MODES = ("strict", "advanced_uaa")
@@ -151,19 +153,27 @@ def _add_kernel_args(r: argparse._ArgumentGroup) -> None:
         default=None,
         help="dynamic shapes (default on): one graph for every request shape",
     )
-    r.add_argument("--diffusion-attention-backend", help="auto | " + " | ".join(DENSE_ATTENTION))
+    r.add_argument("--diffusion-attention-backend",
+                   help="auto | " + " | ".join(DENSE_ATTENTION) + " | FASTVIDEO_VSA (video sparse attention on the "
+                   "DiT blocks: 64-row tiles, top-k of them per query tile; FastH3 8-step V2 needs it)")
+    r.add_argument("--fastvideo-vsa-topk", type=int, metavar="K",
+                   help="FASTVIDEO_VSA: key tiles each query tile keeps (default: sparsity 0.8, i.e. 20%% of the "
+                   "tiles; a FastH3 V2 checkpoint pins its own)")
     r.add_argument("--diffusion-attention-config", "-dac", help='JSON, e.g. {"default": {"backend": "FLASH_ATTN"}}')
     r.add_argument("--fa-deterministic", action="store_true")
     r.add_argument("--ulysses-mode", help="strict | advanced_uaa")
     r.add_argument("--ulysses-a2a-permute", action="store_true")
     r.add_argument("--allgather-degree", type=int, default=1)
     r.add_argument(
-        "--cache-backend", default="none", help="none | cache_dit (first-block residual caching of the DiT)"
+        "--cache-backend", default="none",
+        help="none | cache_dit (first-block residual caching of the DiT) | tea_cache (TeaCache on the FL2VA DiT: "
+        "whole steps reuse the last computed block residual)",
     )
     r.add_argument(
         "--cache-config",
-        help='JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, "Fn_compute_blocks": 1, '
-        '"Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}',
+        help='cache_dit: JSON over the high profile, cache-dit names: {"residual_diff_threshold": 0.08, '
+        '"Fn_compute_blocks": 1, "Bn_compute_blocks": 0, "max_warmup_steps": 4, "max_continuous_cached_steps": 1}; '
+        'tea_cache: {"rel_l1_thresh": 0.17, "coefficients": [...]} (default: vLLM-Omni\'s FL2VA calibration)',
     )
 
 
@@ -204,6 +214,9 @@ def _add_weight_args(r: argparse._ArgumentGroup) -> None:
                    "scale is refused")
     r.add_argument("--lora-backend", help="peft (the only one: unmerged low-rank factors; see --merge-lora)")
     r.add_argument("--dit-adapter", metavar="PATH", help="a FastH3 adapter (file or folder) fused into the T2VA DiT")
+    r.add_argument("--base-checkpoint", metavar="PATH",
+                   help="a local MiniMax-H3 checkpoint whose FL2VA video and audio VAEs a FastH3 8-step V2 --model "
+                   "decodes with (its provenance.json pins the revision; nothing is downloaded)")
     r.add_argument("--controlnet-model-path", metavar="FILE",
                    help="a Fun ControlNet Union file (.safetensors) beside the T2VA DiT: requests may carry a control "
                    "video (generate --control TYPE=FILE; HTTP extra_params.<type>)")
@@ -267,7 +280,7 @@ def _attention_backend(args: argparse.Namespace) -> tuple[str, tuple[tuple[str, 
         )
     name = args.diffusion_attention_backend or from_dac or "auto"
     if name in APPROXIMATE_ATTENTION:
-        choices = ", ".join(("auto", *DENSE_ATTENTION))
+        choices = ", ".join(("auto", *DENSE_ATTENTION, *SPARSE_ATTENTION))
         raise ConfigError(
             f"--diffusion-attention-backend {name}: would change the attention math, not available in h3serve; "
             f"choose from: {choices}"
@@ -290,15 +303,9 @@ def _recipe_checks(args: argparse.Namespace, notices: list[str]) -> None:
         )
     if args.cache_backend not in CACHE_BACKENDS:
         raise ConfigError(f"--cache-backend {args.cache_backend}: choose from: {', '.join(CACHE_BACKENDS)}")
-    if args.cache_backend == "tea_cache":
-        raise ConfigError(
-            "--cache-backend tea_cache: TeaCache's rel_l1_thresh (0.17) and polynomial coefficients are calibrated "
-            "for the reference FL2VA DiT only, not for the Ref2VA DiT; use --cache-backend cache_dit"
-        )
-    if args.cache_backend not in ("none", "cache_dit"):
-        raise ConfigError(
-            f"--cache-backend {args.cache_backend}: not available in h3serve; use --cache-backend cache_dit or none"
-        )
+    if args.cache_backend not in SERVED_CACHE_BACKENDS:
+        served = ", ".join(SERVED_CACHE_BACKENDS)
+        raise ConfigError(f"--cache-backend {args.cache_backend}: not available in h3serve; choose from: {served}")
     if args.cache_config and args.cache_backend == "none":
         notices.append("notice: --cache-config has no effect with --cache-backend none")
     if args.lora_backend not in (None, "peft"):
@@ -480,6 +487,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     attention = _attention_backend(args)
     config = EngineConfig(
         model=Path(model if model is not None else args.model),
+        base_checkpoint=Path(args.base_checkpoint) if getattr(args, "base_checkpoint", None) else None,
         device=args.device,
         dtype=args.dtype,
         threads=args.threads,
@@ -494,6 +502,7 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         compile_backend=args.diffusion_compile_backend,
         attention_backend=attention[0],
         attention_per_role=attention[1],
+        vsa_topk=getattr(args, "fastvideo_vsa_topk", None),
         cache_backend=args.cache_backend,
         cache_config=json.dumps(_json_arg("--cache-config", args.cache_config), sort_keys=True)
         if args.cache_config

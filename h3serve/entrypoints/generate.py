@@ -268,11 +268,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if config.realtime_lora is not None:  # a real-time session, offline (h3serve.entrypoints.generate_realtime)
             from h3serve.entrypoints.generate_realtime import generate_realtime
 
-            return generate_realtime(args, config, read_layout(model, config.dits).defaults(), options)
+            defaults = read_layout(model, config.dits, base=config.base_checkpoint).defaults()
+            return generate_realtime(args, config, defaults, options)
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
         nvenc_refusal(options, config.decode_mode)
-        layout = read_layout(model, config.dits)
+        layout = read_layout(model, config.dits, base=config.base_checkpoint)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = engine_defaults(config, layout.defaults())
         plan = plan_request(_with_lora(_request_from_args(args), args, config), defaults, tasks)

@@ -143,6 +143,7 @@ def build_plan(args: argparse.Namespace):
     from h3serve.offload.request_shapes import plan_largest, served_tasks
     from h3serve.parallel.degrees import check_degrees
     from h3serve.rules import limits
+    from h3serve.rules.adapter_choice import FASTH3_TASKS
     from h3serve.rules.names import TASK_TYPE_ALIASES
     from h3serve.rules.validate import ModelDefaults
 
@@ -163,15 +164,20 @@ def build_plan(args: argparse.Namespace):
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)
     device, dtype = _device(args)
     quant = quantization(args)
-    inv = build_inventory(source, degrees, dits, device, dtype, quant, check_engine(args.as_engine))
-    defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits).defaults()
+    base = Path(args.base_checkpoint) if getattr(args, "base_checkpoint", None) else None  # a FastH3 V2 tree's VAEs
+    inv = build_inventory(source, degrees, dits, device, dtype, quant, check_engine(args.as_engine), base=base)
+    defaults = ModelDefaults() if source == RELEASED else read_layout(source, dits, base=base).defaults()
     store = adaln_memo(args.adaln_memo)
     # Compiled as the engine would on the planned device: regional torch.compile on CUDA unless --enforce-eager.
     compiled = device == "cuda" and not args.enforce_eager
+    vsa = (args.diffusion_attention_backend or "") == "FASTVIDEO_VSA"  # its tile buffers count in the denoise stage
     runtime = Runtime(memo=store is not None, memo_store=store or 0, compiled=compiled,
-                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows),
+                      denoise_chunk_rows=denoise_chunk_rows(args.denoise_chunk_rows), vsa=vsa,
                       prompt_cache=prompt_cache(getattr(args, "prompt_cache", None)) or 0)
-    plan = plan_largest(inv, offload, _shapes(args, defaults, served_tasks(inv)), memory, headroom, runtime=runtime)
+    tasks = served_tasks(inv)
+    if defaults.distilled_checkpoint is not None:  # a distilled checkpoint (FastH3 V2) serves its own tasks only
+        tasks = tuple(t for t in tasks if t in FASTH3_TASKS)
+    plan = plan_largest(inv, offload, _shapes(args, defaults, tasks), memory, headroom, runtime=runtime)
     realtime = getattr(args, "realtime_lora", None) is not None and "transformer" in inv.dits
     if realtime:  # a session's clean K/V cache at --width/--height, else the real-time default canvas
         width, height = args.width or limits.REALTIME_DEFAULT_SIZE[0], args.height or limits.REALTIME_DEFAULT_SIZE[1]

@@ -1,4 +1,4 @@
-"""`h3serve probe OUT.mp4`: check a file against the output contract (a thin wrapper on `h3serve.media.probe`)."""
+"""`h3serve probe OUT.mp4`: check a file against the output contract (a wrapper on `h3serve.media.output_probe`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
     Read with ffprobe/ffmpeg when installed, else with PyAV; the summary line (and ``reader`` in --json) says
     which."""
-    from h3serve.media.probe import check_output_contract, probe, summary_line
+    from h3serve.media.output_probe import check_output_contract, probe, summary_line
 
     result = probe(args.path)  # never raises for a bad file: the violations say what is wrong
     problems = check_output_contract(result)

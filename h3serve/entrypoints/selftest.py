@@ -66,8 +66,8 @@ def released_plan(engine_args: argparse.Namespace | None, device_memory: int):
 
 def demo_request(model: Path):
     """On the shipped demo checkpoint, the demo's request and the check of what its MP4 must show; else None."""
-    from h3serve.demo.defaults import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS, shipped_demo_checkpoint
-    from h3serve.entrypoints.demo import mp4_verdict
+    from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_PROMPT, DEMO_STEPS, shipped_demo_checkpoint
+    from h3serve.entrypoints.demo_commands import mp4_verdict
     from h3serve.rules.request import GenerationRequest
     from h3serve.tools.selftest.core import DemoRequest
     from h3serve.tools.verdicts import CheckFailed

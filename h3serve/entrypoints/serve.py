@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from h3serve.engine.jobs import JobManager
     from h3serve.jobstore.job_files import JobFiles
     from h3serve.jobstore.store import JobStore
+    from h3serve.output_store.interface import OutputStore
     from h3serve.parallel.rendezvous import Rendezvous
 
 log = logging.getLogger("h3serve.serve")
@@ -44,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible /v1/videos API")
     _add_server_args(p, server)
     _add_limit_args(p, server, encoder)
+    _add_webhook_args(p, server)
     add_engine_args(p)  # device, parallel layout (--num-gpus, -tp, --usp, --ring, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_serve)
 
@@ -63,8 +65,22 @@ def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -
                         "one server per data dir, except with a shared --job-store")
     p.add_argument("--job-store", metavar="URL", default=server("job_store"),
                    help="postgresql://USER@HOST/DB: a job queue shared by every server on that database (then "
-                        "--data-dir must be one shared folder; see docs/scaling.md); default: "
-                        "jobs.sqlite3 in the data dir")
+                        "--data-dir must be one shared folder, or the outputs go to one --output-store bucket; see "
+                        "docs/scaling.md); default: jobs.sqlite3 in the data dir")
+    p.add_argument("--output-store", metavar="URL", default=server("output_store"),
+                   help="s3://BUCKET/PREFIX: every output goes to this S3-compatible bucket (credentials from the "
+                        "AWS chain: environment, profile, instance role; see docs/output_store.md); default: the "
+                        "data dir")
+    p.add_argument("--s3-endpoint-url", metavar="URL", default=server("s3_endpoint_url"),
+                   help="the bucket's S3 endpoint for MinIO, Ceph, GCS and other S3-compatible services "
+                        "(default: AWS's, or AWS_ENDPOINT_URL)")
+    p.add_argument("--output-redirect", action="store_true", default=server("output_redirect"),
+                   help="downloads answer 302 to a presigned bucket URL instead of streaming through this server")
+    p.add_argument("--output-url-ttl", type=int, default=server("output_url_ttl_s"),
+                   help="seconds a presigned download URL stays valid (default %(default)s)")
+    p.add_argument("--output-upload-attempts", type=int, default=server("output_upload_attempts"),
+                   help="tries at uploading a job's outputs, with exponential backoff, before the job fails "
+                        "(default %(default)s)")
     p.add_argument("--job-lease", type=float, default=server("job_lease_s"),
                    help="seconds after a server's last lease renewal before another may rerun its job "
                         "(default %(default)g)")
@@ -134,6 +150,21 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
+def _add_webhook_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -> None:
+    """Webhook deliveries (docs/webhooks.md): which hosts they may reach, their deadline and their retries."""
+    p.add_argument("--webhook-allow-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let webhook URLs on this host (and port) use http and reach loopback or private addresses "
+                   "(repeatable; default: https to public addresses only)")
+    p.add_argument("--webhook-timeout", type=float, default=server("webhook_timeout_s"),
+                   help="seconds one delivery attempt may take, connection and answer (default %(default)g)")
+    p.add_argument("--webhook-retry-initial", type=float, default=server("webhook_retry_initial_s"),
+                   help="seconds before the first retry of a failed delivery; each later one waits twice as long, "
+                   "at most an hour, with jitter (default %(default)g)")
+    p.add_argument("--webhook-retry-horizon", type=float, default=server("webhook_retry_horizon_s"),
+                   help="seconds after its event that a delivery is retried before it is marked failed "
+                   "(default %(default)g)")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.server_config import ServerConfig, default_data_dir
     from h3serve.checkpoint.resolver import CheckpointError
@@ -153,6 +184,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             job_store=args.job_store,
             job_lease_s=args.job_lease,
             overlap_output=args.overlap_output,
+            output_store=args.output_store,
+            s3_endpoint_url=args.s3_endpoint_url,
+            output_redirect=args.output_redirect,
+            output_url_ttl_s=args.output_url_ttl,
+            output_upload_attempts=args.output_upload_attempts,
             max_queue=args.max_queue,
             sync_timeout_s=args.sync_timeout,
             output_ttl_s=args.output_ttl,
@@ -174,6 +210,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             realtime=engine_config.realtime_lora is not None,
             realtime_start_timeout_s=args.realtime_start_timeout,
             realtime_stall_timeout_s=args.realtime_stall_timeout,
+            webhook_allow_hosts=tuple(args.webhook_allow_host),
+            webhook_timeout_s=args.webhook_timeout,
+            webhook_retry_initial_s=args.webhook_retry_initial,
+            webhook_retry_horizon_s=args.webhook_retry_horizon,
         ).validate()
         nvenc_refusal(server_config.encoder_options, engine_config.decode_mode)
     except (ConfigError, CheckpointError, ValueError) as e:
@@ -220,6 +260,17 @@ def _open_storage(server_config: ServerConfig) -> tuple[JobStore, JobFiles]:
         raise
 
 
+def _open_outputs(server_config: ServerConfig, files: JobFiles) -> OutputStore:
+    """The output store, checked: `ConfigError` (boto3 missing) or `OutputStoreUnavailable` (the bucket cannot be
+    reached, does not exist, or refuses a write) say why the server cannot start."""
+    from h3serve.output_store import open_output_store
+
+    outputs = open_output_store(server_config.output_store, files, server_config.s3_endpoint_url)
+    outputs.check()
+    log.info("outputs go to %s", outputs.describe())
+    return outputs
+
+
 def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rendezvous: Rendezvous) -> int:
     from h3serve.adapters.serving import catalog_for
     from h3serve.api.app import create_app
@@ -229,6 +280,7 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
     from h3serve.engine.replicas import start_replicas
     from h3serve.extras import MissingExtra
     from h3serve.jobstore import database_errors
+    from h3serve.output_store.interface import OutputStoreUnavailable
 
     if server_config.api_key is None and server_config.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s without --api-key: anyone who can reach it can submit jobs", server_config.host)
@@ -237,6 +289,11 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
     except (OSError, RuntimeError, MissingExtra, *database_errors()) as e:
         where = "--job-store" if server_config.job_store else f"--data-dir {server_config.data_dir}"
         return fail(f"{where}: {e}", EXIT_ERROR)
+    try:  # a bucket that cannot be reached or written refuses the start, before the model loads
+        outputs = _open_outputs(server_config, files)
+    except (ConfigError, OutputStoreUnavailable) as e:
+        store.close()
+        return fail(f"--output-store: {e}", EXIT_USAGE if isinstance(e, ConfigError) else EXIT_ERROR)
     log.info("starting the engine: %s on %s", engine_config.model, engine_config.device)
     try:
         executors = start_replicas(engine_config, rendezvous, Executor)
@@ -259,10 +316,12 @@ def _serve_leader(engine_config: EngineConfig, server_config: ServerConfig, rend
             stall_timeout_s=server_config.stall_timeout_s,
             lease_s=server_config.job_lease_s,
             overlap_output=server_config.overlap_output,
+            outputs=outputs,
+            upload_attempts=server_config.output_upload_attempts,
         )
-        app = create_app(server_config, manager, store, lora=catalog_for(engine_config))
-        log.info("serving %r on http://%s:%d (data in %s)", server_config.served_model_name, server_config.host,
-                 server_config.port, server_config.data_dir)
+        app = create_app(server_config, manager, store, lora=catalog_for(engine_config), engine=engine_config)
+        log.info("serving %r on http://%s:%d (data in %s, outputs in %s)", server_config.served_model_name,
+                 server_config.host, server_config.port, server_config.data_dir, outputs.describe())
         build_server(app, server_config, log_level=logging.root.level).run()
     finally:
         shut_down(manager, executors, store)

@@ -51,6 +51,46 @@ _STEPS_AS_FORWARDS: dict[Dialect, str] = {
 }
 
 
+# 6: webhooks (docs/webhooks.md): the endpoints, each under the API key that made it, and the outbox of deliveries,
+# written in the transaction that records a job's final state; a job remembers its key to find its endpoints.
+_V6_WEBHOOK_ENDPOINTS = """
+CREATE TABLE IF NOT EXISTS webhook_endpoints (
+    seq {seq},
+    id TEXT NOT NULL UNIQUE,
+    key_scope TEXT NOT NULL,
+    name TEXT NOT NULL,
+    url TEXT NOT NULL,
+    event_types TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    updated_at BIGINT NOT NULL,
+    secret TEXT NOT NULL,
+    secret_hint TEXT NOT NULL,
+    previous_secret TEXT,
+    previous_secret_expires_at BIGINT
+)"""
+_V6_WEBHOOK_DELIVERIES = """
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    seq {seq},
+    id TEXT NOT NULL UNIQUE,
+    event_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    video_id TEXT NOT NULL,
+    endpoint_id TEXT NOT NULL,
+    key_scope TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    next_attempt_at {real} NOT NULL,
+    owner TEXT,
+    lease_expires_at {real},
+    last_attempt_at {real},
+    last_status_code INTEGER,
+    last_error TEXT,
+    delivered_at {real}
+)"""
+
+
 def _migrations(dialect: Dialect) -> list[list[str]]:
     t = _TYPES[dialect]
     return [
@@ -69,7 +109,15 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
         ["ALTER TABLE jobs ADD COLUMN progress_steps INTEGER NOT NULL DEFAULT 0"],
         # 5: several outputs of one prompt; a job of N counts N toward the queue bound. Older rows made one.
         ["ALTER TABLE jobs ADD COLUMN num_outputs INTEGER NOT NULL DEFAULT 1"],
-        # 6: every stage's start and end (JSON [[stage, start, end], ...]). Older rows recorded none.
+        [
+            "ALTER TABLE jobs ADD COLUMN key_scope TEXT NOT NULL DEFAULT ''",
+            _V6_WEBHOOK_ENDPOINTS.format(**t),
+            "CREATE INDEX IF NOT EXISTS webhook_endpoints_scope ON webhook_endpoints (key_scope, seq)",
+            _V6_WEBHOOK_DELIVERIES.format(**t),
+            "CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at)",
+            "CREATE INDEX IF NOT EXISTS webhook_deliveries_video ON webhook_deliveries (video_id)",
+        ],
+        # 7: every stage's start and end (JSON [[stage, start, end], ...]). Older rows recorded none.
         ["ALTER TABLE jobs ADD COLUMN stage_timeline TEXT NOT NULL DEFAULT '[]'"],
     ]
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from h3serve.jobstore import migrations
 from h3serve.jobstore.sql import Row, SQLJobStore
+from h3serve.jobstore.sql_runner import Run
 from h3serve.jobstore.store_errors import StoreClosed, StoreUnavailable
 
 log = logging.getLogger("h3serve.store")
 # pg_advisory_xact_lock key: servers starting together apply the migrations one at a time.
 _MIGRATION_LOCK = 0x68337365  # "h3se"
+T = TypeVar("T")
 
 
 class PostgresJobStore(SQLJobStore):
@@ -30,6 +32,7 @@ class PostgresJobStore(SQLJobStore):
 
     shared = True
     lock_clause = "FOR UPDATE SKIP LOCKED"
+    row_lock_clause = "FOR UPDATE"
 
     def __init__(self, url: str, connect_timeout_s: float = 10.0):
         self.url = url
@@ -76,9 +79,27 @@ class PostgresJobStore(SQLJobStore):
             if self._closed:
                 raise StoreClosed()
             try:
-                cursor = self._connection().execute(sql.replace("?", "%s"), tuple(params))
-                rows: list[Row] = list(cursor.fetchall()) if cursor.description else []
-                return rows
+                return _execute(self._connection(), sql, params)
             except psycopg.OperationalError as e:  # connection refused, lost or timed out: not the query's fault
-                first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise StoreUnavailable(f"the job database is unreachable ({first_line})") from e
+                raise _unavailable(e) from e
+
+    def _atomic(self, work: Callable[[Run], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise StoreClosed()
+            try:
+                db = self._connection()
+                with db.transaction():
+                    return work(lambda sql, params: _execute(db, sql, params))
+            except psycopg.OperationalError as e:
+                raise _unavailable(e) from e
+
+
+def _execute(db: psycopg.Connection[dict[str, Any]], sql: str, params: Sequence[Any]) -> list[Row]:
+    cursor = db.execute(sql.replace("?", "%s"), tuple(params))
+    return list(cursor.fetchall()) if cursor.description else []
+
+
+def _unavailable(e: psycopg.OperationalError) -> StoreUnavailable:
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return StoreUnavailable(f"the job database is unreachable ({first_line})")

@@ -69,6 +69,7 @@ class Job:
     completions: int = 0
     progress_steps: int = 0  # forwards `progress` counts (steps x generated windows x outputs); 0: not recorded
     num_outputs: int = 1  # outputs of the prompt (num_outputs_per_prompt): what the job counts toward the queue bound
+    key_scope: str = ""  # which API key made it (a digest, "" with keys off): its webhook endpoints get its event
     # Every run of every stage: (stage, start, end) in seconds since the job's run began, in start order; stages
     # that ran beside each other (the MP4 encode and the video decode) overlap. Empty: not recorded.
     stage_timeline: tuple[tuple[str, float, float], ...] = ()
@@ -76,9 +77,9 @@ class Job:
 
     @classmethod
     def planned(cls, job_id: str, model: str, request: GenerationRequest, plan: GenerationPlan, seconds: str,
-                created_at: int, sync: bool = False) -> Job:
+                created_at: int, sync: bool = False, key_scope: str = "") -> Job:
         return cls(
             id=job_id, model=model, request=request, created_at=created_at, size=f"{plan.width}x{plan.height}",
             seconds=seconds, num_frames=plan.num_frames, fps=limits.FPS, duration_s=plan.duration_s, sync=sync,
-            progress_steps=plan.progress_forwards, num_outputs=plan.num_outputs,
+            progress_steps=plan.progress_forwards, num_outputs=plan.num_outputs, key_scope=key_scope,
         )

@@ -9,30 +9,27 @@ result, and `finish` counts completions (exactly one per finished job)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
 from h3serve.jobstore.codec import COLUMNS, decoded, from_row, to_sql
-from h3serve.jobstore.records import UNFINISHED, Job
+from h3serve.jobstore.records import FINISHED, UNFINISHED, Job
+from h3serve.jobstore.sql_runner import Row, Run
+from h3serve.jobstore.webhook_sql import WebhookSQL, queue_job_event
 
 _PAGE_ORDERS = {"asc": ("ASC", ">"), "desc": ("DESC", "<")}
 _UNFINISHED_SQL = "(" + ", ".join(f"'{s}'" for s in UNFINISHED) + ")"
-Row = Mapping[str, Any]
+# What a statement that may end a job returns: enough to write its webhook event in the same transaction.
+_EVENT_FIELDS = "id, status, sync, key_scope, completed_at"
+
+__all__ = ["Row", "SQLJobStore"]
 
 
-class SQLJobStore:
-    """`h3serve.jobstore.store.JobStore` over a DB-API connection; subclasses supply `_run` and the dialect."""
-
-    shared = False  # whether other processes may use the same store (then the data dir is shared too)
-    lock_clause = ""  # appended to the claim's row selection (PostgreSQL: FOR UPDATE SKIP LOCKED)
-
-    def _run(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        """Execute one statement atomically, `?` placeholders; the rows it returns (none: [])."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
+class SQLJobStore(WebhookSQL):
+    """`h3serve.jobstore.store.JobStore` over a DB-API connection; subclasses supply `_run`, `_atomic` and the
+    dialect (h3serve/jobstore/sql_runner.py). Every statement that gives a job its final state writes the job's
+    webhook event in the same transaction (webhook_sql.py)."""
 
     # -- records -------------------------------------------------------------------------------------------
 
@@ -54,11 +51,31 @@ class SQLJobStore:
         return ", ".join(f"{name} = ?" for name in changes), tuple(to_sql(n, v) for n, v in changes.items())
 
     def update(self, job_id: str, **changes: Any) -> None:
+        """Change fields; a change that finishes an unfinished job writes its webhook event with it."""
         assignments, values = self._assignments(changes)
-        self._run(f"UPDATE jobs SET {assignments} WHERE id = ?", (*values, job_id))
+        sql = f"UPDATE jobs SET {assignments} WHERE id = ? RETURNING {_EVENT_FIELDS}"
+        if changes.get("status") not in FINISHED:
+            self._run(sql, (*values, job_id))
+            return
+
+        def finish(run: Run) -> None:
+            before = run(f"SELECT status FROM jobs WHERE id = ? {self.row_lock_clause}", (job_id,))
+            rows = run(sql, (*values, job_id))
+            if rows and before and before[0]["status"] in UNFINISHED:
+                queue_job_event(run, rows[0], time.time())
+
+        self._atomic(finish)
 
     def delete(self, job_id: str) -> bool:
-        return bool(self._run("DELETE FROM jobs WHERE id = ? RETURNING id", (job_id,)))
+        """Remove the record; an unfinished job's deletion (a cancel) writes its video.failed event with it."""
+
+        def delete(run: Run) -> bool:
+            rows = run(f"DELETE FROM jobs WHERE id = ? RETURNING {_EVENT_FIELDS}", (job_id,))
+            if rows and rows[0]["status"] in UNFINISHED:
+                queue_job_event(run, rows[0], time.time())
+            return bool(rows)
+
+        return self._atomic(delete)
 
     def ids(self) -> set[str]:
         return {row["id"] for row in self._run("SELECT id FROM jobs")}
@@ -133,12 +150,20 @@ class SQLJobStore:
         return bool(self._run(sql, (*values, job_id, owner)))
 
     def finish(self, job_id: str, owner: str, **changes: Any) -> bool:
-        """Record the outcome of `owner`'s run (completed or failed), once: True if recorded, False if the job
-        was deleted or another server holds it now. Counts the completion in `completions`."""
+        """Record the outcome of `owner`'s run (completed or failed), once, with its webhook event: True if
+        recorded, False if the job was deleted or another server holds it now. Counts the completion in
+        `completions`."""
         assignments, values = self._assignments(changes)
         sql = (f"UPDATE jobs SET {assignments}, completions = completions + 1, lease_expires_at = NULL "
-               "WHERE id = ? AND owner = ? AND status = 'in_progress' RETURNING id")
-        return bool(self._run(sql, (*values, job_id, owner)))
+               f"WHERE id = ? AND owner = ? AND status = 'in_progress' RETURNING {_EVENT_FIELDS}")
+
+        def finish(run: Run) -> bool:
+            rows = run(sql, (*values, job_id, owner))
+            if rows:  # the outbox write: the event exists exactly when the outcome does
+                queue_job_event(run, rows[0], time.time())
+            return bool(rows)
+
+        return self._atomic(finish)
 
     def release(self, job_id: str, owner: str) -> bool:
         """Put `owner`'s running job back in the queue (a shutdown stopped it); False if it no longer holds it."""

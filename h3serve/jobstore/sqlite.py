@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from h3serve.jobstore import migrations
 from h3serve.jobstore.sql import Row, SQLJobStore
+from h3serve.jobstore.sql_runner import Run
 from h3serve.jobstore.store_errors import StoreClosed
+
+T = TypeVar("T")
 
 
 class SQLiteJobStore(SQLJobStore):
@@ -68,3 +71,21 @@ class SQLiteJobStore(SQLJobStore):
             if self._closed:
                 raise StoreClosed()
             return self._db.execute(sql, tuple(params)).fetchall()
+
+    def _atomic(self, work: Callable[[Run], T]) -> T:
+        with self._lock:
+            if self._closed:
+                raise StoreClosed()
+            db = self._db
+
+            def run(sql: str, params: Sequence[Any]) -> list[Row]:
+                return db.execute(sql, tuple(params)).fetchall()
+
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(run)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result

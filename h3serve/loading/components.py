@@ -66,10 +66,14 @@ def load_transformer(
     values, declared = native_config.dit_config(read_json(config_path), str(config_path))
     cfg = H3TransformerConfig.from_dict(values)
     device = torch.device(device)
+    files = safetensors_files(folder)
+    keys = weight_keys(files)
     with torch.device("meta"):
         model = H3Transformer(cfg)
-    files = safetensors_files(folder)
-    native = native_names.is_native_key_set(weight_keys(files))
+        gates = [key for key in keys if ".attn.to_gate_compress." in key]
+        if gates:  # video sparse attention's learned gates (a FastH3 V2 checkpoint)
+            model.add_sparse_gates(bias=any(key.endswith(".bias") for key in gates))
+    native = native_names.is_native_key_set(keys)
     layout = resolve_qkv_layout(files, qkv_layout, declared) if native else "interleaved"
     if native:
         check_native_shapes(files, cfg, model.state_dict())

@@ -84,7 +84,6 @@ def load_parallel_text_conditioner(
     load_device = load_device or device
     from transformers import AutoConfig, AutoTokenizer
 
-    from h3serve.parallel.text_encoder_tp import load_text_encoder_shard
     from h3serve.rules import limits
 
     if parallel.runs_encoder_whole:

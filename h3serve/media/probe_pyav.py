@@ -1,4 +1,4 @@
-"""The PyAV reader behind `h3serve.media.probe`, for machines without the ffprobe/ffmpeg binaries.
+"""The PyAV reader behind `h3serve.media.output_probe`, for machines without the ffprobe/ffmpeg binaries.
 
 It reads the same fields as the ffprobe reader, with PyAV's bundled libav: the stream parameters from the
 header, the frame and sample counts and the decode errors from one full decode. A decode error is what
@@ -120,7 +120,7 @@ def _audio_fields(audio) -> dict:
 
 
 def probe(path: str) -> ProbeResult:
-    """``h3serve.media.probe.probe`` read with PyAV; ``path`` is a regular file. Never raises for a bad file."""
+    """``h3serve.media.output_probe.probe`` read with PyAV; ``path`` is a regular file. Never raises for a bad file."""
     with _libav_errors() as logs:
         try:
             container = av.open(path)

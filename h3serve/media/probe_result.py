@@ -1,4 +1,4 @@
-"""What a probe of an MP4 found (`h3serve.media.probe`): the result type both readers fill."""
+"""What a probe of an MP4 found (`h3serve.media.output_probe`): the result type both readers fill."""
 
 from __future__ import annotations
 

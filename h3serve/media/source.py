@@ -17,7 +17,9 @@ import numpy as np
 from av.audio.resampler import AudioResampler
 from PIL import Image
 
-from h3serve.media.intake import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
+from h3serve.media.media_checks import reason
+from h3serve.media.media_inputs import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
+from h3serve.media.pixel_budget import DecodedPixels, video_header
 from h3serve.media.sniff import Kind, identify, read_head
 from h3serve.rules import limits
 from h3serve.rules.request import MediaRef
@@ -27,7 +29,8 @@ ACCEPTED = {"video": "MP4/MOV (H.264/H.265)", "audio": "WAV or MP3"}
 
 
 def check_source(ref: MediaRef, field: str, kind: Kind) -> None:
-    """Kind (from the bytes) and size, without decoding: what a request is checked for before it is queued."""
+    """Kind (from the bytes) and size, without decoding: what a request is checked for before it is queued (a
+    video's frame size too, from its header: `check_source_header`)."""
     try:
         size = os.stat(ref.path).st_size
         fmt = identify(read_head(ref.path))
@@ -42,10 +45,22 @@ def check_source(ref: MediaRef, field: str, kind: Kind) -> None:
         )
 
 
-def _open(ref: MediaRef, field: str, kind: Kind) -> av.container.InputContainer:
+def check_source_header(ref: MediaRef, field: str, kind: Kind) -> None:
+    """`check_source`, and a video's frame size within the pixel budget from its header (nothing decoded). A source
+    streams each frame onto the canvas, so only the frame size is bounded, not the frame count."""
     check_source(ref, field, kind)
+    if kind == "video":
+        video_header(ref, field, _CONTAINERS["mp4"], total=False)
+
+
+def _open(ref: MediaRef, field: str, kind: Kind) -> av.container.InputContainer:
+    check_source_header(ref, field, kind)
     fmt = identify(read_head(ref.path))
     return av.open(str(ref.path), format=_CONTAINERS[fmt.name])
+
+
+def _decode_error(ref: MediaRef, field: str, what: str, exc: Exception) -> MediaDecodeError:
+    return MediaDecodeError(ref.name, field, f"cannot decode the {what} ({reason(exc, ref)})", "a complete, valid file")
 
 
 def _read_audio(container: av.container.InputContainer, max_seconds: float) -> np.ndarray | None:
@@ -77,7 +92,7 @@ def load_source_audio(ref: MediaRef, field: str, max_seconds: float) -> np.ndarr
     except MediaError:
         raise
     except Exception as exc:
-        raise MediaDecodeError(ref.name, field, f"cannot decode the audio ({exc})", "a complete, valid file") from None
+        raise _decode_error(ref, field, "audio", exc) from None
     if samples is None:
         raise MediaDecodeError(ref.name, field, "the file has no decodable audio", ACCEPTED["audio"])
     return samples
@@ -118,7 +133,9 @@ def load_source_video(
             stream, rate = _video_stream(container, ref, field)
             out = np.empty((num_frames, height, width, 3), dtype=np.uint8)
             filled = 0
+            budget = DecodedPixels(ref, field, total=False)
             for _, start, end, frame in on_24fps_grid(container.decode(stream), rate, num_frames):
+                budget.add(frame)
                 if end > start:
                     image = frame.to_image().convert("RGB")
                     if image.size != (width, height):
@@ -135,7 +152,7 @@ def load_source_video(
     except MediaError:
         raise
     except Exception as exc:
-        raise MediaDecodeError(ref.name, field, f"cannot decode the video ({exc})", "a complete, valid file") from None
+        raise _decode_error(ref, field, "video", exc) from None
     return out, audio
 
 
@@ -144,9 +161,13 @@ def frames_at_24fps(ref: MediaRef, field: str) -> int:
     try:
         with _open(ref, field, "video") as container:
             stream, rate = _video_stream(container, ref, field)
-            count = sum(1 for _ in container.decode(stream))
+            budget = DecodedPixels(ref, field, total=False)
+            count = 0
+            for frame in container.decode(stream):
+                budget.add(frame)
+                count += 1
     except MediaError:
         raise
     except Exception as exc:
-        raise MediaDecodeError(ref.name, field, f"cannot decode the video ({exc})", "a complete, valid file") from None
+        raise _decode_error(ref, field, "video", exc) from None
     return math.floor(count * limits.FPS / rate + 0.5)

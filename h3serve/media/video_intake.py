@@ -14,7 +14,7 @@ import numpy as np
 from h3serve.media.audio_intake import AudioCollector, AudioMedia, codec_name, max_clip_samples
 from h3serve.media.media_checks import ACCEPTED, check_aspect, check_clip_duration, inspect_file, reason, too_long
 from h3serve.media.media_errors import MediaDecodeError, MediaError, MediaFormatError, MediaLimitError
-from h3serve.rules import limits
+from h3serve.media.pixel_budget import DecodedPixels, video_header
 from h3serve.rules.request import MediaRef
 
 _VIDEO_CONTAINERS = {"mp4": "mov", "matroska": "matroska", "mpegts": "mpegts"}  # sniffed name -> FFmpeg demuxer
@@ -67,7 +67,7 @@ class _FrameStore:
         self.frames: list[np.ndarray] = []
         self.count = 0
         self.shape: tuple[int, ...] | None = None
-        self.nbytes = 0
+        self.budget = DecodedPixels(ref, field)
         self.first_pts: float | None = None
         self.last_pts: float | None = None
 
@@ -75,6 +75,7 @@ class _FrameStore:
         # The display matrix rotates the picture counterclockwise by `frame.rotation` degrees for display, which is
         # what the ffmpeg CLI applies (checked against it in the tests). diffusers' `from_file` turns the other way.
         turns = round(frame.rotation / 90.0) % 4
+        self.budget.add(frame)  # before the frame becomes an array
         rgb = frame.to_ndarray(format="rgb24")
         if turns:
             rgb = np.rot90(rgb, k=turns)
@@ -86,14 +87,6 @@ class _FrameStore:
         elif rgb.shape != self.shape:
             raise MediaFormatError(
                 self.ref.name, self.field, "the frame size changes within the video", "a constant frame size"
-            )
-        self.nbytes += rgb.nbytes
-        if self.nbytes > limits.MEDIA_VIDEO_MAX_DECODED_BYTES:
-            raise MediaLimitError(
-                self.ref.name,
-                self.field,
-                "the video decodes to too many pixels (resolution x frame rate x duration)",
-                f"at most {limits.MEDIA_VIDEO_MAX_DECODED_BYTES / 2**30:g} GiB of decoded RGB frames",
             )
         if frame.time is not None:
             self.first_pts = frame.time if self.first_pts is None else self.first_pts
@@ -143,6 +136,7 @@ def load_video(
     fmt = inspect_file(ref, field, "video")
     if fmt.name not in _VIDEO_CONTAINERS:
         raise MediaFormatError(ref.name, field, f"unsupported video container {fmt.label}", ACCEPTED["video"])
+    video_header(ref, field, _VIDEO_CONTAINERS[fmt.name])  # the frame size, before a frame is decoded
     try:
         with av.open(str(ref.path), format=_VIDEO_CONTAINERS[fmt.name]) as container:
             return _decode_video(container, ref, field, keep_frames, reduce, start_s)

@@ -1,4 +1,4 @@
-"""Visual and audio conditioning for FL2VA keyframes and Ref2VA references (spec §8.3, §8.4).
+"""Visual and audio conditioning for FL2VA keyframes and Ref2VA references (docs/model.md §8).
 
 Pure array work (PIL, numpy, torch): decoded media in, normalised references, presentation tokens and
 condition latents out. Decoding files and resampling audio happen before, in `h3serve.media`.

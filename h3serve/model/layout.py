@@ -1,6 +1,6 @@
 """Packed-sequence layout: which row is what, where it sits in RoPE space, and its per-step timestep.
 
-Pure functions over shapes (spec §2.4, §2.5, §3.2, §8). The packed order is
+Pure functions over shapes (docs/model.md §2, §3, §8). The packed order is
   T2VA   [text | target audio ch0, ch1 | target video]
   FL2VA  [text | keyframe rows (first, then last) | target audio | target video]
   Ref2VA [text | reference blocks in request order | target audio | target video]
@@ -108,6 +108,7 @@ class _Rows:
         self.positions: list[torch.Tensor] = []
         self.tags: list[torch.Tensor] = []
         self.roles: list[torch.Tensor] = []
+        self.target_grid: tuple[int, int, int] | None = None  # set by the target video's frames (the last rows)
 
     def add(self, positions: torch.Tensor, tag: int | torch.Tensor, role: Role) -> None:
         n = positions.shape[0]
@@ -115,7 +116,14 @@ class _Rows:
         self.tags.append(tag.long() if isinstance(tag, torch.Tensor) else torch.full((n,), tag, dtype=torch.long))
         self.roles.append(torch.full((n,), int(role), dtype=torch.long))
 
-    def add_video_frames(self, times: torch.Tensor, grid: torch.Tensor, role: Role) -> None:
+    def add_video_frames(
+        self, times: torch.Tensor, grid: torch.Tensor, role: Role, shape: tuple[int, int] | None = None
+    ) -> None:
+        """One video block's frames; the target's (`role` VIDEO) also records its grid, (rows, columns) `shape`."""
+        if role == Role.VIDEO:
+            if shape is None or shape[0] * shape[1] != grid.shape[0]:
+                raise ValueError("the target video's frames need their (rows, columns)")
+            self.target_grid = (times.shape[0], *shape)
         rows = torch.empty(times.shape[0], grid.shape[0], 3, dtype=torch.float64)
         rows[:, :, 0] = times[:, None]
         rows[:, :, 1:] = grid[None]
@@ -136,7 +144,10 @@ class _Rows:
             video_indices=is_video.nonzero().flatten(),
             audio_indices=is_audio.nonzero().flatten(),
             text_indices=(roles == Role.TEXT).nonzero().flatten(),
+            target_grid=self.target_grid,
         )
+        if self.target_grid is not None and roles[-1] != Role.VIDEO:
+            raise ValueError("the target video's rows must end the packed sequence")
         return Layout(
             packed=packed,
             roles=roles,
@@ -175,7 +186,7 @@ def build_keyframe_layout(
             raise ValueError(f"keyframe anchor must be 'first' or 'last', got {anchor!r}")
         rows.add_video_frames(torch.tensor([t], dtype=torch.float64), grid, Role.VIDEO_CONDITION)
     rows.add_audio(origin, audio_latents, width_axis, Role.AUDIO)
-    rows.add_video_frames(frame_times(latent_frames, origin), grid, Role.VIDEO)
+    rows.add_video_frames(frame_times(latent_frames, origin), grid, Role.VIDEO, (latent_h // 2, latent_w // 2))
     return rows.build()
 
 
@@ -244,7 +255,8 @@ def build_reference_layout(
         else:
             raise ValueError(f"reference kind must be 'image', 'video', 'audio' or 'latent_guide', got {ref.kind!r}")
     rows.add_audio(clock + time_offset, audio_latents, target_width_axis, Role.AUDIO)
-    rows.add_video_frames(frame_times(latent_frames, clock + time_offset), target_grid, Role.VIDEO)
+    rows.add_video_frames(frame_times(latent_frames, clock + time_offset), target_grid, Role.VIDEO,
+                          (latent_h // 2, latent_w // 2))
     return rows.build()
 
 

@@ -123,7 +123,8 @@ class H3Pipeline:
         edits = self.encoder.edit_targets(plan, cond, clock) if plan.edit else (None, None)
         forwards = len(self.sampler.schedules(plan)[0])
         cached = self.cache is not None and dit is not None
-        with self.cache.for_request(dit, plan.quality, forwards) if cached else nullcontext() as cache:
+        refresh = plan.force_refresh
+        with self.cache.for_request(dit, plan.quality, forwards, refresh) if cached else nullcontext() as cache:
             latents = self.sampler.sample_batch(plan, enc, dit, LatentTarget.of(plan), seeds, clock, on_step, edits)
         clock.record_denoise_per_step()
         return [self.decoder.decode(video, audio, clock, cache, sink)

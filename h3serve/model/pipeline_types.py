@@ -23,6 +23,7 @@ from h3serve.model.layout import Layout, ReferenceBlock
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer
 from h3serve.model.vision_inputs import VisionProcessorConfig
+from h3serve.rules.cache_refresh import ForceRefresh
 from h3serve.rules.request import tasks_served
 from h3serve.rules.validate import GenerationPlan
 
@@ -82,14 +83,14 @@ class CacheStats:
 
 
 class BlockCache(Protocol):
-    """The DiT block cache the rank side injects (h3serve.accel.cache runs cache-dit's DBCache): for one request,
-    a context around its denoise loop that yields the cache's stats, or None when the request runs the plain loop
-    (its `quality`, the server's profile)."""
+    """The DiT block cache the rank side injects (h3serve.accel.cache: cache-dit's DBCache or TeaCache): for one
+    request, a context around its denoise loop that yields the cache's stats, or None when the request runs the
+    plain loop (its `quality`, the server's profile)."""
 
     def active(self, quality: str | None) -> bool: ...  # whether a request of this `quality` runs cached
 
     def for_request(
-        self, dit: H3Transformer, quality: str | None, forwards: int
+        self, dit: H3Transformer, quality: str | None, forwards: int, refresh: ForceRefresh | None = None
     ) -> AbstractContextManager[CacheStats | None]: ...
 
 

@@ -36,6 +36,7 @@ def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
         video_indices=layout.video_indices.to(device),
         audio_indices=layout.audio_indices.to(device),
         text_indices=layout.text_indices.to(device),
+        target_grid=layout.target_grid,
     )
 
 

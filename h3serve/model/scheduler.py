@@ -1,4 +1,4 @@
-"""Rectified-flow schedule of MiniMax-H3 (spec §4) and its solvers: Euler (eta 0) and RES multistep.
+"""Rectified-flow schedule of MiniMax-H3 (docs/model.md §4) and its solvers: Euler (eta 0) and RES multistep.
 
 Conventions: t = 1 - sigma and t = 1 is clean; the model predicts a data-ward velocity (x0 = x_t + sigma·v).
 `steps` = N counts denoiser forwards (vLLM-Omni's meaning): N + 1 sigma points including the terminal 0, which

@@ -1,4 +1,4 @@
-"""Qwen3-VL conditioning: prompt (and presentation) tokens -> hidden_states[50] (spec §7).
+"""Qwen3-VL conditioning: prompt (and presentation) tokens -> hidden_states[50] (docs/model.md §7).
 
 The prompt is tokenized verbatim: no chat template, no special tokens, no padding, no truncation. With a prompt
 cache (h3serve.model.prompt_cache) a presentation encoded before is not encoded again.

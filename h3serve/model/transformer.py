@@ -1,7 +1,7 @@
 """MiniMax-H3 joint video + audio DiT.
 
 State-dict compatible with diffusers' `MiniMaxH3Transformer3DModel` (same keys, shapes and math; see
-`h3_model_spec.md` §2). One forward denoises one packed sequence: text rows, conditioning rows, target audio
+docs/model.md §2). One forward denoises one packed sequence: text rows, conditioning rows, target audio
 rows and target video rows, all attending to each other bidirectionally. Each row carries its own timestep
 (one row of a small table of distinct timesteps) and its own modality tag, which together pick its AdaLN
 modulation.
@@ -26,6 +26,31 @@ from h3serve.model.transformer_config import H3TransformerConfig
 NUM_MODALITIES = 3  # video 0, text 1, audio 2: the AdaLN table has one slot per (timestep, modality)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SparseAttention(Protocol):
+    """An attention core that needs the packed layout (video sparse attention, h3serve.accel.video_sparse): the DiT
+    calls `prepare` once per forward, then every block calls it with q, k, v [B, S, H, Dh] and its gate."""
+
+    def prepare(self, layout: PackedLayout) -> None: ...
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
+class BlockLoop(Protocol):
+    """A step cache around the block loop (h3serve.accel.teacache): given the DiT and the loop's inputs, it runs
+    the loop (`H3Transformer.run_blocks`) or reuses the residual of the last step that did."""
+
+    def __call__(
+        self,
+        dit: H3Transformer,
+        x: torch.Tensor,
+        temb: torch.Tensor | StepModulation,
+        adaln_idx: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor: ...
 
 
 class SequenceSharder(Protocol):
@@ -117,7 +142,29 @@ class Attention(nn.Module):
         self.norm_k = nn.RMSNorm(head_dim, eps=qk_norm_eps)
         self.to_out = nn.ModuleList([nn.Linear(inner, hidden_size, bias=False), nn.Identity()])
         self.to_qkv: nn.Linear | None = None  # set by fuse_qkv()
+        # Video sparse attention's learned gate on its coarse branch (FastH3 V2 checkpoints; `add_sparse_gate`):
+        # x [B, S, D] -> [B, S, H·Dh]. None: no gate (the core is called with q, k, v only).
+        self.to_gate_compress: nn.Linear | None = None
         self.attention_fn: AttentionFn = sdpa_attention
+
+    def add_sparse_gate(self, bias: bool) -> None:
+        """Give the attention VSA's gate projection (uninitialised; the loader fills it)."""
+        hidden = (self.to_q if self.to_qkv is None else self.to_qkv).weight.shape[1]
+        self.to_gate_compress = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x [B, S, D] -> the sparse core's gate [B, S, H, Dh] (per row, like q); None without a gate."""
+        if self.to_gate_compress is None:
+            return None
+        return self.to_gate_compress(x).unflatten(-1, (-1, self.head_dim))
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The attention core on q, k, v (and the sparse core's gate, when the attention has one)."""
+        if gate is None:
+            return self.attention_fn(q, k, v)
+        return self.attention_fn(q, k, v, gate)
 
     @torch.no_grad()
     def fuse_qkv(self) -> None:
@@ -162,7 +209,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         q, k, v = self.qkv(x, rotary)  # [B, S, H, Dh] each
-        return self.project_out(self.attention_fn(q, k, v).type_as(q))
+        return self.project_out(self.attend(q, k, v, self.gate(x)).type_as(q))
 
 
 class SwiGLUProjection(nn.Module):
@@ -365,6 +412,14 @@ class TransformerBlock(nn.Module):
         table = temb.tables[self.adaln_proj] if isinstance(temb, StepModulation) else self.adaln_proj.table(temb)
         return self.modulated(x, table, adaln_idx, rotary)
 
+    def modulated_input(
+        self, x: torch.Tensor, temb: torch.Tensor | StepModulation, adaln_idx: torch.Tensor
+    ) -> torch.Tensor:
+        """The attention branch's input: norm1(x)·(1 + scale) + shift, each row's modulation by its (timestep,
+        modality) pair. [B, S, D]; what TeaCache watches (h3serve.accel.teacache) on the first block."""
+        table = temb.tables[self.adaln_proj] if isinstance(temb, StepModulation) else self.adaln_proj.table(temb)
+        return self.norm1(x).mul_(table[1].index_select(0, adaln_idx)).add_(table[0].index_select(0, adaln_idx))
+
     def modulated(
         self, x: torch.Tensor, table: torch.Tensor, adaln_idx: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
@@ -395,17 +450,21 @@ class TransformerBlock(nn.Module):
         batch, rows = x.shape[:2]
         spans = row_spans(rows, chunk)
         cos, sin = rotary
-        q = k = v = None
+        q = k = v = gate = None
         for span in spans:
             idx = adaln_idx[span]
             h = self.norm1(x[:, span]).mul_(table[1].index_select(0, idx)).add_(table[0].index_select(0, idx))
             parts = self.attn.qkv(h, (cos[span], sin[span]))
+            gate_part = self.attn.gate(h)
             if q is None:  # [B, S, H, Dh] each, filled chunk by chunk
                 q, k, v = (part.new_empty((batch, rows, *part.shape[2:])) for part in parts)
+                gate = None if gate_part is None else gate_part.new_empty((batch, rows, *gate_part.shape[2:]))
             for whole, part in zip((q, k, v), parts, strict=True):
                 whole[:, span] = part
-        attended = self.attn.attention_fn(q, k, v).type_as(q)
-        del q, k, v
+            if gate is not None:
+                gate[:, span] = gate_part
+        attended = self.attn.attend(q, k, v, gate).type_as(q)
+        del q, k, v, gate
         out = torch.empty_like(x)
         for span in spans:
             idx = adaln_idx[span]
@@ -432,6 +491,9 @@ class PackedLayout:
     video_indices: torch.Tensor  # [Nv] long: packed positions of video rows (conditions first)
     audio_indices: torch.Tensor  # [Na] long: packed positions of audio rows (references first)
     text_indices: torch.Tensor  # [L] long
+    # (latent frames, rows, columns) of the target video, whose rows end the sequence frame-major; None: no video.
+    # What video sparse attention tiles into cubes (h3serve.accel.video_sparse).
+    target_grid: tuple[int, int, int] | None = None
 
     @property
     def seq_len(self) -> int:
@@ -452,6 +514,7 @@ class H3Transformer(nn.Module):
         "*.attn.to_k": "colwise",
         "*.attn.to_v": "colwise",
         "*.attn.to_out.0": "rowwise",
+        "*.attn.to_gate_compress": "colwise",  # VSA's gate: per head, like q
         "*.ff.net.0.proj": "colwise_pair",
         "*.ff.net.2": "rowwise",
         "transformer_blocks.*.adaln_proj.linear": "colwise_gather",
@@ -484,6 +547,16 @@ class H3Transformer(nn.Module):
         # Set at load by `--controlnet-model-path` (h3serve.model.controlnet): the control branch; a request's
         # `control` rows feed it. None: no control served.
         self.controlnet: nn.Module | None = None
+        # Set per request by a step cache (h3serve.accel.teacache): runs or skips the block loop. None: it runs.
+        self.block_loop: BlockLoop | None = None
+        # Set at load when the blocks' attention core is sparse (h3serve.accel.attention.install): it reads each
+        # forward's layout (which rows are the target video) before the blocks run. None: dense cores.
+        self.sparse_attention: SparseAttention | None = None
+
+    def add_sparse_gates(self, bias: bool) -> None:
+        """Give every transformer block's attention VSA's gate projection (a FastH3 V2 checkpoint carries them)."""
+        for block in self.transformer_blocks:
+            block.attn.add_sparse_gate(bias)
 
     def fuse_projections(self) -> None:
         """Fuse every attention's Q/K/V projections (see `Attention.fuse_qkv`); the state dict then has
@@ -498,6 +571,23 @@ class H3Transformer(nn.Module):
         Depends only on the prompt, so the pipeline computes it once per request, not once per step.
         """
         return self.token_refiner(self.context_embedder(text.to(compute_dtype(self.context_embedder))))
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,  # [B, S, D] (this rank's rows under sequence parallelism)
+        temb: torch.Tensor | StepModulation,
+        adaln_idx: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        hints: Mapping[int, torch.Tensor] | None = None,  # control hints added after the blocks they name
+        hint_scale: float | None = None,
+    ) -> torch.Tensor:
+        """The block loop. A block cache (h3serve.accel.cache, through cache-dit) swaps the block list for its
+        cached runner per request; a step cache (`block_loop`) decides whether this runs at all."""
+        for index, block in enumerate(self.transformer_blocks):
+            x = block(x, temb, adaln_idx, rotary)
+            if hints and index in hints:
+                x = x + hints[index] * hint_scale
+        return x
 
     def forward(
         self,
@@ -523,6 +613,8 @@ class H3Transformer(nn.Module):
         x = x.index_copy(1, layout.audio_indices, a.to(text.dtype))
 
         adaln_idx = timestep_indices * NUM_MODALITIES + layout.token_tags
+        if self.sparse_attention is not None:
+            self.sparse_attention.prepare(layout)
         hints: Mapping[int, torch.Tensor] = {}
         if control is not None and control.scale != 0 and self.controlnet is not None:
             # The control blocks compute their own AdaLN tables from the time embedding (the memo holds the
@@ -539,11 +631,12 @@ class H3Transformer(nn.Module):
             if hints:
                 raise RuntimeError("a control video with sequence parallelism (refused at start-up)")
             x, adaln_idx, rotary = sp.shard(x, adaln_idx, rotary)
-        # A block cache (h3serve.accel.cache, through cache-dit) swaps this list for its cached runner per request.
-        for index, block in enumerate(self.transformer_blocks):
-            x = block(x, temb, adaln_idx, rotary)
-            if index in hints:
-                x = x + hints[index] * control.scale
+        if self.block_loop is not None:
+            if hints:
+                raise RuntimeError("a control video under a step cache (refused at start-up)")
+            x = self.block_loop(self, x, temb, adaln_idx, rotary)
+        else:
+            x = self.run_blocks(x, temb, adaln_idx, rotary, hints, None if control is None else control.scale)
         if sp is not None:
             x = sp.gather(x)
 

@@ -1,4 +1,5 @@
-"""Qwen3-VL vision inputs without torchvision: images and Ref2VA video frames -> pixel values and grids (spec §7, §8.4).
+"""Qwen3-VL vision inputs without torchvision: images and Ref2VA video frames -> pixel values and grids (docs/model.md
+§7, §8).
 
 - Images follow `transformers.Qwen2VLImageProcessorPil` bit for bit: `smart_resize` to multiples of
   patch_size * merge_size within [min_pixels, max_pixels], PIL resize, rescale in float64, normalise in float32,

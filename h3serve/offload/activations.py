@@ -11,6 +11,7 @@ denoise, inside one DiT block (`TransformerBlock.forward`) for this rank's S_l =
         Ring also the k/v block in flight and its receive slot, 4 more, and the fp32 output accumulator, merge and
         partial);
         FFN: fused [value; gate] output 2·ffn/TP, silu(gate) ffn/TP, the product ffn/TP);
+  with video sparse attention (`vsa`, FASTVIDEO_VSA) also its tile buffers (`vsa_buffers`);
   in row chunks (`--denoise-chunk-rows`, the planner's `denoise_chunk_rows`) only the residual stream in and out,
   q, k, v and the attention output are whole, the rest per chunk (`chunked_block`);
   after the blocks (heads run on every row): the gathered [S, D] stream, the selected rows, their norm and
@@ -83,6 +84,7 @@ class RequestShape:
     streamed_decode: bool = True  # --decode-mode stream: the VAE decodes one temporal clip at a time
     source_frames: int = 0  # an edit's or extension's source video at the canvas size, VAE-encoded by clips
     batch: int = 1  # items denoised together (several outputs of one prompt): the denoise activations grow with it
+    control_channels: int = 0  # a ControlNet request's media: 3 per control or source video, 1 for a mask
 
     @property
     def images(self) -> int:
@@ -93,6 +95,15 @@ class RequestShape:
     @property
     def latent_frames(self) -> int:
         return geometry.latent_frames(self.num_frames)
+
+    @property
+    def control_media_bytes(self) -> int:
+        """Host bytes of a ControlNet request's media: float32 on the canvas for every frame, plus the one source
+        frame being decoded and resized (at most the pixel budget's frame, as uint8 and float32)."""
+        if not self.control_channels:
+            return 0
+        canvas = self.control_channels * self.num_frames * self.height * self.width * 4
+        return canvas + limits.MEDIA_MAX_FRAME_PIXELS * 3 * (1 + 4)
 
     @property
     def rows_per_frame(self) -> int:
@@ -130,7 +141,10 @@ def denoise(
     es: int,
     chunk_rows: int | None = None,
     engine: str = H3SERVE,
+    vsa: str | None = None,
 ) -> int:
+    """One rank's denoise estimate; `vsa`: the DiT blocks run video sparse attention on this device type ("cuda":
+    FlexAttention block masks, else the float32 reference), whose tile buffers add to the block's."""
     s = shape.seq_len
     s_local = math.ceil(s / d.sequence_parallel)
     dim = cfg.hidden_size
@@ -145,10 +159,39 @@ def denoise(
     else:
         attention = 6 * heads_cols * es + ring + exchange
         block = s_local * (dim * (6 + 2) * es + max(attention, 4 * ffn_cols * es))
+    if vsa is not None:
+        block += vsa_buffers(cfg, d, shape, es, vsa)
     heads = 4 * s * dim * es
     rope = 2 * s_local * 6 * cfg.rope_freq_dim * 4
     rows = 4 * 4 * (shape.video_rows * cfg.video_patch_dim + shape.audio_rows * cfg.audio_in_channels)
     return (max(block, heads) + rows) * shape.batch + rope  # a batch shares the RoPE tables
+
+
+VSA_TILE_ROWS, VSA_CUBE = 64, 4  # h3serve.accel.video_sparse's tiles: 64 rows, 4x4x4 video cubes
+VSA_SCORE_CHUNK = 1 << 24  # the reference's fine-branch score block (elements), h3serve.accel.video_sparse
+
+
+def vsa_tiles(shape: RequestShape) -> int:
+    """Tiles of the packed sequence: runs of 64 rows before the target video, then its 4x4x4 latent cubes."""
+    rows, cols = shape.height // limits.SPATIAL_MULTIPLE, shape.width // limits.SPATIAL_MULTIPLE
+    cubes = math.prod(math.ceil(n / VSA_CUBE) for n in (shape.latent_frames, rows, cols))
+    return math.ceil((shape.seq_len - shape.video_rows) / VSA_TILE_ROWS) + cubes
+
+
+def vsa_buffers(cfg: H3TransformerConfig, d: ParallelDegrees, shape: RequestShape, es: int, device_type: str) -> int:
+    """One attention call's video sparse attention buffers on one rank (h3serve.accel.video_sparse), beside q, k,
+    v and the output: the gate [S, heads/TP·Dh] in es, the fine output and each row's coarse output in fp32, the
+    tile tables [heads/TP, N, N] (fp32 scores, bool selection) and, per path: on CUDA the tile-ordered q, k, v and
+    output [N·64, heads/TP·Dh] in es and the block mask's two int32 index tables; off CUDA (the reference) fp32
+    copies of q, k, v, each query tile's allowed key rows [heads/TP, N, S] and one fp32 score block with its
+    softmax."""
+    s, n = shape.seq_len, vsa_tiles(shape)
+    heads = cfg.num_attention_heads // d.tensor_parallel
+    cols = heads * cfg.attention_head_dim
+    common = s * cols * es + 2 * s * cols * 4 + heads * n * n * (4 + 1)
+    if device_type == "cuda":
+        return common + 4 * n * VSA_TILE_ROWS * cols * es + 2 * heads * n * n * 4
+    return common + 3 * s * cols * 4 + heads * n * s + 2 * min(heads * s * s, VSA_SCORE_CHUNK) * 4
 
 
 def chunked_block(dim: int, heads_cols: int, ffn_cols: int, rows: int, chunk_rows: int, es: int) -> int:
@@ -193,7 +236,7 @@ def vae_encode(v: VaeShape, shape: RequestShape) -> int:
 
 
 def _tiles(length: int, tile: int) -> int:
-    """Spatial tiles along one axis (h3_model_spec §5.6: 256-px tiles with at least 64 px overlap)."""
+    """Spatial tiles along one axis (docs/model.md §5: 256-px tiles with at least 64 px overlap)."""
     overlap = tile // 4
     return 1 if length <= tile else math.ceil((length - overlap) / (tile - overlap))
 
@@ -242,16 +285,18 @@ def audio_decode(shape: RequestShape) -> int:
 
 
 def stage_activations(
-    inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str, chunk_rows: int | None = None
+    inv: Inventory, rank: int, stage: str, shape: RequestShape, dit: str, chunk_rows: int | None = None,
+    vsa: bool = False,
 ) -> int:
-    """The estimate for one rank and stage (see the module docstring); `chunk_rows`: the denoise blocks' row chunk."""
+    """The estimate for one rank and stage (see the module docstring); `chunk_rows`: the denoise blocks' row chunk;
+    `vsa`: the DiT blocks run video sparse attention."""
     es, d = inv.element_size, inv.degrees
     if stage == "text_encode":
         return text_encode(inv.text, d, shape, es, "text_encoder" in inv.ranks[rank])
     if stage == "vae_encode":
         return vae_encode(inv.vae, shape)
     if stage == "denoise":
-        return denoise(inv.dits[dit], d, shape, es, chunk_rows, inv.engine)
+        return denoise(inv.dits[dit], d, shape, es, chunk_rows, inv.engine, inv.device_type if vsa else None)
     if stage == "video_decode":
         if inv.engine == VLLM_OMNI:
             return whole_video_decode(inv.vae, shape)

@@ -214,10 +214,14 @@ def dit_bytes(
     tp_size: int = 1,
     quant: ComponentQuant | None = None,
     stored: Stored = None,
+    gates: bool | None = None,
 ) -> ComponentBytes:
-    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`."""
+    """One rank's DiT (its TP shard when tp_size > 1; every TP rank holds the same bytes), FP8 per `quant`;
+    `gates`: the blocks carry VSA gate projections (with a bias: True)."""
     with torch.device("meta"):
         model = H3Transformer(cfg)
+        if gates is not None:
+            model.add_sparse_gates(gates)
     if tp_size > 1:  # works on the meta device, with no process group
         TensorParallel(0, tp_size, None, H3Transformer.tensor_parallel_plan).shard_module(model)
     scratch = _fp8_swap(model, name, quant, dtype, stored)
@@ -329,18 +333,19 @@ def build_inventory(
     dtype: torch.dtype | None = None,
     quantization: QuantizationConfig | None = None,
     engine: str = H3SERVE,
+    base: Path | None = None,
 ) -> Inventory:
     """The inventory of `source` ("released", or a checkpoint folder) for one parallel layout.
 
     `dtype` defaults to the engine's: bf16 on CUDA, fp32 on CPU. Only configs (and safetensors headers) are read.
     With `quantization`, the FP8 components count 1 byte a quantised weight plus its float32 scales; so do the
     linears a checkpoint stores in FP8, whatever the flags. `engine="vllm-omni"`: the video VAE and the text
-    encoder as vLLM-Omni holds them (h3serve.offload.measured_engine).
+    encoder as vLLM-Omni holds them (h3serve.offload.measured_engine). `base`: a FastH3 V2 tree's VAE checkpoint.
     """
     check_engine(engine)
     degrees = degrees or ParallelDegrees()
     dtype = dtype or (torch.bfloat16 if device_type == "cuda" else torch.float32)
-    configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits)
+    configs = released_configs(dits) if source == RELEASED else checkpoint_configs(Path(source), dits, base)
     # One DiT build per distinct config: the two released DiTs share one architecture.
     built: dict[str, ComponentBytes] = {}
 
@@ -348,14 +353,15 @@ def build_inventory(
         return quantization.component(name) if quantization is not None else None
 
     def build_key(name: str) -> tuple:
-        return configs.dits[name], quant(name), configs.stored.get(name)
+        return configs.dits[name], quant(name), configs.stored.get(name), configs.gates.get(name)
 
     for name, cfg in configs.dits.items():
         twin = next((o for o in built if build_key(o) == build_key(name)), None)
         built[name] = (
             replace(built[twin], name=name)
             if twin
-            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name))
+            else dit_bytes(name, cfg, dtype, degrees.tensor_parallel, quant(name), configs.stored.get(name),
+                           configs.gates.get(name))
         )
     vae, vae_shape = vae_bytes(configs.vae, torch.float32 if engine == VLLM_OMNI else dtype)
     shared = {**built, "vae": vae, "audio_vae": audio_vae_bytes(configs.audio_vae)}

@@ -20,7 +20,7 @@ from h3serve.rules import limits
 RELEASED = "released"
 AUDIO_LATENT_CHANNELS = 32
 
-# Qwen3-VL-32B, the released text encoder (h3_model_spec §7): the planner's `--preset released` needs no file.
+# Qwen3-VL-32B, the released text encoder (docs/model.md §7): the planner's `--preset released` needs no file.
 RELEASED_TEXT_CONFIG = {
     "vocab_size": 151936,
     "hidden_size": 5120,
@@ -59,6 +59,8 @@ class ModelConfigs:
     audio_vae: dict
     text: object  # transformers Qwen3VLConfig, truncated to the loaded layers
     stored: dict[str, dict[str, bool]] = field(default_factory=dict)  # component -> linears stored in FP8
+    # DiT -> whether its VSA gate projections (`attn.to_gate_compress`, a FastH3 V2 checkpoint's) carry a bias
+    gates: dict[str, bool] = field(default_factory=dict)
 
 
 def _truncated(config):
@@ -94,10 +96,10 @@ def _read_config(path: Path) -> dict:
         raise CheckpointError(f"cannot read {path} ({e})") from None
 
 
-def checkpoint_configs(root: Path, dits: tuple[str, ...]) -> ModelConfigs:
+def checkpoint_configs(root: Path, dits: tuple[str, ...], base: Path | None = None) -> ModelConfigs:
     from transformers import AutoConfig
 
-    layout = read_layout(root, dits)
+    layout = read_layout(root, dits, base=base)
     present = [d for d in dits if layout.has(d)]
     if not present:
         raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
@@ -108,7 +110,15 @@ def checkpoint_configs(root: Path, dits: tuple[str, ...]) -> ModelConfigs:
         audio_vae=layout.component_config("audio_vae"),
         text=text,
         stored={name: _stored_fp8(layout.component(name), name, text) for name in (*present, "text_encoder")},
+        gates={name: bias for name in present if (bias := _sparse_gates(layout.component(name))) is not None},
     )
+
+
+def _sparse_gates(folder: Path) -> bool | None:
+    """Whether a DiT folder's weights carry video sparse attention gates (with a bias: True), from the headers;
+    None without gates."""
+    gates = [key for key in weight_keys(safetensors_files(folder)) if ".attn.to_gate_compress." in key]
+    return any(key.endswith(".bias") for key in gates) if gates else None
 
 
 def _stored_fp8(folder: Path, name: str, text_config) -> dict[str, bool]:

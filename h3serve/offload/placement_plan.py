@@ -26,6 +26,7 @@ STAGES = ("text_encode", "vae_encode", "denoise", "video_decode", "audio_decode"
 ADALN = "adaln"  # every DiT's AdaLN projections (blocks' adaln_proj, norm_out.linear) when kept in host memory
 COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae", ADALN)
 ADALN_MEMO = "adaln_memo"  # host bytes only: the memo's store of modulations (h3serve.model.adaln_memo)
+CONTROL_MEDIA = "control_media"  # host bytes only: a ControlNet request's media on the canvas (rank.media_conditioning)
 PROMPT_CACHE = "prompt_cache"  # host bytes only: the prompt cache's text states (h3serve.model.prompt_cache)
 GiB = 2**30
 TASK_DIT = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}  # the DiT a task runs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from h3serve.offload.adapters import ADAPTERS
+from h3serve.offload.lora_bytes import ADAPTERS
 from h3serve.offload.measured_engine import UNMODELLED, UNMODELLED_PROFILES
 from h3serve.offload.overhead import TERMS
 from h3serve.offload.placement_plan import ADALN_MEMO, COMPONENTS, PROMPT_CACHE, GiB, PlacementPlan, RankPlan

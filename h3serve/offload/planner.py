@@ -43,6 +43,7 @@ from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import (
     ADALN,
     ADALN_MEMO,
+    CONTROL_MEDIA,
     MAIN_DIT,
     PROMPT_CACHE,
     RESIDENT_GROUP,
@@ -128,6 +129,7 @@ class Runtime:
     compiled: bool = False
     # rows per chunk of a block's working set; None: whole; "auto": whole unless only chunks fit (DENOISE_CHUNK_LADDER)
     denoise_chunk_rows: DenoiseChunk = None
+    vsa: bool = False  # the DiT blocks run video sparse attention (its tile buffers count in the denoise stage)
 
 
 def _stage_plan(
@@ -152,11 +154,12 @@ def _stage_plan(
         buffers[ADALN] = adaln_slot(inv.ranks[rank][dit])
     chunk = runtime.denoise_chunk_rows
     assert chunk != AUTO, "the planner resolves an `auto` row chunk before it plans a stage"
-    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk) + _fp8_scratch(held, stage, dit)
+    acts = activations.stage_activations(inv, rank, stage, shape, dit, chunk, runtime.vsa)
+    acts += _fp8_scratch(held, stage, dit)
     transient = acts + sum(buffers.values())
     retained = 0
     if retains_denoise_cache(inv.engine, stage, "vae" in config.staged_components()):
-        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk)
+        retained = activations.stage_activations(inv, rank, "denoise", shape, dit, chunk, runtime.vsa)
     return StagePlan(
         stage=stage,
         weights=weights,
@@ -187,6 +190,8 @@ def _rank_plan(
         host[ADALN] = sum(loaded[d].adaln_bytes for d in inv.dits if d in loaded)
     if runtime.memo and runtime.memo_store:
         host[ADALN_MEMO] = runtime.memo_store
+    if shape.control_channels:
+        host[CONTROL_MEDIA] = shape.control_media_bytes
     if runtime.prompt_cache:
         host[PROMPT_CACHE] = runtime.prompt_cache
     joined = communicators(inv.engine, inv.degrees, rank)

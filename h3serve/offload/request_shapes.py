@@ -58,4 +58,8 @@ def longest_pass(plan: GenerationPlan) -> RequestShape:
     """The shape of a request's longest denoising pass: the whole request, or a continuation's longest window."""
     frames = max(w.num_frames for w in plan.windows) if plan.windows else plan.num_frames
     source = plan.num_frames if plan.source_video is not None or plan.extend_video is not None else 0
-    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source)
+    control = plan.control
+    channels = 0 if control is None else sum(
+        channels for ref, channels in ((control.control, 3), (control.source, 3), (control.mask, 1)) if ref is not None)
+    return RequestShape(plan.width, plan.height, frames, plan.task, steps=plan.steps, source_frames=source,
+                        control_channels=channels)

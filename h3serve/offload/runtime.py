@@ -21,8 +21,8 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from h3serve.model.pipeline_types import H3Components
-from h3serve.offload.adapters import ADAPTERS
 from h3serve.offload.host_heap import release_free_heap
+from h3serve.offload.lora_bytes import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import (
@@ -315,9 +315,12 @@ def placement_mismatches(log: PlacementLog, plan: RankPlan, stages: tuple[str, .
     Per stage and component: the resident bytes must equal the plan's `weights` exactly; the bytes that streamed
     through may not exceed its `stream_buffers` (two slots of the largest block: a stage may never fill both, e.g.
     a text-only prompt never runs the vision tower). The LoRA device cache is allocated by the LoRA runtime, not
-    placed here: it is not compared."""
+    placed here: it is not compared. A text encode the request skipped (a prompt-cache hit: the encoder is neither
+    run nor placed) has nothing to compare."""
     problems = []
     for stage in stages:
+        if stage == "text_encode" and stage not in log.peaks:
+            continue
         planned = plan.stage(stage)
         seen = {c for c, _ in log.peaks.get(stage, {})} | set(planned.weights) | set(planned.stream_buffers)
         seen.discard(ADAPTERS)

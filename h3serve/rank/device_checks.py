@@ -60,9 +60,9 @@ def check_engine(config: EngineConfig) -> RankDevice:
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
     roles = attention_roles(config, device, dtype)
-    refusal = config.cache_refusal(device.type)  # `auto` resolved: the device's own reasons too
-    if config.cache_backend != "none" and refusal:
-        raise ConfigError(f"--cache-backend cache_dit is not available with {refusal}")
+    refusal = config.backend_refusal(device.type)  # `auto` resolved: the device's own reasons too
+    if refusal:
+        raise ConfigError(f"--cache-backend {config.cache_backend} is not available with {refusal}")
     if config.quantization is not None:
         check_quantization(config.quantization, config.model, config.dits, device)
     if device.type == "cuda":

@@ -19,7 +19,10 @@ product before the gather.
 
 A PDD adapter (h3serve.adapters.pdd) is a LoRA on the same layers plus each block's AdaLN projection, with a bank
 of output heads: activating it also sets the DiT's per-step heads (`StepHeads`, fused here once per adapter) and
-its AdaLN adapter identity (the AdaLN memo's key), both cleared when another adapter or none is active.
+its AdaLN adapter identity (the AdaLN memo's key), both cleared when another adapter or none is active. A FlashGen
+LoRA (h3serve.adapters.flashgen) adapts the AdaLN projections too, the final layer's (`norm_out.linear`) among
+them, on native keys that are regrouped onto these layers when read (`read_flashgen_factors`); its AdaLN identity
+carries its scale, since the projections' outputs change with it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from safetensors import safe_open
 from torch import nn
 
 from h3serve.accel.fp8 import Fp8Linear
+from h3serve.adapters import flashgen
 from h3serve.adapters.catalog import read_adapter
 from h3serve.adapters.pdd import AUDIO_SHIFT, VIDEO_SHIFT, head_plans, pdd_target_shapes
 from h3serve.adapters.serving import slot_rank
@@ -50,7 +54,7 @@ from h3serve.parallel.tensor_parallel import (
     RowParallelLinear,
     TensorParallel,
 )
-from h3serve.rules.adapter_choice import AdapterChoice, PddContract
+from h3serve.rules.adapter_choice import AdapterChoice, FlashGenContract, PddContract
 
 
 class LoraScale(nn.Module):
@@ -123,11 +127,13 @@ class LoraLinear(nn.Module):
 
 def wrapped_targets(dit: H3Transformer, adaln: bool = False) -> list[tuple[str, tuple[str, ...]]]:
     """(layer path, the adapter target names it holds, in output order) for every LoRA layer of `dit`: the
-    attention and FFN projections of every block, and with `adaln` each transformer block's AdaLN projection (a
-    PDD adapter's target)."""
+    attention and FFN projections of every block, and with `adaln` each transformer block's AdaLN projection and
+    the final layer's (PDD and FlashGen targets)."""
     main = [f"transformer_blocks.{i}" for i in range(len(dit.transformer_blocks))]
     blocks = main + [f"token_refiner.refiner_blocks.{i}" for i in range(len(dit.token_refiner.refiner_blocks))]
     layers = [(f"{block}.adaln_proj.linear", (f"{block}.adaln_proj.linear",)) for block in main if adaln]
+    if adaln:  # the final layer's AdaLN projection: a FlashGen target
+        layers.append(("norm_out.linear", ("norm_out.linear",)))
     for block in blocks:
         attn = dit.get_submodule(f"{block}.attn")
         if getattr(attn, "to_qkv", None) is not None:
@@ -198,6 +204,44 @@ def read_taomate_factors(path: str, dit_config: dict) -> HostFactors:
     return HostFactors(info.rank, info.unit_scale, factors)
 
 
+def read_flashgen_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) -> HostFactors:
+    """A FlashGen file's factors on the diffusers targets (`adapters.flashgen.diffusers_parts`): the grouped Q/K/V's
+    B rows regrouped per head into q, k and v over one shared A, the FFN input's [gate; up] swapped to [up; gate];
+    under `tp` each target keeps this rank's slice, as for any LoRA."""
+    from h3serve.adapters.header import read_header
+
+    found = flashgen.inspect_flashgen(read_header(path), dit_config)
+    head_dim = int(dit_config["attention_head_dim"])
+    shapes = pdd_target_shapes(dit_config) | {"norm_out.linear": (2 * int(dit_config["hidden_size"]),
+                                                                  int(dit_config["time_embed_dim"]))}
+    factors = {}
+    with safe_open(str(found.lora.path), framework="pt", device="cpu") as f:
+        for native, (key_a, key_b) in found.lora.keys.items():
+            a, b = f.get_tensor(key_a), f.get_tensor(key_b)
+            for part in flashgen.diffusers_parts(native):
+                rows = b
+                if part.qkv is not None:  # [heads, 3, head_dim, r]: this part of every head
+                    rows = b.unflatten(0, (-1, 3, head_dim))[:, part.qkv].flatten(0, 1)
+                elif part.swap:
+                    gate, up = rows.chunk(2)
+                    rows = torch.cat([up, gate])
+                factors[part.target] = _tp_slice(a, rows.contiguous(), tp, part.target, shapes[part.target])
+    return HostFactors(found.lora.rank, found.lora.unit_scale, factors)
+
+
+def _tp_slice(
+    a: torch.Tensor, b: torch.Tensor, tp: TensorParallel | None, target: str, shape: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) as this tensor-parallel rank holds them: B's rows of a column-parallel layer, A's columns of a
+    row-parallel one (whole without `tp`)."""
+    ranges = None if tp is None else tp.ranges(f"{target}.weight", shape)
+    if ranges is None:
+        return a, b
+    if ranges[0] == 0:
+        return a, TensorParallel.cut_ranges(b, ranges)
+    return TensorParallel.cut_ranges(a, ranges), b
+
+
 def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) -> HostFactors:
     """Read a LoRA or PDD file, or a TaoMate-H3 directory (checked against the DiT's targets first), keeping only
     this rank's slices under `tp`."""
@@ -207,6 +251,8 @@ def read_factors(path: str, dit_config: dict, tp: TensorParallel | None = None) 
         return read_taomate_factors(path, dit_config)
     shapes = pdd_target_shapes(dit_config)
     info, pdd = read_adapter(path, dit_config, shapes)
+    if isinstance(pdd, FlashGenContract):
+        return read_flashgen_factors(str(info.path), dit_config, tp)
     factors = {}
     with safe_open(str(info.path), framework="pt", device="cpu") as f:
         for target, (key_a, key_b) in info.keys.items():
@@ -385,6 +431,9 @@ class LoraRuntime:
         """A PDD adapter's per-step heads on the device (cached per adapter), and its AdaLN identity; cleared for
         any other adapter or none."""
         dit = served.dit
+        if choice is not None and choice.flashgen is not None and host is not None:  # AdaLN outputs per scale
+            dit.step_heads, dit.adaln_adapter = None, f"{choice.path}@{choice.scale * host.unit_scale!r}"
+            return
         if host is None or host.heads is None or choice is None:
             dit.step_heads, dit.adaln_adapter = None, ""
             return
@@ -442,9 +491,11 @@ class EngineLora(LoraRuntime):
     """The engine's runtime: activates a plan's adapter on the DiT the plan uses, zero on the others."""
 
     def activate_for(self, plan) -> None:
-        if plan.lora is not None and plan.lora.pdd is not None and not self.adaln:
+        lora = plan.lora
+        if lora is not None and (lora.pdd is not None or lora.flashgen is not None) and not self.adaln:
+            kind = "a PDD adapter" if lora.pdd is not None else "a FlashGen LoRA"
             raise RequestError(
-                "lora", f"{plan.lora.name} is a PDD adapter, which this server cannot run: it trains each block's "
+                "lora", f"{lora.name} is {kind}, which this server cannot run: it trains each block's "
                 "AdaLN projection, which stays resident only without DiT offload or host-kept AdaLN weights"
             )
         used = dit_for(plan)

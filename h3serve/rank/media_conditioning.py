@@ -6,8 +6,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from h3serve.media import intake
-from h3serve.media.control_media import read_control_frames
+from h3serve.media import media_inputs as intake
+from h3serve.media.control_media import control_field, control_frames
 from h3serve.media.source import load_source_audio, load_source_video
 from h3serve.model.conditioning import (
     AudioReference,
@@ -57,31 +57,48 @@ def load_edit_sources(plan: GenerationPlan) -> tuple[np.ndarray | None, torch.Te
 def control_pixels(plan: GenerationPlan) -> ControlPixels | None:
     """A ControlNet request's media as the branch reads them: decoded onto the 24 fps grid, /255, resized
     bilinearly (align_corners False) to the canvas; a mask thresholded at 0.5 before and after the resize, a still
-    mask held for every frame."""
+    mask held for every frame. Each frame goes onto the canvas as it is decoded (interpolation is per frame, so
+    this equals resizing the stacked clip): only the frame being decoded is ever at the source's size."""
     control = plan.control
     if control is None:
         return None
+    size = (plan.height, plan.width)
 
-    def fit(ref: MediaRef | None, field: str, mask: bool) -> torch.Tensor | None:
+    def on_canvas(pixels: np.ndarray, mask: bool) -> torch.Tensor:
+        frame = torch.from_numpy(pixels).permute(2, 0, 1)[None].float().div_(255)  # [1, C, h, w]
+        if mask:
+            frame = (frame > 0.5).float()
+        if frame.shape[-2:] != size:
+            frame = F.interpolate(frame, size=size, mode="bilinear", align_corners=False)
+        if mask:
+            frame = (frame > 0.5).float()
+        return frame[0]  # [C, H, W]
+
+    def fit(ref: MediaRef | None, part: str) -> torch.Tensor | None:
         if ref is None:
             return None
-        frames = read_control_frames(ref, field, plan.num_frames, gray=mask)  # [T, h, w, C] uint8
-        pixels = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)  # [T, C, h, w]
-        if mask:
-            pixels = (pixels > 0.5).float()
-        if pixels.shape[-2:] != (plan.height, plan.width):
-            pixels = F.interpolate(pixels, size=(plan.height, plan.width), mode="bilinear", align_corners=False)
-        if mask:
-            pixels = (pixels > 0.5).float()
-        pixels = pixels.permute(1, 0, 2, 3)[None]  # [1, C, T, H, W]
-        return pixels.expand(-1, -1, plan.num_frames, -1, -1) if pixels.shape[2] == 1 else pixels
+        field, mask = control_field(control, part), part == "mask"
+        out: torch.Tensor | None = None  # [1, C, T, H, W]
+        filled = 0
+        for item in control_frames(ref, field, plan.num_frames, gray=mask):
+            frame = on_canvas(item.pixels, mask)
+            if item.still:  # one frame for every output frame
+                return frame[None, :, None].expand(-1, -1, plan.num_frames, -1, -1)
+            if out is None:
+                out = torch.empty((1, frame.shape[0], plan.num_frames, *size))
+            out[0, :, item.start : item.end] = frame[:, None]
+            filled = item.end
+        if out is None or filled == 0:
+            raise intake.MediaDecodeError(ref.name, field, "the file has no decodable video frames",
+                                          "a complete, valid file")
+        out[:, :, filled:] = out[:, :, filled - 1 : filled]  # a shorter video holds its last frame
+        return out
 
-    field = f"extra_params.{control.type}"
     return ControlPixels(
         scale=1.0 if control.scale is None else control.scale,
-        control=fit(control.control, f"{field}.control_path", mask=False),
-        source=fit(control.source, f"{field}.source_path", mask=False),
-        mask=fit(control.mask, f"{field}.mask_path", mask=True),
+        control=fit(control.control, "control"),
+        source=fit(control.source, "source"),
+        mask=fit(control.mask, "mask"),
     )
 
 

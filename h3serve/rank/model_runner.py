@@ -5,6 +5,7 @@ The executor runs one of these in every rank process; tests and tools may use it
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -14,10 +15,12 @@ import torch
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
 from h3serve.accel.compile import CompileState, compile_transformer
+from h3serve.accel.video_sparse import SparseSettings
 from h3serve.adapters.serving import catalog_for, engine_defaults, merged_edits
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.engine.planning import check_task_served, plan_request
+from h3serve.errors import ConfigError
 from h3serve.loading.adaln_sidecar import load_sidecars
 from h3serve.loading.components import load_components
 from h3serve.loading.controlnet_weights import read_controlnet
@@ -56,9 +59,10 @@ class ModelRunner:
         self.config = config.validate()
         setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
-        self.layout = read_layout(config.model, config.dits)
+        self.layout = read_layout(config.model, config.dits, base=config.base_checkpoint)
         # A fused FastH3 adapter pins its schedule; a merged LoRA (--merge-lora) runs in every request.
         self.defaults = engine_defaults(config, self.layout.defaults())
+        self.defaults = dataclasses.replace(self.defaults, server_cache=config.server_cache)
         self.device = setup.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())  # a rank's GPU (set by the worker)
@@ -83,11 +87,12 @@ class ModelRunner:
         # host figure), copied from the device with one wait; on CPU plain tensors.
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
+        sequence = self.parallel.sequence if self.parallel is not None else None
+        cache = DitBlockCache(config.cache_profile(), components.transformer, sequence and sequence.sp_group)
         if config.prompt_cache_bytes is not None:  # repeated prompts skip the text encoder (the planner counts it)
             components.text.cache = PromptCache(config.prompt_cache_bytes, host_copy)
         self.pipeline = H3Pipeline(
-            components, self.device, hooks=self.offload, cache=DitBlockCache(config.cache_profile()), adaln=memo,
-            output_batch=config.max_output_batch,
+            components, self.device, hooks=self.offload, cache=cache, adaln=memo, output_batch=config.max_output_batch,
         )
         self.sidecars: dict[str, str] = {}  # DiT -> "hit" | "missing" | why its sidecar was refused
         if memo is not None and config.adaln_cache_dir is not None:
@@ -118,10 +123,15 @@ class ModelRunner:
             merged_lora=merged_edits(config),
         )
         roles = setup.attention
+        contract = self.layout.contract  # a FastH3 V2 checkpoint pins its VSA sparsity
+        sparse = SparseSettings(contract.sparsity) if contract is not None else SparseSettings(topk=config.vsa_topk)
         for dit in (components.transformer, components.transformer_ref):
             if dit is not None:  # before the parallel hooks: sequence parallelism replaces the blocks' core
                 dit.fuse_projections()  # one Q/K/V GEMM per attention (exact), before offload lays out weights
-                attention.install(dit, roles)
+                try:
+                    attention.install(dit, roles, sparse)
+                except attention.AttentionBackendError as e:
+                    raise ConfigError(str(e)) from None
                 for block in dit.transformer_blocks:  # the planner's row chunk (resolved at start-up)
                     block.row_chunk = config.denoise_chunk_rows
         # Per-request LoRA: wrappers on the target layers (after Q/K/V fusion, before compile; h3serve.rank.lora);

@@ -15,8 +15,8 @@ from h3serve.checkpoint.resolver import read_layout
 from h3serve.config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.adapters import lora_bytes, with_adapter_bytes, with_lora_blocks
 from h3serve.offload.inventory import build_inventory
+from h3serve.offload.lora_bytes import lora_bytes, with_adapter_bytes, with_lora_blocks
 from h3serve.offload.modes import AUTO, OffloadError
 from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.plan_report import format_plan
@@ -39,11 +39,12 @@ def plan_for_engine(
     """The plan the engine logs (and refuses on) at start-up. Without `shape`: the checkpoint's default canvas at
     5 s for every task the loaded DiTs serve, keeping the one that needs the most memory. With --realtime-lora, a
     session's K/V cache at `realtime_size` (width, height) is held through every stage."""
-    layout = read_layout(config.model, config.dits)
+    layout = read_layout(config.model, config.dits, base=config.base_checkpoint)
     dits = tuple(d for d in config.dits if layout.has(d))
     device = resolve_device(config)
     inv = build_inventory(
-        config.model, config.parallel_degrees(), dits, device.type, resolve_dtype(config, device), config.quantization
+        config.model, config.parallel_degrees(), dits, device.type, resolve_dtype(config, device), config.quantization,
+        base=config.base_checkpoint,
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]
     shapes = [replace(s, streamed_decode=config.decode_mode == "stream") for s in shapes]
@@ -105,14 +106,16 @@ def engine_runtime(config: EngineConfig, device_type: str) -> Runtime:
     memo = config.adaln_memo_bytes
     compiled = config.compile_mode(device_type) is not None
     return Runtime(memo=memo is not None, memo_store=memo or 0, compiled=compiled,
-                   denoise_chunk_rows=config.denoise_chunk_rows, prompt_cache=config.prompt_cache_bytes or 0)
+                   denoise_chunk_rows=config.denoise_chunk_rows, vsa=config.sparse_attention,
+                   prompt_cache=config.prompt_cache_bytes or 0)
 
 
 def lora_adaln(config: EngineConfig, catalog: LoraCatalog | None) -> bool:
     """Whether the engine's LoRA wraps the DiTs' AdaLN projections too: when its `catalog` may serve a PDD adapter
-    (one is preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT offload, AdaLN not
-    kept on the host)."""
-    if catalog is None or not (catalog.root is not None or any(c.pdd for c in catalog.preloaded.values())):
+    or a FlashGen LoRA (one is preloaded, or --lora-dir may bring one) and those projections stay resident (no DiT
+    offload, AdaLN not kept on the host)."""
+    adapts_adaln = any(c.pdd or c.flashgen for c in catalog.preloaded.values()) if catalog is not None else False
+    if catalog is None or not (catalog.root is not None or adapts_adaln):
         return False
     offload = config.offload
     return not offloaded_dits(config) and not offload.adaln_on_host(config.adaln_memo_bytes is not None)

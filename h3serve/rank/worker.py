@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from h3serve.config import EngineConfig
-from h3serve.errors import ConfigError, job_error_for
+from h3serve.errors import ConfigError, is_client_error, job_error_for
 from h3serve.messages import (
     Done,
     Fatal,
@@ -111,6 +111,15 @@ def _failed(seq: int, e: Exception, rank: int | None, prefix: str = "", peers: P
         return JobFailed(seq, peers.describe_loss(e, rank), rank, False, failure.code)
     message = str(e) if failure.client else f"internal error during generation ({type(e).__name__}); see the server log"
     return JobFailed(seq, prefix + message, rank, failure.client, failure.code)
+
+
+def _log_failure(e: Exception) -> None:
+    """A failed job in the rank's log: the request's fault (bad media, a rule) in one line, anything else with its
+    traceback."""
+    if is_client_error(e):
+        print(f"request refused: {e}", file=sys.stderr)
+    else:
+        traceback.print_exc()
 
 
 _KEEPALIVE = "keepalive"
@@ -242,7 +251,7 @@ def _run_job(
             events.put(JobCancelled(job.seq))
         return
     except Exception as e:
-        traceback.print_exc()
+        _log_failure(e)
         if world > 1:
             # Another rank may be waiting in a collective this rank will never join: continuing would
             # deadlock or pair up mismatched collectives. Report, then exit; the executor restarts all ranks.
@@ -271,7 +280,7 @@ def _run_realtime(
     try:
         return run_session(engine, job, rank, world, decide, spool_chunk(job, events.put), events.put).exit
     except Exception as e:
-        traceback.print_exc()
+        _log_failure(e)
         if world > 1:  # as in _run_job: a peer may wait in a collective this rank will never join
             events.put(_failed(job.seq, e, rank, prefix=f"rank {rank}: ", peers=peers))
             events.close()

@@ -51,6 +51,22 @@ class PddContract:
 
 
 @dataclass(frozen=True)
+class FlashGenContract:
+    """What a FlashGen 4-step LoRA's metadata promises: its base schedule (sigma positions before the shift, 4
+    intervals), the tasks it serves (the FL2VA DiT's), its rank and alpha."""
+
+    file_name: str
+    positions: tuple[float, ...]
+    tasks: tuple[str, ...]
+    rank: int
+    alpha: float
+
+    @property
+    def forwards(self) -> int:
+        return len(self.positions) - 1
+
+
+@dataclass(frozen=True)
 class AdapterChoice:
     """A resolved adapter for one request: the file to read, the request scale, what the file promises."""
 
@@ -62,13 +78,17 @@ class AdapterChoice:
     alpha: float
     turbo: TurboContract | None = None
     pdd: PddContract | None = None
+    flashgen: FlashGenContract | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AdapterChoice:
         """The inverse of `dataclasses.asdict` (the job store keeps a queued request as JSON)."""
-        turbo, pdd = data.get("turbo"), data.get("pdd")
+        turbo, pdd, flashgen = data.get("turbo"), data.get("pdd"), data.get("flashgen")
+        if flashgen is not None:
+            flashgen = FlashGenContract(**{**flashgen, "positions": tuple(flashgen["positions"]),
+                                           "tasks": tuple(flashgen["tasks"])})
         return cls(**{**data, "turbo": None if turbo is None else TurboContract(**turbo),
-                      "pdd": None if pdd is None else PddContract(**pdd)})
+                      "pdd": None if pdd is None else PddContract(**pdd), "flashgen": flashgen})
 
 
 def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedule:
@@ -82,6 +102,15 @@ def turbo_pin(contract: TurboContract, adapter: str, task: str) -> PinnedSchedul
         flow_shift=contract.flow_shift,
         audio_flow_shift=contract.audio_flow_shift,
     )
+
+
+def flashgen_pin(contract: FlashGenContract, adapter: str, task: str) -> PinnedSchedule:
+    """The schedule a request naming a FlashGen LoRA runs: its metadata's base schedule (4 forwards; the request
+    may omit `num_inference_steps` or send 4). `RequestError` on a task it does not serve."""
+    owner = f"the {contract.forwards}-step FlashGen LoRA {adapter} ({contract.file_name})"
+    if task not in contract.tasks:
+        raise RequestError("lora", f"{owner} serves {', '.join(contract.tasks)}, not {task}")
+    return PinnedSchedule(owner=owner, positions=contract.positions)
 
 
 def pdd_pin(contract: PddContract, adapter: str, task: str, scale: float) -> PinnedSchedule:

@@ -20,6 +20,7 @@ import math
 from h3serve.errors import ClientError
 from h3serve.rules import geometry, limits
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.shown import shown
 
 AUTO_RATIOS = ("auto", "adaptive")
 SHORT_EDGE_MODES = (768, 1440)  # the model card's canvas modes; the first is the checkpoint's own canvas
@@ -49,7 +50,7 @@ def parse_aspect_ratio(text: str) -> tuple[float, float] | None:
         w = h = math.nan
     if not (math.isfinite(w) and math.isfinite(h) and w > 0 and h > 0):
         raise CanvasError(
-            "aspect_ratio", f"must look like 16:9 (W:H), a number such as 1.7778, or auto, got {text!r}"
+            "aspect_ratio", f"must look like 16:9 (W:H), a number such as 1.7778, or auto, got {shown(text)}"
         )
     return w, h
 
@@ -66,7 +67,7 @@ def mode_canvas(defaults: ModelDefaults, short_edge: object) -> tuple[int, float
         return defaults.canvas_short_edge, defaults.canvas_max_pixels
     if isinstance(short_edge, bool) or short_edge not in SHORT_EDGE_MODES:
         modes = " or ".join(map(str, SHORT_EDGE_MODES))
-        raise CanvasError("short_edge", f"must be {modes} (the model card's canvas modes), got {short_edge!r}")
+        raise CanvasError("short_edge", f"must be {modes} (the model card's canvas modes), got {shown(short_edge)}")
     scale = short_edge / SHORT_EDGE_MODES[0]
     return round(defaults.canvas_short_edge * scale), defaults.canvas_max_pixels * scale**2
 
@@ -108,11 +109,11 @@ def resolve_canvas(
 def _explicit_edge(field: str, value: object, defaults: ModelDefaults) -> int:
     m = limits.SPATIAL_MULTIPLE
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CanvasError(field, f"must be an integer, got {value!r}")
+        raise CanvasError(field, f"must be an integer, got {shown(value)}")
     if value < m or value > defaults.max_edge:
-        raise CanvasError(field, f"must be between {m} and {defaults.max_edge} pixels, got {value}")
+        raise CanvasError(field, f"must be between {m} and {defaults.max_edge} pixels, got {shown(value)}")
     if value % m:
-        raise CanvasError(field, f"must be a multiple of {m}, got {value}")
+        raise CanvasError(field, f"must be a multiple of {m}, got {shown(value)}")
     return value
 
 

@@ -22,4 +22,8 @@ class ModelDefaults:
     max_edge: int = limits.MAX_EDGE
     pinned_schedule: PinnedSchedule | None = None  # a checkpoint's or adapter's own schedule (schedule.py)
     fused_adapter: str | None = None  # the FastH3 adapter fused into the T2VA DiT (h3serve.adapters.fasth3)
+    controlnet: bool = False  # a ControlNet branch is loaded (--controlnet-model-path): control requests are served
+    distilled_checkpoint: str | None = None  # a distilled T2VA-only checkpoint (FastH3 8-step V2): no LoRA on it
+    # --cache-backend (cache_dit | tea_cache; None: none): the DiT cache a request that omits `quality` runs under
+    server_cache: str | None = None
     merged_lora: AdapterChoice | None = None  # --merge-lora: the LoRA fused into the DiTs, run by every request

@@ -32,6 +32,9 @@ SEED_MAX = 2**63 - 1
 DEFAULT_SEED = 42
 # Several outputs of one prompt (num_outputs_per_prompt): output i is the single request at seed + i.
 MAX_OUTPUTS_PER_PROMPT = 10
+# control_context_scale of a ControlNet request (default 1; 0: no control). vLLM-Omni sets no upper bound; the hint
+# is added to the DiT's hidden states times the scale, and past ~10 it swamps them (bf16 overflows long before 1e308).
+MAX_CONTROL_SCALE = 10.0
 # Sigma shifts (video default 12, audio 3). Far below the ~2e4 where fp32 schedules start to collapse, so the
 # video and audio schedules always have the same number of steps.
 MAX_FLOW_SHIFT = 100.0
@@ -54,7 +57,7 @@ VIDEO_TAG = 0
 TEXT_TAG = 1
 AUDIO_TAG = 2
 
-# Media intake (h3serve/media/intake.py): what one input file may be, and what a Ref2VA reference set may hold.
+# Media intake (h3serve/media/media_inputs.py): what one input file may be, and what a Ref2VA reference set may hold.
 # Per-file byte limits and the total file count are MAX_*_BYTES and MAX_MEDIA_FILES above. Durations are measured
 # by decoding (frames / fps, samples / rate), never read from container headers.
 MEDIA_IMAGE_MIN_EDGE = 256  # both edges of an image, in pixels (after EXIF orientation)
@@ -64,6 +67,11 @@ MEDIA_CLIP_MIN_S = 2.0  # each reference video clip and each reference audio cli
 MEDIA_CLIP_MAX_S = 15.0
 MEDIA_DURATION_SLACK_S = 0.05  # codec framing (AAC priming, MP3 without gapless info) read as in-limit
 MEDIA_VIDEO_MAX_DECODED_BYTES = 16 * 2**30  # guard, not from the model card: decoded rgb24 frames of one video
+# The pixel budget of every decoded upload (h3serve/media/pixel_budget.py), read from the header before anything is
+# decoded: each video frame (references, edit and extension sources, control videos and masks) and each control mask
+# image at most this many pixels (DCI 4K, 4096x2160, and UHD fit), no edge longer than MEDIA_IMAGE_MAX_EDGE.
+# Guards, not from the model card: the model sees the canvas, so a larger frame only costs the decoder memory.
+MEDIA_MAX_FRAME_PIXELS = 4096 * 2304
 REF_MAX_IMAGES = 9
 REF_MAX_VIDEOS = 3
 REF_MAX_AUDIOS = 3
@@ -97,3 +105,19 @@ REALTIME_START_TIMEOUT_S = 10.0
 REALTIME_START_MESSAGE_BYTES = 4 * 2**20
 REALTIME_CONTROL_MESSAGE_BYTES = 128 * 2**10
 REALTIME_STALL_TIMEOUT_S = 60.0
+
+# Webhooks (docs/webhooks.md): endpoints per API key, their fields, and the deliveries. A receiver's answer is read to
+# at most 4 KiB; a delivery is retried with exponential backoff (doubling from --webhook-retry-initial, at most an
+# hour apart, with jitter) until --webhook-retry-horizon after its event, then marked failed. A rotated secret stays
+# valid 24 h when asked (the SDK's `keep_old_secret_active_for_24_hours`).
+MAX_WEBHOOK_ENDPOINTS = 100
+MAX_WEBHOOK_NAME_CHARS = 256
+MAX_WEBHOOK_URL_CHARS = 2048
+WEBHOOK_RESPONSE_BYTES = 4 * 2**10
+WEBHOOK_MAX_REDIRECTS = 3  # 307/308 only: a POST stays a POST with its body; each hop passes the URL guard
+WEBHOOK_TIMEOUT_S = 10.0  # one attempt, connection and answer (every redirect hop) together
+WEBHOOK_RETRY_INITIAL_S = 5.0
+WEBHOOK_RETRY_MAX_S = 3600.0
+WEBHOOK_RETRY_HORIZON_S = 86_400.0
+WEBHOOK_SECRET_GRACE_S = 86_400
+WEBHOOK_RETENTION_S = 30 * 86_400  # delivered and failed deliveries are kept this long (the page shows them)

@@ -39,6 +39,21 @@ DEFAULT_SAMPLE_SOLVER: SampleSolver = "euler"
 ControlType = Literal["canny", "depth", "hed", "mlsd", "pose", "inpaint"]
 CONTROL_TYPES: tuple[str, ...] = get_args(ControlType)
 
+# Webhook event types h3serve sends (docs/webhooks.md): the two video events of OpenAI's SDK (its
+# `client.webhooks.create(event_types=...)` literal names no cancellation event for videos; a deleted unfinished job
+# sends video.failed). Endpoints may subscribe to these only.
+WebhookEventType = Literal["video.completed", "video.failed"]
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = get_args(WebhookEventType)
+
+# extra_params.force_refresh_step_policy (vLLM-Omni's, with force_refresh_step_hint): a DiT cache starts afresh once
+# after `hint` forwards, or after every `hint` forwards (h3serve.rules.cache_refresh).
+RefreshPolicy = Literal["once", "repeat"]
+REFRESH_POLICIES: tuple[str, ...] = get_args(RefreshPolicy)
+
+# --cache-backend values h3serve serves (the flag parser knows vLLM-Omni's others and refuses them with the reason).
+CacheBackend = Literal["none", "cache_dit", "tea_cache"]
+CACHE_BACKENDS: tuple[str, ...] = get_args(CacheBackend)
+
 # --video-encoder: which H.264 encoder writes the MP4. auto: NVENC where the GPU has one and PyNvVideoCodec is
 # installed (the `nvenc` extra), else x264 (h3serve.media.nvenc.choose_encoder; the log says which ran).
 VideoEncoder = Literal["auto", "x264", "nvenc"]

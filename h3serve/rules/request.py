@@ -89,6 +89,9 @@ class GenerationRequest:
     # A per-request LoRA adapter, resolved by the entry point against the server's catalog (h3serve.adapters).
     lora: AdapterChoice | None = None
     control: ControlRequest | None = None  # a ControlNet control video (served with --controlnet-model-path)
+    # vLLM-Omni's forced DiT-cache refresh (h3serve.rules.cache_refresh), extra_params only
+    force_refresh_step_hint: int | None = None
+    force_refresh_step_policy: str | None = None
     # vLLM-Omni's pre-encode fields (extra_params): the MP4 encoded while the VAE decodes (what a streamed decode
     # always does here, so preencode_mp4 is accepted either way), handed to the encoder in batches of at least
     # preencode_batch_frames frames (whole VAE clips; with preencode_mp4 only, as vLLM-Omni reads it), and the

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 FIELD = "steps"  # the request field (the API names it num_inference_steps)
 
@@ -80,16 +81,16 @@ def resolve_steps(requested: object, pin: PinnedSchedule | None, default: int = 
     """The forward count N a request runs. Without a pin: `requested` (an int in MIN_STEPS..MAX_STEPS) or
     `default`. With a pin: the pin's count, which `requested` must equal if given."""
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int)):
-        raise RequestError(FIELD, f"must be an integer, got {requested!r}")
+        raise RequestError(FIELD, f"must be an integer, got {shown(requested)}")
     if pin is not None:
         if requested is not None and requested != pin.forwards:
             raise RequestError(FIELD, f"{pin.owner} runs exactly {pin.forwards} steps (denoiser forwards); "
-                                       f"omit the field or send {pin.forwards}, got {requested}")
+                                       f"omit the field or send {pin.forwards}, got {shown(requested)}")
         return pin.forwards
     if requested is None:
         return default
     if not limits.MIN_STEPS <= requested <= limits.MAX_STEPS:
-        raise RequestError(FIELD, f"must be between {limits.MIN_STEPS} and {limits.MAX_STEPS}, got {requested}")
+        raise RequestError(FIELD, f"must be between {limits.MIN_STEPS} and {limits.MAX_STEPS}, got {shown(requested)}")
     return requested
 
 
@@ -101,7 +102,7 @@ def resolve_pinned_shift(field: str, requested: float | None, pin: PinnedSchedul
         return None
     if requested is not None and not (isinstance(requested, int | float) and float(requested) == pinned):
         raise RequestError(field, f"{pin.owner} runs at {field} {pinned:g} ({pin.forwards} steps); omit the "
-                                   f"field or send {pinned:g}, got {requested!r}")
+                                   f"field or send {pinned:g}, got {shown(requested)}")
     return float(pinned)
 
 

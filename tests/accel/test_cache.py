@@ -129,3 +129,16 @@ def test_quality_high_is_refused_where_the_engine_cannot_cache(tiny_checkpoint):
     with pytest.raises(RequestError, match="quality=high .* not available with layerwise offload"):
         engine.plan(GenerationRequest(prompt="waves", duration_s=4, quality="high"))
     assert engine.plan(GenerationRequest(prompt="waves", duration_s=4, quality="lossless")).quality == "lossless"
+
+
+def test_a_forced_refresh_restarts_cache_dits_warm_up():
+    from h3serve.rules.cache_refresh import ForceRefresh
+
+    profile = dataclasses.replace(HIGH, max_warmup_steps=2, residual_diff_threshold=10.0,
+                                  max_continuous_cached_steps=-1)
+    dit = ToyDiT([AddBlock() for _ in range(3)])
+    with block_cache(dit, profile, 8) as plain:
+        [dit(torch.zeros(3)) for _ in range(8)]
+    with block_cache(dit, profile, 8, ForceRefresh(4)) as once:  # forwards 4 and 5 warm up again
+        [dit(torch.zeros(3)) for _ in range(8)]
+    assert (plain.cached_steps, once.cached_steps) == (6, 4)

@@ -41,7 +41,9 @@ def test_the_request_field_takes_vllm_omnis_names_and_refuses_the_rest():
         ({"scale": 1.0}, "lora: give a name"),
         ({"name": "a", "scale": 11}, "lora.scale: must be between -10 and 10, got 11"),
         ({"name": "a", "scale": True}, "lora.scale: must be a number"),
-        ({"name": "a", "int_id": -1}, "lora.int_id: must be a non-negative integer"),
+        ({"name": "a", "int_id": -1}, "lora.int_id: must be an integer from 0 to"),
+        ({"name": "a", "int_id": 2**63}, "lora.int_id: must be an integer from 0 to"),
+        ({"name": "a", "int_id": 10**5000}, "lora.int_id: .*got an integer of about 5,001 digits"),
         ({"name": "a", "lora_name": "b"}, "lora: name and lora_name disagree"),
         ("a", "lora: must be an object"),
     ):
@@ -85,6 +87,8 @@ def test_request_paths_stay_inside_the_root_and_bad_ones_are_never_opened(root, 
         (str(outside), "outside the adapter directory"),
         ("link/adapter_model.safetensors", "outside the adapter directory"),
         ("/etc/passwd", "outside the adapter directory"),
+        ("a" * 300, "a path component is 300 bytes"),  # issue 54: ENAMETOOLONG from is_dir, an HTTP 500
+        ("style/" + "b" * 256 + "/x.safetensors", "a path component is 256 bytes"),
     ):
         with pytest.raises(RequestError, match=message) as err:
             catalog.choose(LoraField(path=path))

@@ -14,7 +14,7 @@ import openai
 import pytest
 from api_servers import start_live_server
 
-from h3serve.media.probe import check_output_contract, probe
+from h3serve.media.output_probe import check_output_contract, probe
 
 KEY = "live-key"
 SHORT = {"num_inference_steps": 1}  # one denoiser forward

@@ -15,6 +15,7 @@ HISTOGRAMS = {"h3serve_queue_wait_seconds": "replica", "h3serve_stage_duration_s
               "h3serve_job_duration_seconds": "status"}
 REALTIME_HISTOGRAMS = ("h3serve_realtime_first_chunk_seconds", "h3serve_realtime_chunk_seconds",
                        "h3serve_realtime_factor")
+WEBHOOK_HISTOGRAMS = ("h3serve_webhook_attempt_seconds", "h3serve_webhook_delivery_seconds")
 EXPECTED = {
     ("h3serve_queue_depth", ()), ("h3serve_jobs", ("state",)), ("h3serve_engine_up", ()),
     ("h3serve_replica_up", ("replica",)), ("h3serve_replica_busy", ("replica",)),
@@ -23,10 +24,19 @@ EXPECTED = {
     ("h3serve_compiled_graphs_total", ("replica",)), ("h3serve_prompt_cache_lookups_total", ("replica", "result")),
     *((f"{name}_bucket", ("le", label)) for name, label in HISTOGRAMS.items()),
     *((f"{name}_{part}", (label,)) for name, label in HISTOGRAMS.items() for part in ("sum", "count")),
+    # the output store's uploads (--output-store s3://...)
+    ("h3serve_output_upload_bytes_total", ()), ("h3serve_output_upload_failures_total", ("outcome",)),
+    ("h3serve_output_upload_seconds_bucket", ("le",)),
+    *((f"h3serve_output_upload_seconds_{part}", ()) for part in ("sum", "count")),
     # the real-time sessions (WS /v1/realtime/video)
     ("h3serve_realtime_sessions_open", ()), ("h3serve_realtime_chunks_sent_total", ("kind",)),
     *((f"{name}_bucket", ("le",)) for name in REALTIME_HISTOGRAMS),
     *((f"{name}_{part}", ()) for name in REALTIME_HISTOGRAMS for part in ("sum", "count")),
+    # the webhook deliveries (h3serve/engine/outbox)
+    ("h3serve_webhook_deliveries", ("state",)), ("h3serve_webhook_attempts_total", ("outcome",)),
+    ("h3serve_webhook_given_up_total", ()),
+    *((f"{name}_bucket", ("le",)) for name in WEBHOOK_HISTOGRAMS),
+    *((f"{name}_{part}", ()) for name in WEBHOOK_HISTOGRAMS for part in ("sum", "count")),
 }
 
 
@@ -89,3 +99,39 @@ def test_realtime_chunks_feed_their_histograms():
     assert samples[("h3serve_realtime_first_chunk_seconds_sum", ())] == 3.0
     assert samples[("h3serve_realtime_chunk_seconds_count", ())] == 1  # the first chunk and the trailer: not here
     assert samples[("h3serve_realtime_factor_sum", ())] == pytest.approx(0.7 / (34 / 24))
+
+
+def test_uploads_feed_bytes_seconds_and_failures():
+    metrics = Metrics()
+    metrics.on_upload("uploaded", 1000, 0.2)
+    metrics.on_upload("uploaded", 24, 0.05)
+    metrics.on_upload("retried", 0, 0.0)
+    metrics.on_upload("retried", 0, 0.0)
+    metrics.on_upload("failed", 0, 0.0)
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(metrics.render(manager, {})) for s in family.samples}
+    assert samples[("h3serve_output_upload_bytes_total", ())] == 1024
+    assert samples[("h3serve_output_upload_seconds_count", ())] == 2
+    assert samples[("h3serve_output_upload_seconds_sum", ())] == pytest.approx(0.25)
+    assert samples[("h3serve_output_upload_failures_total", (("outcome", "retried"),))] == 2
+    assert samples[("h3serve_output_upload_failures_total", (("outcome", "failed"),))] == 1
+
+
+def test_webhook_deliveries_are_counted():
+    metrics = Metrics()
+    metrics.on_webhook_attempt("http_error", 0.2)
+    metrics.on_webhook_attempt("delivered", 0.1)
+    metrics.on_webhook_delivered(7.5)
+    metrics.on_webhook_given_up()
+    manager = SimpleNamespace(replicas=lambda: [], queue_depth=0, healthy=lambda: True)
+    text = metrics.render(manager, {}, {"pending": 3, "delivered": 1})
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert [samples[("h3serve_webhook_deliveries", (("state", s),))] for s in ("pending", "delivered", "failed")] == [
+        3, 1, 0]
+    assert samples[("h3serve_webhook_attempts_total", (("outcome", "http_error"),))] == 1
+    assert samples[("h3serve_webhook_attempts_total", (("outcome", "timeout"),))] == 0
+    assert samples[("h3serve_webhook_attempt_seconds_count", ())] == 2
+    assert samples[("h3serve_webhook_delivery_seconds_sum", ())] == 7.5
+    assert samples[("h3serve_webhook_given_up_total", ())] == 1

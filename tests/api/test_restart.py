@@ -6,7 +6,7 @@ import httpx
 from api_servers import start_live_server
 from waiting import wait_until
 
-from h3serve.media.probe import check_output_contract, probe
+from h3serve.media.output_probe import check_output_contract, probe
 
 REQUEST = {"prompt": "rain on a tin roof", "seconds": "4", "size": "128x64", "num_inference_steps": 1}
 

@@ -22,9 +22,11 @@ expect.set_options(timeout=20_000)  # two shared cores: the page's own work may 
 
 @pytest.fixture(scope="module")
 def live(tiny_checkpoint, tmp_path_factory):
-    # The cancel test's 15 s, 200-step job is past the default --max-request-cost on purpose.
+    # The cancel test's 15 s, 200-step job is past the default --max-request-cost on purpose. Webhooks may reach a
+    # receiver on loopback (the gallery test's).
     server = start_live_server(tiny_checkpoint, tmp_path_factory.mktemp("browser-data"), "--api-key", API_KEY,
-                               "--poll-after-ms", "100", "--max-request-cost", "1e6")
+                               "--poll-after-ms", "100", "--max-request-cost", "1e6", "--webhook-allow-host",
+                               "127.0.0.1")
     yield server
     server.stop()
 

@@ -6,6 +6,7 @@ Every job is short (4 s, 1 step, 128x64): the point is the page, not the model.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ from browser_pages import API_KEY, close_page, open_page
 from media_files import mp4, png, wav
 from playwright.sync_api import Page, expect
 from waiting import wait_until
+from webhook_receiver import receiver
 
 pytestmark = pytest.mark.slow
 
@@ -177,6 +179,37 @@ def test_ref2va_with_an_image_and_an_audio_clip(page, live, screenshots, tmp_pat
         (tmp_path / spec["name"]).write_bytes(spec["buffer"])
     run_snippet([sys.executable, "-c", python], tmp_path)
     assert (tmp_path / "h3serve.mp4").read_bytes() == download(live, job_id(page))
+
+
+def test_the_ready_examples_fill_the_form(page, live, screenshots):
+    """The demo world's examples (h3serve/api/static/examples): one click puts an example's keyframes or references
+    in their slots as chosen files (the page's own checks pass them; the server's intake takes them:
+    tests/demo/test_web_examples.py), with its task, prompt, duration and seed."""
+    expect(page.locator("#example-list button")).to_have_count(7)
+    page.get_by_role("button", name="First and last frames: a yellow square moving up").click()
+    expect(page.get_by_label("First and last frame")).to_be_checked()
+    for slot in ("first", "last"):
+        expect(page.locator(f"#keyframes .slot[data-slot={slot}] img")).to_have_attribute(
+            "alt", f"{slot} frame: fl2va_both_drawn-7-{slot}.png")
+    expect(page.get_by_label("Prompt")).to_have_value("a yellow square moving up, with a high beep")
+    expect(page.locator("#seconds")).to_have_value("4")
+    expect(page.locator("#seed")).to_have_value("7")  # the eval-demo case's
+    page.screenshot(path=screenshots / "examples-fl2va.png", full_page=True)
+
+    page.get_by_role("button", name="Reference image and sound: a ball moving right").click()
+    expect(page.get_by_label("References", exact=True)).to_be_checked()
+    items = page.locator("#ref-list li")
+    expect(items).to_have_count(2)
+    expect(items.nth(0)).to_contain_text("ref2va-1-image.png — image")
+    expect(items.nth(1)).to_contain_text("ref2va-1-sound.wav — audio")
+    expect(page.get_by_label("Prompt")).to_have_value(
+        "the ball from the reference image moving right, with the reference sound")
+    expect(page.locator("#keyframes .slot img")).to_have_count(0)  # the FL2VA example's keyframes are gone
+    expect(page.get_by_role("button", name="Reference image and sound: a ball moving right")).to_have_attribute(
+        "aria-pressed", "true")
+    expect(page.locator("#seed")).to_have_value("1")
+    expect(page.locator("#ref-list .field-error:not(:empty)")).to_have_count(0)  # within the page's media limits
+    page.screenshot(path=screenshots / "examples-ref2va.png", full_page=True)
 
 
 def jobs(live) -> list[dict]:
@@ -351,6 +384,9 @@ def test_static_files_and_config(live):
     assert httpx.get(f"{live.url}/web/static/js/main.js").headers["content-type"].startswith("text/javascript")
     for name in ("..%2Froutes%2Fweb.py", "..%2F..%2Fapi%2Fapp.py", "js/missing.js", "js"):  # files outside, none
         assert httpx.get(f"{live.url}/web/static/{name}").status_code == 404, name
+    examples = httpx.get(f"{live.url}/web/static/examples/examples.json")
+    assert examples.headers["content-type"].startswith("application/json") and examples.json()["examples"]
+    assert httpx.get(f"{live.url}/web/static/examples/ref2va-1-sound.wav").headers["content-type"] == "audio/wav"
     config = httpx.get(f"{live.url}/web/config").json()  # no key needed: limits and defaults only
     assert config["api_key_required"] is True and API_KEY not in str(config)
     assert config["limits"]["max_prompt_chars"] == 7000 and config["defaults"]["canvas_short_edge"] == 64
@@ -374,7 +410,7 @@ MEDIA_CASES = {  # name -> reference files; each set is judged by the page and b
 
 
 def test_the_pages_media_checks_agree_with_the_servers_intake(page, tmp_path):
-    from h3serve.media.intake import MediaError, check_references
+    from h3serve.media.media_inputs import MediaError, check_references
     from h3serve.rules.request import MediaRef
 
     sets = {}
@@ -448,9 +484,23 @@ def test_the_solver_select_lists_the_servers_solvers_and_sends_the_choice(page, 
 
 def test_several_outputs_show_as_a_gallery(page, live):
     """Outputs 2: the request carries num_outputs_per_prompt, the result shows a gallery of both thumbnails, and
-    picking #1 puts output 1 (the server's index=1 file) in the player and the download link."""
-    fill(page, "a lantern on a pier", {**FAST, "#num_outputs": "2"})
-    generate_and_wait(page)
+    picking #1 puts output 1 (the server's index=1 file) in the player and the download link. With a webhook
+    endpoint, the job sends one event for its two outputs, and the page shows that delivery."""
+    with receiver() as rx:
+        hook = httpx.post(f"{live.url}/v1/webhook_endpoints", headers=HEADERS, json={
+            "name": "page", "url": rx.url, "event_types": ["video.completed"]}).json()
+        try:
+            fill(page, "a lantern on a pier", {**FAST, "#num_outputs": "2"})
+            generate_and_wait(page)
+            row = page.locator("#deliveries-rows tr")
+            expect(row).to_have_count(1)
+            expect(row).to_have_attribute("data-state", "delivered")
+            expect(row.locator("td")).to_have_text([hook["id"], "video.completed", "delivered", "1",
+                                                    re.compile(r"^HTTP 200 at ")])
+            [event] = rx.wait_for(1)
+            assert json.loads(event.body)["data"]["id"] == job_id(page)
+        finally:
+            httpx.delete(f"{live.url}/v1/webhook_endpoints/{hook['id']}", headers=HEADERS)
     expect(page.locator("#params")).to_contain_text("num_outputs_per_prompt2")
     gallery = page.get_by_role("group", name="Outputs of this job").get_by_role("button")
     expect(gallery).to_have_count(2)

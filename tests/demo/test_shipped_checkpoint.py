@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from h3serve.demo.defaults import DEMO_PROMPT, shipped_demo_checkpoint
 from h3serve.demo.evaluation import DemoEvaluator, evaluate
+from h3serve.demo.shipped import DEMO_PROMPT, shipped_demo_checkpoint
 from h3serve.demo.training.examples import ExampleBuilder, render
-from h3serve.demo.world import checks, world
+from h3serve.demo.world import checks
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import Attributes
 from h3serve.entrypoints import cli
 

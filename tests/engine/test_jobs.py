@@ -19,6 +19,7 @@ from h3serve.errors import INTERNAL_ERROR_MESSAGE
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import Job, new_job_id
 from h3serve.jobstore.sqlite import SQLiteJobStore
+from h3serve.media.media_errors import MediaDecodeError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.media.previews import SPRITE_COLUMNS, SPRITE_ROWS, VARIANTS
 from h3serve.rules.request import GenerationRequest
@@ -219,6 +220,32 @@ def test_a_request_the_engine_rejects_is_a_client_error(env):
     assert (job.status, job.error.code, job.error.client_error) == ("failed", "invalid_request", True)
     assert "not a recognised image" in job.error.message
     assert not wait_until(lambda: finished(store, broken.id)).error.client_error
+
+
+class PathLeakingExecutor(FakeExecutor):
+    """A rank whose media error quotes the job's input file by its absolute path (as FFmpeg's messages did)."""
+
+    def __init__(self, files: JobFiles):
+        super().__init__(step_s=0.001)
+        self.files = files
+
+    def generate(self, plan, on_progress=None, on_start=None, timeout_s=None, encoder=None):
+        job_dir = next(path for path in self.files.root.iterdir() if path.is_dir())
+        raise MediaDecodeError("clip.mp4", "control_reference",
+                               f"cannot decode {job_dir / 'inputs' / '00-clip.mp4'} in {self.files.root}", "a file")
+
+
+def test_a_job_error_names_files_relative_to_the_job(env):
+    """Issue 54: job errors showed absolute server paths (.../jobs/<id>/inputs/00-x.mp4)."""
+    make, store, files = env
+    manager = make(PathLeakingExecutor(files))
+    job = submit(manager)
+    files.inputs_dir(job.id)  # where the job's uploads are stored
+    manager.start()
+    error = wait_until(lambda: finished(store, job.id)).error
+    assert (error.code, error.client_error) == ("invalid_media", True)
+    assert "cannot decode inputs/00-clip.mp4 in the jobs folder" in error.message, error.message
+    assert str(files.root) not in error.message
 
 
 def test_failed_jobs_reach_the_duration_histogram(env):

@@ -32,7 +32,7 @@ class HeldWrites:
     def __call__(self, job_dir, output, options):
         self.started.append(job_dir.name)
         assert self.release.wait(30), "the test never released the write"
-        self.real(job_dir, output, options)
+        return self.real(job_dir, output, options)
 
 
 @pytest.fixture

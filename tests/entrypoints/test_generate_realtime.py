@@ -12,7 +12,7 @@ from realtime_recorder import Recorder
 from h3serve.config import EngineConfig
 from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions, audio_samples_for
-from h3serve.media.probe import check_output_contract, probe
+from h3serve.media.output_probe import check_output_contract, probe
 from h3serve.media.sink import Mp4Chunks
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import generate_offline

@@ -1,5 +1,6 @@
 """`h3serve serve` start-up and shutdown without a model: the data-dir lock, a data dir that cannot hold the
-jobs, and the shutdown order that keeps the running job (a fake engine stands in for the rank processes)."""
+jobs, an output-store bucket that cannot be reached or used, and the shutdown order that keeps the running job (a
+fake engine stands in for the rank processes)."""
 
 from __future__ import annotations
 
@@ -98,6 +99,29 @@ def test_a_data_dir_that_cannot_hold_the_jobs_is_a_one_line_error(tmp_path, engi
     assert expected in one_line_error(capsys)
     assert engines == []  # checked before the engine loads
     DataDirLock(tmp_path).acquire()  # and the lock was let go
+
+
+def test_a_bucket_that_cannot_be_used_refuses_the_start_before_the_engine(tmp_path, engines, capsys, ceph_gateway,
+                                                                         bucket, aws_env, monkeypatch):
+    from ceph_gateway import SECRET_KEY, free_port
+
+    def start(store: str, endpoint: str) -> str:
+        server_config = ServerConfig(served_model_name="tiny", data_dir=tmp_path, port=0, output_store=store,
+                                     s3_endpoint_url=endpoint).validate()
+        assert serve_cli.run_server(ENGINE_CONFIG, server_config) == 1
+        return one_line_error(capsys)
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    assert start(f"s3://{bucket}/h3", dead) == (
+        f"error: --output-store: the bucket s3://{bucket}/h3 at {dead}: the start-up check (HEAD bucket, write and "
+        "delete a probe object) failed: cannot reach the S3 endpoint")
+    assert start("s3://h3serve-no-such-bucket/h3", ceph_gateway.endpoint_url).endswith("the bucket does not exist")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY[::-1])
+    refused = start(f"s3://{bucket}", ceph_gateway.endpoint_url)
+    assert "access denied" in refused
+    assert SECRET_KEY[::-1] not in refused and aws_env["AWS_ACCESS_KEY_ID"] not in refused
+    assert engines == []  # refused before the engine loads
+    DataDirLock(tmp_path).acquire()  # and the data dir's lock was let go
 
 
 def test_a_server_that_fails_after_the_engine_started_closes_it(tmp_path, engines, monkeypatch):

@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from h3serve.media import intake
+from h3serve.media import media_inputs as intake
 from h3serve.model.conditioning import normalize_video_reference
 from h3serve.rank.media_conditioning import load_conditioning
 from h3serve.rules.request import GenerationRequest, MediaRef

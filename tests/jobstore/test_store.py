@@ -28,19 +28,6 @@ def make_job(created_at: int = 100, sync: bool = False, **request) -> Job:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def target(request, tmp_path) -> str | Path:
-    """Where a store lives: a SQLite file, or a fresh database on the session's PostgreSQL server."""
-    return tmp_path / "jobs.sqlite3" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-def store(target):
-    s = open_job_store(target)
-    yield s
-    s.close()
-
-
 def test_request_codec_round_trips_media():
     refs = (MediaRef(Path("/d/a.png"), "a.png", "image"), MediaRef(Path("/d/b.mp4"), "https://x/b.mp4", None))
     request = GenerationRequest(prompt="p", width=128, height=64, duration_s=4.5, seed=3, task="ref2va",
@@ -149,8 +136,8 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
-    # Schemas 4, 5 and 6 added these.
-    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "stage_timeline")]
+    # Schemas 4-7 added these.
+    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "key_scope", "stage_timeline")]
     for job in jobs:
         values = [to_sql(name, getattr(job, name)) for name in columns]
         db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from h3serve.media import intake
+from h3serve.media import media_inputs as intake
 from h3serve.rules.request import MediaRef
 
 

@@ -16,7 +16,7 @@ import pytest
 from ffmpeg_path import hide_ffmpeg
 
 from h3serve.media.mp4 import EncoderOptions, write_mp4
-from h3serve.media.probe import NO_STREAMS, ProbeResult, check_output_contract, decode_errors, probe
+from h3serve.media.output_probe import NO_STREAMS, ProbeResult, check_output_contract, decode_errors, probe
 
 HAVE_FFMPEG = shutil.which("ffprobe") is not None and shutil.which("ffmpeg") is not None
 needs_ffmpeg = pytest.mark.skipif(not HAVE_FFMPEG, reason="needs ffmpeg/ffprobe to compare with")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from h3serve.media.intake import MediaFormatError
+from h3serve.media.media_inputs import MediaFormatError
 from h3serve.media.mp4 import write_mp4
 from h3serve.media.source import check_source, load_source_audio, load_source_video
 from h3serve.rules.request import MediaRef

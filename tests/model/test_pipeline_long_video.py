@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from h3serve.media.mp4 import write_mp4
-from h3serve.media.probe import check_output_contract, probe
+from h3serve.media.output_probe import check_output_contract, probe
 from h3serve.rules import geometry
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate

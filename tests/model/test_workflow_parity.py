@@ -10,7 +10,7 @@ import torch
 from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference, MiniMaxH3ImageReference
 from PIL import Image
 
-from h3serve.media.intake import AudioMedia
+from h3serve.media.media_inputs import AudioMedia
 from h3serve.model.conditioning import AudioReference, normalize_image_reference, prepare_keyframes
 from h3serve.model.pipeline_types import Conditioning
 from h3serve.rank.media_conditioning import reference_audio_tensor

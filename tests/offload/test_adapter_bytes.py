@@ -10,7 +10,7 @@ from small_dit import SMALL_DIT
 
 from h3serve.config import EngineConfig
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
-from h3serve.offload.adapters import ADAPTERS, lora_bytes, slot_elements
+from h3serve.offload.lora_bytes import ADAPTERS, lora_bytes, slot_elements
 from h3serve.offload.plan_report import format_plan
 from h3serve.rank.lora import LoraRuntime
 from h3serve.rank.placement import plan_for_engine

@@ -334,6 +334,23 @@ def test_ring_holds_more_attention_state_than_ulysses(released):
     assert ring.ranks[0].stage("denoise").activations > ulysses.ranks[0].stage("denoise").activations
 
 
+def test_video_sparse_attention_tile_buffers_are_counted_from_the_real_tiling(released):
+    """The planner's tile count is `video_sparse.tile_plan`'s for the request's packed sequence, and a VSA engine's
+    denoise stage holds exactly its tile buffers more than the dense one (the released DiT, FL2VA 1344x768)."""
+    from h3serve.accel.video_sparse import tile_plan
+    from h3serve.offload.activations import vsa_buffers, vsa_tiles
+
+    for shape in (RequestShape(1344, 768, 124, "fl2va"), RequestShape(448, 256, 107, "t2va")):
+        grid = (shape.latent_frames, shape.height // 32, shape.width // 32)
+        assert vsa_tiles(shape) == tile_plan(shape.seq_len, grid).num_tiles
+    shape = RequestShape(1344, 768, 124, "fl2va")
+    dense = plan_placement(released, OffloadConfig(), shape)
+    sparse = plan_placement(released, OffloadConfig(), shape, runtime=Runtime(vsa=True))
+    extra = sparse.ranks[0].stage("denoise").activations - dense.ranks[0].stage("denoise").activations
+    cfg = released.dits["transformer"]
+    assert extra == vsa_buffers(cfg, released.degrees, shape, released.element_size, "cuda") > 0.5 * GiB
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Denoise row chunks (issue 29, item 12)
 # ------------------------------------------------------------------------------------------------------------
@@ -406,3 +423,17 @@ def test_a_source_video_is_encoded_one_clip_at_a_time_and_counted(released):
     assert vae_encode(v, shape) == clip + moments
     before = 4 * 3 * 362 * 1344 * 768 * 4 + clip - 17 * 3 * 1344 * 768 * 9 + moments  # four whole fp32 copies
     assert vae_encode(v, shape) < before / 3
+
+
+def test_a_control_requests_media_count_in_the_host_figure(tiny_inv, tiny_shape):
+    """The ControlNet media the rank holds (float32 on the canvas, and the one source frame being resized) are in
+    the plan's host bytes (issue 54: what the pixel budget leaves to the planner)."""
+    from h3serve.offload.placement_plan import CONTROL_MEDIA
+    from h3serve.rules import limits
+
+    plain = plan_placement(tiny_inv, OffloadConfig(), tiny_shape).ranks[0]
+    inpaint = plan_placement(tiny_inv, OffloadConfig(), replace(tiny_shape, control_channels=4)).ranks[0]
+    canvas = 4 * tiny_shape.num_frames * tiny_shape.height * tiny_shape.width * 4
+    assert CONTROL_MEDIA not in plain.host_bytes
+    assert inpaint.host_bytes[CONTROL_MEDIA] == canvas + limits.MEDIA_MAX_FRAME_PIXELS * 3 * 5
+    assert inpaint.total_host_bytes - plain.total_host_bytes == inpaint.host_bytes[CONTROL_MEDIA]

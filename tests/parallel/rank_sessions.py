@@ -10,8 +10,8 @@ import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
 from h3serve.config import EngineConfig
-from h3serve.demo.defaults import DEMO_PROMPT
 from h3serve.demo.evaluation import DemoEvaluator
+from h3serve.demo.shipped import DEMO_PROMPT
 from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
@@ -50,6 +50,7 @@ def _summary(engine: ModelRunner, keep_video: bool, several: bool = False) -> di
         "dit_bytes": parameter_bytes(engine.pipeline.components.transformer),
         "text_bytes": sum(p.numel() * p.element_size() for p in text.parameters() if not p.is_meta),
         "several": several_latents if several else None,
+        "cached_steps": None if result.block_cache is None else result.block_cache.cached_steps,
     }
 
 
@@ -65,6 +66,10 @@ def pipeline_cases(
         out["tile_decodes"] = vae_tile_decodes(rank, world, checkpoint)
     if rank == 0:  # the other ranks wait for it in the next case's first collective
         out["reference"] = _summary(ModelRunner(_config(checkpoint), 0, 1), keep_video=True)
+        for name, overrides in cases:  # a cached layout's one-rank twin: the same cache on every row
+            if "cache_backend" in overrides:
+                twin = {k: v for k, v in overrides.items() if k.startswith("cache_")}
+                out[f"{name}:one_rank"] = _summary(ModelRunner(_config(checkpoint, **twin), 0, 1), keep_video=False)
     for name, overrides in cases:
         engine = ModelRunner(_config(checkpoint, num_ranks=world, **overrides), rank, world)
         out[name] = _summary(engine, keep_video=name.startswith("vae"), several=several)
@@ -112,7 +117,7 @@ def fp8_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, di
 
 
 def demo_cases(rank: int, world: int, checkpoint: Path, cases: list[tuple[str, dict]]) -> dict:
-    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.defaults), its decoded video and
+    """`make demo`'s request on the trained demo checkpoint (h3serve.demo.shipped), its decoded video and
     soundtrack: rank 0 first on one rank and then with its DiT streamed layer by layer (layerwise offload), then every
     rank through each layout."""
 

@@ -47,8 +47,13 @@ def test_a_full_recipe_line_runs_and_says_what_it_changed(parallel_checkpoint, c
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("--cache-backend tea_cache", "calibrated for the reference FL2VA DiT only"),
-        ("--cache-backend mag_cache", "not available in h3serve; use --cache-backend cache_dit or none"),
+        ("--cache-backend tea_cache --task-type ref2va", "only supports the MiniMax-H3 FL2VA partition; Ref2VA"),
+        ("--cache-backend tea_cache --cache-config '{\"Fn_compute_blocks\": 2}'",
+         "unknown keys Fn_compute_blocks for --cache-backend tea_cache; choose from: rel_l1_thresh, coefficients"),
+        ("--cache-backend tea_cache --cache-config '{\"rel_l1_thresh\": -1}'", "rel_l1_thresh must be .* >= 0"),
+        ("--cache-backend tea_cache --enable-layerwise-offload", "tea_cache is not available with layerwise offload"),
+        ("--cache-backend tea_cache --diffusion-compile-granularity full", "tea_cache .* use 'regional'"),
+        ("--cache-backend mag_cache", "not available in h3serve; choose from: none, cache_dit, tea_cache"),
         ("--cache-backend magic", "choose from: none, cache_dit"),
         ("--cache-backend cache_dit --cache-config '{\"Fn\": 2}'", "unknown keys Fn; choose from: Fn_compute_blocks"),
         ("--cache-backend cache_dit --usp 2", "not available with sequence parallelism"),
@@ -116,6 +121,14 @@ def test_cache_flags_become_the_server_profile(parallel_checkpoint):
     profile = config.cache_profile()
     assert profile.residual_diff_threshold == 0.08 and profile.max_warmup_steps == 4
     assert engine_config_from_args(_parse("--device cpu"), parallel_checkpoint).cache_profile() is None
+    # TeaCache: vLLM-Omni's calibration unless given; sequence parallelism allowed (the ranks agree on each step);
+    # combined serving caches the FL2VA DiT only, said once at start-up.
+    line = "--device cpu --cache-backend tea_cache --usp 2 --cache-config '{\"rel_l1_thresh\": 0.2}'"
+    config = engine_config_from_args(_parse(line), parallel_checkpoint)
+    profile = config.cache_profile()
+    assert profile.rel_l1_thresh == 0.2 and profile.coefficients[0] == 2283.7040658527776
+    assert any("Ref2VA requests run uncached" in line for line in config.notices())
+    check_engine(config)  # the rank's start-up check lets it through too
 
 
 def test_task_types_map_onto_the_dits_to_load(parallel_checkpoint):

@@ -8,7 +8,7 @@ import pytest
 from rank_harness import run_ranks
 from rank_sessions import demo_cases
 
-from h3serve.demo.defaults import DEMO_PROMPT, shipped_demo_checkpoint
+from h3serve.demo.shipped import DEMO_PROMPT, shipped_demo_checkpoint
 from h3serve.demo.world import checks
 from h3serve.demo.world.grammar import parse_prompt
 from h3serve.media.mp4 import rgb8, write_mp4

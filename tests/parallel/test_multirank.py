@@ -26,7 +26,10 @@ TWO_RANK_CASES = [
     # regional torch.compile: collectives and the sequence-parallel attention stay eager islands
     ("tp2_compiled", {"tensor_parallel_size": 2, "compile_granularity": "regional"}),
     ("u2_compiled", {"ulysses_degree": 2, "compile_granularity": "regional"}),
+    # TeaCache under Ulysses: each rank judges its own rows, the group MAX-reduces the decision (forward 1 reused)
+    ("u2_teacache", {"ulysses_degree": 2, "cache_backend": "tea_cache", "cache_config": '{"rel_l1_thresh": 1e9}'}),
 ]
+CACHED = ("u2_teacache",)  # compared with the same cache on one rank, not with the uncached reference
 FOUR_RANK_CASES = [
     ("u2xr2", {"ulysses_degree": 2, "ring_degree": 2}),
     ("tp2xu2", {"tensor_parallel_size": 2, "ulysses_degree": 2}),
@@ -40,6 +43,7 @@ APPLIED = {
     "vae_tile_pp2": (1, 1, 1, 1, True),
     "tp2_compiled": (2, 1, 1, 1, False),
     "u2_compiled": (1, 2, 1, 1, False),
+    "u2_teacache": (1, 2, 1, 1, False),
     "u2xr2": (1, 2, 2, 1, False),
     "tp2xu2": (2, 2, 1, 1, False),
 }
@@ -70,10 +74,19 @@ def _check_latents(reference: dict, got: dict, name: str) -> None:
     assert reference["video_latents"].std() > 0.1  # a real signal, not a vacuous comparison
 
 
-@pytest.mark.parametrize("name", [name for name, _ in TWO_RANK_CASES])
+@pytest.mark.parametrize("name", [name for name, _ in TWO_RANK_CASES if name not in CACHED])
 def test_two_rank_layouts_match_one_rank(two_ranks, name):
     for rank in two_ranks:  # every rank ends with the same latents
         _check_latents(two_ranks[0]["reference"], rank[name], name)
+
+
+def test_teacache_ranks_agree_and_match_the_cache_on_one_rank(two_ranks):
+    one_rank = two_ranks[0]["u2_teacache:one_rank"]
+    assert one_rank["cached_steps"] == 1  # forward 0 computed, forward 1 reused the residual
+    for rank in two_ranks:  # the same decision on every rank, and the same latents as one rank
+        assert rank["u2_teacache"]["cached_steps"] == 1
+        _check_latents(one_rank, rank["u2_teacache"], "u2_teacache")
+    assert (two_ranks[0]["u2_teacache"]["video_latents"] - two_ranks[0]["reference"]["video_latents"]).abs().max() > 0
 
 
 @pytest.mark.parametrize("name", [name for name, _ in FOUR_RANK_CASES])

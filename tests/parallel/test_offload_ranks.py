@@ -14,7 +14,7 @@ from read_counter import dit_file_bytes
 
 from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
 from h3serve.loading.dit_pieces import BlockPieces
-from h3serve.offload.adapters import ADAPTERS
+from h3serve.offload.lora_bytes import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import ADALN_MEMO

@@ -93,7 +93,8 @@ def test_refusals_name_the_field_or_the_flag(tiny_checkpoint, control_file, medi
         (ControlRequest("inpaint", control=edges), "inpaint control needs a mask"),
         (ControlRequest("canny"), "canny control needs a control video"),
         (ControlRequest("canny", control=edges, source=edges), "a source video needs a mask"),
-        (ControlRequest("canny", control=edges, scale=-1.0), "finite number >= 0"),
+        (ControlRequest("canny", control=edges, scale=-1.0), "finite number from 0 to 10"),
+        (ControlRequest("canny", control=edges, scale=1e308), "finite number from 0 to 10"),
     ):
         with pytest.raises(RequestError, match=says):
             engine.plan(GenerationRequest(prompt=PROMPT, duration_s=4, control=control))

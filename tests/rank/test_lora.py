@@ -10,35 +10,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from small_dit import SMALL_DIT, random_small_dit
+from small_dit import small_dit_inputs as _inputs
+from small_dit import small_dit_outputs as _run
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import Fp8Linear
 from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import quantize_in_place
-from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
 from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 _model = random_small_dit
-
-
-def _inputs(frames: int = 5, seed: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    text_len, lh, lw, audio = 7, 2, 4, 3 * frames
-    layout = build_keyframe_layout(torch.full((text_len,), TEXT_TAG), frames, lh, lw, audio, anchors=("first",))
-    video = patchify(torch.randn(1, 24, frames + 1, lh, lw, generator=g))[None]
-    audio_rows = torch.randn(1, 2 * audio, 32, generator=g)
-    text = torch.randn(1, text_len, SMALL_DIT["text_dim"], generator=g)
-    timestep, row_index = layout.row_timesteps(0.3, 0.6)
-    return video, audio_rows, text, timestep, row_index, layout.packed
-
-
-def _run(model: H3Transformer, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-    video, audio, text, timestep, row_index, packed = inputs
-    with torch.inference_mode():
-        return model(video, audio, model.embed_text(text), timestep, row_index, packed)
 
 
 def _choice(path, name: str, scale: float, rank: int, alpha: float) -> AdapterChoice:
@@ -216,7 +200,8 @@ def test_taomate_directory_on_native_names_equals_the_native_merge(tmp_path):
     """The real-time LoRA's native factors (fused stacked Q/K/V, [gate; value] fc1) applied unmerged on h3serve's
     diffusers modules equal the test's merge into the native weights converted with the checkpoint key maps."""
     from h3serve.adapters.taomate import WEIGHTS_FILE
-    from h3serve.loading.dit_keys import diffusers_to_native, native_to_diffusers_name, split_native_tensor
+    from h3serve.checkpoint.native_names import native_to_diffusers_name
+    from h3serve.loading.dit_keys import diffusers_to_native, split_native_tensor
     from h3serve.tools.tiny.make_adapter import write_taomate_adapter
 
     cfg = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))

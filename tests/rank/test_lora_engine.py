@@ -15,7 +15,7 @@ from h3serve.adapters.peft import target_shapes
 from h3serve.config import EngineConfig
 from h3serve.errors import RequestError
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.adapters import ADAPTERS
+from h3serve.offload.lora_bytes import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches

@@ -122,6 +122,10 @@ def test_long_request_verdict_before_it_starts(tiny_checkpoint):
 
     edit = replace(ordinary, source_video=MediaRef(Path("source.mp4"), "source.mp4"))
     assert longest_pass(edit).source_frames == ordinary.num_frames and longest_pass(ordinary).source_frames == 0
+    from h3serve.rules.request import ControlRequest
+
+    inpaint = replace(ordinary, control=ControlRequest("inpaint", source=edit.source_video, mask=edit.source_video))
+    assert longest_pass(inpaint).control_channels == 4 and longest_pass(ordinary).control_channels == 0
     assert "longest pass (362 frames at 96x64)" in long_request_refusal(config, edit, GiB // 4)
     assert long_request_refusal(config, ordinary, GiB // 4) is None
 
@@ -150,7 +154,7 @@ def test_several_outputs_batch_as_many_as_the_planner_fits(tiny_checkpoint):
 
 
 def test_the_plan_counts_the_prompt_cache_and_a_merged_adapter_adds_no_factors(tiny_checkpoint, tmp_path):
-    from h3serve.offload.adapters import ADAPTERS
+    from h3serve.offload.lora_bytes import ADAPTERS
     from h3serve.offload.placement_plan import PROMPT_CACHE
     from h3serve.offload.plan_report import format_plan
     from h3serve.tools.tiny.make_adapter import write_peft_adapter

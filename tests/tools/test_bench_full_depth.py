@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from h3serve import cli
+from h3serve.entrypoints import cli
+from h3serve.entrypoints.plan import plan_from_argv
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.rules import limits
 from h3serve.tools.bench.flops import ForwardShape, forward_flops
@@ -18,7 +19,7 @@ from h3serve.tools.bench.full_depth import (
     released_text_encoder,
     released_vaes,
 )
-from h3serve.tools.tiny_text import build_tokenizer
+from h3serve.tools.tiny.make_text import build_tokenizer
 
 META, BF16, GiB = torch.device("meta"), torch.bfloat16, 2**30
 
@@ -46,9 +47,9 @@ def test_the_full_size_parts_on_the_meta_device():
 
 
 def test_the_planner_decides_which_parts_run_at_the_released_size():
-    h200, _ = released_sizes(int(139.3 * GiB), 1344, 768, 124)
+    h200, _ = released_sizes(int(139.3 * GiB), 1344, 768, 124, plan_from_argv)
     assert h200 == {"dit": RELEASED, "text_encoder": RELEASED, "vae": RELEASED, "audio_vae": RELEASED}
-    h100, plan = released_sizes(int(79.2 * GiB), 1344, 768, 124)
+    h100, plan = released_sizes(int(79.2 * GiB), 1344, 768, 124, plan_from_argv)
     assert h100 == {"dit": RELEASED, "text_encoder": TINY, "vae": RELEASED, "audio_vae": RELEASED}
     assert plan.ranks[0].stage("denoise").weights["transformer"] > 61 * GiB  # 33.1 B parameters in bf16
 

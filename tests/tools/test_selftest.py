@@ -130,15 +130,16 @@ def test_the_planner_verdict_reads_the_selftests_engine_flags(monkeypatch):
 
     import torch
 
-    from h3serve.tools import selftest
+    from h3serve.entrypoints import selftest
     from h3serve.tools.selftest.plan_verdict import released_verdict
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=141 << 30))
     parser = argparse.ArgumentParser()
     selftest.register(parser.add_subparsers())
     offload = parser.parse_args(["selftest", "--device", "cuda", "--enable-layerwise-offload"])
-    resident, _ = released_verdict(torch.device("cuda"), parser.parse_args(["selftest", "--device", "cuda"]))
-    streamed, data = released_verdict(torch.device("cuda"), offload)
+    resident_args = parser.parse_args(["selftest", "--device", "cuda"])
+    resident, _ = released_verdict(torch.device("cuda"), lambda memory: selftest.released_plan(resident_args, memory))
+    streamed, data = released_verdict(torch.device("cuda"), lambda memory: selftest.released_plan(offload, memory))
     assert "does not fit" in resident and streamed.startswith("released H3 with these flags on GPUs of this size: fits")
     assert data["fits"] and data["peak"] < 141 << 30
 

@@ -21,6 +21,7 @@ from h3serve.api.intake.form_keys import BracketError, base_name, unflatten
 from h3serve.api.intake.json_values import parse_json
 from h3serve.api.percent import form_pairs
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 MULTIPART = "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"
@@ -57,7 +58,8 @@ async def read_body(request: Request, max_part_bytes: int) -> RequestBody:
     if mime != MULTIPART:
         raise APIError(
             415,
-            f"Unsupported Content-Type {mime or '(none)'!r}: send {', '.join(FORM_TYPES)} or {JSON_TYPE}.",
+            f"Unsupported Content-Type {shown(mime) if mime else '(none)'}: send {', '.join(FORM_TYPES)} or "
+            f"{JSON_TYPE}.",
             "unsupported_media_type",
         )
     form = await _multipart(request, max_part_bytes)

@@ -8,31 +8,30 @@ part are a 400 too.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from h3serve.api.error_envelope import bad_request
 from h3serve.api.intake.request_model import VideoCreateFields
+from h3serve.errors import RequestError
 from h3serve.rules.names import CONTROL_TYPES
 from h3serve.rules.request import ControlRequest, MediaRef
+from h3serve.rules.request_paths import is_file, path_under
 
 CONTROL_UPLOADS = {"control_reference": "control", "source_reference": "source", "mask_reference": "mask"}
 
 
 def allowed_path(text: str, root: Path | None, param: str) -> Path:
-    """`text` as a file inside the allow-listed `root`, without opening anything; a 400 naming `param` otherwise."""
+    """`text` as a file inside the allow-listed `root`, without opening anything; a 400 naming `param` otherwise
+    (h3serve.rules.request_paths: `..`, escapes, over-long names, any OSError)."""
     if root is None:
         raise bad_request(f"{param}: this server reads no control paths (it was started without --control-dir); "
                           "upload the file instead", param)
-    candidate = Path(text)
-    if ".." in candidate.parts:
-        raise bad_request(f"{param}: must not contain '..'", param)
-    full = candidate if candidate.is_absolute() else root / candidate
-    real, real_root = Path(os.path.realpath(full)), Path(os.path.realpath(root))
-    if not real.is_relative_to(real_root):
-        raise bad_request(f"{param}: is outside the control directory the server allows (--control-dir)", param)
-    if not real.is_file():
-        raise bad_request(f"{param}: no such file under --control-dir", param)
+    try:
+        real = path_under(text, root, param, "the control directory the server allows (--control-dir)")
+        if not is_file(real, param):
+            raise RequestError(param, "no such file under --control-dir")
+    except RequestError as e:
+        raise bad_request(str(e), param) from None
     return real
 
 

@@ -43,7 +43,12 @@ def _bounds(loc: tuple[Any, ...]) -> str | None:
             if "minimum" in option or "exclusiveMinimum" in option or "properties" in option:
                 node = option
     lo, hi = node.get("minimum", node.get("exclusiveMinimum")), node.get("maximum")
-    return None if lo is None or hi is None else f"between {lo:g} and {hi:g}"
+    return None if lo is None or hi is None else f"between {_bound(lo)} and {_bound(hi)}"
+
+
+def _bound(value: int | float) -> str:
+    """A schema bound as the client must read it: an integer exactly (2**63 - 1, not 9.22337e+18)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def _shown(raw: Any) -> str:

@@ -37,7 +37,7 @@ from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.intake.control import CONTROL_UPLOADS, control_request
 from h3serve.api.intake.read import KEYFRAME_FIELD, SOURCE_FIELDS, CreateRequest, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
-from h3serve.media.intake import MAX_BYTES
+from h3serve.media.media_inputs import MAX_BYTES
 from h3serve.media.raw import atomic_output
 from h3serve.media.sniff import HEAD_BYTES, identify, read_head
 from h3serve.rules import limits

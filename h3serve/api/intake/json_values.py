@@ -12,6 +12,7 @@ from typing import Any
 
 from h3serve.api.error_envelope import APIError, bad_request
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
 # Far above any valid request (extra_params.target.frame_indices is 4 levels deep), far below what would exhaust
 # the stack of json.loads or of any code that walks a value recursively.
@@ -56,8 +57,7 @@ def is_unicode(text: str) -> bool:
 
 def preview(value: Any) -> str:
     """A value for an error message: short and ASCII (a client's 10,000-digit number is not echoed back)."""
-    text = ascii(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
+    return shown(value)
 
 
 def _add(seen: set[str], key: str) -> bool:

@@ -35,6 +35,7 @@ from h3serve.api.intake.request_model import MASK_FIELDS, SCALAR_FIELDS, ExtraPa
 from h3serve.rules import limits
 from h3serve.rules.edit_mask import MaskError, parse_mask_json
 from h3serve.rules.request import MediaKind
+from h3serve.rules.shown import shown
 
 URL_PREFIXES = ("http://", "https://", "data:")
 
@@ -214,7 +215,7 @@ def _url_items(value: Any, name: str, url_key: str) -> list[str]:
             raise bad_request(f"{param}: file_id is not supported; send a file or an http(s)/data URL", param)
         unknown = sorted(set(item) - {url_key})
         if unknown or url_key not in item:
-            raise bad_request(f"{param}: expected exactly one key, {url_key!r}; got {sorted(item)}", param)
+            raise bad_request(f"{param}: expected exactly one key, {url_key!r}; got {shown(sorted(item))}", param)
         urls.append(as_text(item[url_key], f"{param}.{url_key}").strip())
     return urls
 

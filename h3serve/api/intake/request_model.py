@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from h3serve.adapters.catalog import LoraField, parse_lora_field
+from h3serve.adapters.catalog import INT_ID_MAX, SCALE_LIMIT, LoraField, parse_lora_field
 from h3serve.api.error_envelope import bad_request
 from h3serve.api.intake.json_values import as_json
 from h3serve.errors import RequestError
@@ -36,6 +36,7 @@ from h3serve.rules.names import (
     AudioMode,
     LongVideoMode,
     Quality,
+    RefreshPolicy,
     Task,
     X264Preset,
 )
@@ -51,7 +52,11 @@ _LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * l
 
 Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_nan=False)]
 StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
-GridFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
+# A continuation's window and overlap, on the 17n+5 grid (a rule the schema states in words): the window 107..345,
+# the overlap from 5 to the largest grid count below the longest window.
+WindowFrames = Annotated[int, Field(ge=limits.MIN_WINDOW_FRAMES, le=limits.MAX_WINDOW_FRAMES)]
+OverlapFrames = Annotated[int, Field(ge=limits.MIN_OVERLAP_FRAMES,
+                                     le=limits.MAX_WINDOW_FRAMES - limits.VAE_FRAMES_PER_CHUNK)]
 Shift = Annotated[float, Field(gt=0, le=limits.MAX_FLOW_SHIFT, allow_inf_nan=False)]
 _RATIO_NUMBER = r"\d{1,3}(\.\d{1,6})?"
 # W:H (or WxH, W/H), one number (W/H), or auto/adaptive; a JSON number is a ratio too. The canvas rule is
@@ -60,7 +65,8 @@ Ratio = (
     Annotated[str, Field(pattern=rf"^\s*(?:(?i:auto|adaptive)|{_RATIO_NUMBER}(?:\s*[:xX/]\s*{_RATIO_NUMBER})?)\s*$")]
     | Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)]
 )
-ShortEdge = Annotated[int, Field(ge=1, le=_MAX_EDGE, json_schema_extra={"enum": list(SHORT_EDGE_MODES)})]
+ShortEdge = Annotated[int, Field(ge=min(SHORT_EDGE_MODES), le=max(SHORT_EDGE_MODES),
+                                 json_schema_extra={"enum": list(SHORT_EDGE_MODES)})]
 CANVAS_RULE = (
     "Canvas: `size` / `width`+`height` are floored to multiples of 32 and generated as given. `aspect_ratio` is "
     "W:H (16:9, 21:9, 4:3, 1:1, 3:4, 9:16 or any W:H from 1:4 to 4:1), a number (1.7778) or auto/adaptive (FL2VA: "
@@ -116,12 +122,21 @@ CROSS_FIELD_RULES: dict[str, str] = {
     "form_json": "in a form, extra_params is JSON text, and continuation_prompts sent as one value starting with `[` "
     "is read as a JSON list: either must then parse (code invalid_json)",
     "control": "one control type per request, with its media (inpaint: a mask; the others: a control video; a "
-    "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path",
+    "source only with a mask), paths under --control-dir, T2VA only, on a server with --controlnet-model-path; "
+    "control media decode within the pixel budget (frames and masks at most 4096x2304 pixels)",
     "lora": "lora names one adapter: a name preloaded with --lora-path (GET /v1/models lists them) or a path under "
     "--lora-dir (no `..`, nothing outside it); its aliases (name/lora_name/adapter, path/lora_path/local_path, "
     "scale/lora_scale, int_id/lora_int_id) must agree; a Turbo adapter fixes the steps and shifts of its contract "
     f"and the tasks it serves, and runs extra_params.sample_solver {DEFAULT_SAMPLE_SOLVER} only",
+    "force_refresh": "extra_params.force_refresh_step_hint is at most the request's num_inference_steps, "
+    "force_refresh_step_policy needs a hint, and both need a DiT cache active for the request (quality=high, or "
+    "quality omitted on a server with --cache-backend cache_dit, or tea_cache for T2VA/FL2VA)",
 }
+REFRESH_RULE = (
+    "vLLM-Omni's forced DiT-cache refresh: after this many denoiser forwards the request's cache (Cache-DiT or "
+    "TeaCache) starts afresh as if a new generation began (its warm-up computes again); a strict integer from 1 "
+    "to num_inference_steps"
+)
 
 
 class _Strict(BaseModel):
@@ -142,8 +157,9 @@ class LongVideoFields(_Strict):
     long_video_mode: LongVideoMode | None = Field(
         None, description="full: one pass; continuation: overlapping windows (default for ref2va)"
     )
-    continuation_window_frames: GridFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
-    continuation_overlap_frames: GridFrames | None = Field(None, description="17n+5, below the window (default 22)")
+    continuation_window_frames: WindowFrames | None = Field(None, description="17n+5, 107-345 (default 277)")
+    continuation_overlap_frames: OverlapFrames | None = Field(None, description="17n+5, below the window "
+                                                                                "(default 22)")
     continuation_prompts: Annotated[list[str], Field(min_length=1, max_length=200)] | None = Field(
         None, description="one per window, each appended to the main prompt for its window"
     )
@@ -172,7 +188,8 @@ CONTROL_RULE = (
     "a control video for the ControlNet branch (a server started with --controlnet-model-path): one control type "
     "per request; control_path / source_path / mask_path are files under the server's --control-dir (or upload "
     "control_reference / source_reference / mask_reference); inpaint needs a mask, the other types a control "
-    "video, a source a mask; control_context_scale >= 0 (default 1; 0: no control, the base output); T2VA only"
+    f"video, a source a mask; control_context_scale 0 to {limits.MAX_CONTROL_SCALE:g} (default 1; 0: no control, "
+    "the base output); T2VA only"
 )
 
 
@@ -183,7 +200,7 @@ class ControlObject(BaseModel):
     control_path: ControlPath | None = None
     source_path: ControlPath | None = None
     mask_path: ControlPath | None = None
-    control_context_scale: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    control_context_scale: Annotated[float, Field(ge=0, le=limits.MAX_CONTROL_SCALE, allow_inf_nan=False)] | None = None
 
 
 class ControlTypes(BaseModel):
@@ -233,9 +250,17 @@ class ExtraParams(LongVideoFields, EditOptions, ControlTypes, PreencodeFields):
     frame_index: FrameIndex | None = None
     target: Target | None = None
     sample_solver: SolverName | None = Field(None, description=SOLVER_RULE, examples=list(SAMPLE_SOLVERS))
+    force_refresh_step_hint: Annotated[int, Field(strict=True, ge=1, le=limits.MAX_STEPS)] | None = Field(
+        None, description=REFRESH_RULE
+    )
+    force_refresh_step_policy: RefreshPolicy | None = Field(
+        None, description="once (default): refresh after the hint's forwards only; repeat: after every hint forwards"
+    )
 
 
 AdapterText = Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+LoraScale = Annotated[float, Field(ge=-SCALE_LIMIT, le=SCALE_LIMIT, allow_inf_nan=False)]
+LoraId = Annotated[int, Field(ge=0, le=INT_ID_MAX)]
 
 
 class LoraObject(BaseModel):
@@ -248,10 +273,10 @@ class LoraObject(BaseModel):
     path: AdapterText | None = Field(None, description="a file or folder under --lora-dir [lora_path, local_path]")
     lora_path: AdapterText | None = None
     local_path: AdapterText | None = None
-    scale: Annotated[float, Field(ge=-10, le=10)] | None = Field(None, description="times alpha / rank [lora_scale]")
-    lora_scale: Annotated[float, Field(ge=-10, le=10)] | None = None
-    int_id: Annotated[int, Field(ge=0)] | None = Field(None, description="[lora_int_id]")
-    lora_int_id: Annotated[int, Field(ge=0)] | None = None
+    scale: LoraScale | None = Field(None, description="times alpha / rank [lora_scale]")
+    lora_scale: LoraScale | None = None
+    int_id: LoraId | None = Field(None, description="[lora_int_id]")
+    lora_int_id: LoraId | None = None
 
 
 class VideoCreateFields(LongVideoFields, EditOptions):
@@ -275,10 +300,8 @@ class VideoCreateFields(LongVideoFields, EditOptions):
         None, description=f"denoiser forwards N (N + 1 sigma points; diffusers' num_inference_steps = N + 1); "
                           f"default {limits.DEFAULT_STEPS}; an adapter with a pinned schedule takes its own count")
     flow_shift: Shift | None = None
-    # The schema states the largest float64 below 2**63: JSON tools that read numbers as doubles would round
-    # SEED_MAX (2**63 - 1) up to 2**63 and send it as "valid"; the server itself accepts up to SEED_MAX.
-    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX,
-                               json_schema_extra={"maximum": 2**63 - 1024})] | None = None
+    # The schema states SEED_MAX as the integer it is (h3serve.api.openapi.exact_request_bodies keeps it one).
+    seed: Annotated[int, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
     user: str | None = None
     num_outputs_per_prompt: Outputs | None = Field(None, description=OUTPUTS_RULE)
     n: Outputs | None = Field(None, description="num_outputs_per_prompt by its OpenAI name (the other wins if both)")
@@ -386,6 +409,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "audio_flow_shift": (f"{_EXTRA}audio_flow_shift",),
     "task": (f"{_EXTRA}task",),
     "sample_solver": (f"{_EXTRA}sample_solver",),
+    "force_refresh_step_hint": (f"{_EXTRA}force_refresh_step_hint",),
+    "force_refresh_step_policy": (f"{_EXTRA}force_refresh_step_policy",),
     "num_outputs": ("num_outputs_per_prompt", "n"),
     "preencode_mp4": (f"{_EXTRA}preencode_mp4",),
     "preencode_batch_frames": (f"{_EXTRA}preencode_batch_frames",),

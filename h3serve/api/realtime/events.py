@@ -18,8 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from h3serve.engine.realtime_stream import RealtimeChunk, RealtimeSpec
 from h3serve.errors import RequestError
 from h3serve.rules import limits
+from h3serve.rules.shown import shown
 
-Count = Annotated[StrictInt, Field(ge=1)]
+# Counts are checked against the session's rules (h3serve.rules.validate.realtime); this bound only keeps what a
+# message may carry small: seconds x fps must never make a number too long to work with (a 4,300-digit `seconds`
+# ended a session as an internal error while its check formatted it).
+MAX_COUNT = 1_000_000
+Count = Annotated[StrictInt, Field(ge=1, le=MAX_COUNT)]
 
 
 class _Message(BaseModel):
@@ -42,12 +47,12 @@ class SessionStart(_Message):
     prompt: str
     negative_prompt: str | None = None
     size: Annotated[str, Field(pattern=r"^\d{1,6}x\d{1,6}$")] | None = None
-    seconds: Annotated[str, Field(pattern=r"^[1-9]\d{0,5}$")] | Count | None = None
+    seconds: Annotated[str, Field(pattern=r"^[1-9]\d{0,5}$")] | Count | None = None  # at most 999,999 either way
     width: Count | None = None
     height: Count | None = None
     num_frames: Count | None = None
     fps: Count | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=limits.SEED_MIN, le=limits.SEED_MAX)] | None = None
     video_params: VideoParams | None = None
     user: str | None = None
     sampling_params: dict[str, Any] | None = None
@@ -85,7 +90,7 @@ class SessionStart(_Message):
         """The session the fields ask for (a `RequestError` naming the field for the few rules checked here; the
         rest are the engine's)."""
         if self.model is not None and self.model != served_model:
-            raise RequestError("model", f"this server runs {served_model!r}, not {self.model!r}")
+            raise RequestError("model", f"this server runs {served_model!r}, not {shown(self.model)}")
         params = self.video_params or VideoParams()
         width, height = self.width or params.width, self.height or params.height
         if self.size is not None:
@@ -98,6 +103,9 @@ class SessionStart(_Message):
         num_frames = self.num_frames or params.num_frames
         if num_frames is None and self.seconds is not None:
             num_frames = int(self.seconds) * (fps or limits.FPS)
+            if num_frames > limits.MAX_REALTIME_FRAMES:
+                raise RequestError("seconds", f"at most {limits.MAX_REALTIME_FRAMES // limits.FPS} s of "
+                                              f"{limits.FPS} fps video per session, got {int(self.seconds):,} s")
         extra = self._passed_on() | (self.extra_params or {})
         if fps is not None:
             extra.setdefault("fps", fps)

@@ -50,6 +50,7 @@ from h3serve.errors import ClientError, H3ServeError, job_error_for
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.realtime")
+REPORT_GRACE_S = 5.0  # how long the `error` message that ends a session may take to send
 
 
 class ClientGone(Exception):
@@ -183,23 +184,30 @@ class RealtimeSession:
             raise ClientGone()
         return dict(frame)
 
-    async def _send(self, message: BaseModel) -> None:
+    async def _send(self, message: BaseModel, timeout_s: float | None = None) -> None:
         text = message.model_dump_json(exclude_none=isinstance(message, ErrorMessage))
         async with self._send_lock:
-            await self._transmit(self.ws.send_text(text))
+            await self._transmit(self.ws.send_text(text), timeout_s)
 
-    async def _transmit(self, sending: Awaitable[None]) -> None:
-        """Send, or `ClientGone`; a client that reads nothing for the stall timeout is let go."""
+    def stall_left(self) -> float:
+        """Seconds until the stall timeout, counted from the last progress (a chunk sent, or a ping)."""
+        return max(0.0, self.config.realtime_stall_timeout_s - (time.monotonic() - self.last_progress))
+
+    async def _transmit(self, sending: Awaitable[None], timeout_s: float | None = None) -> None:
+        """Send, or `ClientGone`: a client that reads nothing is let go when the stall timeout runs out, counted
+        from the last progress (a send that waited the whole timeout after the engine had taken part of it held
+        the replica for both)."""
         try:
-            await asyncio.wait_for(sending, self.config.realtime_stall_timeout_s)
+            await asyncio.wait_for(sending, self.stall_left() if timeout_s is None else timeout_s)
         except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
             raise ClientGone() from None
 
     async def _report(self, error: Exception) -> int:
         """Send the `error` message for what ended the session; the close code to use."""
         code, message, close_code = _error_fields(error)
+        grace = min(REPORT_GRACE_S, self.config.realtime_stall_timeout_s)  # the stall clock may have run out
         try:
-            await self._send(ErrorMessage(message=message, code=code, request_id=self.request_id))
+            await self._send(ErrorMessage(message=message, code=code, request_id=self.request_id), grace)
         except ClientGone:
             pass
         return close_code

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from h3serve.api.context import ServerContext, get_context
+from h3serve.api.model_card import capabilities
 from h3serve.api.openapi import error_responses
 from h3serve.api.schemas import Model, ModelList
 
@@ -35,7 +36,7 @@ async def health(request: Request) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
 def metrics(ctx: Context) -> PlainTextResponse:
-    text = ctx.metrics.render(ctx.manager, ctx.store.count_by_status())
+    text = ctx.metrics.render(ctx.manager, ctx.store.count_by_status(), ctx.store.count_deliveries_by_state())
     return PlainTextResponse(text, media_type=PROMETHEUS_TEXT)
 
 
@@ -43,4 +44,6 @@ def metrics(ctx: Context) -> PlainTextResponse:
 def list_models(ctx: Context) -> ModelList:
     name = ctx.config.served_model_name
     adapters = [] if ctx.lora is None else ctx.lora.models(name, ctx.started_at)
-    return ModelList(data=[Model(id=name, created=ctx.started_at), *(Model(**card) for card in adapters)])
+    served = capabilities(ctx.engine, ctx.manager.defaults, ctx.manager.tasks)
+    return ModelList(data=[Model(id=name, created=ctx.started_at, capabilities=served),
+                           *(Model(**card) for card in adapters)])

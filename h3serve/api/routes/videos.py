@@ -6,11 +6,10 @@ import asyncio
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -20,10 +19,12 @@ from h3serve.api.context import ServerContext, get_context
 from h3serve.api.create_job import submit
 from h3serve.api.error_envelope import RESERVED_VIDEO_SEGMENTS, APIError, not_found
 from h3serve.api.openapi import CREATE_REQUEST_BODY, CREATED_LINKS, derived_body_schema, error_responses
+from h3serve.api.output_download import output_response
 from h3serve.api.schemas import Video, VideoDeleted, VideoList
 from h3serve.api.sync_line import Deadline
 from h3serve.jobstore.records import UNFINISHED, Job, JobError
 from h3serve.media.previews import VARIANTS, output_file_name
+from h3serve.output_store.interface import OutputStoreUnavailable
 from h3serve.rules import limits
 
 log = logging.getLogger("h3serve.api")
@@ -97,12 +98,16 @@ async def create_video_sync(request: Request, ctx: Context) -> Response:
             raise _failure(finished.error)
         if finished.status != "completed":  # a shutdown stopped it and put it back in the queue
             raise APIError(503, "The server is shutting down; retry later.", "shutting_down")
-        data = await run_in_threadpool(ctx.manager.files.file(job.id, VARIANTS["video"].file_name).read_bytes)
+        read = await run_in_threadpool(ctx.manager.outputs.read, job.id, VARIANTS["video"].file_name)
+        data = await run_in_threadpool(read.read_all)
     except APIError as e:
         e.headers["X-Request-Id"] = job.id
         raise
     finally:  # a synchronous job lives only as long as its request: aborted (if running) and removed
-        await run_in_threadpool(ctx.manager.delete, job.id)
+        try:
+            await run_in_threadpool(ctx.manager.delete, job.id)
+        except OutputStoreUnavailable as e:  # the answer is ready: the TTL sweep removes the objects later
+            log.warning("sync job %s: its objects stay until the output TTL: %s", job.id, e)
     return Response(
         data,
         media_type=VARIANTS["video"].media_type,
@@ -182,16 +187,21 @@ def retrieve_video(video_id: str, ctx: Context) -> JSONResponse:
 @router.get(
     "/videos/{video_id}/content",
     summary="Download the MP4, its thumbnail (WebP) or its spritesheet (JPEG); `index` picks one of several outputs",
+    description="Range requests are served (206), from the data dir or passed through to the bucket. With "
+                "--output-redirect the answer is a 302 to a presigned URL of the bucket's object.",
     responses={200: {"content": {v.media_type: {} for v in VARIANTS.values()}},
-               **error_responses(400, 401, 404, 409, 422)},
+               206: {"description": "the requested byte range"},
+               302: {"description": "--output-redirect: the presigned URL of the object, in Location"},
+               **error_responses(400, 401, 404, 409, 416, 422, 503)},
 )
 def download_video(
     video_id: str,
+    request: Request,
     ctx: Context,
     variant: Literal["video", "thumbnail", "spritesheet"] = "video",
     index: Annotated[int, Query(ge=0, le=limits.MAX_OUTPUTS_PER_PROMPT - 1,
                                 description="which output of a num_outputs_per_prompt job (output i: seed + i)")] = 0,
-) -> FileResponse:
+) -> Response:
     job = _job(ctx, video_id)
     if index >= job.num_outputs:  # that output does not exist: a 404 naming the parameter
         raise APIError(404, f"index: video '{video_id}' has {job.num_outputs} output(s), 0 to "
@@ -204,17 +214,16 @@ def download_video(
     if job.expired:
         raise APIError(404, f"The files of video '{video_id}' expired and were deleted.", "video_expired")
     spec = VARIANTS[variant]
-    path: Path = ctx.manager.files.file(job.id, output_file_name(variant, index))
-    if not path.is_file():
-        raise APIError(404, f"The {variant} of video '{video_id}' is not on disk.", "file_not_found")
     name = job.id if job.num_outputs == 1 else f"{job.id}-{index}"
-    return FileResponse(path, media_type=spec.media_type, filename=f"{name}.{spec.extension}")
+    return output_response(ctx, job.id, output_file_name(variant, index), variant, spec.media_type,
+                           f"{name}.{spec.extension}", request.headers.get("range"))
 
 
 @router.delete("/videos/{video_id}", response_model=VideoDeleted, summary="Delete a job (cancels it if unfinished)",
-               responses=error_responses(401, 404))
+               responses=error_responses(401, 404, 503))
 def delete_video(video_id: str, ctx: Context) -> VideoDeleted:
     _not_a_video(video_id)
     if not ctx.manager.delete(video_id):
         raise not_found(video_id)
+    ctx.outbox.wake()  # an unfinished job's deletion wrote its video.failed event
     return VideoDeleted(id=video_id)

@@ -26,11 +26,16 @@ from h3serve.rules.names import (
     SAMPLE_SOLVERS,
     TASKS,
 )
+from h3serve.rules.shown import shown
 
 router = APIRouter(include_in_schema=False)
 Context = Annotated[ServerContext, Depends(get_context)]
 STATIC_DIR = Path(str(resources.files("h3serve.api").joinpath("static")))
-MEDIA_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript"}
+MEDIA_TYPES = {
+    ".html": "text/html", ".css": "text/css", ".js": "text/javascript",
+    # the ready examples (static/examples/: h3serve.demo.web_examples)
+    ".json": "application/json", ".png": "image/png", ".wav": "audio/wav",
+}
 
 
 @router.get("/")
@@ -40,10 +45,14 @@ def index() -> HTMLResponse:
 
 @router.get("/web/static/{name:path}")
 def static_file(name: str) -> FileResponse:
-    """A file of the page; only files directly under static/ (or static/js/) with a known suffix."""
-    path = (STATIC_DIR / name).resolve()
-    if not path.is_relative_to(STATIC_DIR.resolve()) or path.suffix not in MEDIA_TYPES or not path.is_file():
-        raise APIError(404, f"No such file: {name!r}", "file_not_found")
+    """A file of the page: a file under static/ (its scripts, its ready examples) with a known suffix."""
+    try:
+        path = (STATIC_DIR / name).resolve()
+        found = path.is_relative_to(STATIC_DIR.resolve()) and path.suffix in MEDIA_TYPES and path.is_file()
+    except (OSError, ValueError):  # a name the filesystem cannot hold (ENAMETOOLONG), a NUL byte
+        found = False
+    if not found:
+        raise APIError(404, f"No such file: {shown(name)}", "file_not_found")
     return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
 

@@ -19,7 +19,7 @@ Training runs in phases (`Phase`), one optimizer and one learning-rate schedule 
 draws every batch from the top of the ladder, where x_t holds nothing of the clip: the DiT learns which clip the
 prompt asks for (the object's colour, where it is in every latent frame, the pitch) before it learns to denoise, which
 it learns quickly. Trained on the whole ladder from the start, the DiT learns to read the clip from x_t first and its
-prediction at σ ≈ 1 hardly follows the prompt (docs/demo_world.md, runs S-S4). The prior phase must see examples
+prediction at σ ≈ 1 hardly follows the prompt (docs/demo_lab_notebook.md, runs S-S4). The prior phase must see examples
 whose clip the conditions decide: FL2VA examples with random starts taught a smear (the first full run).
 """
 
@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,12 +53,13 @@ HIGH_NOISE_SPAN = 0.1  # b ~ U(1 - span, 1)
 PRIOR_SPAN = 0.2  # the first phase's b ~ U(0.8, 1): σ_v >= 0.98 (shift 12), σ_a >= 0.92 (shift 3)
 # The loss weight of the target rows a condition row gives (`Example.anchored_rows`: frame 0 under a first keyframe),
 # against 1 for the others. Unweighted, frame 0 is one latent frame in 17-32 and the DiT never learnt to copy its
-# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_world.md, run 5).
+# keyframe (FL2VA's keyframe check failed in 10 cases of 10 in runs 1-4); weighted, in 3 (docs/demo_lab_notebook.md,
+# run 5).
 ANCHOR_WEIGHT = 10.0
 # The loss weight of a bounce's click rows (`Example.click_rows`), against 1 for the other audio rows. A click is one
 # latent of 178 per channel in a bouncing 4 s clip; unweighted, run 8's DiT made no click in any bouncing case of any
 # task though its audio VAE decodes them all; weighted, 600 steps more made every T2VA bounce click
-# (docs/demo_world.md).
+# (docs/demo_lab_notebook.md).
 CLICK_WEIGHT = 10.0
 
 
@@ -246,36 +248,118 @@ def train_dit(
     ema_decay: float = 0.995,
     warmup: int = 50,
 ) -> None:
+    """All of a `DiTTrainer`'s steps in one call; the EMA weights are left in `dit`."""
+    trainer = DiTTrainer(dit, phases, seed, log, name, batch=batch, lr=lr, replicas=replicas, ema_decay=ema_decay,
+                         warmup=warmup)
+    trainer.run(trainer.total)
+    trainer.finish()
+
+
+class DiTTrainer:
     """AdamW over every phase's steps, linear warm-up then one cosine to a tenth of `lr`; each step draws a layout
     group of its phase's examples (weighted by its size), `batch` of its examples (with replacement) and one base
     position (`draw_base`). With `replicas` > 1 (CPU), each batch is split over that many `Replicas` on threads.
-    The EMA weights are left in `dit`."""
-    rng = np.random.default_rng(seed)
-    dit.train().requires_grad_(True)
-    count = min(replicas, batch) if next(dit.parameters()).device.type == "cpu" else 1
-    parallel = Replicas(dit, count, seed)
-    optimizer = torch.optim.AdamW(dit.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
-    ema = EMA(dit, ema_decay)
-    total = sum(phase.steps for phase in phases)
-    step = 0
-    with intra_op_threads(1) if count > 1 else nullcontext(), closing(parallel):
-        for phase in phases:
-            groups = layout_groups(phase.examples)
-            weights = np.array([len(g) for g in groups], dtype=np.float64)
-            for _ in range(phase.steps):
-                progress = step / max(1, total - 1)
-                scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * scale
-                chosen = groups[int(rng.choice(len(groups), p=weights / weights.sum()))]
-                items = [chosen[int(i)] for i in rng.integers(len(chosen), size=batch)]
-                loss = parallel.loss_backward(items, draw_base(rng, prior=phase.prior))
-                torch.nn.utils.clip_grad_norm_(dit.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                parallel.sync()
-                ema.update(dit, step)
-                log(name, step, loss)
-                step += 1
-    ema.copy_to(dit)
-    dit.eval().requires_grad_(False)
+
+    Resumable: `run` goes to a given step (or until `stop()` says so, between steps), and `state_dict` holds all
+    that the next step depends on (the weights, the optimizer's moments, the EMA, the step, the rng and the
+    replicas' noise generators), so a trainer restored with `load_state_dict` takes the same steps, bit for bit, as
+    one that never stopped. `finish` leaves the EMA weights in `dit`. The examples (and `dit`) may live on any
+    device; the rng draws stay on the CPU."""
+
+    def __init__(
+        self,
+        dit: H3Transformer,
+        phases: Sequence[Phase],
+        seed: int,
+        log: LossLog,
+        name: str,
+        *,
+        batch: int,
+        lr: float,
+        replicas: int = 1,
+        ema_decay: float = 0.995,
+        warmup: int = 50,
+    ):
+        self.dit, self.phases, self.log, self.name = dit, list(phases), log, name
+        self.batch, self.lr, self.warmup = batch, lr, warmup
+        self.rng = np.random.default_rng(seed)
+        dit.train().requires_grad_(True)
+        self.threads = min(replicas, batch) if next(dit.parameters()).device.type == "cpu" else 1
+        self.parallel = Replicas(dit, self.threads, seed)
+        self.optimizer = torch.optim.AdamW(dit.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+        self.ema = EMA(dit, ema_decay)
+        self.total = sum(phase.steps for phase in phases)
+        self.step = 0
+        self._groups: dict[int, tuple[list[list[Example]], np.ndarray]] = {}
+
+    def _phase(self, step: int) -> int:
+        """The index of the phase global step `step` belongs to."""
+        end = 0
+        for index, phase in enumerate(self.phases):
+            end += phase.steps
+            if step < end:
+                return index
+        raise ValueError(f"step {step} is past the last phase ({self.total} steps)")
+
+    def _layout_groups(self, index: int) -> tuple[list[list[Example]], np.ndarray]:
+        if index not in self._groups:
+            groups = layout_groups(self.phases[index].examples)
+            self._groups[index] = groups, np.array([len(g) for g in groups], dtype=np.float64)
+        return self._groups[index]
+
+    def run(self, until: int, stop: Callable[[], bool] | None = None) -> int:
+        """Take steps up to global step `until` (at most `total`), or fewer when `stop()` turns true (asked before
+        each step); returns the step reached."""
+        until = min(until, self.total)
+        with intra_op_threads(1) if self.threads > 1 else nullcontext():
+            while self.step < until and not (stop is not None and stop()):
+                self._take_step()
+        return self.step
+
+    def _take_step(self) -> None:
+        step = self.step
+        index = self._phase(step)
+        groups, weights = self._layout_groups(index)
+        progress = step / max(1, self.total - 1)
+        scale = min(1.0, (step + 1) / self.warmup) * (0.1 + 0.45 * (1 + np.cos(np.pi * progress)))
+        for group in self.optimizer.param_groups:
+            group["lr"] = float(self.lr * scale)  # the same double as numpy's, and a plain number in the state
+        chosen = groups[int(self.rng.choice(len(groups), p=weights / weights.sum()))]
+        items = [chosen[int(i)] for i in self.rng.integers(len(chosen), size=self.batch)]
+        loss = self.parallel.loss_backward(items, draw_base(self.rng, prior=self.phases[index].prior))
+        torch.nn.utils.clip_grad_norm_(self.dit.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.parallel.sync()
+        self.ema.update(self.dit, step)
+        self.log(self.name, step, loss)
+        self.step += 1
+
+    def state_dict(self) -> dict:
+        """What the next step depends on, as tensors, numbers and dicts (`torch.save`-able, weights-only)."""
+        return {
+            "step": self.step,
+            "dit": {k: v.detach().clone() for k, v in self.dit.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "ema": [t.clone() for t in self.ema.shadow],
+            "rng": json.dumps(self.rng.bit_generator.state, default=int),  # numpy integers as plain ones
+            "generators": [g.get_state() for g in self.parallel.generators],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.dit.load_state_dict(state["dit"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():
+            for shadow, saved in zip(self.ema.shadow, state["ema"], strict=True):
+                shadow.copy_(saved)
+        self.rng.bit_generator.state = json.loads(state["rng"])
+        for generator, saved in zip(self.parallel.generators, state["generators"], strict=True):
+            generator.set_state(saved)
+        self.parallel.sync()
+
+    def finish(self) -> None:
+        """The EMA weights into `dit`, left in eval mode without gradients; the replicas' threads ended."""
+        self.parallel.close()
+        self.ema.copy_to(self.dit)
+        self.dit.eval().requires_grad_(False)

@@ -15,9 +15,15 @@ import torch
 from PIL import Image
 
 from h3serve.demo.training.vaes import normalised_pixels
-from h3serve.demo.world import world
+from h3serve.demo.world import drawn
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import prompt_for
-from h3serve.model.conditioning import AudioReference, encode_audio_condition, normalize_image_reference
+from h3serve.model.conditioning import (
+    AudioReference,
+    encode_audio_condition,
+    normalize_image_reference,
+    prepare_keyframes,
+)
 from h3serve.model.encode_inputs import keyframes_encoded, presentation, reference_encoded, reference_media
 from h3serve.model.layout import Layout, ReferenceBlock, patchify
 from h3serve.model.pipeline_types import H3Components, LatentGuide, LatentTarget, StageClock
@@ -119,8 +125,20 @@ class ExampleBuilder:
 
     def keyframes(self, clip: SceneClip, anchors: tuple[str, ...]) -> Example:
         """T2VA (no anchors) or FL2VA with a first and/or last keyframe taken from the clip itself."""
-        prompt = prompt_for(clip.scene.attrs)
         images = [Image.fromarray(clip.frames[0 if a == "first" else -1]) for a in anchors]
+        return self._keyframes(clip, anchors, images)
+
+    def drawn_keyframes(self, clip: SceneClip, anchors: tuple[str, ...], rng: np.random.Generator) -> Example:
+        """FL2VA with keyframes of the clip's first and/or last frame as a person draws them (`drawn`), put on the
+        canvas by the server's own fit (`prepare_keyframes`)."""
+        last = clip.frames.shape[0] - 1
+        images = [drawn.drawn_keyframe(rng, clip.scene, 0 if a == "first" else last, stretched=i == 0)
+                  for i, a in enumerate(anchors)]
+        return self._keyframes(clip, anchors, prepare_keyframes([Image.fromarray(i) for i in images], self.width,
+                                                                self.height))
+
+    def _keyframes(self, clip: SceneClip, anchors: tuple[str, ...], images: list[Image.Image]) -> Example:
+        prompt = prompt_for(clip.scene.attrs)
         target = self._target(clip.frames.shape[0])
         plan = _Plan(prompt, *astuple(target))
         enc = keyframes_encoded(self.components, torch.device("cpu"), plan, images, anchors, self.clock)
@@ -135,10 +153,26 @@ class ExampleBuilder:
         """Ref2VA: a reference image of the object (its colour), and with `with_sound` a reference audio clip of the
         tone (its pitch); the prompt names only the shape and the motion (and the sound without a reference)."""
         attrs = clip.scene.attrs
-        image = Image.fromarray(world.reference_image(attrs.color, attrs.shape))
-        refs: list = [normalize_image_reference(image, self.reference_short_edge)]
+        sound = world.reference_audio(attrs.sound) if with_sound else None
+        return self._references(clip, world.reference_image(attrs.color, attrs.shape), sound)
+
+    def drawn_references(self, clip: SceneClip, with_sound: bool, rng: np.random.Generator) -> Example:
+        """`references` with a reference image (and sound) as a person makes them (`drawn`); the sound cut to the
+        clip's length, as the server cuts a reference clip to the request's duration."""
+        attrs = clip.scene.attrs
+        image = drawn.drawn_reference_image(rng, attrs.color, attrs.shape)
+        sound = None
         if with_sound:
-            refs.append(AudioReference(torch.from_numpy(world.reference_audio(attrs.sound))))
+            keep = int(clip.frames.shape[0] / limits.FPS * limits.AUDIO_SAMPLE_RATE)
+            sound = drawn.drawn_reference_audio(rng, attrs.sound)[:, :keep]
+        return self._references(clip, image, sound)
+
+    def _references(self, clip: SceneClip, image: np.ndarray, sound: np.ndarray | None) -> Example:
+        attrs = clip.scene.attrs
+        with_sound = sound is not None
+        refs: list = [normalize_image_reference(Image.fromarray(image), self.reference_short_edge)]
+        if sound is not None:
+            refs.append(AudioReference(torch.from_numpy(np.ascontiguousarray(sound))))
         media = reference_media(self.components, torch.device("cpu"), refs, self.clock)
         prompt = prompt_for(attrs, reference_image=True, reference_sound=with_sound)
         text = presentation(self.components, media, prompt)

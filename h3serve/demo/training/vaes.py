@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import BACKGROUND_RGB, Attributes
 from h3serve.rules import limits
 
@@ -31,7 +31,7 @@ AUDIO_MSE_WEIGHT = 20.0
 # and in the learning rate's warm-up (AUDIO_WARMUP of the steps) every crop is. The world's clicks fill under 2 % of
 # its latents and the stage never learnt them from the world alone (no click reproduced in nine trials, even with
 # extra clicks added to the world's crops); with the burst crops it reproduces every click of the world's bouncing
-# soundtracks on two seeds of two, without the burst-only warm-up on one (docs/demo_world.md, run 8).
+# soundtracks on two seeds of two, without the burst-only warm-up on one (docs/demo_lab_notebook.md, run 8).
 AUDIO_BURST_CROPS = 2
 BURST_SHARE = 0.3
 AUDIO_WARMUP = 0.1
@@ -68,15 +68,16 @@ def video_batch(rng: np.random.Generator, batch: int, canvas: Canvas) -> torch.T
 def train_video_vae(vae, steps: int, canvas: Canvas, seed: int, log: LossLog, batch: int = 2, lr: float = 2e-3):
     """Reconstruction (foreground-weighted MSE in the VAE's pixel space) plus a small KL, through encode/decode."""
     rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
-    background = normalised_pixels(np.array(BACKGROUND_RGB, dtype=np.uint8).reshape(1, 1, 1, 3))
+    device = next(vae.parameters()).device  # the batches are drawn on the CPU and moved there
+    generator = torch.Generator(device).manual_seed(seed)
+    background = normalised_pixels(np.array(BACKGROUND_RGB, dtype=np.uint8).reshape(1, 1, 1, 3)).to(device)
     vae.train().requires_grad_(True)
     with torch.no_grad():  # the moments' second half is the log-variance: start it small
         vae.quant_conv.bias[vae.config.latent_channels :] = INITIAL_LOGVAR
     optimizer = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=0.1)
     for step in range(steps):
-        x = video_batch(rng, batch, canvas)
+        x = video_batch(rng, batch, canvas).to(device)
         posterior = vae.encode(x).latent_dist
         y = vae.decode(posterior.sample(generator=generator)).sample
         weight = 1.0 + FOREGROUND_WEIGHT * ((x - background).abs().amax(dim=1, keepdim=True) > 0.3).float()
@@ -87,7 +88,7 @@ def train_video_vae(vae, steps: int, canvas: Canvas, seed: int, log: LossLog, ba
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        log("video_vae", step, float(loss))
+        log("video_vae", step, float(loss.detach()))
     vae.eval().requires_grad_(False)
 
 
@@ -122,6 +123,7 @@ def train_audio_vae(audio_vae, steps: int, seed: int, log: LossLog, batch: int =
     error keeps pointing at the signal. The decoder's output gain (`conv_post.weight_g`, tiny at the start) stays
     fixed: Adam's first steps would otherwise drive it to zero before anything else learns."""
     rng = np.random.default_rng(seed)
+    device = next(audio_vae.parameters()).device
     audio_vae.train().requires_grad_(True)
     audio_vae.decoder.conv_post.weight_g.requires_grad_(False)
     trained = [p for p in audio_vae.parameters() if p.requires_grad]
@@ -129,7 +131,7 @@ def train_audio_vae(audio_vae, steps: int, seed: int, log: LossLog, batch: int =
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=steps, pct_start=AUDIO_WARMUP)
     warmup = round(AUDIO_WARMUP * steps)
     for step in range(steps):
-        x = audio_batch(rng, batch, batch if step < warmup else AUDIO_BURST_CROPS)
+        x = audio_batch(rng, batch, batch if step < warmup else AUDIO_BURST_CROPS).to(device)
         y = audio_vae.decode(audio_vae.encode(x).latent_dist.mode()).sample
         loss = AUDIO_MSE_WEIGHT * (y - x).pow(2).mean()
         optimizer.zero_grad(set_to_none=True)
@@ -137,7 +139,7 @@ def train_audio_vae(audio_vae, steps: int, seed: int, log: LossLog, batch: int =
         torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         schedule.step()
-        log("audio_vae", step, float(loss))
+        log("audio_vae", step, float(loss.detach()))
     audio_vae.eval().requires_grad_(False)
 
 

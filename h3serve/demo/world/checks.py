@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from h3serve.demo.world.grammar import BACKGROUND_RGB, COLOR_RGB, Attributes
-from h3serve.demo.world.world import horizontal_speed, object_size, vertical_speed
+from h3serve.demo.world.scenes import horizontal_speed, object_size, vertical_speed
 from h3serve.rules.limits import AUDIO_SAMPLE_RATE, FPS
 
 FOREGROUND_DISTANCE = 50  # a channel this far from the video's median (background) colour marks the object
@@ -122,15 +122,24 @@ def centroids(video: np.ndarray) -> np.ndarray:
     return _centroids(_layers(_check_video(video)))
 
 
+def color_cosines(offset: np.ndarray) -> dict[str, float]:
+    """The cosine between a colour's offset from its background (RGB [3]) and each named colour's offset from the
+    world's background: the direction `measure_color` names a colour by."""
+    offset = np.asarray(offset, dtype=np.float64)
+    cosines = {}
+    for name, rgb in COLOR_RGB.items():
+        reference = np.asarray(rgb, dtype=np.float64) - np.asarray(BACKGROUND_RGB, dtype=np.float64)
+        cosines[name] = float(offset @ reference / (np.linalg.norm(offset) * np.linalg.norm(reference) + 1e-9))
+    return cosines
+
+
 def _color_from(video: np.ndarray, layers: _Layers) -> str | None:
     if not layers.mask.any():
         return None
     core = layers.mask & (layers.distance >= 0.5 * _full_distance(layers))
     mean = video[core].astype(np.float64).mean(axis=0) - layers.background
     best, best_cosine = None, MIN_COLOR_COSINE
-    for name, rgb in COLOR_RGB.items():
-        reference = np.asarray(rgb, dtype=np.float64) - np.asarray(BACKGROUND_RGB, dtype=np.float64)
-        cosine = float(mean @ reference / (np.linalg.norm(mean) * np.linalg.norm(reference) + 1e-9))
+    for name, cosine in color_cosines(mean).items():
         if cosine >= best_cosine:
             best, best_cosine = name, cosine
     return best
@@ -249,11 +258,12 @@ def _object_in(image: np.ndarray) -> tuple[np.ndarray, str | None] | None:
     return None if np.isnan(centre).any() else (centre, _color_from(image[None], layers))
 
 
-def check_keyframe(video: np.ndarray, keyframe: np.ndarray) -> bool:
-    """FL2VA: frame 0 reproduces the keyframe: PSNR >= 20 dB, and an object in both or in neither, of the same
-    named colour with centres within size / 2. (On a mostly-background canvas PSNR alone passes a frame without
-    the object, ~22.7 dB, or another colour and shape in the same place, ~20.2 dB.)"""
-    first = _check_video(video)[0]
+def check_keyframe(video: np.ndarray, keyframe: np.ndarray, frame: int = 0) -> bool:
+    """FL2VA: the frame the keyframe pins (0 for a first keyframe, -1 for a last one) reproduces it (as the pipeline
+    put it on the canvas): PSNR >= 20 dB, and an object in both or in neither, of the same named colour with centres
+    within size / 2. (On a mostly-background canvas PSNR alone passes a frame without the object, ~22.7 dB, or
+    another colour and shape in the same place, ~20.2 dB.)"""
+    first = _check_video(video)[frame]
     if psnr(first, keyframe) < KEYFRAME_MIN_PSNR:
         return False
     wanted, found = _object_in(np.asarray(keyframe)), _object_in(first)

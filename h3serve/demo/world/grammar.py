@@ -20,7 +20,7 @@ COLOR_RGB: dict[str, tuple[int, int, int]] = {
 BACKGROUND_RGB = (12, 12, 20)
 # Whole periods per 25 ms audio latent (800 samples), so each tone's latents are steady over time: the beep 44, the
 # hum 6. At 220 Hz (5.5 periods) the hum's phase flipped every latent, six latent channels alternated sign, and the
-# DiT lost the alternation: the hum dropped in and out and its pan failed (docs/demo_world.md).
+# DiT lost the alternation: the hum dropped in and out and its pan failed (docs/demo_lab_notebook.md).
 PITCH_HZ: dict[str, float] = {"low hum": 240.0, "high beep": 1760.0}
 
 REFERENCE_SOUND = "the reference sound"

@@ -5,8 +5,9 @@ The runner threads, the finishers, the lease heartbeat and the API threads all m
 of `JobBook`'s methods, each taking its lock (`cond`, re-entrant: a caller may already hold it to combine a change
 with a store write). No other class writes its fields; its invariants (tests/engine/test_job_book.py) hold because
 these methods are the only way in:
-- a job is held by at most one replica, and in one state there: running (`active`) or finishing (its output being
-  written while the runner takes the next job);
+- a job is held by at most one replica, and in one state there: running (`active`), finishing (its output being
+  written while the runner takes the next job) or uploading (its files going to the output store's bucket, the
+  replica free);
 - a replica runs at most one job and finishes at most one, and a real-time session holds only a replica that runs
   nothing;
 - a dropped job (deleted, or claimed by another server) never starts: its run is cancelled at once;
@@ -19,15 +20,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from h3serve.engine.jobs.types import JobListener, StartListener
+from h3serve.engine.jobs.types import JobListener, StartListener, UploadListener
+from h3serve.errors import ServerError
 from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.validate import GenerationPlan
 
 RECENT_RUNS = 8  # run times kept for the Retry-After estimate
 
 
-class JobStateError(RuntimeError):
+class JobStateError(ServerError, RuntimeError):
     """A change the book's invariants forbid (a bug in the caller, never a client's error)."""
+
+    code = "job_state_error"
 
 
 @dataclass
@@ -58,6 +62,7 @@ class JobBook:
         self.stop_background = threading.Event()  # ends the heartbeat and the TTL sweeper
         self.listeners: list[JobListener] = []
         self.start_listeners: list[StartListener] = []
+        self.upload_listeners: list[UploadListener] = []
         self._replicas = replicas
         self._stopping = False
         self._wakeups = 0  # bumped on every local submit: a runner that saw no job re-checks before waiting
@@ -65,6 +70,7 @@ class JobBook:
         self._active: dict[int, ActiveJob] = {}  # replica -> the job it runs
         self._finishing: dict[int, ActiveJob] = {}  # replica -> its job whose output is being written
         self._finishers: dict[int, threading.Thread] = {}  # replica -> the thread writing it
+        self._uploading: dict[str, ActiveJob] = {}  # job id -> a job whose files go up to the bucket
         self._sessions: set[int] = set()  # replicas held by a real-time session (their runners claim no job)
         self._served = [0] * replicas
         self._counters: list[dict[str, int]] = [{} for _ in range(replicas)]  # as of each replica's last output
@@ -82,9 +88,14 @@ class JobBook:
         return self._wakeups
 
     def held(self) -> list[ActiveJob]:
-        """Every job this server holds: running on a replica, or having its output written."""
+        """Every job this server holds: running on a replica, having its output written, or uploaded."""
         with self.cond:
-            return [*self._active.values(), *self._finishing.values()]
+            return [*self._active.values(), *self._finishing.values(), *self._uploading.values()]
+
+    def uploads(self) -> list[ActiveJob]:
+        """The jobs whose files go up to the bucket now."""
+        with self.cond:
+            return list(self._uploading.values())
 
     def find(self, job_id: str) -> ActiveJob | None:
         return next((a for a in self.held() if a.job_id == job_id), None)
@@ -192,6 +203,20 @@ class JobBook:
             self._finishing[replica] = active
             self._finishers[replica] = finisher
 
+    def uploading(self, active: ActiveJob) -> None:
+        """The job's files are written: they go up to the bucket on the upload pool, its replica free (running the
+        next job, finishing nothing). The job stays held: its lease is renewed, a drain waits for it."""
+        with self.cond:
+            replica = active.replica
+            if self._active.get(replica) is active:
+                del self._active[replica]
+            elif self._finishing.get(replica) is active:
+                del self._finishing[replica]
+            else:
+                raise JobStateError(f"job {active.job_id} is not held by replica {replica}")
+            self._uploading[active.job_id] = active
+            self.cond.notify_all()
+
     def release(self, replica: int, active: ActiveJob) -> None:
         """The job leaves this server's hands (its outcome is stored, or it went back to the queue): count it and
         wake its waiters, and a drain that waits for the held jobs."""
@@ -200,6 +225,8 @@ class JobBook:
                 del self._active[replica]
             elif self._finishing.get(replica) is active:
                 del self._finishing[replica]
+            elif self._uploading.get(active.job_id) is active:
+                del self._uploading[active.job_id]
             else:
                 raise JobStateError(f"job {active.job_id} is not held by replica {replica}")
             self._served[replica] += 1

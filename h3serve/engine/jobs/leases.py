@@ -8,8 +8,8 @@ import logging
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import Outcomes
+from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.types import JobPolicy
-from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.records import FINISHED
 from h3serve.jobstore.store import JobStore
 
@@ -19,9 +19,9 @@ log = logging.getLogger("h3serve.jobs")
 class LeaseKeeper:
     """Renews one manager's leases and notices the jobs it no longer holds."""
 
-    def __init__(self, store: JobStore, files: JobFiles, book: JobBook, outcomes: Outcomes, policy: JobPolicy):
+    def __init__(self, store: JobStore, publisher: Publisher, book: JobBook, outcomes: Outcomes, policy: JobPolicy):
         self.store = store
-        self.files = files
+        self.publisher = publisher
         self.book = book
         self.outcomes = outcomes
         self.policy = policy
@@ -51,7 +51,7 @@ class LeaseKeeper:
         if not store.shared:
             return
         for job_id in store.reap_orphaned_sync():
-            self.files.remove(job_id)
+            self.publisher.forget(job_id)
         with book.cond:
             running = {a.job_id for a in book.held()}
             tracked = [j for j in book.tracked() if j not in running]

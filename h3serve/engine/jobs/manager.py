@@ -16,7 +16,8 @@ record are the same as without overlap (`overlap_output=False` writes them befor
 
 Here: the manager and what the API asks of it (submit, delete, capacity, health). It owns its parts: one
 `ReplicaRunner` per replica (runner.py), the `Outcomes` recorder (outcomes.py), the `LeaseKeeper` (leases.py),
-the `Recovery` (recovery.py) and the replicas real-time sessions hold (`SessionSlots`, sessions.py); their shared
+the `Publisher` (publishing.py: outputs into the output store), the `Recovery` (recovery.py) and the replicas
+real-time sessions hold (`SessionSlots`, sessions.py); their shared
 state, under one lock, is its `JobBook` (book.py), and the settings they read its `JobPolicy` (types.py).
 """
 
@@ -34,9 +35,11 @@ from dataclasses import replace
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.leases import LeaseKeeper
 from h3serve.engine.jobs.outcomes import Outcomes
+from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.recovery import Recovery
 from h3serve.engine.jobs.replica_runner import ReplicaRunner
 from h3serve.engine.jobs.sessions import SessionSlots
+from h3serve.engine.jobs.shared_inputs import SharedInputs
 from h3serve.engine.jobs.types import (
     ExecutorLike,
     JobListener,
@@ -45,13 +48,16 @@ from h3serve.engine.jobs.types import (
     ReplicaStatus,
     ShuttingDown,
     StartListener,
+    UploadListener,
 )
 from h3serve.engine.planning import plan_request
 from h3serve.engine.submission import Admission, PreparedJob, prepare_job
 from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.records import Job, new_job_id
+from h3serve.jobstore.records import FINISHED, Job, new_job_id
 from h3serve.jobstore.store import JobStore
 from h3serve.media.mp4 import EncoderOptions
+from h3serve.output_store.interface import OutputStore
+from h3serve.output_store.local_folder import LocalFolderStore
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults
 
@@ -88,12 +94,16 @@ class JobManager:
         poll_s: float = DEFAULT_POLL_S,
         owner: str | None = None,
         overlap_output: bool = True,
+        outputs: OutputStore | None = None,
+        upload_attempts: int = 5,
+        upload_backoff_s: float = 1.0,
     ):
         self.executors: list[ExecutorLike] = list(executor) if isinstance(executor, Sequence) else [executor]
         if not self.executors:
             raise ValueError("a job manager needs at least one executor")
         self.store = store
         self.files = files
+        self.outputs: OutputStore = outputs if outputs is not None else LocalFolderStore(files)
         self.admission = Admission(model_name, max_request_cost)
         self.max_queue = max_queue
         self.stall_timeout_s = stall_timeout_s
@@ -107,15 +117,21 @@ class JobManager:
             overlap_output=overlap_output,
             encoder_options=encoder_options,
             clock=clock,
+            upload_attempts=upload_attempts,
+            upload_backoff_s=upload_backoff_s,
+            stage_manifest=self.outputs.remote,
         )
         self.book = JobBook(len(self.executors))
         self.outcomes = Outcomes(store, files, self.book, self.executors, self.policy)
+        self.publisher = Publisher(store, files, self.outputs, self.book, self.outcomes, self.policy)
+        self.inputs = SharedInputs(files, self.outputs, store.shared)
         self.runners = [
-            ReplicaRunner(i, ex, store, files, self.book, self.outcomes, self.policy, self._replan)
+            ReplicaRunner(i, ex, store, self.publisher, self.inputs, self.book, self.outcomes, self.policy,
+                          self._replan)
             for i, ex in enumerate(self.executors)
         ]
-        self.leases = LeaseKeeper(store, files, self.book, self.outcomes, self.policy)
-        self.recovery = Recovery(store, files, self.book, self.policy, self._replan)
+        self.leases = LeaseKeeper(store, self.publisher, self.book, self.outcomes, self.policy)
+        self.recovery = Recovery(store, self.publisher, self.book, self.policy, self._replan)
         self.sessions = SessionSlots(self.book, self.executors, self._retry_after_s)  # real-time sessions' replicas
         self._runner_threads: list[threading.Thread] = []
         self._background: list[threading.Thread] = []
@@ -202,12 +218,16 @@ class JobManager:
         return finished
 
     def join(self, timeout_s: float = 30.0) -> bool:
-        """Wait for every thread to exit; True once all have (the store may then be closed)."""
+        """Wait for every thread to exit and the uploads in flight to end; True once all have (the store may then
+        be closed). An upload still going is left: its job is published again on the next start."""
         deadline = time.monotonic() + timeout_s
         threads = (*self._runner_threads, *self._background)
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in threads)
+        uploaded = self.publisher.join(deadline - time.monotonic())
+        if uploaded:
+            self.publisher.close()
+        return uploaded and not any(t.is_alive() for t in threads)
 
     def healthy(self) -> bool:
         return self.unhealthy_reason() is None
@@ -250,6 +270,11 @@ class JobManager:
         """`listener(replica, queue_wait_s)` is called from a runner thread whenever it takes a job."""
         self.book.start_listeners.append(listener)
 
+    def add_upload_listener(self, listener: UploadListener) -> None:
+        """`listener(outcome, bytes, seconds)` is called from an upload thread for every file put into a bucket
+        ("uploaded") and every failed attempt at a job's files ("retried", or "failed": the job failed)."""
+        self.book.upload_listeners.append(listener)
+
     # -- requests from the API -------------------------------------------------------------------------------
 
     @property
@@ -278,32 +303,44 @@ class JobManager:
         return max(1, math.ceil(sum(recent) / len(recent) / len(self.executors)))
 
     def submit(
-        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False
+        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False,
+        key_scope: str = "",
     ) -> Job:
         """Plan, admit and record `request`, then queue it (`prepare`, then `enqueue`). `seconds`: the job's
-        `seconds` as the client asked (None: the planned duration)."""
-        return self.enqueue(self.prepare(request, job_id=job_id, seconds=seconds, sync=sync))
+        `seconds` as the client asked (None: the planned duration); `key_scope`: the API key that asked."""
+        return self.enqueue(self.prepare(request, job_id=job_id, seconds=seconds, sync=sync, key_scope=key_scope))
 
     def prepare(
-        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False
+        self, request: GenerationRequest, *, job_id: str | None = None, seconds: str | None = None, sync: bool = False,
+        key_scope: str = "",
     ) -> PreparedJob:
         """The job `request` becomes: planned (`RequestError` / `MediaError` naming the field), admitted by cost
         (`TooCostly`) and recorded, not yet queued. A sync request prepares once and may then wait for a slot."""
         return prepare_job(request, self.defaults, self.tasks, self.admission, job_id=job_id or new_job_id(),
-                           created_at=int(self.policy.clock()), seconds=seconds, sync=sync)
+                           created_at=int(self.policy.clock()), seconds=seconds, sync=sync, key_scope=key_scope)
 
     def enqueue(self, prepared: PreparedJob) -> Job:
         """Store the prepared job in the queue behind the others. Raises `QueueFull` or `ShuttingDown`.
 
         A sync job is leased to this server from the start: only it may run the job (its HTTP client waits
-        here), and if this server dies the lease runs out and any server deletes the job."""
+        here), and if this server dies the lease runs out and any server deletes the job. On a shared queue
+        whose outputs go to a bucket, the job's input files go there first (`OutputStoreUnavailable` if they
+        cannot), so that any server can run it."""
         job = prepared.job
         with self.book.cond:
             self._check_capacity(job.num_outputs)
-            if job.sync:
-                job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
-            job = self.store.insert(job)
-            self.book.track(job.id, prepared.plan)
+        self.inputs.share(job)  # outside the lock: uploads take time
+        try:
+            with self.book.cond:
+                self._check_capacity(job.num_outputs)
+                if job.sync:
+                    job = replace(job, owner=self.policy.owner, lease_expires_at=time.time() + self.policy.lease_s)
+                job = self.store.insert(job)
+                self.book.track(job.id, prepared.plan)
+        except BaseException:
+            if self.inputs.active and not job.sync:
+                self.inputs.unshare(job.id)
+            raise
         return job
 
     def done_event(self, job_id: str) -> threading.Event | None:
@@ -314,7 +351,11 @@ class JobManager:
 
     def delete(self, job_id: str) -> bool:
         """Forget a job and its files. A queued job leaves the queue; a running one stops at its next step
-        (on another server: once that server's lease renewal finds the record gone)."""
+        (on another server: once that server's lease renewal finds the record gone). A finished job's objects
+        leave a bucket before its record does: `OutputStoreUnavailable` (the job kept) when they cannot."""
+        finished = self.store.get(job_id)
+        if finished is not None and finished.status in FINISHED and not finished.expired:
+            self.publisher.remove_published(job_id)
         with self.book.cond:
             job = self.store.get(job_id)
             if job is None or not self.store.delete(job_id):
@@ -329,7 +370,7 @@ class JobManager:
         running_elsewhere = (job.status == "in_progress" and job.owner != self.policy.owner
                              and (job.lease_expires_at or 0) > time.time())
         if not running_elsewhere:  # else its owner removes them once it lets go (it may be writing them)
-            self.files.remove(job_id)
+            self.publisher.forget(job_id)
         return True
 
     # -- leases and expiry -------------------------------------------------------------------------------------

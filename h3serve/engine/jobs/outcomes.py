@@ -1,11 +1,12 @@
-"""How a job's run ends, recorded once while this server still holds the job: completed with its files written,
-failed with its error, back in the queue (a shutdown stopped it), or dropped (deleted, or claimed by another
-server after this one's lease ran out)."""
+"""How a job's run ends, recorded once while this server still holds the job: completed with its files written
+(and published: publishing.py), failed with its error, back in the queue (a shutdown stopped it), or dropped
+(deleted, or claimed by another server after this one's lease ran out)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from h3serve.engine.artifacts import discard_files, write_artifacts
 from h3serve.engine.executor import Cancelled, EngineError
 from h3serve.engine.jobs.book import ActiveJob, JobBook
+from h3serve.engine.jobs.staging import Staged
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy
 from h3serve.errors import H3ServeError, job_error_for
 from h3serve.jobstore.job_files import JobFiles
@@ -29,6 +31,16 @@ def job_error(exc: BaseException) -> JobError:
     return JobError(failure.code, failure.message)
 
 
+def _timeline(
+    output: GenerationOutput, started: float, encode_start: float, encoded: float
+) -> tuple[tuple[str, float, float], ...]:
+    """The engine's stage spans and the parent's encode (one time.monotonic clock per host), in seconds since the
+    job's run began, in start order."""
+    spans = [*output.stage_timeline, ("encode", encode_start, encoded)]
+    return tuple((name, round(start - started, 6), round(end - started, 6))
+                 for name, start, end in sorted(spans, key=lambda span: span[1]))
+
+
 class Outcomes:
     """Records how the runs of one manager's jobs end, in its store, under its book's lock."""
 
@@ -41,15 +53,32 @@ class Outcomes:
         self.executors = executors
         self.policy = policy
 
-    def write_and_finish(self, active: ActiveJob, output: GenerationOutput) -> None:
-        """Write the job's MP4 (and its other artifacts) and record it completed; never raises."""
+    def write(self, active: ActiveJob, output: GenerationOutput) -> Staged | None:
+        """Write the job's MP4s and previews into its folder (staged; with their manifest when they go on to a
+        bucket): what publishing them records once they are in the output store. None when the job was dropped, or
+        failed here (recorded). Never raises."""
         job_id = active.job_id
         encode_start = time.monotonic()
         try:
             if active.dropped:
                 discard_files(output)
-                return
-            write_artifacts(self.files.job_dir(job_id), output, active.encoder or self.policy.encoder_options)
+                return None
+            job_dir = self.files.job_dir(job_id)
+            written = write_artifacts(job_dir, output, active.encoder or self.policy.encoder_options)
+            now = time.monotonic()
+            frames = output.num_frames
+            staged = Staged(written, {
+                "progress": 100,
+                "num_frames": frames,
+                "fps": limits.FPS,
+                "duration_s": frames / limits.FPS,
+                "stage_durations": {**output.stage_durations, "encode": now - encode_start},
+                "stage_timeline": _timeline(output, active.started, encode_start, now),
+                "peak_memory_mb": float(output.peak_memory_mb),
+                "inference_time_s": now - active.started,
+            })
+            if self.policy.stage_manifest:  # the data dir store publishes at once: nothing to resume
+                staged.save(job_dir)
         except Exception:
             log.exception("job %s: writing the output failed", job_id)
             self.finish(
@@ -58,29 +87,18 @@ class Outcomes:
                 error=JobError("output_failed", "writing the video file failed"),
                 inference_time_s=time.monotonic() - active.started,
             )
-            return
-        now = time.monotonic()
+            return None
         self.book.record_run(now - active.started)
-        frames = output.num_frames
-        # The engine's spans are on the same monotonic clock (one per host): placed on the job's own run.
-        spans = [*output.stage_timeline, ("encode", encode_start, now)]
-        timeline = tuple((name, round(start - active.started, 6), round(end - active.started, 6))
-                         for name, start, end in sorted(spans, key=lambda span: span[1]))
+        return staged
+
+    def complete(self, active: ActiveJob, completion: dict[str, Any]) -> bool:
+        """Record the job completed with `completion`'s fields (its files are published); True if recorded.
+        Never raises: with the store away the lease runs out and the job is claimed again."""
         try:
-            self.finish(
-                active,
-                status="completed",
-                progress=100,
-                num_frames=frames,
-                fps=limits.FPS,
-                duration_s=frames / limits.FPS,
-                stage_durations={**output.stage_durations, "encode": now - encode_start},
-                stage_timeline=timeline,
-                peak_memory_mb=float(output.peak_memory_mb),
-                inference_time_s=now - active.started,
-            )
-        except Exception:  # the store is away: the lease runs out and the job is claimed and run again
-            log.exception("job %s: recording its completion failed", job_id)
+            return self.finish(active, status="completed", **completion)
+        except Exception:
+            log.exception("job %s: recording its completion failed", active.job_id)
+            return False
 
     def drop(self, active: ActiveJob) -> None:
         """This server no longer holds `active`'s job (called under the lock): it was deleted, or another
@@ -125,25 +143,38 @@ class Outcomes:
             )
         if not isinstance(exc, H3ServeError):  # a bug, an OSError: the server's, and its text may name paths
             log.error("job %s: the run failed unexpectedly", active.job_id, exc_info=exc)
-        return job_error(exc)
+        error = job_error(exc)
+        return JobError(error.code, self._without_paths(active.job_id, error.message))
 
-    def finish(self, active: ActiveJob, **changes: Any) -> None:
-        """Record the run's outcome, once, while this server still holds the job; then tell the listeners."""
+    def _without_paths(self, job_id: str, message: str) -> str:
+        """A client-visible message with the job's files named relative to the job (`inputs/00-clip.mp4`) and the
+        server's jobs folder left out, whatever layer wrote the path into it."""
+        for folder, name in ((self.files.job_dir(job_id), "the job's folder"), (self.files.root, "the jobs folder")):
+            for form in {str(folder), str(folder.resolve())}:
+                message = message.replace(form + os.sep, "").replace(form, name)
+        return message
+
+    def finish(self, active: ActiveJob, **changes: Any) -> bool:
+        """Record the run's outcome, once, while this server still holds the job; then tell the listeners (the
+        webhook worker among them). True if recorded (False: the job was dropped meanwhile). `store.finish` writes
+        the job's webhook event in the same transaction as its final state (h3serve/jobstore/webhook_sql.py):
+        recorded here means its event is in the outbox."""
         now = int(self.policy.clock())
         changes["completed_at"] = now
         if self.policy.output_ttl_s is not None:
             changes["expires_at"] = now + math.ceil(self.policy.output_ttl_s)
         with self.book.cond:
             if active.dropped:
-                return
+                return False
             if not self.store.finish(active.job_id, self.policy.owner, **changes):
                 self.drop(active)
-                return
+                return False
         job = self.store.get(active.job_id)
         if job is None:  # deleted since
-            return
+            return True
         for listener in self.book.listeners:
             try:
                 listener(job)
             except Exception:
                 log.exception("job listener failed")
+        return True

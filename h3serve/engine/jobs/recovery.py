@@ -7,10 +7,11 @@ import logging
 
 from h3serve.engine.jobs.book import JobBook
 from h3serve.engine.jobs.outcomes import job_error
+from h3serve.engine.jobs.publishing import Publisher
 from h3serve.engine.jobs.types import JobPolicy, Replanner
-from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.store import JobStore
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
+from h3serve.output_store.interface import OutputStoreUnavailable
 from h3serve.rules.validate import RequestError
 
 log = logging.getLogger("h3serve.jobs")
@@ -21,9 +22,9 @@ ORPHAN_AGE_S = 3600.0  # shared data dir: a job folder without a record is remov
 class Recovery:
     """Makes one manager's stored queue runnable at start-up, and sweeps its expired outputs."""
 
-    def __init__(self, store: JobStore, files: JobFiles, book: JobBook, policy: JobPolicy, replan: Replanner):
+    def __init__(self, store: JobStore, publisher: Publisher, book: JobBook, policy: JobPolicy, replan: Replanner):
         self.store = store
-        self.files = files
+        self.publisher = publisher
         self.book = book
         self.policy = policy
         self.replan = replan
@@ -33,20 +34,22 @@ class Recovery:
         unfinished, in order (failing what no longer plans), and drop sync jobs (their clients went away with
         that process) and job folders without a record. A shared store: other servers' leases decide; only
         orphaned sync jobs and old record-less folders go."""
-        store, files = self.store, self.files
+        store, files = self.store, self.publisher.files
         if store.shared:
             for job_id in store.reap_orphaned_sync():
-                files.remove(job_id)
+                self.publisher.forget(job_id)
             orphans = files.job_ids(older_than_s=ORPHAN_AGE_S) - store.ids()
         else:
             for job in store.sync_jobs():
                 store.delete(job.id)
-                files.remove(job.id)
+                self.publisher.forget(job.id)
             store.release_all()
             self._requeue_unfinished()
             orphans = files.job_ids() - store.ids()  # a crash between record and folder removal
         for orphan in orphans:
-            files.remove(orphan)
+            files.remove(orphan)  # a folder here only: its objects (if any) went with its record
+        if dropped := self.publisher.drop_stale_staging():
+            log.info("removed the staged outputs of %d job(s) published or ended elsewhere", dropped)
         self.sweep_expired()
 
     def _requeue_unfinished(self) -> None:
@@ -64,14 +67,22 @@ class Recovery:
             log.info("recovered %d unfinished job(s)", recovered)
 
     def sweep_expired(self) -> int:
-        """Delete the files of every job past its `expires_at`; the record stays, marked expired."""
+        """Delete the files of every job past its `expires_at`; the record stays, marked expired. A bucket's
+        objects go first: while the bucket is unreachable the job stays unexpired and the next sweep retries."""
         swept = 0
         for job in self.store.due_to_expire(int(self.policy.clock())):
+            if self.book.find(job.id) is not None:
+                continue
+            try:
+                self.publisher.remove_published(job.id)
+            except OutputStoreUnavailable as e:
+                log.warning("job %s: its expired outputs stay until the next sweep: %s", job.id, e)
+                continue
             with self.book.cond:
                 if self.book.find(job.id) is not None:
                     continue
                 self.store.update(job.id, expired=True)
-            self.files.remove(job.id)
+            self.publisher.files.remove(job.id)
             swept += 1
         return swept
 

@@ -1,6 +1,7 @@
 """A replica's runner: claim the next queued job from the store under a lease, run it on the replica's executor,
 and hand its output to the finisher thread (output overlap: the MP4 is written while the runner takes the next
-job) or write it before the next one (`overlap_output=False`)."""
+job) or write it before the next one (`overlap_output=False`); then publish it (publishing.py: into a bucket by
+the upload pool, while both go on). A claimed job whose outputs were staged here before is only published."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import threading
 
 from h3serve.engine.jobs.book import ActiveJob, JobBook
 from h3serve.engine.jobs.outcomes import Outcomes, job_error
+from h3serve.engine.jobs.publishing import Publisher
+from h3serve.engine.jobs.shared_inputs import SharedInputs
 from h3serve.engine.jobs.types import ExecutorLike, JobPolicy, Replanner
-from h3serve.jobstore.job_files import JobFiles
-from h3serve.jobstore.records import Job
+from h3serve.jobstore.records import Job, JobError
 from h3serve.jobstore.store import JobStore
-from h3serve.media.intake import MediaError
+from h3serve.media.media_inputs import MediaError
 from h3serve.messages import GenerationOutput
+from h3serve.output_store.interface import OutputMissing, OutputStoreUnavailable
 from h3serve.rules.validate import GenerationPlan, RequestError
 
 log = logging.getLogger("h3serve.jobs")
@@ -28,7 +31,8 @@ class ReplicaRunner:
         replica: int,
         executor: ExecutorLike,
         store: JobStore,
-        files: JobFiles,
+        publisher: Publisher,
+        inputs: SharedInputs,
         book: JobBook,
         outcomes: Outcomes,
         policy: JobPolicy,
@@ -37,7 +41,8 @@ class ReplicaRunner:
         self.replica = replica
         self.executor = executor
         self.store = store
-        self.files = files
+        self.publisher = publisher
+        self.inputs = inputs
         self.book = book
         self.outcomes = outcomes
         self.policy = policy
@@ -56,6 +61,11 @@ class ReplicaRunner:
                         log.exception("job start listener failed")
                 output = None
                 try:
+                    staged = self.publisher.staged(job.id)
+                    if staged is not None:  # written before this server stopped or died, mid-upload
+                        log.info("job %s: its outputs were written before; publishing them", job.id)
+                        self.publisher.publish(active, staged, self._release)
+                        continue
                     plan = self._plan_for(job, active)
                     if plan is not None:
                         output = self._run(active, plan)
@@ -63,9 +73,9 @@ class ReplicaRunner:
                     self.outcomes.record_failure(active, e)
                 if output is not None and self.policy.overlap_output:
                     self._hand_off(active, output)  # written while this runner takes the next job
+                elif output is not None:
+                    self._finish(active, output)
                 else:
-                    if output is not None:
-                        self.outcomes.write_and_finish(active, output)
                     self._release(active)
         finally:
             finisher = self.book.finisher_of(self.replica)
@@ -102,33 +112,48 @@ class ReplicaRunner:
         if previous is not None:
             previous.join()  # one job finishing per replica: bounded memory, outcomes recorded in order
 
-        def write_then_release() -> None:
-            try:
-                self.outcomes.write_and_finish(active, output)
-            finally:
-                self._release(active)
-
-        thread = threading.Thread(target=write_then_release, name=f"h3serve-job-finisher-{self.replica}", daemon=True)
+        thread = threading.Thread(target=self._finish, args=(active, output),
+                                  name=f"h3serve-job-finisher-{self.replica}", daemon=True)
         self.book.hand_off(self.replica, active, thread)
         thread.start()
 
+    def _finish(self, active: ActiveJob, output: GenerationOutput) -> None:
+        """Write the job's files, then publish them; the job is released once recorded (by the upload pool when
+        they go to a bucket). Never raises."""
+        staged = None
+        try:
+            staged = self.outcomes.write(active, output)
+        finally:
+            if staged is None:
+                self._release(active)
+        if staged is not None:
+            self.publisher.publish(active, staged, self._release)
+
     def _release(self, active: ActiveJob) -> None:
-        """The job leaves this server's hands: remove a deleted job's files, count it, wake its waiters."""
+        """The job leaves this server's hands: remove a deleted job's files (here and in a bucket), count it, wake
+        its waiters."""
         if active.deleted:
-            self.files.remove(active.job_id)
+            self.publisher.forget(active.job_id)
         self.book.release(self.replica, active)
 
     def _plan_for(self, job: Job, active: ActiveJob) -> GenerationPlan | None:
         """The job's plan: the one made at submission, else planned again (a job submitted to another server,
-        or before a restart); None after failing the job when its request no longer plans."""
+        whose inputs are fetched from the bucket, or before a restart); None after failing the job when its request
+        no longer plans or its inputs cannot be fetched."""
         plan = self.book.plan_of(job.id)
         if plan is not None:
             return plan
         try:
-            return self.replan(job.request)
+            return self.replan(self.inputs.localized(job))
         except (RequestError, MediaError) as e:  # the model or the input files changed under the job
             self.outcomes.finish(active, status="failed", error=job_error(e))
-            return None
+        except OutputMissing:
+            self.outcomes.finish(active, status="failed", error=JobError(
+                "invalid_media", "the job's input files are missing from the output store"))
+        except OutputStoreUnavailable as e:
+            self.outcomes.finish(active, status="failed", error=JobError(
+                e.code, f"fetching the job's input files from the output store failed: {e.reason}"))
+        return None
 
     def _run(self, active: ActiveJob, plan: GenerationPlan) -> GenerationOutput | None:
         """The engine run of the job; its output, or None when the job was dropped meanwhile."""

@@ -64,6 +64,8 @@ class ReplicaStatus:
 
 JobListener = Callable[[Job], None]
 StartListener = Callable[[int, float], None]  # (replica, seconds the job waited in the queue)
+# (outcome, bytes, seconds) per file put into a bucket: "uploaded", or a failed attempt "retried" / "failed" (0, 0).
+UploadListener = Callable[[str, int, float], None]
 Replanner = Callable[[GenerationRequest], GenerationPlan]  # a stored job's request planned again on this server
 
 
@@ -80,3 +82,6 @@ class JobPolicy:
     overlap_output: bool
     encoder_options: EncoderOptions
     clock: Callable[[], float]
+    upload_attempts: int = 5  # tries at putting a job's outputs into a bucket before the job fails
+    upload_backoff_s: float = 1.0  # the wait after the first failed try; doubled after each (at most 30 s)
+    stage_manifest: bool = False  # outputs go up to a bucket: a staged job's manifest lets a restart publish it

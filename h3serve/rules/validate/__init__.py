@@ -7,9 +7,9 @@ media, edits) are in `inputs`, those of the length (frames, long video, windows)
 
 from h3serve.errors import RequestError
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.validate.generation_plan import GenerationPlan
 from h3serve.rules.validate.inputs import driving_audio_split, resolve_start_times, resolve_task
 from h3serve.rules.validate.length import resolve_long_video_mode
-from h3serve.rules.validate.plan import GenerationPlan
 from h3serve.rules.validate.resolve import validate
 
 __all__ = [

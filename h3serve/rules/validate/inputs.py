@@ -11,6 +11,7 @@ from h3serve.rules import geometry, limits
 from h3serve.rules.edit_mask import LatentMask, MaskError, audio_mask, video_mask
 from h3serve.rules.names import AUDIO_MODES, TASKS
 from h3serve.rules.request import GenerationRequest
+from h3serve.rules.shown import shown
 
 
 def resolve_task(request: GenerationRequest) -> str:
@@ -26,7 +27,7 @@ def resolve_task(request: GenerationRequest) -> str:
     if task is None:
         return inferred
     if task not in TASKS:
-        raise RequestError("task", f"must be one of {', '.join(TASKS)}, got {task!r}")
+        raise RequestError("task", f"must be one of {', '.join(TASKS)}, got {shown(task)}")
     if task != inferred and inferred != "t2va":
         what = "references" if request.references else "keyframes"
         raise RequestError("task", f"{task} does not take {what}; this request is {inferred}")
@@ -48,7 +49,7 @@ def resolve_start_times(request: GenerationRequest, task: str) -> tuple[float, .
     values = value if isinstance(value, tuple | list) else (value,)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-            raise RequestError("start_time_seconds", f"must be seconds >= 0 (one, or one per video), got {v!r}")
+            raise RequestError("start_time_seconds", f"must be seconds >= 0 (one, or one per video), got {shown(v)}")
     if not values:
         raise RequestError("start_time_seconds", "must not be an empty list")
     return tuple(float(v) for v in values)
@@ -58,7 +59,7 @@ def driving_audio_split(request: GenerationRequest) -> GenerationRequest:
     """audio_mode=lock_source: the one driving audio as `source_audio` (an audio reference is taken out of the
     references, so it does not make the request Ref2VA). Other requests are returned as they are."""
     if request.audio_mode not in (None, *AUDIO_MODES):
-        raise RequestError("audio_mode", f"must be native or lock_source, got {request.audio_mode!r}")
+        raise RequestError("audio_mode", f"must be native or lock_source, got {shown(request.audio_mode)}")
     if request.audio_mode != "lock_source":
         return request
     audio_refs = [r for r in request.references if r.kind == "audio"]

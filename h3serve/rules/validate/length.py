@@ -9,6 +9,7 @@ from h3serve.errors import RequestError
 from h3serve.rules import geometry, limits
 from h3serve.rules.long_video import MODES, Window, max_duration_s, on_frame_grid, plan_windows, window_fits
 from h3serve.rules.request import GenerationRequest
+from h3serve.rules.shown import shown
 
 _CONTINUATION_FIELDS = ("continuation_window_frames", "continuation_overlap_frames", "continuation_prompts")
 
@@ -17,9 +18,9 @@ def resolve_long_video_mode(request: GenerationRequest, task: str) -> str | None
     """None without `long_video`; else the mode (default: continuation for ref2va, full otherwise)."""
     long_video, mode = request.long_video, request.long_video_mode
     if long_video is not None and not isinstance(long_video, bool):
-        raise RequestError("long_video", f"must be a boolean, got {long_video!r}")
+        raise RequestError("long_video", f"must be a boolean, got {shown(long_video)}")
     if mode is not None and mode not in MODES:
-        raise RequestError("long_video_mode", f"must be full or continuation, got {mode!r}")
+        raise RequestError("long_video_mode", f"must be full or continuation, got {shown(mode)}")
     if not long_video:
         if mode is not None:
             raise RequestError("long_video_mode", "needs long_video=true")
@@ -52,7 +53,7 @@ def resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:
     if request.duration_s is not None:
         d = request.duration_s
         if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d):
-            raise RequestError("duration", f"must be a number of seconds, got {d!r}")
+            raise RequestError("duration", f"must be a number of seconds, got {shown(d)}")
         if not lo <= d <= hi:
             raise RequestError(
                 "duration", f"must be between {lo:g} and {hi:g} seconds{_duration_hint(mode)}, got {d:g}"
@@ -64,12 +65,12 @@ def resolve_frames(request: GenerationRequest, mode: str | None = None) -> int:
     n = request.num_frames
     lo_frames, hi_frames = int(lo * limits.FPS), int(hi * limits.FPS)
     if isinstance(n, bool) or not isinstance(n, int):
-        raise RequestError("num_frames", f"must be an integer, got {n!r}")
+        raise RequestError("num_frames", f"must be an integer, got {shown(n)}")
     if not lo_frames <= n <= hi_frames:
         raise RequestError(
             "num_frames",
             f"must be between {lo_frames} and {hi_frames} ({lo:g}-{hi:g} s at {limits.FPS} fps)"
-            f"{_duration_hint(mode)}, got {n}",
+            f"{_duration_hint(mode)}, got {shown(n)}",
         )
     snapped = geometry.snap_frames_up(n)
     if frames_from_duration is not None and frames_from_duration != snapped:
@@ -101,7 +102,7 @@ def resolve_continuation(
         if not on_frame_grid(value):
             what = name.split("_")[1]
             raise RequestError(
-                name, f"the continuation {what} must be an integer on the 17n+5 frame grid, got {value!r}"
+                name, f"the continuation {what} must be an integer on the 17n+5 frame grid, got {shown(value)}"
             )
         sizes[name] = value
     window, overlap = sizes["continuation_window_frames"], sizes["continuation_overlap_frames"]
@@ -127,7 +128,7 @@ def resolve_continuation(
         raise RequestError(
             "continuation_prompts",
             f"must contain exactly {generated} non-empty strings (one per generated window of {num_frames} "
-            f"frames), got {count!r}",
+            f"frames), got {shown(count)}",
         )
     combined = tuple(f"{request.prompt} {p}" for p in prompts)
     for i, text in enumerate(combined):

@@ -12,6 +12,7 @@ from h3serve.errors import RequestError
 from h3serve.rules import limits
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.realtime_geometry import STUDENT_STEPS, chunks_for_frames
+from h3serve.rules.shown import shown
 from h3serve.rules.validate.resolve import check_int, check_prompt
 
 _TASKS = ("t2va",)  # the streaming LoRA was distilled on the FL2VA DiT's text-to-video-and-audio task
@@ -65,10 +66,10 @@ def plan_realtime(
 
 def _check_edge(field: str, value: object, defaults: ModelDefaults) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(field, f"must be an integer number of pixels, got {value!r}")
+        raise RequestError(field, f"must be an integer number of pixels, got {shown(value)}")
     if value <= 0 or value % limits.SPATIAL_MULTIPLE or value > defaults.max_edge:
         raise RequestError(field, f"must be a positive multiple of {limits.SPATIAL_MULTIPLE} up to "
-                                  f"{defaults.max_edge}, got {value}")
+                                  f"{defaults.max_edge}, got {shown(value)}")
     return value
 
 
@@ -76,18 +77,18 @@ def _check_extra(extra: dict[str, Any]) -> None:
     """The sampling parameters that contradict a real-time session; any other is ignored, as vLLM-Omni does."""
     for key in ("num_outputs_per_prompt", "num_videos_per_prompt", "n"):
         if extra.get(key) not in (None, 1):
-            raise RequestError(key, f"a session is one stream; must be 1, got {extra[key]!r}")
+            raise RequestError(key, f"a session is one stream; must be 1, got {shown(extra[key])}")
     task = extra.get("task", extra.get("task_type"))
     if task is not None and str(task).lower() not in _TASKS:
         raise RequestError("task", f"real-time sessions serve {', '.join(_TASKS)} only (the streaming LoRA's task), "
-                                   f"got {task!r}")
+                                   f"got {shown(task)}")
     for key in _MEDIA_KEYS:
         if extra.get(key) not in (None, "", [], {}):
             raise RequestError(key, "real-time sessions are text-to-video-and-audio only: no keyframes, references "
                                     "or control media")
     fps = extra.get("fps")
     if fps is not None and fps != limits.FPS:
-        raise RequestError("fps", f"real-time sessions run at {limits.FPS} fps, got {fps!r}")
+        raise RequestError("fps", f"real-time sessions run at {limits.FPS} fps, got {shown(fps)}")
     for key in _SCHEDULE_KEYS:
         if extra.get(key) is not None:
             raise RequestError(key, f"the streaming LoRA's schedule is fixed ({STUDENT_STEPS} Euler steps per chunk); "

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, cast
+from typing import cast
 
 from h3serve.errors import RequestError
 from h3serve.rules import limits
-from h3serve.rules.adapter_choice import FASTH3_TASKS, merged_choice, pdd_pin, turbo_pin
+from h3serve.rules.adapter_choice import FASTH3_TASKS, flashgen_pin, merged_choice, pdd_pin, turbo_pin
+from h3serve.rules.cache_refresh import resolve_force_refresh
 from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
+from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.names import (
     CONTROL_TYPES,
     DEFAULT_SAMPLE_SOLVER,
@@ -23,6 +25,8 @@ from h3serve.rules.names import (
 )
 from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
+from h3serve.rules.shown import shown
+from h3serve.rules.validate.generation_plan import GenerationPlan
 from h3serve.rules.validate.inputs import (
     driving_audio_split,
     resolve_edit,
@@ -31,7 +35,6 @@ from h3serve.rules.validate.inputs import (
     resolve_task,
 )
 from h3serve.rules.validate.length import resolve_continuation, resolve_frames, resolve_long_video_mode
-from h3serve.rules.validate.plan import GenerationPlan
 
 
 def validate(
@@ -71,7 +74,9 @@ def validate(
     sample_solver = resolve_sample_solver(request.sample_solver, pin)
     seed = check_int("seed", request.seed, limits.SEED_MIN, limits.SEED_MAX, limits.DEFAULT_SEED)
     num_outputs = resolve_num_outputs(request.num_outputs, seed)
-    control = resolve_control(request, task, mode, masks, quality)
+    control = resolve_control(request, task, mode, masks, quality, defaults.controlnet)
+    refresh = resolve_force_refresh(request.force_refresh_step_hint, request.force_refresh_step_policy, steps,
+                                    request_cache(quality, defaults.server_cache, task, mode))
     batch_frames, preset, crf = resolve_output_encoding(request, num_frames)
     return GenerationPlan(
         task=task,
@@ -102,6 +107,7 @@ def validate(
         sample_solver=sample_solver,
         num_outputs=num_outputs,
         control=control,
+        force_refresh=refresh,
         preencode_batch_frames=batch_frames,
         video_preset=preset,
         video_crf=crf,
@@ -124,18 +130,39 @@ def resolve_output_encoding(request: GenerationRequest, num_frames: int) -> tupl
     return batch, preset, crf
 
 
+
+TEA_CACHE_TASKS = ("t2va", "fl2va")  # TeaCache is calibrated for the FL2VA DiT (which serves both) only
+
+
+def request_cache(quality: str | None, server: str | None, task: str, mode: str | None) -> str | None:
+    """The DiT cache a request runs under: `cache_dit` for quality=high, the server's (--cache-backend) when
+    quality is omitted, none for lossless; TeaCache only on the FL2VA DiT, and no cache in a continuation."""
+    if mode == "continuation" or quality == "lossless":
+        return None
+    if quality == "high":
+        return "cache_dit"
+    if server == "tea_cache" and task not in TEA_CACHE_TASKS:
+        return None
+    return server
+
+
 def resolve_control(
-    request: GenerationRequest, task: str, mode: str | None, masks: tuple[Any, ...], quality: str | None
+    request: GenerationRequest, task: str, mode: str | None, masks: tuple[LatentMask | None, LatentMask | None],
+    quality: str | None, served: bool = True,
 ) -> ControlRequest | None:
-    """A control request checked: one known type with its media (inpaint: a mask; the others: a control video; a
-    source only beside a mask), a finite scale >= 0 (default 1), on a T2VA request without long video, edits or
-    the DiT cache (the control rows cover the generated video's tokens only)."""
+    """A control request checked: on an engine with a ControlNet (`served`), one known type with its media
+    (inpaint: a mask; the others: a control video; a source only beside a mask), a finite scale in
+    [0, MAX_CONTROL_SCALE] (default 1), on a T2VA request without long video, edits or the DiT cache (the control
+    rows cover the generated video's tokens only)."""
     control = request.control
     if control is None:
         return None
     field = f"extra_params.{control.type}"
     if control.type not in CONTROL_TYPES:
-        raise RequestError("control", f"the control type is one of {', '.join(CONTROL_TYPES)}, got {control.type!r}")
+        raise RequestError("control",
+                           f"the control type is one of {', '.join(CONTROL_TYPES)}, got {shown(control.type)}")
+    if not served:
+        raise RequestError(field, "this server serves no ControlNet (start it with --controlnet-model-path)")
     if control.type == "inpaint" and control.mask is None:
         raise RequestError(field, "inpaint control needs a mask (mask_path or mask_reference)")
     if control.type != "inpaint" and control.control is None:
@@ -143,8 +170,10 @@ def resolve_control(
     if control.source is not None and control.mask is None:
         raise RequestError(field, "a source video needs a mask (mask_path or mask_reference)")
     scale = 1.0 if control.scale is None else control.scale
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale) or scale < 0:
-        raise RequestError(f"{field}.control_context_scale", f"must be a finite number >= 0, got {scale!r}")
+    if (isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale)
+            or not 0 <= scale <= limits.MAX_CONTROL_SCALE):
+        raise RequestError(f"{field}.control_context_scale",
+                           f"must be a finite number from 0 to {limits.MAX_CONTROL_SCALE:g}, got {shown(scale)}")
     if task != "t2va":
         raise RequestError(field, f"a control video steers T2VA requests only (its rows cover the generated video), "
                                   f"not {task}")
@@ -170,6 +199,13 @@ def resolve_num_outputs(value: object, seed: int) -> int:
 def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults) -> ModelDefaults:
     """The defaults under the request's adapter: a Turbo LoRA pins its forward count and shifts (its file name's
     contract); a server with a fused FastH3 adapter already pins its schedule and serves T2VA without `lora`."""
+    if defaults.distilled_checkpoint is not None:
+        if task not in FASTH3_TASKS:
+            raise RequestError("task", f"this server runs the {defaults.distilled_checkpoint} checkpoint, which "
+                                       f"serves {', '.join(FASTH3_TASKS)} only, not {task}")
+        if request.lora is not None:
+            raise RequestError("lora", f"this server runs the {defaults.distilled_checkpoint} checkpoint; a LoRA "
+                                       "cannot run on it")
     if defaults.fused_adapter is not None:
         if task not in FASTH3_TASKS:
             raise RequestError(
@@ -184,6 +220,11 @@ def _adapter_pin(request: GenerationRequest, task: str, defaults: ModelDefaults)
                 "LoRA cannot run on top of it",
             )
     lora = request.lora
+    if lora is not None and lora.flashgen is not None:
+        if defaults.pinned_schedule is not None:
+            raise RequestError("lora", f"{lora.name} is a FlashGen LoRA with its own base schedule; this server's "
+                                       f"checkpoint already pins one ({defaults.pinned_schedule.owner})")
+        return dataclasses.replace(defaults, pinned_schedule=flashgen_pin(lora.flashgen, lora.name, task))
     if lora is not None and lora.pdd is not None:
         return dataclasses.replace(defaults, pinned_schedule=pdd_pin(lora.pdd, lora.name, task, lora.scale))
     if lora is None or lora.turbo is None:
@@ -215,22 +256,22 @@ def resolve_sample_solver(value: object, pin: PinnedSchedule | None) -> SampleSo
     if value is None:
         return DEFAULT_SAMPLE_SOLVER
     if not isinstance(value, str):
-        raise RequestError("sample_solver", f"must be a string, one of {', '.join(SAMPLE_SOLVERS)}; got {value!r}")
+        raise RequestError("sample_solver", f"must be a string, one of {', '.join(SAMPLE_SOLVERS)}; got {shown(value)}")
     name = value.strip().lower()
     if name not in SAMPLE_SOLVERS:
-        raise RequestError("sample_solver", f"must be one of {', '.join(SAMPLE_SOLVERS)}, got {value!r}")
+        raise RequestError("sample_solver", f"must be one of {', '.join(SAMPLE_SOLVERS)}, got {shown(value)}")
     if pin is not None and name != DEFAULT_SAMPLE_SOLVER:
         raise RequestError(
             "sample_solver",
             f"{pin.owner} runs its pinned {pin.forwards}-step schedule with the {DEFAULT_SAMPLE_SOLVER} solver "
-            f"only; omit the field or send {DEFAULT_SAMPLE_SOLVER}, got {value!r}",
+            f"only; omit the field or send {DEFAULT_SAMPLE_SOLVER}, got {shown(value)}",
         )
     return cast(SampleSolver, name)
 
 
 def _check_quality(quality: str | None) -> str | None:
     if quality not in (None, *QUALITIES):
-        raise RequestError("quality", f"must be one of {', '.join(QUALITIES)}, got {quality!r}")
+        raise RequestError("quality", f"must be one of {', '.join(QUALITIES)}, got {shown(quality)}")
     return quality
 
 
@@ -250,9 +291,9 @@ def check_int(field: str, value: object, lo: int, hi: int, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(field, f"must be an integer, got {value!r}")
+        raise RequestError(field, f"must be an integer, got {shown(value)}")
     if not lo <= value <= hi:
-        raise RequestError(field, f"must be between {lo} and {hi}, got {value}")
+        raise RequestError(field, f"must be between {lo} and {hi}, got {shown(value)}")
     return value
 
 
@@ -260,7 +301,7 @@ def _check_shift(field: str, value: object, default: float) -> float:
     if value is None:
         return float(default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise RequestError(field, f"must be a finite number, got {value!r}")
+        raise RequestError(field, f"must be a finite number, got {shown(value)}")
     if not 0 < value <= limits.MAX_FLOW_SHIFT:
         raise RequestError(field, f"must be greater than 0 and at most {limits.MAX_FLOW_SHIFT:g}, got {value:g}")
     return float(value)

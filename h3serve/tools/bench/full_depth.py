@@ -92,21 +92,18 @@ class FullDepthResult:
 
 # ------------------------------------------------------------------------------------------------------------
 # Which parts fit at the released size (the planner, no device needed)
-def released_sizes(device_memory: int, width: int, height: int, num_frames: int) -> tuple[dict[str, str], Any]:
+PlanFromArgv = Callable[[list[str]], Any]  # `h3serve plan`'s flags -> its plan (the command passes it in)
+
+
+def released_sizes(
+    device_memory: int, width: int, height: int, num_frames: int, plan_from_argv: PlanFromArgv
+) -> tuple[dict[str, str], Any]:
     """dit, text encoder and VAEs -> released | tiny: the released plan of a resident bf16 T2VA request at this
     shape on a device of `device_memory` bytes, with the text encoder, then each VAE, taken out (run tiny) until its
     peak plus headroom fits. Returns the sizes and the plan."""
-    import argparse
-
-    from h3serve.tools import plan_cli
-
-    parser = argparse.ArgumentParser(prog="h3serve")
-    plan_cli.register(parser.add_subparsers())
-    args = parser.parse_args(["plan", "--preset", "released", "--task-type", "fl2va", "--task", "t2va",
-                              "--width", str(width), "--height", str(height),
-                              "--duration", f"{num_frames / 24:.4f}", "--device", "cuda", "--dtype", "bfloat16",
-                              "--device-memory", str(device_memory), "--adaln-memo", "off"])
-    plan, _ = plan_cli.build_plan(args)
+    plan = plan_from_argv(["--preset", "released", "--task-type", "fl2va", "--task", "t2va", "--width", str(width),
+                           "--height", str(height), "--duration", f"{num_frames / 24:.4f}", "--device", "cuda",
+                           "--dtype", "bfloat16", "--device-memory", str(device_memory), "--adaln-memo", "off"])
     sizes = {"dit": RELEASED, **dict.fromkeys(PARTS, RELEASED)}
     rank = plan.ranks[0]
     for part in (None, *PARTS):
@@ -165,7 +162,9 @@ def released_vaes(device: torch.device, dtype: torch.dtype) -> tuple[nn.Module, 
 
 # ------------------------------------------------------------------------------------------------------------
 # The run
-def _engine(spec: FullDepthSpec, log: Callable[[str], None]) -> tuple[ModelRunner, dict[str, str], dict[str, float]]:
+def _engine(
+    spec: FullDepthSpec, plan_from_argv: PlanFromArgv, log: Callable[[str], None]
+) -> tuple[ModelRunner, dict[str, str], dict[str, float]]:
     """A ModelRunner over `spec.model` with the full-depth DiT and the released parts that fit swapped in, pinned to
     the Turbo-4 schedule."""
     shape = f"{spec.width}x{spec.height}x{spec.num_frames}"
@@ -173,7 +172,7 @@ def _engine(spec: FullDepthSpec, log: Callable[[str], None]) -> tuple[ModelRunne
     engine = ModelRunner(config.validate())
     device, dtype = engine.device, torch.bfloat16
     sizes, plan = released_sizes(torch.cuda.get_device_properties(device).total_memory, spec.width, spec.height,
-                                 spec.num_frames)
+                                 spec.num_frames, plan_from_argv)
     log(f"[full-depth] sizes: {sizes}")
     components, build = engine.pipeline.components, {}
     components.transformer = None  # the checkpoint's 2-block DiT goes before the full one is made (resident: the
@@ -232,10 +231,12 @@ def _encoders(out: Path, video, audio) -> dict[str, Any]:
     return results
 
 
-def run_full_depth(spec: FullDepthSpec, log: Callable[[str], None] = lambda line: None) -> FullDepthResult:
+def run_full_depth(
+    spec: FullDepthSpec, plan_from_argv: PlanFromArgv, log: Callable[[str], None] = lambda line: None
+) -> FullDepthResult:
     if not torch.cuda.is_available():
         raise ValueError("--full-depth runs the released DiT on one GPU; this machine has none")
-    engine, sizes, build = _engine(spec, log)
+    engine, sizes, build = _engine(spec, plan_from_argv, log)
     dit = engine.pipeline.components.transformer
     report = warm_up(engine, log)
     counter = FlopCounter()

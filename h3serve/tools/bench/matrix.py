@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from h3serve.config import EngineConfig, warmup_shapes
+from h3serve.config import EngineConfig
 from h3serve.errors import ServerError
 from h3serve.offload.modes import OffloadConfig, OffloadError, OffloadFlags, offload_config_from_flags, parse_bytes
 from h3serve.rules.names import TASKS
@@ -241,6 +241,8 @@ def _adaln_memo(value: Any) -> int | None:
 def _warmup(value: Any) -> tuple[str, ...]:
     """`warmup`: shapes the engine runs before its first request ("default", WxHxFRAMES; a list, or one
     comma-separated string), or off / an empty list (none): what `serve --warmup` does."""
+    from h3serve.config import warmup_shapes
+
     if value is None or value == []:
         return ()
     return warmup_shapes(value if isinstance(value, str) else ",".join(str(v) for v in value))

@@ -5,7 +5,9 @@
 pairs, `.diff` and `.diff_b` tensors, identity and counts in the metadata). `pdd`: Alibaba PAI's 8-step file
 (`lora_down`/`lora_up` on the trunk and the blocks' AdaLN, a 32-head bank per modality, the released name and
 metadata). `controlnet`: a Fun ControlNet Union file (control blocks, no key prefix). `taomate`: TaoMate-H3's
-causal-streaming LoRA directory (`lora_a`/`lora_b` on the native names, rank and alpha in its config.json). Same
+causal-streaming LoRA directory (`lora_a`/`lora_b` on the native names, rank and alpha in its config.json).
+`flashgen`: FlashGen's native 4-step LoRA (`transformer.<native target>.lora_A.default.weight`, grouped QKV, the
+blocks' and the final layer's AdaLN, its metadata: key_format, qkv_layout, rank, alpha, tasks, base_schedule). Same
 arguments give the same bytes.
 """
 
@@ -19,7 +21,7 @@ import torch
 
 from h3serve.adapters.peft import target_shapes
 
-FORMATS = ("peft", "turbo", "fasth3", "pdd", "controlnet", "taomate")
+FORMATS = ("peft", "turbo", "fasth3", "pdd", "controlnet", "taomate", "flashgen")
 CONTROLNET_FILE = "MiniMax-H3-Fun-Controlnet-Union.safetensors"
 TURBO_FILE = "minimax_h3_fl2v_turbo_4step_v1.0.safetensors"
 PEFT_FILE = "adapter_model.safetensors"
@@ -205,7 +207,31 @@ def write_taomate_adapter(
     return folder
 
 
-DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4, "controlnet": 0, "taomate": 4}
+def write_flashgen_adapter(
+    folder: str | Path, dit_config: dict, rank: int = 4, seed: int = 0, std: float = 0.05,
+    base_schedule: str = "1.0,0.7,0.4,0.15,0.0", tasks: str = "t2va",
+) -> Path:
+    """A FlashGen-layout file under its released name: native keys with the `transformer.` prefix and PEFT's
+    `.default`, every block's qkv/out/fc1/fc2/AdaLN, the refiner's first four and the final layer's AdaLN, alpha =
+    rank as released; the metadata FlashGen ships."""
+    from h3serve.adapters.flashgen import KEY_FORMAT as FLASHGEN_KEYS
+    from h3serve.adapters.flashgen import PREFIX, QKV_LAYOUT, RELEASED_FILE, SUFFIX_A, SUFFIX_B, native_shapes
+
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for target, (out_f, in_f) in native_shapes(dit_config).items():
+        tensors[f"{PREFIX}{target}{SUFFIX_A}"] = _normal((rank, in_f), g, std)
+        tensors[f"{PREFIX}{target}{SUFFIX_B}"] = _normal((out_f, rank), g, std)
+    metadata = {"key_format": FLASHGEN_KEYS, "qkv_layout": QKV_LAYOUT, "lora_rank": str(rank),
+                "lora_alpha": str(rank), "tasks": tasks, "base_schedule": base_schedule}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RELEASED_FILE
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+DEFAULT_RANKS = {"peft": 4, "turbo": 8, "fasth3": 4, "pdd": 4, "controlnet": 0, "taomate": 4, "flashgen": 4}
 
 
 def make_tiny_adapter(
@@ -233,4 +259,6 @@ def make_tiny_adapter(
         return write_pdd_adapter(folder, cfg, rank=rank, seed=seed)
     if fmt == "taomate":
         return write_taomate_adapter(folder, cfg, rank=rank, seed=seed)
+    if fmt == "flashgen":
+        return write_flashgen_adapter(folder, cfg, rank=rank, seed=seed)
     return write_fasth3_adapter(folder, cfg, rank=rank, seed=seed)

@@ -1,7 +1,8 @@
 """Deterministic, random-weight MiniMax-H3 checkpoints in the diffusers *modular* layout.
 
-The checkpoint has every component the diffusers ``MiniMaxH3ModularPipeline`` expects, with tiny configs (spec §10),
-so that every workflow runs in seconds on a CPU. Same preset and seed give byte-identical files.
+The checkpoint has every component the diffusers ``MiniMaxH3ModularPipeline`` expects, with tiny configs (docs/model.md
+§1 has the released ones), so that every workflow runs in seconds on a CPU. Same preset and seed give byte-identical
+files.
 
 The ``modular_model_index.json`` stores ``pretrained_model_name_or_path: null`` with ``subfolder = <component>``:
 diffusers resolves a component to the directory passed to ``ModularPipeline.from_pretrained`` whenever that

@@ -1,5 +1,5 @@
 """The tiny checkpoints' sizes: one `Preset` per name (its DiT and canvas), the VAEs' and the text stack's tiny
-configs, shared by every preset (spec §10)."""
+configs, shared by every preset (the released ones: docs/model.md §1)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ _DEMO_TRANSFORMER: Mapping[str, Any] = MappingProxyType(
         "time_embed_dim": 32,
         # 4 RoPE frequencies an axis: at the released 10000 they are 1, 0.1, 0.01 and 0.001 a unit, and only 0.1
         # tells neighbouring latent frames (6.7 units apart) and tokens (11.3) apart without wrapping; at 100 they
-        # are 1, 0.32, 0.1 and 0.032, and three do (docs/demo_world.md, run 14).
+        # are 1, 0.32, 0.1 and 0.032, and three do (docs/demo_lab_notebook.md, run 14).
         "rope_theta": 100.0,
     }
 )

@@ -8,6 +8,7 @@ import json
 import pytest
 from fake_executor import FakeExecutor
 from fastapi.testclient import TestClient
+from media_files import h264_clip
 
 from h3serve.api.app import create_app
 from h3serve.api.intake.request_model import ControlTypes
@@ -17,14 +18,20 @@ from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore
 from h3serve.rules.names import CONTROL_TYPES
 
-MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 64  # sniffed as MP4 (never decoded here)
+MP4 = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom" + b"\x00" * 64  # sniffed as MP4, refused before its header
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> bytes:
+    """A real 64x64 H.264 clip: intake reads its header."""
+    return h264_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", 64, 64, frames=3).read_bytes()
 
 
 @pytest.fixture
-def app(tmp_path):
+def app(tmp_path, clip):
     control_dir = tmp_path / "controls"
     control_dir.mkdir()
-    (control_dir / "edges.mp4").write_bytes(MP4)
+    (control_dir / "edges.mp4").write_bytes(clip)
     (tmp_path / "secret.mp4").write_bytes(MP4)
     (control_dir / "escape.mp4").symlink_to(tmp_path / "secret.mp4")
     stores = []
@@ -56,13 +63,13 @@ def test_the_request_models_control_types_are_the_rules(app):
     assert tuple(ControlTypes.model_fields) == CONTROL_TYPES
 
 
-def test_a_path_under_the_control_dir_and_an_upload_reach_the_plan(app, tmp_path):
+def test_a_path_under_the_control_dir_and_an_upload_reach_the_plan(app, tmp_path, clip):
     client, executor = app()
     with client:
         body = {"prompt": "a", "extra_params": {"canny": {"control_path": "edges.mp4", "control_context_scale": 0.5}}}
         assert client.post("/v1/videos", json=body).status_code == 200
         form = {"prompt": "b", "extra_params": json.dumps({"depth": {}})}
-        files = [("control_reference", ("d.mp4", MP4, "video/mp4"))]
+        files = [("control_reference", ("d.mp4", clip, "video/mp4"))]
         assert client.post("/v1/videos", data=form, files=files).status_code == 200
         first, second = _plans(executor, 2)
     assert first.control.type == "canny" and first.control.scale == 0.5
@@ -76,7 +83,8 @@ def test_a_path_under_the_control_dir_and_an_upload_reach_the_plan(app, tmp_path
     ({"canny": {"control_path": "escape.mp4"}}, [], "extra_params.canny.control_path", "outside the control"),
     ({"canny": {"control_path": "missing.mp4"}}, [], "extra_params.canny.control_path", "no such file"),
     ({"canny": {}, "depth": {}}, [], "extra_params.depth", "one control type per request"),
-    ({"canny": {"control_context_scale": -1}}, [], "extra_params.canny.control_context_scale", "greater than or"),
+    ({"canny": {"control_context_scale": -1}}, [], "extra_params.canny.control_context_scale", "between 0 and 10"),
+    ({"canny": {"control_context_scale": 1e308}}, [], "extra_params.canny.control_context_scale", "between 0 and 10"),
     ({"canny": {"other": 1}}, [], "extra_params.canny.other", ""),
     ({"inpaint": {}}, [], "extra_params.inpaint", "inpaint control needs a mask"),
     ({}, [("mask_reference", ("m.mp4", MP4, "video/mp4"))], "mask_reference", "needs a control type"),

@@ -288,6 +288,18 @@ def test_sample_solver_in_extra_params_any_case_in_json_forms_and_brackets():
     assert rejected(prompt="p", sample_solver="euler").param == "sample_solver"  # extra_params only, as vLLM-Omni
 
 
+def test_force_refresh_in_extra_params_is_a_strict_int_and_a_policy():
+    request = request_of(prompt="p", quality="high", extra_params=json.dumps(
+        {"force_refresh_step_hint": 3, "force_refresh_step_policy": "repeat"}))
+    assert (request.force_refresh_step_hint, request.force_refresh_step_policy) == (3, "repeat")
+    assert plan_request(request, TINY_DEFAULTS).force_refresh.hint == 3
+    for bad in ("3", 3.0, True, 0):  # vLLM-Omni's strict int, 1 and up
+        assert rejected(prompt="p", extra_params={"force_refresh_step_hint": bad}).param == \
+            "extra_params.force_refresh_step_hint"
+    assert rejected(prompt="p", extra_params={"force_refresh_step_policy": "always"}).param == \
+        "extra_params.force_refresh_step_policy"
+
+
 # -- long video options ---------------------------------------------------------------------------------------
 
 
@@ -309,7 +321,7 @@ def test_long_video_field_errors_name_the_field():
     assert rejected(prompt="p", long_video="maybe").param == "long_video"
     assert rejected(prompt="p", long_video_mode="sliding").param == "long_video_mode"
     error = rejected(prompt="p", continuation_window_frames="400")
-    assert error.param == "continuation_window_frames" and "between 5 and 345" in error.message
+    assert error.param == "continuation_window_frames" and "between 107 and 345" in error.message
     assert rejected(prompt="p", seconds="301").param == "seconds"
     assert rejected(prompt="p", extra_params='{"continuation_prompts": "[1"}').param == "continuation_prompts"
 

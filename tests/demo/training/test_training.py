@@ -1,5 +1,6 @@
 """The demo trainers: each one's loss falls over a few steps, the examples are laid out exactly as the pipeline
-lays out a request, and `train-demo` writes a checkpoint that loads and generates (a smoke run at a tiny scale)."""
+lays out a request (with inputs a person made too), and the shipped weights' recipe is `RUN15`'s (test_stages.py runs
+`train-demo` itself)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.demo.defaults import shipped_demo_checkpoint
+from h3serve.demo.shipped import shipped_demo_checkpoint
 from h3serve.demo.training.dit import (
     ANCHOR_WEIGHT,
     CLICK_WEIGHT,
@@ -24,13 +24,14 @@ from h3serve.demo.training.dit import (
     draw_base,
     intra_op_threads,
     layout_groups,
+    layout_key,
     train_dit,
     training_init_,
 )
 from h3serve.demo.training.examples import ExampleBuilder, render
-from h3serve.demo.training.train import LOSS_PLOT, TEXT_RESIDUAL_SCALE, TRAINING_FILE, Recipe, train_demo
+from h3serve.demo.training.train import DEFAULT_RECIPE, RECIPES, RUN15, TRAINING_FILE, Recipe
 from h3serve.demo.training.vaes import Canvas, audio_batch, train_audio_vae, train_video_vae
-from h3serve.demo.world import world
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import Attributes
 from h3serve.loading.components import load_components
 from h3serve.model.pipeline import H3Pipeline
@@ -43,7 +44,6 @@ from h3serve.tools.tiny.make_checkpoint import build_tiny_checkpoint
 pytestmark = pytest.mark.slow
 
 ATTRS = Attributes("green", "square", "moving right", "low hum")
-TEXT_ENCODER_FILE = "text_encoder/model.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,11 @@ def test_examples_are_the_pipelines_own_layout_and_the_dit_loss_falls(demo_rando
     # trained VAE encodes both alike is tested on the shipped checkpoint).
     assert fl2va.anchored_rows == 8 and t2va.anchored_rows == 0
     assert builder.keyframes(clip, ("last",)).anchored_rows == 0
+    # Keyframes as a person draws them, put on the canvas by the server's fit: the world's layout and targets, other
+    # condition rows.
+    drawn = builder.drawn_keyframes(clip, ("first", "last"), np.random.default_rng(0))
+    assert layout_key(drawn) == layout_key(fl2va) and drawn.anchored_rows == 8
+    assert torch.equal(drawn.video, fl2va.video) and not torch.equal(drawn.conditions, fl2va.conditions)
 
     bouncing = world.sample_scene(np.random.default_rng(2), "t2va", 128, 64, 277,
                                   Attributes("red", "ball", "bouncing", "high beep"))
@@ -235,43 +240,18 @@ def test_ema_and_the_base_position_draw():
     assert prior.min() >= 0.8 and prior.max() <= 1.0 and prior.std() > 0.04
 
 
-def test_the_shipped_weights_were_trained_by_the_default_recipe():
-    """`h3serve train-demo` with its defaults is the command that made the shipped weights (the same bits on the CPU
-    that trained them; a run that rounds differently is another draw, docs/demo_world.md, run 11): the recipe recorded
-    beside them is `Recipe()`, and CI's few-step recipe scales the counts only."""
+def test_the_shipped_weights_were_trained_by_run15s_recipe():
+    """`h3serve train-demo --recipe run15` is the command that made the shipped weights (the same bits on the CPU
+    that trained them; a run that rounds differently is another draw, docs/demo_lab_notebook.md, run 11): the recipe
+    recorded beside them is `RUN15`'s, whose later fields change nothing (no drawn inputs; one stage per DiT, and
+    the cut does not change the weights), and CI's few-step recipes scale the counts only."""
     demo = shipped_demo_checkpoint()
     assert demo is not None
     record = json.loads((demo / TRAINING_FILE).read_text(encoding="utf-8"))
-    assert record["recipe"] == dataclasses.asdict(Recipe())
+    run15 = dataclasses.asdict(RUN15)
+    assert record["recipe"] == {key: run15[key] for key in record["recipe"]}
+    assert set(run15) - set(record["recipe"]) == {"drawn_share", "dit_stage_steps"} and RUN15.drawn_share == 0
+    assert RECIPES["run15"] is RUN15 and RECIPES[DEFAULT_RECIPE] == Recipe()
     few = Recipe().scaled(0.01)
-    assert (few.dit_steps, few.ref_dit_steps, few.seed, few.dit_replicas) == (26, 16, 0, 2)
-    assert (few.dit_lr, few.ref_lr) == (Recipe().dit_lr, Recipe().ref_lr)
-
-
-def test_train_demo_writes_a_checkpoint_that_loads_and_generates(tmp_path, demo_random_path):
-    recipe = Recipe().scaled(0.004)
-    assert recipe.seed == 0  # the seed demo_random_path was built at
-    out = train_demo(tmp_path / "demo", recipe, progress=False)
-    for name in ("vae", "audio_vae"):  # nothing of the temporary folder it was trained in
-        assert "_name_or_path" not in json.loads((out / name / "config.json").read_text(encoding="utf-8"))
-    # The frozen text encoder ships as it was trained with: the seed's, its residual projections scaled, in float16.
-    random, trained = demo_random_path / TEXT_ENCODER_FILE, out / TEXT_ENCODER_FILE
-    with safe_open(random, "pt") as before, safe_open(trained, "pt") as after:
-        assert set(before.keys()) == set(after.keys())
-        for key in before.keys():
-            scale = TEXT_RESIDUAL_SCALE if key.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")) else 1.0
-            expected = (before.get_tensor(key) * scale).to(torch.float16)
-            assert torch.equal(after.get_tensor(key), expected), key
-    assert (out / LOSS_PLOT).stat().st_size > 1000 and (out / TRAINING_FILE).is_file()
-    record = json.loads((out / TRAINING_FILE).read_text(encoding="utf-8"))
-    stages = ("video_vae", "audio_vae", "examples", "transformer", "transformer_ref")
-    assert set(record["stage_minutes"]) == set(stages)  # every stage charged
-    assert sum(record["stage_minutes"].values()) <= record["minutes"] + 0.1
-    layout = read_layout(out)
-    pipeline = H3Pipeline(load_components(layout))
-    plan = validate(GenerationRequest(prompt="a red ball bouncing, with a high beep", duration_s=4, steps=1,
-                                      seed=0), layout.defaults())
-    result = pipeline.generate(plan)
-    assert tuple(result.video.shape) == (107, 64, 128, 3) and torch.isfinite(result.audio).all()
-    with pytest.raises(FileExistsError):
-        train_demo(out, recipe, progress=False)
+    assert (few.dit_steps, few.ref_dit_steps, few.seed, few.dit_replicas) == (186, 69, 0, 2)
+    assert (few.dit_lr, few.ref_lr, few.drawn_share) == (Recipe().dit_lr, Recipe().ref_lr, Recipe().drawn_share)

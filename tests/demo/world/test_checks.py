@@ -26,7 +26,7 @@ from h3serve.demo.world.checks import (
     verdict_t2va,
 )
 from h3serve.demo.world.grammar import COLORS, MOTIONS, SHAPES, SOUNDS, Attributes
-from h3serve.demo.world.world import (
+from h3serve.demo.world.scenes import (
     Scene,
     canonical_start,
     impact_frames,

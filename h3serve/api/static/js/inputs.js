@@ -76,6 +76,13 @@ export class Inputs {
     this.onChange();
   }
 
+  clearReferences() {
+    for (const info of this.references) URL.revokeObjectURL(info.url);
+    this.references = [];
+    this.renderReferences();
+    this.onChange();
+  }
+
   move(index, delta) {
     const target = index + delta;
     if (target < 0 || target >= this.references.length) return;

@@ -1,6 +1,8 @@
-// Wires the page together: configuration, API key, the create form, live progress, result, history and the
-// Live mode (a real-time session, on a server started with --realtime-lora).
+// Wires the page together: configuration, API key, the create form, live progress, result, a job's webhook
+// deliveries, history and the Live mode (a real-time session, on a server started with --realtime-lora).
 import { ApiError, apiJson, apiKey, setApiKey } from "./api.js";
+import { DeliveriesView } from "./deliveries.js";
+import { Examples } from "./examples.js";
 import { CreateForm } from "./form.js";
 import { History } from "./history.js";
 import { LiveView } from "./live.js";
@@ -64,6 +66,7 @@ async function submit() {
   try {
     const job = await apiJson("/v1/videos", { method: "POST", body: formData(request) });
     remember(job.id, request);
+    deliveries.hide();
     progress.track(job, request);
     history.refresh();
   } catch (e) {
@@ -87,6 +90,7 @@ async function extend() {
   $("extend").disabled = true;
   try {
     const job = await apiJson("/v1/videos/extensions", { method: "POST", body: data });
+    deliveries.hide();
     progress.track(job, null);
     history.refresh();
   } catch (e) {
@@ -106,20 +110,25 @@ function open(job) {
   const request = remembered()[job.id] || null;
   if (job.status === "completed") result.show(job, request).catch(onError);
   else progress.track(job, request);
+  if (job.status === "completed" || job.status === "failed") deliveries.show(job.id);
+  else deliveries.hide();
 }
 
 const config = await (await fetch("/web/config")).json();
 $("model").textContent = `model ${config.model} · ${config.tasks.join(", ")}`;
 const form = new CreateForm(config, submit);
+new Examples(config, form).load();
 const result = new ResultView(config, async file => {
   form.setTask("fl2va");
   await form.inputs.useAsFirstFrame(file);
   form.update();
   $("prompt").focus();
 });
+const deliveries = new DeliveriesView();
 const progress = new ProgressView(job => {
   history.refresh();
   if (job.status === "completed") open(job);
+  else deliveries.show(job.id);  // failed, or cancelled (deleted unfinished: it sends video.failed)
 });
 const history = new History({ onOpen: open, onError, ready: () => !config.api_key_required || apiKey() });
 $("extend").addEventListener("click", extend);

@@ -5,21 +5,39 @@ tables)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
 from h3serve.entrypoints.cli_util import EXIT_ERROR, fail, model_dir
 
 MAX_EVAL_SEEDS = 1000
+EXIT_STOPPED = 3  # train-demo stopped before its last stage: `--resume DIR` goes on
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train-demo", help="train the demo checkpoint (a tiny H3 on the demo world) from scratch")
-    p.add_argument("--out", required=True, help="output folder (absent or empty): the checkpoint, losses.png")
+    p = sub.add_parser(
+        "train-demo",
+        help="train the demo checkpoint (a tiny H3 on the demo world) from scratch, in resumable stages",
+        description="Train the demo checkpoint in stages of at most ~50 minutes on 2 CPU cores, each ending in a "
+        "checkpoint of everything the next needs: --out DIR starts, --resume DIR goes on (the result equals an "
+        "uninterrupted run's bit for bit on one machine), --plan prints the stages and their estimated minutes. "
+        f"Exit status {EXIT_STOPPED}: stopped before the end (budget spent, SIGINT or SIGTERM); resume it.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="a new training's folder (absent or empty): the checkpoint when done")
+    where.add_argument("--resume", metavar="DIR", help="go on with the training in DIR")
+    where.add_argument("--plan", action="store_true", help="print the recipe's stages and estimated minutes")
+    p.add_argument("--recipe", help="a named recipe (default: the newest; run15 made the shipped weights)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--scale", type=float, default=1.0, help="multiply every step and example count (e.g. 0.01 for a smoke run)"
     )
+    p.add_argument("--device", choices=("cpu", "cuda"), help="where the VAEs and DiTs train (default: cpu; on "
+                   "--resume, the device the training last ran on)")
+    p.add_argument("--budget-minutes", type=float, help="stop cleanly once this session has run this long "
+                   "(at the next DiT step or stage boundary)")
+    p.add_argument("--measure", action="store_true", help="with --plan: measure each kind of DiT step here first")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train_demo)
 
@@ -42,19 +60,59 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train_demo(args: argparse.Namespace) -> int:
-    from h3serve.demo.training.train import LOSS_PLOT, Recipe, train_demo
+    from h3serve.demo.training.train import DEFAULT_RECIPE, RECIPES
 
+    if args.resume is not None and (args.recipe or args.seed or args.scale != 1.0):
+        return fail("--resume: the training's own recipe goes on; --recipe, --seed and --scale are for a new one")
+    name = args.recipe or DEFAULT_RECIPE
+    if name not in RECIPES:
+        return fail(f"--recipe: unknown {name!r}; choose from: {', '.join(RECIPES)}")
     if not args.scale > 0:
         return fail(f"--scale: must be positive, got {args.scale}")
     if args.seed < 0:
         return fail(f"--seed: must be >= 0, got {args.seed}")
-    recipe = Recipe(seed=args.seed).scaled(args.scale)
-    try:
-        out = train_demo(args.out, recipe, progress=not args.no_progress)
-    except FileExistsError as e:
-        return fail(str(e))
-    print(f"wrote {out} (loss plot: {out / LOSS_PLOT})")
+    if args.budget_minutes is not None and not args.budget_minutes > 0:
+        return fail(f"--budget-minutes: must be positive, got {args.budget_minutes}")
+    if args.measure and not args.plan:
+        return fail("--measure: only with --plan")
+    recipe = dataclasses.replace(RECIPES[name], seed=args.seed)
+    if args.scale != 1.0:
+        recipe, name = recipe.scaled(args.scale), f"{name} scaled {args.scale:g}"
+    if args.plan:
+        return _print_plan(recipe, name, args.device or "cpu", args.measure)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return fail("--device cuda: no CUDA device is visible to torch")
+    return _train(args, recipe, name)
+
+
+def _print_plan(recipe, name: str, device: str, measure: bool) -> int:
+    from h3serve.demo.training.estimate import COSTS, format_plan, measured_costs
+
+    costs = measured_costs(recipe) if measure else COSTS[device]
+    print(format_plan(recipe, costs, name))
     return 0
+
+
+def _train(args: argparse.Namespace, recipe, name: str) -> int:
+    from h3serve.demo.training.stages import DemoTraining, StopSignal
+
+    try:
+        if args.resume is not None:
+            training = DemoTraining.resume(args.resume, args.device, progress=not args.no_progress)
+        else:
+            training = DemoTraining.start(args.out, recipe, args.device or "cpu", not args.no_progress, name)
+    except (FileExistsError, FileNotFoundError) as e:
+        return fail(str(e))
+    with StopSignal(args.budget_minutes) as stop:
+        finished = training.run(stop)
+    if finished:
+        print(f"wrote {training.out} (loss plot: {training.out / 'losses.png'}; recipe and minutes: training.json)")
+        return 0
+    print(f"stopped before stage {training.remaining[0].label} ({stop.reason}); go on with: "
+          f"h3serve train-demo --resume {training.out}")
+    return EXIT_STOPPED
 
 
 def mp4_verdict(path: str | Path, prompt: str):
@@ -91,8 +149,8 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
 
 def cmd_eval_demo(args: argparse.Namespace) -> int:
     from h3serve.accel.quant_config import QuantizationError, parse_quantization
-    from h3serve.demo.defaults import DEMO_STEPS
     from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
+    from h3serve.demo.shipped import DEMO_STEPS
     from h3serve.errors import RequestError
     from h3serve.rules.schedule import resolve_steps
 

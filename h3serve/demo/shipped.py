@@ -9,7 +9,7 @@ DEMO_PROMPT = "a red square moving right, with a high beep"  # one the shipped w
 DEMO_DURATION_S = 4.0  # the length the demo DiTs are trained on (107 frames)
 DEMO_STEPS = 20
 DEMO_CHECKPOINT_DIR = Path(__file__).with_name("checkpoint")
-DEMO_TRAINING_COMMAND = "h3serve train-demo --out h3serve/demo/checkpoint --seed 0"
+DEMO_TRAINING_COMMAND = "h3serve train-demo --recipe run15 --out h3serve/demo/checkpoint"  # what ships
 
 
 def shipped_demo_checkpoint() -> Path | None:

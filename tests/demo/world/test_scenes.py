@@ -17,7 +17,7 @@ from h3serve.demo.world.grammar import (
     parse_prompt,
     prompt_for,
 )
-from h3serve.demo.world.world import (
+from h3serve.demo.world.scenes import (
     SAMPLES_PER_LATENT,
     Scene,
     audio_samples,

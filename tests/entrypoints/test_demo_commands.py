@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from h3serve.demo.defaults import shipped_demo_checkpoint
 from h3serve.demo.evaluation import DemoEvaluator, evaluate, summarize
-from h3serve.demo.world import world
+from h3serve.demo.shipped import shipped_demo_checkpoint
+from h3serve.demo.world import scenes as world
 from h3serve.demo.world.grammar import Attributes
 from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import write_mp4
@@ -48,6 +48,36 @@ def test_bad_input_is_one_line(world_mp4, tmp_path, capsys):
     assert "--scale: must be positive" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--out", "x", "--recipe", "run99"], "--recipe: unknown 'run99'; choose from: run16, run15"),
+        (["--resume", "x", "--recipe", "run15"], "--resume: the training's own recipe goes on"),
+        (["--out", "x", "--budget-minutes", "0"], "--budget-minutes: must be positive, got 0.0"),
+        (["--out", "x", "--measure"], "--measure: only with --plan"),
+        (["--resume", "/nonexistent/demo"], "/nonexistent/demo holds no demo training to resume"),
+    ],
+)
+def test_train_demo_refuses_bad_flags_in_one_line(flags, message, capsys):
+    assert main(["train-demo", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_train_demo_plan_prints_each_stage_and_the_total(capsys):
+    """The estimate (estimate.py) for the default recipe on 2 CPU cores: every stage at most 50 minutes, the whole
+    within issue 53's 4 hours; the shipped weights' recipe, run15, at its recorded 56 minutes."""
+    assert main(["train-demo", "--plan"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("recipe run16 on 2 CPU cores") and lines[-1].lstrip().startswith("total")
+    minutes = {line.split()[0]: float(line.split()[-1]) for line in lines[2:-1]}
+    assert list(minutes)[:3] == ["video_vae", "audio_vae", "examples"] and list(minutes)[-1] == "checkpoint"
+    assert max(minutes.values()) <= 50 and 180 <= sum(minutes.values()) <= 240
+    assert main(["train-demo", "--plan", "--recipe", "run15"]) == 0
+    total = capsys.readouterr().out.splitlines()[-1].split()
+    assert total[:2] == ["total", "56.2"]
+
+
 def test_eval_demo_reports_the_cases_it_ran(tmp_path, capsys):
     """On the shipped checkpoint (4 steps, seeds 0-1): the JSON and the printed lines are the scores of the cases the
     evaluation itself runs, FL2VA's wrong checks and failed seeds included."""
@@ -67,7 +97,7 @@ def test_eval_demo_reports_the_cases_it_ran(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tasks", "t2va,fly"], "--tasks: unknown fly; choose from: t2va, fl2va"),
+        (["--tasks", "t2va,fly"], "--tasks: unknown fly; choose from: t2va, fl2va, fl2va_last, fl2va_both, ref2va"),
         (["--seeds", "0"], "--seeds: must be 1-1000, got 0"),
         (["--steps", "0"], "--steps: must be between 1 and 200, got 0"),
         (["--steps", "500"], "--steps: must be between 1 and 200, got 500"),

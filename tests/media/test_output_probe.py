@@ -13,7 +13,7 @@ import pytest
 from ffmpeg_path import hide_ffmpeg
 
 from h3serve.media.mp4 import EncoderOptions, write_mp4
-from h3serve.media.probe import ProbeResult, check_output_contract, probe, summary_line
+from h3serve.media.output_probe import ProbeResult, check_output_contract, probe, summary_line
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ffprobe") is None or shutil.which("ffmpeg") is None, reason="needs ffmpeg/ffprobe"

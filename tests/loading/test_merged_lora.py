@@ -12,6 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from small_dit import SMALL_DIT, random_small_dit
+from small_dit import small_dit_inputs as _inputs
+from small_dit import small_dit_outputs as _run
 
 from h3serve.adapters.catalog import lora_file
 from h3serve.adapters.peft import target_shapes
@@ -27,7 +29,6 @@ from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import validate
 from h3serve.tools.tiny.make_adapter import write_pdd_adapter, write_peft_adapter, write_taomate_adapter
-from rank.test_lora import _inputs, _run
 
 CFG = dataclasses.asdict(H3TransformerConfig(**SMALL_DIT))
 EPS = torch.finfo(torch.float32).eps

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h3serve.media import intake
-from h3serve.media.intake import (
+from h3serve.media import media_inputs as intake
+from h3serve.media.media_inputs import (
     AudioMedia,
     ImageMedia,
     MediaDecodeError,
@@ -378,7 +378,7 @@ def test_resample_audio_keeps_the_signal_and_has_torchaudio_length():
 
 
 def test_start_time_seconds_trims_reference_videos_and_their_soundtrack(tmp_path):
-    from h3serve.media.intake import load_references
+    from h3serve.media.media_inputs import load_references
     from h3serve.media.mp4 import write_mp4
 
     path = tmp_path / "six.mp4"  # 6 s, frame i at grey level i

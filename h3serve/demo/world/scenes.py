@@ -33,7 +33,7 @@ SAMPLES_PER_LATENT = AUDIO_SAMPLE_RATE // AUDIO_LATENTS_PER_SECOND  # 800: one a
 # The impact click: one audio latent of a 5 kHz sine, on the latent grid nearest the impact (at most 12.5 ms, 0.3
 # frames, from it) and in the global phase (125 whole periods a latent, so it starts and ends at zero). A click that
 # starts anywhere (a damped ring at the exact impact time, runs 1-5) was never reproduced by the trained audio VAE,
-# whatever its loss; one on the grid, as the tones are, is (docs/demo_world.md, run 8).
+# whatever its loss; one on the grid, as the tones are, is (docs/demo_lab_notebook.md, run 8).
 CLICK_AMPLITUDE, CLICK_HZ = 0.3, 5000.0
 TASKS = ("t2va", "fl2va")
 
@@ -163,10 +163,23 @@ def _coverage(shape: str, x: float, y: float, size: float) -> tuple[np.ndarray, 
 
 def _paint(canvas: np.ndarray, shape: str, color: str, x: float, y: float, size: float) -> None:
     """Draw the object onto a background-filled uint8 canvas [H, W, 3], wrapping toroidally."""
+    paint_rgb(canvas, shape, COLOR_RGB[color], x, y, size, BACKGROUND_RGB)
+
+
+def paint_rgb(
+    canvas: np.ndarray,
+    shape: str,
+    rgb: tuple[float, float, float],
+    x: float,
+    y: float,
+    size: float,
+    background: tuple[float, float, float],
+) -> None:
+    """Draw a `shape` of colour `rgb`, `size` across with its top-left corner at (x, y), onto a uint8 canvas
+    [H, W, 3] filled with `background`, wrapping toroidally (edge pixels blend the two by coverage)."""
     rows, cols, cover = _coverage(shape, x, y, size)
-    background = np.asarray(BACKGROUND_RGB, dtype=np.float64)
-    rgb = np.asarray(COLOR_RGB[color], dtype=np.float64)
-    patch = background + cover[..., None] * (rgb - background)
+    base = np.asarray(background, dtype=np.float64)
+    patch = base + cover[..., None] * (np.asarray(rgb, dtype=np.float64) - base)
     height, width = canvas.shape[:2]
     canvas[np.ix_(rows % height, cols % width)] = np.rint(patch).astype(np.uint8)
 
