@@ -134,6 +134,7 @@ class Done:
     frames: int = 0  # streamed: frames in each MP4
     outputs: int = 1  # spooled: outputs, output i in `RankJob.spool_for(i)`
     counters: dict[str, int] | None = None  # rank 0's running totals (ModelRunner.counters)
+    stage_timeline: tuple[tuple[str, float, float], ...] = ()  # (stage, start, end) on the time.monotonic clock
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,9 @@ class GenerationOutput:
     video: np.ndarray | None  # [T, H, W, 3] float32 in [0, 1]; None when streamed into files
     audio: np.ndarray | None  # [2, N] float32 in [-1, 1] at 32 kHz; None when streamed by rank processes
     stage_durations: dict[str, float] = field(default_factory=dict)
+    # Every run of every stage, (stage, start, end) on the time.monotonic clock (one clock for the host's processes),
+    # in start order: the stages that ran beside each other (the MP4 encode and the video decode) overlap.
+    stage_timeline: list[tuple[str, float, float]] = field(default_factory=list)
     peak_memory_mb: float = 0.0
     files: dict[str, str] = field(default_factory=dict)  # streamed: variant -> path of the file written
     streamed_frames: int = 0  # streamed: frames in the MP4

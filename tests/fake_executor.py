@@ -89,6 +89,7 @@ class FakeExecutor:
             outputs = [plan.output(i) for i in range(plan.num_outputs)]
             first, *others = (GenerationOutput(fake_video(p), fake_audio(p)) for p in outputs)
             first.stage_durations, first.peak_memory_mb = {"denoise": total * self.step_s}, 12.5
+            first.stage_timeline = [("denoise", started, time.monotonic())]  # the engine's spans: the host's clock
             first.others = others
             return first
 

@@ -29,8 +29,9 @@ def _all_error_classes() -> set[type]:
 # a real-time session's socket reports its client gone with the last (it never leaves the session).
 CONTROL_FLOW = {"h3serve.tools.verdicts.Skip", "h3serve.tools.verdicts.CheckFailed",
                 "h3serve.api.realtime.session.ClientGone"}
-# Client error codes that never become a job's error: refused before a job exists (admission, the body, the WS route).
-NOT_JOB_CODES = {"request_too_costly", "invalid_body", "realtime_unavailable"}
+# Client error codes that never become a job's error: refused before a job exists (admission, the body, the WS route,
+# a webhook endpoint's URL, a download's Range header).
+NOT_JOB_CODES = {"request_too_costly", "invalid_body", "realtime_unavailable", "invalid_url", "range_not_satisfiable"}
 
 
 def test_every_exception_class_of_the_package_is_on_the_hierarchy():

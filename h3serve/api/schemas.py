@@ -27,6 +27,14 @@ class VideoOutput(BaseModel):
     url: str  # where its MP4 downloads (add &variant=thumbnail|spritesheet for its previews)
 
 
+class StageSpan(BaseModel):
+    """One run of a stage: seconds since the job's run began (stages that ran beside each other overlap)."""
+
+    stage: str
+    start_s: float
+    end_s: float
+
+
 class Video(BaseModel):
     """OpenAI's `Video` with every field always present, plus num_frames, fps, duration_s and measurements."""
 
@@ -48,6 +56,7 @@ class Video(BaseModel):
     fps: int
     duration_s: float
     stage_durations: dict[str, float]
+    stage_timeline: list[StageSpan]  # h3serve: each stage's start and end, in start order (empty until done)
     peak_memory_mb: float
     inference_time_s: float | None
     num_outputs: int  # h3serve: outputs of the prompt (num_outputs_per_prompt)
@@ -73,6 +82,8 @@ class Video(BaseModel):
             fps=job.fps,
             duration_s=round(job.duration_s, 6),
             stage_durations={k: round(v, 6) for k, v in job.stage_durations.items()},
+            stage_timeline=[StageSpan(stage=name, start_s=round(start, 6), end_s=round(end, 6))
+                            for name, start, end in job.stage_timeline],
             peak_memory_mb=round(job.peak_memory_mb, 3),
             inference_time_s=None if job.inference_time_s is None else round(job.inference_time_s, 3),
             num_outputs=job.num_outputs,

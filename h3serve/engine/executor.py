@@ -514,6 +514,7 @@ class Executor:
                 media.append(GenerationOutput(video, audio))
             first, *others = media
         first.stage_durations, first.peak_memory_mb = done.stage_durations, done.peak_memory_mb
+        first.stage_timeline = list(done.stage_timeline)
         first.counters = counters
         first.others = others
         return first

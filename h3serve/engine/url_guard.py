@@ -14,6 +14,7 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable
 
+from h3serve.errors import ClientError
 from h3serve.rules.shown import shown
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -21,9 +22,11 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 AddressPolicy = Callable[[IPAddress], str | None]
 
 
-class AddressRefused(ValueError):
+class AddressRefused(ClientError, ValueError):
     """`host` cannot be reached: it did not resolve (`reason` None) or resolves to an address the policy refuses
     (`reason` says what kind). The message is client-safe."""
+
+    code = "invalid_url"
 
     def __init__(self, host: str, reason: str | None):
         self.host = host

@@ -19,18 +19,29 @@ from h3serve.rules.names import (
     LONG_VIDEO_MODES,
     SAMPLE_SOLVERS,
     TASKS,
+    VIDEO_ENCODERS,
 )
 
 
-def format_stages(durations: dict[str, float]) -> str:
-    """One line: 'text_encode 0.10s | denoise 2.31s (0.33s/step) | ...'."""
+def format_stages(durations: dict[str, float], timeline: list[tuple[str, float, float]] | None = None) -> str:
+    """One line: 'text_encode 0.10s @0.00-0.10 | denoise 2.31s (0.33s/step) @0.10-2.41 | ...': each stage's time and,
+    from `timeline` ((stage, start, end) on one clock), when it ran, in seconds from the first stage's start (its
+    first start to its last end: a stage that ran beside another overlaps it)."""
+    origin = min((start for _, start, _ in timeline), default=0.0) if timeline else 0.0
+    when: dict[str, tuple[float, float]] = {}
+    for name, start, end in timeline or ():
+        first, last = when.get(name, (start, end))
+        when[name] = (min(first, start), max(last, end))
+    order = sorted(durations, key=lambda n: when[n][0] if n in when else float("inf"))
     parts = []
-    for name, seconds in durations.items():
+    for name in order:
         if name == "denoise_per_step":
             continue
-        part = f"{name} {seconds:.2f}s"
+        part = f"{name} {durations[name]:.2f}s"
         if name == "denoise" and "denoise_per_step" in durations:
             part += f" ({durations['denoise_per_step']:.3f}s/step)"
+        if name in when:
+            part += f" @{when[name][0] - origin:.2f}-{when[name][1] - origin:.2f}"
         parts.append(part)
     return " | ".join(parts)
 
@@ -42,6 +53,7 @@ def format_stages(durations: dict[str, float]) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from h3serve.entrypoints.engine_args import add_engine_args
+    from h3serve.media.mp4 import VIDEO_ENCODER_HELP
 
     p = sub.add_parser("generate", help="generate one MP4 (video + stereo audio) from a prompt")
     p.add_argument("prompt")
@@ -114,6 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
     p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
     p.add_argument("--audio-bitrate", type=int, default=192_000, help="AAC bitrate in bit/s (default 192000)")
+    p.add_argument("--video-encoder", choices=VIDEO_ENCODERS, default="auto", help=VIDEO_ENCODER_HELP)
     add_engine_args(p)  # device, parallel layout (--num-gpus, --usp, ...), vLLM-Omni recipe flags
     p.set_defaults(func=cmd_generate)
 
@@ -263,7 +276,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from h3serve.engine.planning import plan_request
     from h3serve.entrypoints.engine_args import engine_config_from_args
     from h3serve.errors import ConfigError, H3ServeError
-    from h3serve.media.mp4 import EncoderOptions
+    from h3serve.media.mp4 import EncoderOptions, nvenc_refusal
     from h3serve.rank.device_checks import check_engine
     from h3serve.rank.model_runner import guide_serving
     from h3serve.rank.placement import device_memory_of, long_request_refusal
@@ -271,7 +284,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     # Everything that can be refused is refused here, before a weight is read.
     try:
-        options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate)
+        options = EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate,
+                                 encoder=args.video_encoder)
         options.validate()
         _check_writable("--output", args.output)
         _check_writable("--save-raw", args.save_raw)
@@ -286,6 +300,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             return generate_realtime(args, config, defaults, options)
         if args.save_raw and config.decode_mode == "stream":  # the float arrays exist only in a full decode
             config = dataclasses.replace(config, decode_mode="full")
+        nvenc_refusal(options, config.decode_mode)
         layout = read_layout(model, config.dits, base=config.base_checkpoint)
         tasks = tasks_served(d for d in config.dits if layout.has(d))
         defaults = dataclasses.replace(engine_defaults(config, layout.defaults()), server_cache=config.server_cache)
@@ -354,7 +369,8 @@ def _run_engine(config, plan, output_path, options):
                 for path in files.values():  # previews: the server's downloads, not the CLI's
                     Path(path).unlink(missing_ok=True)
             return output
-        return engine.generate(plan, on_progress=on_step, sink=Mp4Sink(output_path, options))
+        sink = Mp4Sink(output_path, options, batch_frames=plan.preencode_batch_frames, device=engine.device)
+        return engine.generate(plan, on_progress=on_step, sink=sink)
     finally:
         bar.close()
         if multi_rank:
@@ -366,17 +382,20 @@ def _write_outputs(args: argparse.Namespace, output, options) -> int:
     from h3serve.media.raw import write_raw
     from h3serve.media.sink import indexed_path
 
-    start = time.perf_counter()
+    start = time.monotonic()
     try:
         for index, media in enumerate(output.outputs):
             if media.video is not None:  # else streamed: the MP4 was written during the decode
+                begin = time.monotonic()
                 write_mp4(indexed_path(args.output, index), media.video, media.audio, options=options)
-                output.stage_durations["mux"] = time.perf_counter() - start
+                output.stage_durations["mux"] = time.monotonic() - start
+                output.stage_timeline.append(("mux", begin, time.monotonic()))
             if args.save_raw:
                 write_raw(indexed_path(args.save_raw, index), media.video, media.audio)
     except (ValueError, OSError) as e:
         return fail(f"writing the output failed: {e}", EXIT_ERROR)
-    print(format_stages(output.stage_durations), f"| peak {output.peak_memory_mb:.0f} MB", file=sys.stderr)
+    print(format_stages(output.stage_durations, output.stage_timeline), f"| peak {output.peak_memory_mb:.0f} MB",
+          file=sys.stderr)
     for index in range(len(output.outputs)):
         print(indexed_path(args.output, index).resolve())
     return 0

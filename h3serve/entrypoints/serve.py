@@ -108,6 +108,9 @@ def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -
 
 def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], encoder: Callable[[str], Any]) -> None:
     """Request and connection limits, timeouts, the MP4 encoder."""
+    from h3serve.media.mp4 import VIDEO_ENCODER_HELP
+    from h3serve.rules.names import VIDEO_ENCODERS
+
     p.add_argument("--allow-private-media-urls", action="store_true",
                    help="let media URLs reach loopback, private and link-local addresses")
     p.add_argument("--control-dir", type=Path, metavar="DIR",
@@ -141,6 +144,7 @@ def _add_limit_args(p: argparse.ArgumentParser, server: Callable[[str], Any], en
                         "(default %(default)g)")
     p.add_argument("--x264-preset", default=encoder("preset"), help="x264 preset (default %(default)s)")
     p.add_argument("--crf", type=int, default=encoder("crf"), help="x264 constant rate factor (default %(default)s)")
+    p.add_argument("--video-encoder", choices=VIDEO_ENCODERS, default=encoder("encoder"), help=VIDEO_ENCODER_HELP)
     p.add_argument("--audio-bitrate", type=int, default=encoder("audio_bitrate"),
                    help="AAC bitrate in bit/s (default %(default)s)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -165,7 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from h3serve.api.server_config import ServerConfig, default_data_dir
     from h3serve.checkpoint.resolver import CheckpointError
     from h3serve.entrypoints.engine_args import engine_config_from_args
-    from h3serve.media.mp4 import EncoderOptions
+    from h3serve.media.mp4 import EncoderOptions, nvenc_refusal
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -201,7 +205,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_cost=args.max_request_cost,
             job_timeout_s=args.job_timeout,
             stall_timeout_s=args.stall_timeout,
-            encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate),
+            encoder_options=EncoderOptions(preset=args.x264_preset, crf=args.crf, audio_bitrate=args.audio_bitrate,
+                                           encoder=args.video_encoder),
             realtime=engine_config.realtime_lora is not None,
             realtime_start_timeout_s=args.realtime_start_timeout,
             realtime_stall_timeout_s=args.realtime_stall_timeout,
@@ -210,7 +215,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             webhook_retry_initial_s=args.webhook_retry_initial,
             webhook_retry_horizon_s=args.webhook_retry_horizon,
         ).validate()
-    except (ConfigError, CheckpointError) as e:
+        nvenc_refusal(server_config.encoder_options, engine_config.decode_mode)
+    except (ConfigError, CheckpointError, ValueError) as e:
         return fail(str(e))
     return run_server(engine_config, server_config)
 

@@ -58,7 +58,7 @@ def to_sql(name: str, value: Any) -> Any:
     """One field's column value."""
     if name == "request":
         return encode_request(value)
-    if name == "stage_durations":
+    if name in ("stage_durations", "stage_timeline"):
         return json.dumps(value)
     if name == "error":
         return None if value is None else json.dumps({"code": value.code, "message": value.message})
@@ -71,6 +71,7 @@ def from_row(row: Mapping[str, Any]) -> Job:
     values = {name: row[name] for name in COLUMNS}
     values["request"] = decode_request(values["request"])
     values["stage_durations"] = json.loads(values["stage_durations"])
+    values["stage_timeline"] = tuple((str(s), float(a), float(b)) for s, a, b in json.loads(values["stage_timeline"]))
     values["error"] = None if values["error"] is None else JobError(**json.loads(values["error"]))
     values["sync"], values["expired"] = bool(values["sync"]), bool(values["expired"])
     return Job(seq=row["seq"], **values)

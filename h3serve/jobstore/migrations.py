@@ -117,6 +117,8 @@ def _migrations(dialect: Dialect) -> list[list[str]]:
             "CREATE INDEX IF NOT EXISTS webhook_deliveries_due ON webhook_deliveries (state, next_attempt_at)",
             "CREATE INDEX IF NOT EXISTS webhook_deliveries_video ON webhook_deliveries (video_id)",
         ],
+        # 7: every stage's start and end (JSON [[stage, start, end], ...]). Older rows recorded none.
+        ["ALTER TABLE jobs ADD COLUMN stage_timeline TEXT NOT NULL DEFAULT '[]'"],
     ]
 
 

@@ -70,6 +70,9 @@ class Job:
     progress_steps: int = 0  # forwards `progress` counts (steps x generated windows x outputs); 0: not recorded
     num_outputs: int = 1  # outputs of the prompt (num_outputs_per_prompt): what the job counts toward the queue bound
     key_scope: str = ""  # which API key made it (a digest, "" with keys off): its webhook endpoints get its event
+    # Every run of every stage: (stage, start, end) in seconds since the job's run began, in start order; stages
+    # that ran beside each other (the MP4 encode and the video decode) overlap. Empty: not recorded.
+    stage_timeline: tuple[tuple[str, float, float], ...] = ()
     seq: int = 0
 
     @classmethod

@@ -28,6 +28,7 @@ from h3serve.loading.native_vaes import load_native_audio_vae, load_native_video
 from h3serve.loading.quantize_on_load import TextQuantizer, load_stored_fp8, text_quantizer
 from h3serve.loading.tensors import iter_tensors, materialize, realign
 from h3serve.loading.text_encoder_shards import load_parallel_text_conditioner
+from h3serve.model.audio_decode import streamline_audio_vae
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 
 if TYPE_CHECKING:
@@ -348,6 +349,7 @@ def load_components(
     else:
         audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
         realign(audio_vae).eval()
+    streamline_audio_vae(audio_vae)  # the same bits with less work (h3serve.model.audio_decode)
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
     if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import av
@@ -12,12 +12,10 @@ from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTr
 
 from h3serve.media.raw import PathLike, atomic_output, validate_media
 from h3serve.rules import limits
+from h3serve.rules.names import VIDEO_ENCODERS, X264_PRESETS
 
 AAC_FRAME_SAMPLES = 1024
 AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
-X264_PRESETS = (
-    "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo",
-)  # fmt: skip
 
 # RGB -> yuv420p with swscale's bit-exact C path (no CPU-specific SIMD rounding); BILINEAR sets chroma filtering.
 _SWS_FLAGS = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.BITEXACT
@@ -33,13 +31,20 @@ class EncoderOptions:
     """Encoder settings. ``threads=0`` lets x264 pick (about 1.5x the CPU count).
 
     Output bytes depend on the x264 thread count, so they are reproducible for a fixed ``threads`` on any
-    machine, but with ``threads=0`` only between machines with the same number of CPUs.
+    machine, but with ``threads=0`` only between machines with the same number of CPUs. `encoder` auto or nvenc
+    takes NVENC only where frames stay on a GPU that has one (h3serve.media.nvenc); elsewhere x264 writes.
     """
 
     preset: str = "medium"  # x264 preset
-    crf: int = 18  # x264 CRF
+    crf: int = 18  # x264 CRF (NVENC: its constant QP)
     audio_bitrate: int = 192_000
     threads: int = 0  # 0 = auto
+    encoder: str = "auto"  # auto | x264 | nvenc (--video-encoder)
+
+    def for_request(self, preset: str | None, crf: int | None) -> EncoderOptions:
+        """These settings with a request's own preset and CRF (extra_params.video_codec_options) where it gives
+        them."""
+        return replace(self, preset=preset or self.preset, crf=self.crf if crf is None else crf)
 
     def validate(self, sample_rate: int = limits.AUDIO_SAMPLE_RATE) -> EncoderOptions:
         """`self` if every option is legal for audio at `sample_rate`; else `ValueError` naming the option."""
@@ -54,10 +59,25 @@ def _validate_options(options: EncoderOptions, sample_rate: int) -> None:
         raise ValueError(f"crf must be in [0, 51], got {options.crf}")
     if not 8_000 <= options.audio_bitrate <= 512_000:
         raise ValueError(f"audio_bitrate must be in [8000, 512000] bit/s, got {options.audio_bitrate}")
+    if options.encoder not in VIDEO_ENCODERS:
+        raise ValueError(f"unknown video encoder {options.encoder!r}; expected one of {', '.join(VIDEO_ENCODERS)}")
     if options.threads < 0:
         raise ValueError(f"threads must be >= 0 (0 = auto), got {options.threads}")
     if sample_rate not in AAC_SAMPLE_RATES:
         raise ValueError(f"AAC does not support sample_rate={sample_rate}; use one of {AAC_SAMPLE_RATES}")
+
+
+VIDEO_ENCODER_HELP = (
+    "auto (default): NVENC where the decoded frames stay on a GPU that has one and PyNvVideoCodec is installed (the "
+    "nvenc extra), else x264 | x264 | nvenc (on such a GPU, with --decode-mode stream). The log says which ran"
+)
+
+
+def nvenc_refusal(options: EncoderOptions, decode_mode: str) -> None:
+    """`ValueError` when NVENC is asked for where it cannot get the frames: a full decode hands host arrays over."""
+    if options.encoder == "nvenc" and decode_mode != "stream":
+        raise ValueError("--video-encoder nvenc needs --decode-mode stream (NVENC takes the frames on the GPU as "
+                         "they are decoded; a full decode's MP4 is written from host arrays, by x264)")
 
 
 def audio_samples_for(frames: int, fps: int, sample_rate: int) -> int:
@@ -146,7 +166,14 @@ class Mp4Writer:
     def _open(self, tmp) -> None:
         options = self.options
         self._container = container = av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"})
-        self._vstream = vstream = container.add_stream("libx264", rate=self.fps)
+        self._vstream = self._open_video(container)
+        self._astream = astream = container.add_stream("aac", rate=self.sample_rate, layout="stereo")
+        astream.bit_rate = options.audio_bitrate
+
+    def _open_video(self, container) -> av.VideoStream:
+        """The H.264 stream and its encoder: libx264 here (h3serve.media.nvenc's writer: NVENC)."""
+        options = self.options
+        vstream = container.add_stream("libx264", rate=self.fps)
         vstream.width, vstream.height, vstream.pix_fmt = self.width, self.height, "yuv420p"
         vstream.time_base = Fraction(1, self.fps)
         vcc = vstream.codec_context
@@ -154,8 +181,17 @@ class Mp4Writer:
         vcc.thread_count, vcc.thread_type = options.threads, "FRAME"
         vcc.colorspace, vcc.color_range = Colorspace.ITU709, ColorRange.MPEG
         vcc.color_primaries, vcc.color_trc = ColorPrimaries.BT709, ColorTrc.BT709
-        self._astream = astream = container.add_stream("aac", rate=self.sample_rate, layout="stereo")
-        astream.bit_rate = options.audio_bitrate
+        return vstream
+
+    def _encode_video(self, frame, index: int) -> list[av.Packet]:
+        """One frame's packets (x264 buffers frames for its lookahead: often none yet); None: flush the encoder."""
+        return self._vstream.encode(None if frame is None else yuv_frame(frame, index))
+
+    def _check_frames(self, frames) -> None:
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (self.height, self.width, 3):
+            raise ValueError(
+                f"frames must be uint8 [t, {self.height}, {self.width}, 3], got {frames.dtype} {list(frames.shape)}"
+            )
 
     def _encode_audio_until(self, end: int) -> None:
         """Encode the 1024-sample frames starting before ``end``."""
@@ -181,15 +217,12 @@ class Mp4Writer:
 
     def write(self, frames: np.ndarray) -> None:
         """Encode uint8 frames [t, H, W, 3] (RGB) after those already written."""
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (self.height, self.width, 3):
-            raise ValueError(
-                f"frames must be uint8 [t, {self.height}, {self.width}, 3], got {frames.dtype} {list(frames.shape)}"
-            )
+        self._check_frames(frames)
         if self.written + frames.shape[0] > self.num_frames:
             raise ValueError(f"more than the announced {self.num_frames} frames")
         for rgb in frames:
             i = self.written
-            self._container.mux(self._vstream.encode(yuv_frame(rgb, i)))
+            self._container.mux(self._encode_video(rgb, i))
             # Interleave: after each video frame, encode the audio up to that frame's end time.
             self._encode_audio_until((i + 1) * self.sample_rate // self.fps + 1)
             self.written += 1
@@ -199,7 +232,7 @@ class Mp4Writer:
             if kind is None:
                 if self.written != self.num_frames:
                     raise ValueError(f"{self.written} of the announced {self.num_frames} frames were written")
-                self._container.mux(self._vstream.encode(None))
+                self._container.mux(self._encode_video(None, self.written))
                 self._audio_given = self.n_samples  # a following soundtrack's missing end is silence
                 self._encode_audio_until(self.n_samples)
                 self._container.mux(self._astream.encode(None))

@@ -1,7 +1,8 @@
 """Where a streamed decode's frames go (`--decode-mode stream`): an MP4 written as the chunks come.
 
 `Mp4Sink` is the pipeline's `FrameSink` on rank 0 (or in-process): it opens an `Mp4Writer` with the already
-decoded soundtrack, encodes each uint8 chunk at once and keeps only the few frames the previews show.
+decoded soundtrack on the encoder's own thread (h3serve.media.encode_thread), which encodes each uint8 chunk while
+the decode goes on with the next, and keeps only the few frames the previews show.
 `DiscardSink` is what the other ranks pass: they decode their VAE tiles in step but receive no frames. Several
 outputs of one request go to `for_output(i)`: a sink beside this one (`name.i.mp4`), listed by `outputs()`.
 """
@@ -13,8 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from h3serve.media.encode_thread import EncodeThread
 from h3serve.media.mp4 import EncoderOptions, Mp4Writer
+from h3serve.media.nvenc import NvencMp4Writer, choose_encoder, say_once
 from h3serve.media.previews import preview_indices, write_previews
 from h3serve.rules import limits
 
@@ -26,26 +30,38 @@ def indexed_path(path: str | Path, index: int) -> Path:
 
 
 class _PreviewKeeper:
-    """Passes frames on to the writer and copies out the preview frames as they go by."""
+    """Passes frames on to the writer and copies out the preview frames (to the host) as they go by."""
 
     def __init__(self, writer: Mp4Writer, wanted: set[int], kept: dict[int, np.ndarray]):
         self.writer, self.wanted, self.kept = writer, wanted, kept
 
-    def write(self, frames: np.ndarray) -> None:
+    def write(self, frames: np.ndarray | torch.Tensor) -> None:
         first = self.writer.written
         self.writer.write(frames)
         for i in self.wanted & set(range(first, first + frames.shape[0])):
-            self.kept[i] = frames[i - first].copy()
+            frame = frames[i - first]
+            self.kept[i] = frame.cpu().numpy() if isinstance(frame, torch.Tensor) else frame.copy()
 
 
 class Mp4Sink:
     """A `FrameSink` that writes the MP4 at `path` (atomically) and, with `previews`, the thumbnail and the
     spritesheet next to it (`write_previews`)."""
 
-    def __init__(self, path: str | Path, options: EncoderOptions = EncoderOptions(), previews: bool = False):  # noqa: B008
+    def __init__(
+        self,
+        path: str | Path,
+        options: EncoderOptions = EncoderOptions(),  # noqa: B008 (frozen)
+        previews: bool = False,
+        batch_frames: int = 1,
+        device: torch.device | str = "cpu",
+    ):
+        """`batch_frames`: the encoder thread takes the frames in batches of at least this many (whole clips).
+        `device`: where the decode's frames are (NVENC, h3serve.media.nvenc, takes them there)."""
         self.path = Path(path)
         self.options = options
         self.previews = previews
+        self.batch_frames = batch_frames
+        self.device = torch.device(device)
         self.kept: dict[int, np.ndarray] = {}
         self.num_frames = 0
         self.more: dict[int, Mp4Sink] = {}  # outputs 1.. of several, by index
@@ -53,16 +69,29 @@ class Mp4Sink:
     def for_output(self, index: int) -> Mp4Sink:
         """The sink of output `index` (>= 1) of several: `<stem>.<index><suffix>` beside this one."""
         if index not in self.more:
-            self.more[index] = Mp4Sink(indexed_path(self.path, index), self.options, self.previews)
+            self.more[index] = Mp4Sink(indexed_path(self.path, index), self.options, self.previews, self.batch_frames,
+                                       self.device)
         return self.more[index]
 
     @contextmanager
-    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[_PreviewKeeper]:
+    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[EncodeThread]:
+        """The file's writer on its own thread: write each clip's frames as they are decoded; the file is whole
+        (or, after an error on either side, absent) when the block ends."""
         self.num_frames = num_frames
         wanted = set(preview_indices(num_frames)) if self.previews else set()
-        with Mp4Writer(self.path, num_frames, height, width, audio, limits.FPS, limits.AUDIO_SAMPLE_RATE,
-                       self.options) as writer:
-            yield _PreviewKeeper(writer, wanted, self.kept)
+        nvenc = choose_encoder(self.options, self.device) == "nvenc"
+        if not nvenc:
+            threads = self.options.threads or "auto"
+            say_once(f"video encoder: x264 (preset {self.options.preset}, crf {self.options.crf}, threads {threads})")
+
+        @contextmanager
+        def writer() -> Iterator[_PreviewKeeper]:
+            args = (self.path, num_frames, height, width, audio, limits.FPS, limits.AUDIO_SAMPLE_RATE, self.options)
+            with NvencMp4Writer(*args, device=self.device) if nvenc else Mp4Writer(*args) as mp4:
+                yield _PreviewKeeper(mp4, wanted, self.kept)
+
+        with EncodeThread(writer, batch_frames=self.batch_frames, on_device=nvenc) as encoder:
+            yield encoder
 
     def files(self) -> dict[str, str]:
         """The files written, by download variant (the previews written now, from the kept frames)."""
@@ -78,6 +107,9 @@ class Mp4Sink:
 
 
 class _Drop:
+    on_device = False
+    span = None
+
     def write(self, frames: np.ndarray) -> None:
         pass
 

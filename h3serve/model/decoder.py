@@ -1,9 +1,11 @@
 """The pipeline's last stage: normalised latents -> frames and a stereo waveform, decoded whole or streamed.
 
-The whole decode returns float32 frames in [0, 1]. The streamed decode (`--decode-mode stream`) decodes the
-soundtrack first, then the video one VAE clip at a time, each clip turned into uint8 on the device and handed to the
-`FrameSink` (the MP4 writer) at once, so its working set is one clip, whatever the video's length; its frames and
-rounding are the whole decode's followed by `write_mp4` (h3serve.model.stream_decode), so the MP4 bytes are equal.
+Both decode the soundtrack first. The whole decode returns float32 frames in [0, 1]. The streamed decode
+(`--decode-mode stream`) then decodes the video one VAE clip at a time, each clip turned into uint8 on the device and
+handed to the `FrameSink` (the MP4 writer, which encodes it on its own thread while the next clip decodes: the
+`mux` stage's span overlaps `video_decode`'s), so its working set is one clip, whatever the video's length; its
+frames and rounding are the whole decode's followed by `write_mp4` (h3serve.model.stream_decode), so the MP4 bytes
+are equal.
 """
 
 from __future__ import annotations
@@ -52,14 +54,13 @@ class Decoder:
         """Both modalities: into `sink` clip by clip when one is given (the result holds no frames), else whole."""
         if sink is not None:
             return self._stream(video_latents, audio_latents, clock, cache, sink, head)
-        # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room.
-        with clock("video_decode"):
-            video = self.decode_video(video_latents).cpu()
+        # Decoded outputs leave the device at once: the next stage's (or request's) weights need the room. The
+        # soundtrack first, as the streamed decode does (its writer needs it before the first frame).
         with clock("audio_decode"):
             audio = self.decode_audio(audio_latents).cpu()
-        return GenerationResult.decoded(
-            video, audio, (video_latents, audio_latents), clock.durations, cache, video.shape[0]
-        )
+        with clock("video_decode"):
+            video = self.decode_video(video_latents).cpu()
+        return GenerationResult.decoded(video, audio, (video_latents, audio_latents), clock, cache, video.shape[0])
 
     def denormalised_video(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents -> the VAE decoder's input, on the device and in its dtype."""
@@ -96,7 +97,8 @@ class Decoder:
         sink: FrameSink,
         head: SourceHead | None,
     ) -> GenerationResult:
-        """Decode the soundtrack, open `sink` with it, then feed it the video's uint8 frames clip by clip."""
+        """Decode the soundtrack, open `sink` with it, then feed it the video's uint8 frames clip by clip (host
+        arrays, or device tensors for a writer that reads the device); the writer's encode is the `mux` span."""
         with clock("audio_decode"):
             audio = self.decode_audio(audio_latents).cpu()
         if head is not None:
@@ -105,15 +107,18 @@ class Decoder:
         ratio = vae.spatial_compression_ratio
         num_frames = decoded_frames(vae, video_latents.shape[2])
         height, width = video_latents.shape[-2] * ratio, video_latents.shape[-1] * ratio
-        with clock("video_decode"), sink.open(num_frames, height, width, audio.numpy()) as writer:
+        with sink.open(num_frames, height, width, audio.numpy()) as writer, clock("video_decode"):
             done = 0
             for piece in decode_chunks(vae, self.denormalised_video(video_latents)):
-                frames = rgb8(piece, done).cpu().numpy()
+                frames = rgb8(piece, done)
                 if head is not None and done < head.video.shape[0]:
                     # The full path writes source / 255 here; the MP4 rounding gives the source's own bytes back.
-                    given = head.video[done : done + frames.shape[0]]
-                    frames[: given.shape[0]] = given
-                writer.write(frames)
-                done += frames.shape[0]
+                    given = torch.from_numpy(head.video[done : done + frames.shape[0]])
+                    frames[: given.shape[0]] = given.to(frames.device)
+                count = frames.shape[0]
+                writer.write(frames if writer.on_device else frames.cpu().numpy())
+                done += count
                 del piece, frames  # a view of the clip: dropped, so the clip is freed before the next one decodes
-        return GenerationResult.decoded(None, audio, (video_latents, audio_latents), clock.durations, cache, num_frames)
+        if writer.span is not None:
+            clock.span("mux", *writer.span)
+        return GenerationResult.decoded(None, audio, (video_latents, audio_latents), clock, cache, num_frames)

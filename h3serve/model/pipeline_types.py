@@ -5,6 +5,7 @@ Shared by `h3serve.model.pipeline` (T2VA / FL2VA / Ref2VA) and `h3serve.model.co
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -48,7 +49,18 @@ class H3Components:
 
 
 class FrameWriter(Protocol):
-    def write(self, frames: np.ndarray) -> None: ...  # uint8 [t, H, W, 3] RGB, in order
+    """Takes a streamed decode's frames in order: uint8 [t, H, W, 3] RGB, host arrays, or with `on_device` the
+    decoder's own device tensors (an encoder that reads device memory, h3serve.media.nvenc)."""
+
+    on_device: bool
+
+    def write(self, frames: np.ndarray | torch.Tensor) -> None: ...
+
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """After the writer closed: (start, end) of its encoding on the `time.monotonic` clock, None if it
+        encoded nothing (a rank that receives no frames)."""
+        ...
 
 
 class FrameSink(Protocol):
@@ -92,6 +104,7 @@ class GenerationResult:
     block_cache: CacheStats | None = None  # with a DiT block cache: evaluations run and skipped, cached steps
     num_frames: int = 0  # frames decoded (streamed or not)
     others: list[GenerationResult] = field(default_factory=list)  # several outputs: outputs 1..N-1, in order
+    stage_timeline: list[StageSpan] = field(default_factory=list)  # every stage's start and end, in start order
 
     @classmethod
     def decoded(
@@ -99,13 +112,15 @@ class GenerationResult:
         video: torch.Tensor | None,
         audio: torch.Tensor,
         latents: tuple[torch.Tensor, torch.Tensor],
-        durations: dict[str, float],
+        clock: StageClock,
         cache: CacheStats | None,
         num_frames: int,
     ) -> GenerationResult:
-        """A finished request's result, full or streamed decode; the latents leave the device with it."""
+        """A finished request's result, full or streamed decode; the latents leave the device with it. Its stage
+        figures are the clock's own (several outputs of one run share them)."""
         video_latents, audio_latents = latents
-        return cls(video, audio, video_latents.cpu(), audio_latents.cpu(), durations, cache, num_frames)
+        return cls(video, audio, video_latents.cpu(), audio_latents.cpu(), clock.durations, cache, num_frames,
+                   stage_timeline=clock.timeline)
 
 
 class StageHooks(Protocol):
@@ -131,24 +146,39 @@ class NoHooks:
         return nullcontext()
 
 
+StageSpan = tuple[str, float, float]  # (stage, start, end) on the `time.monotonic` clock
+
+
 class StageClock:
     """Accumulates wall time per named stage (synchronising the GPU so the figures are real); each stage runs
-    inside the placement hooks' `stage(name)`, so its time includes moving its weights in."""
+    inside the placement hooks' `stage(name)`, so its time includes moving its weights in.
+
+    Every run of a stage is also kept as a span on the `time.monotonic` clock (`timeline`): one clock for every
+    process of a host (Linux CLOCK_MONOTONIC), so the parent can place a rank's spans beside its own, and a stage
+    that runs beside another (the MP4 encode on its own thread, `span`) shows its overlap."""
 
     def __init__(self, device: torch.device, hooks: StageHooks | None = None):
         self.device = device
         self.hooks = hooks or NoHooks()
         self.durations: dict[str, float] = {}
+        self.timeline: list[StageSpan] = []
         self.steps = 0  # denoise steps run (a continuation runs several windows)
+        self._lock = threading.Lock()  # `span` may be called from an encoder's thread
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start = time.monotonic()
         with self.hooks.stage(name):
             yield
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.durations[name] = self.durations.get(name, 0.0) + time.perf_counter() - start
+        self.span(name, start, time.monotonic())
+
+    def span(self, name: str, start: float, end: float) -> None:
+        """Record a run of `name` from `start` to `end` (`time.monotonic`), measured by its caller."""
+        with self._lock:
+            self.durations[name] = self.durations.get(name, 0.0) + end - start
+            self.timeline.append((name, start, end))
 
     def record_denoise_per_step(self) -> None:
         """The denoise stage's mean time per step (over every window of a continuation), once denoising is done."""

@@ -23,21 +23,10 @@ from h3serve.model.pipeline_types import (
 )
 from h3serve.model.scheduler import FlowSchedule, FlowSolver, scale_noise
 from h3serve.model.step_times import StepTimes, step_times
-from h3serve.model.transformer import H3Transformer, PackedLayout
+from h3serve.model.transformer import H3Transformer
 from h3serve.rules import limits
 from h3serve.rules.names import DEFAULT_SAMPLE_SOLVER
 from h3serve.rules.validate import GenerationPlan
-
-
-def _to_device(layout: PackedLayout, device: torch.device) -> PackedLayout:
-    return PackedLayout(
-        token_tags=layout.token_tags.to(device),
-        position_ids=layout.position_ids.to(device),
-        video_indices=layout.video_indices.to(device),
-        audio_indices=layout.audio_indices.to(device),
-        text_indices=layout.text_indices.to(device),
-        target_grid=layout.target_grid,
-    )
 
 
 class Sampler:
@@ -173,7 +162,7 @@ class Sampler:
         the device once, before the loop: a step issues no host -> device copy and no synchronisation."""
         times = step_times(schedules, layout, edits, self.device)
         video_solver, audio_solver = (FlowSolver(s, solver, self.device) for s in schedules)
-        packed = _to_device(layout.packed, self.device)
+        packed = layout.packed.to(self.device)
         text = transformer.embed_text(text_states.to(self.device))  # once per request, not per step
         text = text.expand(video_rows.shape[0], -1, -1)  # [B, L, D]: the same prompt for every item
         nv, na = layout.num_video_condition_rows, layout.num_audio_reference_rows

@@ -499,6 +499,17 @@ class PackedLayout:
     def seq_len(self) -> int:
         return self.position_ids.shape[0]
 
+    def to(self, device: torch.device | str) -> PackedLayout:
+        """The same layout with its index and position tensors on `device`."""
+        return PackedLayout(
+            token_tags=self.token_tags.to(device),
+            position_ids=self.position_ids.to(device),
+            video_indices=self.video_indices.to(device),
+            audio_indices=self.audio_indices.to(device),
+            text_indices=self.text_indices.to(device),
+            target_grid=self.target_grid,
+        )
+
 
 class H3Transformer(nn.Module):
     """The MiniMax-H3 DiT. Keys and math match diffusers' `MiniMaxH3Transformer3DModel`."""

@@ -203,9 +203,9 @@ class ModelRunner:
         elif plan.lora is not None:
             raise RequestError("lora", "this server serves no LoRA adapters")
         with PeakMemory(self.device) as memory:
-            start = time.perf_counter()
+            start = time.monotonic()
             conditioning = load_conditioning(plan, self.defaults)
-            load_s = time.perf_counter() - start
+            loaded = time.monotonic()
             batch = output_batch(self.config, plan, device_memory_of(self.config, self.device))
             result = self.pipeline.generate(plan, conditioning, on_progress, sink, output_batch=batch)
         if result.block_cache is not None and self.rank == 0:
@@ -216,9 +216,11 @@ class ModelRunner:
                 file=sys.stderr,
             )
         if plan.task != "t2va" or plan.guides:
-            result.stage_durations = {"media_load": load_s, **result.stage_durations}
+            result.stage_durations = {"media_load": loaded - start, **result.stage_durations}
+            result.stage_timeline = [("media_load", start, loaded), *result.stage_timeline]
         output = _media(result)
         output.stage_durations, output.peak_memory_mb = result.stage_durations, memory.mb
+        output.stage_timeline = sorted(result.stage_timeline, key=lambda span: span[1])
         output.counters = self.counters()
         output.others = [_media(other) for other in result.others]
         return output

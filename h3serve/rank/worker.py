@@ -242,7 +242,8 @@ def _run_job(
     sink = None
     if job.encoder is not None:  # streamed: rank 0 writes the MP4; the others decode their tiles in step
         mp4 = Path(job.spool).with_suffix(".mp4")
-        sink = Mp4Sink(mp4, job.encoder, previews=True) if rank == 0 else DiscardSink()
+        sink = Mp4Sink(mp4, job.encoder, previews=True, batch_frames=job.plan.preencode_batch_frames,
+                       device=engine.device) if rank == 0 else DiscardSink()
     try:
         output = engine.generate(job.plan, on_step, sink)
     except _CancelledHere:
@@ -263,12 +264,12 @@ def _run_job(
     if rank == 0 and isinstance(sink, Mp4Sink):
         durations, peak = output.stage_durations, output.peak_memory_mb
         events.put(Done(job.seq, durations, peak, files=tuple(sink.outputs()), frames=output.num_frames,
-                        counters=output.counters))
+                        counters=output.counters, stage_timeline=tuple(output.stage_timeline)))
     elif rank == 0:
         for index, media in enumerate(output.outputs):
             write_raw(job.spool_for(index), media.video, media.audio)
         events.put(Done(job.seq, output.stage_durations, output.peak_memory_mb, counters=output.counters,
-                        outputs=len(output.outputs)))
+                        outputs=len(output.outputs), stage_timeline=tuple(output.stage_timeline)))
 
 
 def _run_realtime(

@@ -53,3 +53,14 @@ REFRESH_POLICIES: tuple[str, ...] = get_args(RefreshPolicy)
 # --cache-backend values h3serve serves (the flag parser knows vLLM-Omni's others and refuses them with the reason).
 CacheBackend = Literal["none", "cache_dit", "tea_cache"]
 CACHE_BACKENDS: tuple[str, ...] = get_args(CacheBackend)
+
+# --video-encoder: which H.264 encoder writes the MP4. auto: NVENC where the GPU has one and PyNvVideoCodec is
+# installed (the `nvenc` extra), else x264 (h3serve.media.nvenc.choose_encoder; the log says which ran).
+VideoEncoder = Literal["auto", "x264", "nvenc"]
+VIDEO_ENCODERS: tuple[str, ...] = get_args(VideoEncoder)
+
+# vLLM-Omni's x264 presets (extra_params.video_codec_options.preset, --x264-preset), fastest first.
+X264Preset = Literal[
+    "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo"
+]
+X264_PRESETS: tuple[str, ...] = get_args(X264Preset)

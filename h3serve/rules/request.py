@@ -103,4 +103,12 @@ class GenerationRequest:
     # vLLM-Omni's forced DiT-cache refresh (h3serve.rules.cache_refresh), extra_params only
     force_refresh_step_hint: int | None = None
     force_refresh_step_policy: str | None = None
+    # vLLM-Omni's pre-encode fields (extra_params): the MP4 encoded while the VAE decodes (what a streamed decode
+    # always does here, so preencode_mp4 is accepted either way), handed to the encoder in batches of at least
+    # preencode_batch_frames frames (whole VAE clips; with preencode_mp4 only, as vLLM-Omni reads it), and the
+    # request's H.264 settings (extra_params.video_codec_options: preset, crf).
+    preencode_mp4: bool | None = None
+    preencode_batch_frames: int | None = None
+    video_preset: str | None = None
+    video_crf: int | None = None
     guides: tuple[TimelineGuide, ...] = ()  # timeline guides, in manifest order (h3serve/rules/guides.py)

@@ -24,7 +24,7 @@ from h3serve.rules.names import SAMPLE_SOLVERS
 
 JOB_FIELDS = {
     "id", "object", "model", "status", "progress", "created_at", "completed_at", "expires_at", "prompt", "size",
-    "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations",
+    "seconds", "remixed_from_video_id", "error", "num_frames", "fps", "duration_s", "stage_durations", "stage_timeline",
     "peak_memory_mb", "inference_time_s", "progress_steps", "num_outputs", "outputs",
 }
 REQUEST = {"prompt": "waves on a beach", "size": "128x64", "seconds": "4", "num_inference_steps": 2, "seed": 5}
@@ -121,6 +121,8 @@ def test_job_lifecycle_and_downloads(client):
     assert job["completed_at"] >= job["created_at"] and job["expires_at"] == job["completed_at"] + 3600
     assert job["duration_s"] == pytest.approx(107 / 24) and job["peak_memory_mb"] == 12.5
     assert {"denoise", "encode"} <= set(job["stage_durations"])
+    assert [span["stage"] for span in job["stage_timeline"]] == ["denoise", "encode"]
+    assert all(0 <= span["start_s"] <= span["end_s"] for span in job["stage_timeline"])
 
     expected = {"video": ("video/mp4", "mp4"), "thumbnail": ("image/webp", "webp"),
                 "spritesheet": ("image/jpeg", "jpg")}

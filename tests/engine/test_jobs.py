@@ -83,6 +83,10 @@ def test_jobs_run_in_order_and_leave_their_files(env):
         assert (job.status, job.progress, job.num_frames, job.fps, job.error) == ("completed", 100, 107, 24, None)
         assert job.expires_at == job.completed_at + 3600 and job.inference_time_s > 0
         assert {"denoise", "encode"} <= set(job.stage_durations) and job.peak_memory_mb == 12.5
+        # The engine's spans and the parent's encode on the job's own run clock, in order, each a real span.
+        assert [name for name, _, _ in job.stage_timeline] == ["denoise", "encode"]
+        (_, start, end), (_, encode_start, encode_end) = job.stage_timeline
+        assert 0 <= start <= end <= encode_start <= encode_end <= job.inference_time_s + 1e-5  # spans: 6 decimals
         for variant in VARIANTS.values():
             assert files.file(job.id, variant.file_name).stat().st_size > 0
         with Image.open(files.file(job.id, VARIANTS["thumbnail"].file_name)) as thumb:

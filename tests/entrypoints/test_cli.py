@@ -159,6 +159,20 @@ def test_several_outputs_are_each_their_single_run(outputs, tiny_checkpoint, tmp
     assert _sha(out) != _sha(outputs["a"][0])
 
 
+def test_the_summary_line_says_when_each_stage_ran():
+    from h3serve.entrypoints.generate import format_stages
+
+    durations = {"text_encode": 0.5, "denoise": 4.0, "denoise_per_step": 1.0, "audio_decode": 0.5,
+                 "video_decode": 1.0, "mux": 1.25}
+    timeline = [(100.0 + a, 100.0 + b) for a, b in ((0, 0.5), (0.5, 4.5), (4.5, 5.0), (5.0, 6.0), (5.25, 6.5))]
+    spans = [(name, a, b) for name, (a, b) in zip(("text_encode", "denoise", "audio_decode", "video_decode", "mux"),
+                                                  timeline, strict=True)]
+    line = format_stages(durations, spans)
+    assert line == ("text_encode 0.50s @0.00-0.50 | denoise 4.00s (1.000s/step) @0.50-4.50 | audio_decode 0.50s "
+                    "@4.50-5.00 | video_decode 1.00s @5.00-6.00 | mux 1.25s @5.25-6.50")  # the encode overlaps
+    assert format_stages({"denoise": 2.0}) == "denoise 2.00s"
+
+
 def _guide_files(folder):
     from PIL import Image
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from fake_executor import FakeExecutor
+from hostile_media import h264_clip, png_bomb
 from hostile_servers import serve
-from media_files import h264_clip, png_bomb
 from peak_rss import peak_rss
 
 from h3serve.media.media_inputs import MediaError, MediaLimitError

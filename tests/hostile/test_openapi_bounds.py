@@ -33,6 +33,8 @@ COMPANIONS: dict[str, dict[str, Any]] = {
     "num_frames": CONTINUATION,  # the schema's bound is the longest mode's (300 s by continuation)
     "continuation_window_frames": CONTINUATION,
     "continuation_overlap_frames": {**CONTINUATION, "continuation_window_frames": 345},
+    # a refresh hint needs a DiT cache to act on and at least as many forwards as its own value
+    "force_refresh_step_hint": {"quality": "high", "num_inference_steps": 200},
 }
 
 

@@ -39,8 +39,10 @@ def test_insert_get_update_delete(store):
     job = store.insert(make_job(seed=9, image=MediaRef(Path("/d/k.png"), "k.png", "image")))
     assert job.seq == 1 and store.get(job.id) == job
     store.update(job.id, status="failed", progress=40, error=JobError("generation_failed", "boom"),
-                 stage_durations={"denoise": 1.5}, completed_at=120, expired=True)
+                 stage_durations={"denoise": 1.5}, completed_at=120, expired=True,
+                 stage_timeline=(("denoise", 0.25, 1.75), ("mux", 1.5, 2.0)))
     got = store.get(job.id)
+    assert got.stage_timeline == (("denoise", 0.25, 1.75), ("mux", 1.5, 2.0))
     assert (got.status, got.progress, got.error, got.stage_durations, got.completed_at, got.expired) == (
         "failed", 40, JobError("generation_failed", "boom"), {"denoise": 1.5}, 120, True
     )
@@ -134,7 +136,8 @@ def _version_2_store(target, jobs: list[Job]) -> None:
     db.execute("INSERT INTO schema_version (version) VALUES (2)")
     if sqlite:
         db.execute("PRAGMA user_version=2")
-    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "key_scope")]  # schemas 4-6
+    # Schemas 4-7 added these.
+    columns = [name for name in COLUMNS if name not in ("progress_steps", "num_outputs", "key_scope", "stage_timeline")]
     for job in jobs:
         values = [to_sql(name, getattr(job, name)) for name in columns]
         db.execute(f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join([mark] * len(columns))})", values)
@@ -152,6 +155,7 @@ def test_requests_stored_before_steps_counted_forwards_keep_their_forward_count(
     assert steps == {"queued": 7, "default": None, "least": 1, "done": 49}
     assert {store.get(job.id).progress_steps for job in old.values()} == {0}  # schema 4: not recorded then
     assert {store.get(job.id).num_outputs for job in old.values()} == {1}  # schema 5: one output each then
+    assert {store.get(job.id).stage_timeline for job in old.values()} == {()}  # schema 6: not recorded then
     assert store.get(old["done"].id).request == GenerationRequest(prompt="p", steps=49, seed=4, duration_s=5.0)
     new = store.insert(dataclasses.replace(make_job(steps=8), progress_steps=24))
     store.close()

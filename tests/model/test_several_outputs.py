@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from h3serve.media.mp4 import EncoderOptions, write_mp4
+from h3serve.media.sink import Mp4Sink, indexed_path
 from h3serve.model.pipeline import H3Pipeline
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError, validate
@@ -35,6 +37,9 @@ class _Frames:
 
 
 class _Append(list):
+    on_device = False
+    span = None
+
     def write(self, frames: np.ndarray) -> None:
         self.append(frames.copy())
 
@@ -86,6 +91,21 @@ def test_streamed_outputs_go_to_their_own_sinks(tiny_pipeline):
         got = sink if i == 0 else sink.more[i]
         assert np.array_equal(np.concatenate(got.frames), np.concatenate(want.frames))
         assert np.array_equal(got.audio, want.audio)
+
+
+def test_several_outputs_stream_the_mp4s_their_whole_decodes_write(tiny_pipeline, singles, tmp_path):
+    """Each output's MP4 (two, one DiT batch), encoded on the encoder's thread while its clips decode, holds the
+    bytes `write_mp4` gives its whole decode (the single request at its seed)."""
+    loaded, defaults = tiny_pipeline
+    fast = EncoderOptions(preset="ultrafast", threads=1)
+    sink = Mp4Sink(tmp_path / "out.mp4", fast, previews=True)
+    H3Pipeline(loaded.components, output_batch=2).generate(
+        validate(dataclasses.replace(BASE, num_outputs=2), defaults), sink=sink
+    )
+    for i, want in enumerate(singles[:2]):
+        write_mp4(tmp_path / f"whole{i}.mp4", want.video.numpy(), want.audio.numpy(), options=fast)
+        assert (tmp_path / f"whole{i}.mp4").read_bytes() == indexed_path(tmp_path / "out.mp4", i).read_bytes(), i
+    assert [set(files) for files in sink.outputs()] == [{"video", "thumbnail", "spritesheet"}] * 2
 
 
 def test_the_outputs_count_is_checked():

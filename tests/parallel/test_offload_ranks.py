@@ -12,12 +12,12 @@ from offload_sessions import dlo, offload_cases
 from rank_harness import run_ranks
 from read_counter import dit_file_bytes
 
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES
+from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES
 from h3serve.loading.dit_pieces import BlockPieces
 from h3serve.offload.lora_bytes import ADAPTERS
 from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
-from h3serve.offload.placement_plan import ADALN_MEMO
+from h3serve.offload.placement_plan import ADALN_MEMO, PROMPT_CACHE
 from h3serve.tools.tiny.make_adapter import write_peft_adapter
 
 pytestmark = pytest.mark.slow
@@ -58,10 +58,13 @@ def test_every_rank_places_every_stage_as_planned(ranks, name):
     for rank in ranks:
         got = rank[name]
         assert got["mismatches"] == [], f"rank {ranks.index(rank)}"
-        # The LoRA host cache and the AdaLN memo's store (planned at its --adaln-memo bound) belong to their
-        # runtimes and fill as requests come, not to the placement (tests/offload/test_adapter_bytes, test_planner).
-        planned = {c: n for c, n in got["planned_host_bytes"].items() if c not in (ADAPTERS, ADALN_MEMO)}
+        # The LoRA host cache, the AdaLN memo's store and the prompt cache (planned at their bounds) belong to their
+        # runtimes and fill as requests come, not to the placement (tests/offload/test_adapter_bytes, test_planner,
+        # tests/rank/test_placement).
+        runtime_stores = (ADAPTERS, ADALN_MEMO, PROMPT_CACHE)
+        planned = {c: n for c, n in got["planned_host_bytes"].items() if c not in runtime_stores}
         assert got["planned_host_bytes"][ADALN_MEMO] == DEFAULT_ADALN_MEMO_BYTES  # every case runs the memo
+        assert got["planned_host_bytes"][PROMPT_CACHE] == DEFAULT_PROMPT_CACHE_BYTES  # and the prompt cache
         if name.startswith("dlo_allgather"):  # each tensor of a gathered block keeps its alignment: < 64 B of padding
             host = got["host_bytes"]
             assert planned.keys() == host.keys()

@@ -71,8 +71,11 @@ def test_matrix_file_must_be_a_mapping(tmp_path):
 
 def test_the_turbo_matrix_names_its_adapter_per_engine():
     m = load_matrix(REPO / "benchmarks" / "cpu-bench-turbo.yaml", {})
-    base, turbo, merged = m.engines
+    base, turbo, merged, merged_full = m.engines
     assert (base.lora, turbo.lora, merged.lora, m.steps) == (None, "turbo", "turbo", 50)
+    # Every engine streams its decode into the MP4 (the server's default), but the one that shows the old order.
+    assert [e.options["decode_mode"] for e in m.engines] == ["stream", "stream", "stream", "full"]
+    assert merged_full.options["merge_lora"] is True
     assert turbo.options["lora_paths"] == merged.options["lora_paths"] == (("turbo", "/tmp/h3serve-turbo"),)
     assert merged.options["merge_lora"] is True and "merge_lora" not in turbo.options
     assert EngineSpec.parse("name=x,lora_paths=a=/p;b=/q,lora=b", 0).options["lora_paths"] == (("a", "/p"), ("b", "/q"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -50,11 +51,18 @@ def test_one_run_matrix_writes_valid_records(bench):
     assert ours["memory"]["planned_peak_device_mb"] == placement["peak_device_bytes"] / 2**20
     assert peer["memory"]["placement"] is None
     # Per-stage RSS: every stage the in-process engine ran, in order; the decode-and-write span starts at the
-    # video decode (full decode: video, audio, then the mux) and its peak is the highest of those stages'.
+    # audio decode (full decode: audio, video, then the mux) and its peak is the highest of those stages'.
     rss = ours["memory"]["stage_rss"]
     assert list(rss["stages"])[:2] == ["text_encode", "denoise"] and {"video_decode", "mux"} <= set(rss["stages"])
-    span, video = rss["decode_write"], rss["stages"]["video_decode"]
-    assert span["start_mb"] == video["start_mb"] and span["added_mb"] >= 0
+    span, audio = rss["decode_write"], rss["stages"]["audio_decode"]
+    assert span["start_mb"] == audio["start_mb"] and span["added_mb"] >= 0
+    # Every stage's span, in start order from the request's start: the full decode's mux after its decode.
+    for r in (ours, peer):
+        names = [name for name, _, _ in r["timeline"]]
+        assert {"text_encode", "denoise", "video_decode", "audio_decode", "mux"} <= set(names)
+        assert all(0 <= start <= end <= r["e2e_engine_s"] + r["stages"]["mux"] + 1 for _, start, end in r["timeline"])
+        assert [start for _, start, _ in r["timeline"]] == sorted(start for _, start, _ in r["timeline"])
+    assert names[-1] == "mux"
     assert span["peak_mb"] == max(rss["stages"][s]["peak_mb"] for s in ("video_decode", "audio_decode", "mux"))
     assert list(peer["memory"]["stage_rss"]["stages"]) == ["mux"]  # the peer's own stages are not hooked
     # h3serve reproduces the reference: same arrays, bit for bit or within float noise.
@@ -79,7 +87,9 @@ def test_summary_and_plots(bench):
     assert "A denoise step, side by side" in text and "DiT forward" in text
     assert "t2va-64x32x124-cpu" in text and "h3serve / peer" in text and "![stages](stages.png)" in text
     assert "planned peak MB" in text and case["sides"]["h3serve"]["planned_peak_device_mb"] > 0
-    assert {p.name for p in bench.plots} == {"stages.png", "step_times.png", "memory.png"}
+    assert {p.name for p in bench.plots} == {"stages.png", "step_times.png", "memory.png", "timeline.png"}
+    assert "Timeline of the last measured run" in text
+    assert re.search(r"- h3serve: text_encode \d+\.\d\d-\d+\.\d\d, denoise", text)
     for p in bench.plots:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5_000
     assert not (bench.out_dir / "raw").exists()  # raw arrays are dropped unless --keep-raw

@@ -38,6 +38,7 @@ from h3serve.rules.names import (
     Quality,
     RefreshPolicy,
     Task,
+    X264Preset,
 )
 from h3serve.rules.request import GenerationRequest
 
@@ -216,7 +217,31 @@ class ControlTypes(BaseModel):
     inpaint: ControlObject | None = Field(None, description=CONTROL_RULE)
 
 
-class ExtraParams(LongVideoFields, EditOptions, ControlTypes):
+class VideoCodecOptions(_Strict):
+    """vLLM-Omni's `video_codec_options`: the H.264 encoder's settings for this request (NVENC: crf is its QP)."""
+
+    preset: X264Preset | None = Field(None, description="x264 preset (default: the server's --x264-preset)")
+    crf: Annotated[int, Field(strict=True, ge=0, le=51)] | None = Field(
+        None, description="constant rate factor, 0 (lossless) to 51 (default: the server's --crf)"
+    )
+
+
+PREENCODE_RULE = (
+    "vLLM-Omni's pre-encode: the MP4 is encoded while the VAE decodes (always so with --decode-mode stream; "
+    "accepted either way). With preencode_mp4 true, preencode_batch_frames (a positive integer, default 17) is how "
+    "many decoded frames the encoder takes at once (whole VAE clips, never split)"
+)
+
+
+class PreencodeFields(_Strict):
+    preencode_mp4: Annotated[bool, Field(strict=True)] | None = Field(None, description=PREENCODE_RULE)
+    preencode_batch_frames: Annotated[int, Field(strict=True, ge=1, le=_HI_FRAMES)] | None = Field(
+        None, description=PREENCODE_RULE
+    )
+    video_codec_options: VideoCodecOptions | None = None
+
+
+class ExtraParams(LongVideoFields, EditOptions, ControlTypes, PreencodeFields):
     task: Task | None = None
     duration: Seconds | None = None
     duration_seconds: Seconds | None = None
@@ -390,6 +415,10 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "force_refresh_step_hint": (f"{_EXTRA}force_refresh_step_hint",),
     "force_refresh_step_policy": (f"{_EXTRA}force_refresh_step_policy",),
     "num_outputs": ("num_outputs_per_prompt", "n"),
+    "preencode_mp4": (f"{_EXTRA}preencode_mp4",),
+    "preencode_batch_frames": (f"{_EXTRA}preencode_batch_frames",),
+    "video_preset": (f"{_EXTRA}video_codec_options.preset",),
+    "video_crf": (f"{_EXTRA}video_codec_options.crf",),
     **{name: (f"{_EXTRA}{name}", name) for name in (*LongVideoFields.model_fields, *EditOptions.model_fields)},
 }
 FRAME_INDICES = (f"{_TARGET}frame_indices", f"{_EXTRA}frame_indices", f"{_EXTRA}frame_index")

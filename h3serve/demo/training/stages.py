@@ -139,9 +139,7 @@ def _example_to(example: Example, device: torch.device) -> Example:
     if device.type == "cpu":
         return example
     layout = example.layout
-    packed = dataclasses.replace(layout.packed, **{
-        k: getattr(layout.packed, k).to(device) for k in ("token_tags", "position_ids", "video_indices",
-                                                          "audio_indices", "text_indices")})
+    packed = layout.packed.to(device)
     moved = {k: getattr(example, k).to(device) for k in ("text_states", "conditions", "audio_references", "video",
                                                            "audio")}
     return dataclasses.replace(example, layout=dataclasses.replace(layout, packed=packed), **moved)

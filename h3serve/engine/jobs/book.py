@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from h3serve.engine.jobs.types import JobListener, StartListener, UploadListener
 from h3serve.errors import ServerError
+from h3serve.media.mp4 import EncoderOptions
 from h3serve.rules.validate import GenerationPlan
 
 RECENT_RUNS = 8  # run times kept for the Retry-After estimate
@@ -44,6 +45,7 @@ class ActiveJob:
     deleted: bool = False
     lost: bool = False  # another server holds the job now (this one's lease ran out): its result is not ours
     started: float = field(default_factory=time.monotonic)
+    encoder: EncoderOptions | None = None  # the MP4 settings of its run: the server's with the request's own
     last_progress: float = field(default_factory=time.monotonic)  # /health's stall check
 
     @property

@@ -31,6 +31,16 @@ def job_error(exc: BaseException) -> JobError:
     return JobError(failure.code, failure.message)
 
 
+def _timeline(
+    output: GenerationOutput, started: float, encode_start: float, encoded: float
+) -> tuple[tuple[str, float, float], ...]:
+    """The engine's stage spans and the parent's encode (one time.monotonic clock per host), in seconds since the
+    job's run began, in start order."""
+    spans = [*output.stage_timeline, ("encode", encode_start, encoded)]
+    return tuple((name, round(start - started, 6), round(end - started, 6))
+                 for name, start, end in sorted(spans, key=lambda span: span[1]))
+
+
 class Outcomes:
     """Records how the runs of one manager's jobs end, in its store, under its book's lock."""
 
@@ -54,7 +64,7 @@ class Outcomes:
                 discard_files(output)
                 return None
             job_dir = self.files.job_dir(job_id)
-            written = write_artifacts(job_dir, output, self.policy.encoder_options)
+            written = write_artifacts(job_dir, output, active.encoder or self.policy.encoder_options)
             now = time.monotonic()
             frames = output.num_frames
             staged = Staged(written, {
@@ -63,6 +73,7 @@ class Outcomes:
                 "fps": limits.FPS,
                 "duration_s": frames / limits.FPS,
                 "stage_durations": {**output.stage_durations, "encode": now - encode_start},
+                "stage_timeline": _timeline(output, active.started, encode_start, now),
                 "peak_memory_mb": float(output.peak_memory_mb),
                 "inference_time_s": now - active.started,
             })

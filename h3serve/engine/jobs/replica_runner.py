@@ -182,12 +182,13 @@ class ReplicaRunner:
                     if not held:
                         self.outcomes.drop(active)
 
+        active.encoder = self.policy.encoder_options.for_request(plan.video_preset, plan.video_crf)
         output = executor.generate(
             plan,
             on_progress=on_progress,
             on_start=on_start,
             timeout_s=self.policy.job_timeout_s,
-            encoder=self.policy.encoder_options,
+            encoder=active.encoder,
         )
         book.record_counters(self.replica, output.counters)
         return None if active.dropped else output

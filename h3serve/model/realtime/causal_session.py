@@ -29,7 +29,6 @@ from h3serve.model.realtime.noise import LATENT_CHANNELS, request_noise
 from h3serve.model.realtime.prompt import PromptStates
 from h3serve.model.realtime.student_schedule import euler_, student_sigmas
 from h3serve.model.realtime.teacher import TeacherAudio, teach
-from h3serve.model.sampler import _to_device
 from h3serve.rules import limits
 from h3serve.rules.realtime_geometry import (
     STUDENT_STEPS,
@@ -150,7 +149,7 @@ class CausalSession:
         refined text and the chunk's layout."""
         assert self.noise is not None and self.teacher is not None and self.origin is not None
         layout = chunk_layout(prompt.tags, self.origin, c, self.latent_h, self.latent_w)
-        packed = _to_device(layout.packed, self.device)
+        packed = layout.packed.to(self.device)
         video_rows, _ = self.noise
         first = (c.video_start - c.request_video_start) * self.frame_rows
         video = video_rows[first : first + c.video_latents * self.frame_rows].to(self.device).clone()

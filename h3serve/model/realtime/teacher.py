@@ -14,7 +14,6 @@ import torch
 
 from h3serve.model.realtime.chunk_layout import teacher_layout
 from h3serve.model.realtime.student_schedule import euler_, teacher_sigmas
-from h3serve.model.sampler import _to_device
 from h3serve.model.transformer import H3Transformer
 from h3serve.rules import limits
 from h3serve.rules.realtime_geometry import ROLLOVER_LATENTS, TEACHER_STATES
@@ -45,7 +44,7 @@ def teach(
     device = text.device
     channels, latents, width = noise.shape
     layout = teacher_layout(tags, latent_h, latent_w, latents, None if previous is None else previous.shape[1])
-    packed = _to_device(layout.packed, device)
+    packed = layout.packed.to(device)
     reference = layout.num_audio_reference_rows
     rows = noise.reshape(-1, width)
     if previous is not None:

@@ -49,6 +49,9 @@ class GenerationPlan:
     num_outputs: int = 1  # outputs of the prompt: output i is this plan at seed + i with one output (`output`)
     control: ControlRequest | None = None  # checked: its type, media and scale (1 when not given)
     force_refresh: ForceRefresh | None = None  # when the request's DiT cache starts afresh (rules.cache_refresh)
+    preencode_batch_frames: int = 1  # the MP4 encoder takes the decoded frames in batches of at least this many
+    video_preset: str | None = None  # the request's x264 preset (video_codec_options); None: the server's
+    video_crf: int | None = None  # the request's CRF; None: the server's
     guides: tuple[PlacedGuide, ...] = ()  # timeline guides placed on the output's frames, in manifest order
 
     @property

@@ -16,7 +16,14 @@ from h3serve.rules.canvas import CanvasError, resolve_canvas
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.guides import GuideContext, GuideProbe, PlacedGuide, place_guides
-from h3serve.rules.names import CONTROL_TYPES, DEFAULT_SAMPLE_SOLVER, QUALITIES, SAMPLE_SOLVERS, SampleSolver
+from h3serve.rules.names import (
+    CONTROL_TYPES,
+    DEFAULT_SAMPLE_SOLVER,
+    QUALITIES,
+    SAMPLE_SOLVERS,
+    X264_PRESETS,
+    SampleSolver,
+)
 from h3serve.rules.request import ControlRequest, GenerationRequest
 from h3serve.rules.schedule import PinnedSchedule, resolve_pinned_shift, resolve_steps
 from h3serve.rules.shown import shown
@@ -73,6 +80,7 @@ def validate(
     control = resolve_control(request, task, mode, masks, quality, defaults.controlnet)
     refresh = resolve_force_refresh(request.force_refresh_step_hint, request.force_refresh_step_policy, steps,
                                     request_cache(quality, defaults.server_cache, task, mode))
+    batch_frames, preset, crf = resolve_output_encoding(request, num_frames)
     guides = resolve_guides(request, defaults, guide_probes, task, num_frames, height, width, quality, mode, masks)
     return GenerationPlan(
         task=task,
@@ -104,8 +112,27 @@ def validate(
         num_outputs=num_outputs,
         control=control,
         force_refresh=refresh,
+        preencode_batch_frames=batch_frames,
+        video_preset=preset,
+        video_crf=crf,
         guides=guides,
     )
+
+
+def resolve_output_encoding(request: GenerationRequest, num_frames: int) -> tuple[int, str | None, int | None]:
+    """vLLM-Omni's pre-encode fields: the encoder's batch (with preencode_mp4 only: 17 frames unless given, one
+    VAE clip; else each clip as it comes), and video_codec_options' x264 preset and CRF (0 to 51)."""
+    batch = 1
+    if request.preencode_mp4:
+        given = request.preencode_batch_frames
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+            raise RequestError("preencode_batch_frames", f"must be a positive integer of frames, got {given!r}")
+        batch = min(given or limits.VAE_FRAMES_PER_CHUNK, num_frames)
+    preset = request.video_preset
+    if preset is not None and preset not in X264_PRESETS:
+        raise RequestError("video_codec_options.preset", f"choose from: {', '.join(X264_PRESETS)}; got {preset!r}")
+    crf = None if request.video_crf is None else check_int("video_codec_options.crf", request.video_crf, 0, 51, 18)
+    return batch, preset, crf
 
 
 def resolve_guides(

@@ -214,15 +214,14 @@ def forward_inputs(cfg: H3TransformerConfig, spec: DitBenchSpec) -> ForwardInput
     audio = torch.randn(1, limits.AUDIO_CHANNELS * audio_latents, cfg.audio_in_channels, generator=gen)
     text = torch.randn(1, spec.text_rows, cfg.text_dim, generator=gen)
     timestep, row_index = layout.row_timesteps(0.5, 0.5)
-    packed = layout.packed
-    moved = {f: getattr(packed, f).to(spec.device) for f in packed.__dataclass_fields__}
+    packed = layout.packed.to(spec.device)
     return ForwardInputs(
         video.to(spec.device),
         audio.to(spec.device),
         text.to(spec.device, spec.dtype),
         timestep.to(spec.device),
         row_index.to(spec.device),
-        type(packed)(**moved),
+        packed,
     )
 
 

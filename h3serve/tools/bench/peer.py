@@ -104,8 +104,11 @@ def run_reference(checkpoint: str | Path, prompt: str, num_frames: int, steps: i
 
 
 @contextmanager
-def timed_stages(durations: dict[str, float], device: torch.device) -> Iterator[None]:
-    """Accumulate wall time per h3serve stage name while the reference pipeline runs.
+def timed_stages(
+    durations: dict[str, float], device: torch.device, spans: list[tuple[str, float, float]] | None = None
+) -> Iterator[None]:
+    """Accumulate wall time per h3serve stage name while the reference pipeline runs (and, into `spans`, each
+    block's (stage, start, end) on the time.monotonic clock).
 
     Wraps the block classes' `__call__` for the duration (so use it in a process that runs nothing else).
     """
@@ -115,13 +118,16 @@ def timed_stages(durations: dict[str, float], device: torch.device) -> Iterator[
         call = cls.__dict__["__call__"]
 
         def timed(self, *args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            start = time.monotonic()
             try:
                 return call(self, *args, **kwargs)
             finally:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
-                durations[stage] = durations.get(stage, 0.0) + time.perf_counter() - start
+                end = time.monotonic()
+                durations[stage] = durations.get(stage, 0.0) + end - start
+                if spans is not None:
+                    spans.append((stage, start, end))
 
         originals.append((cls, call))
         cls.__call__ = timed

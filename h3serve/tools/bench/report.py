@@ -77,6 +77,7 @@ def _side_stats(runs: list[dict[str, Any]], profile: dict[str, Any] | None) -> d
             "audio_max_abs_diff": max(f["audio_max_abs_diff"] for f in fidelity),
         } if fidelity else None,
         "profile": profile,
+        "timeline": runs[-1].get("timeline") or [],  # the last run's stage spans, in seconds from its start
     }
 
 
@@ -174,6 +175,10 @@ def _case_markdown(case: dict[str, Any]) -> list[str]:
             f"{s['peak_rss_mb']:.0f} | {_f(s['peak_device_mb'], '.0f')} | "
             f"{_f(s['planned_peak_device_mb'], '.0f')} | {s['distinct_outputs']} |"
         )
+    lines += ["", "Timeline of the last measured run (seconds from the request's start; overlapping spans ran beside "
+                  "each other):"]
+    lines += [f"- {side}: " + ", ".join(f"{name} {start:.2f}-{end:.2f}" for name, start, end in s["timeline"])
+              for side, s in case["sides"].items() if s["timeline"]]
     lines += ["", "A denoise step, side by side (medians over runs): step = DiT forward + work outside the DiT"]
     lines += [f"- {side}: {_f(s['denoise_per_step_s'])} s = {_f(s['dit_forward_per_step_s'])} s + "
               f"{_f(s['outside_dit_per_step_s'])} s" for side, s in case["sides"].items()]
@@ -244,7 +249,8 @@ def render_markdown(summary: dict[str, Any], plots: list[Path], command: str) ->
 
 
 def make_plots(records: list[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    """stages.png (median stage times), step_times.png (per-step time per run, in run order), memory.png."""
+    """stages.png (median stage times), step_times.png (per-step time per run, in run order), memory.png, and
+    timeline.png (per request: each stage's start and end in its last measured run, so overlap shows)."""
     require("plots", "the bench report's plots")
     import matplotlib
 
@@ -296,7 +302,33 @@ def make_plots(records: list[dict[str, Any]], summary: dict[str, Any], out_dir: 
     ax.legend(fontsize=7)
     ax.tick_params(axis="y", labelsize=7)
     paths.append(_save(fig, out_dir / "memory.png"))
-    return paths
+    timeline = _timeline_plot(records, out_dir / "timeline.png")
+    return [*paths, timeline] if timeline else paths
+
+
+def _timeline_plot(records: list[dict[str, Any]], path: Path) -> Path | None:
+    """One panel per request (case and side, its last measured run): a lane per stage, a bar per run of it."""
+    import matplotlib.pyplot as plt
+
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        if record["phase"] == "measured" and record.get("timeline"):
+            last[(record["case"], record["side"])] = record
+    if not last:
+        return None
+    fig, axes = plt.subplots(len(last), 1, figsize=(9, 0.6 + 1.5 * len(last)), dpi=80, squeeze=False)
+    colours = {stage: f"C{i}" for i, stage in enumerate(STAGES)}
+    end = max(span[2] for r in last.values() for span in r["timeline"])
+    for ax, ((case, side), record) in zip(axes[:, 0], last.items(), strict=True):
+        lanes = list(dict.fromkeys(name for name, _, _ in record["timeline"]))
+        for name, start, stop in record["timeline"]:
+            ax.barh(lanes.index(name), stop - start, left=start, color=colours.get(name, "grey"), height=0.7)
+        ax.set_yticks(range(len(lanes)), lanes, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlim(0, end * 1.02)
+        ax.set_title(f"{case} / {side}: E2E engine {record['e2e_engine_s']:.2f} s", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds from the request's start (last measured run)")
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

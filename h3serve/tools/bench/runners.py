@@ -46,6 +46,7 @@ class RunOutput:
     placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only
     streamed_frames: int = 0
     streamed: dict[str, int] | None = None  # "stage/component" -> bytes the offload hooks copied in (one rank)
+    stage_timeline: list[tuple[str, float, float]] | None = None  # (stage, start, end) on the time.monotonic clock
 
     @property
     def num_frames(self) -> int:
@@ -75,7 +76,8 @@ class H3Runner:
         if mp4_path is None:
             out = self.engine.generate(plan)
         elif self.local is not None:
-            out = self.local.generate(plan, sink=Mp4Sink(mp4_path))
+            out = self.local.generate(plan, sink=Mp4Sink(mp4_path, batch_frames=plan.preencode_batch_frames,
+                                                         device=self.local.device))
         else:
             out = self.engine.generate(plan, encoder=EncoderOptions())
             shutil.move(out.files.pop("video"), mp4_path)
@@ -88,7 +90,8 @@ class H3Runner:
         audio = out.audio if out.audio is not None else np.zeros((2, 0), np.float32)  # streamed by the ranks
         log = self.local.offload.log if self.local else None
         streamed = {f"{stage}/{c}": n for (stage, c), n in log.streamed.items()} if log is not None else None
-        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed)
+        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed,
+                         list(out.stage_timeline))
 
     def clear_prompt_cache(self) -> None:
         """Empty the in-process engine's prompt cache (a multi-rank engine's ranks cannot be reached from here: a cold
@@ -154,14 +157,15 @@ class DiffusersRunner:
         refs += [(f"reference{i}", r) for i, r in enumerate(plan.references)]
         images = {k: Image.open(r.path).convert("RGB") for k, r in refs if r is not None}
         durations: dict[str, float] = {}
+        spans: list[tuple[str, float, float]] = []
         self._forwards = 0
-        with timed_stages(durations, self.device):
+        with timed_stages(durations, self.device, spans):
             state = self.pipes[plan.task](**reference_inputs(plan, images))
         durations["denoise_per_step"] = durations["denoise"] / max(1, self._forwards)
         video = np.asarray(state.get("videos")[0], dtype=np.float32)
         audio = state.get("audio")[0]
         audio = audio.float().cpu().numpy() if isinstance(audio, torch.Tensor) else np.asarray(audio, np.float32)
-        return RunOutput(video, audio, durations, plan)
+        return RunOutput(video, audio, durations, plan, stage_timeline=spans)
 
     def dits(self) -> list[tuple[nn.Module, H3TransformerConfig, ShapeOf]]:
         out = []

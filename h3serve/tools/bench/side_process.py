@@ -70,15 +70,17 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
     if isinstance(runner, H3Runner) and not spec.warm_prompt_cache:
         runner.clear_prompt_cache()  # a cold cache: the text encode is measured, whatever ran before
     with RssSampler() as rss, tracing, sampling_stages(local.pipeline if local else None, rss):
-        start = time.perf_counter()
         Path(spec.mp4_path).parent.mkdir(parents=True, exist_ok=True)
+        origin = time.monotonic()
         out = runner.run(spec.request, spec.mp4_path if spec.stream else None)
-        engine_s = time.perf_counter() - start
-        start = time.perf_counter()
-        if out.video is not None:  # streamed: the MP4 was written during the decode (its time is video_decode's)
+        engine_s = time.monotonic() - origin
+        spans = list(out.stage_timeline or [])
+        if out.video is not None:  # streamed: the MP4 was written during the decode (its own `mux` span)
+            start = time.monotonic()
             with rss.stage("mux"):
                 write_mp4(spec.mp4_path, out.video, out.audio)
-        out.stage_durations["mux"] = time.perf_counter() - start
+            out.stage_durations["mux"] = time.monotonic() - start
+            spans.append(("mux", start, time.monotonic()))
     cpu_s = cpu_seconds() - cpu_before
     raw = None
     if out.video is not None:
@@ -94,6 +96,10 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
         "cpu_s": cpu_s,  # CPU seconds this side's processes spent on the run (engine + mux)
         "host_load_1min": [load_before, os.getloadavg()[0]],  # before / after: high values flag a contended run
         "stages": out.stage_durations,
+        # Every stage's runs as [stage, start, end] in seconds from the request's start (stages beside each other
+        # overlap: the streamed MP4 encode and the video decode).
+        "timeline": [[name, round(start - origin, 6), round(end - origin, 6)]
+                     for name, start, end in sorted(spans, key=lambda span: span[1])],
         "dit": {
             "forwards": counter.forwards,
             "flops": counter.flops,

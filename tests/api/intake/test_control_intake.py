@@ -8,7 +8,7 @@ import json
 import pytest
 from fake_executor import FakeExecutor
 from fastapi.testclient import TestClient
-from media_files import h264_clip
+from hostile_media import h264_clip
 
 from h3serve.api.app import create_app
 from h3serve.api.intake.request_model import ControlTypes

@@ -368,3 +368,37 @@ def test_list_options_as_json_lists_repeated_fields_and_sdk_brackets():
     assert read_request_fields(RequestBody(unflatten(pairs))).to_request().start_time_seconds == (1.5, 0.0)
     assert request_of(prompt="p", start_time_seconds="2").start_time_seconds == 2.0
     assert rejected(prompt="p", start_time_seconds="-1").param == "start_time_seconds"
+
+
+# -- vLLM-Omni's pre-encode fields ----------------------------------------------------------------------------
+
+
+def test_preencode_fields_as_vllm_omni_sends_them():
+    request = request_of(prompt="p", extra_params={"preencode_mp4": True, "preencode_batch_frames": 34,
+                                                   "video_codec_options": {"preset": "ultrafast", "crf": 20}})
+    assert (request.preencode_mp4, request.preencode_batch_frames, request.video_preset, request.video_crf) == (
+        True, 34, "ultrafast", 20)
+    plan = plan_request(request, TINY_DEFAULTS)
+    assert (plan.preencode_batch_frames, plan.video_preset, plan.video_crf) == (34, "ultrafast", 20)
+    # Enabled without a batch: vLLM-Omni's 17 (one VAE clip); not enabled: each clip as it comes.
+    assert plan_request(request_of(prompt="p", extra_params={"preencode_mp4": True}), TINY_DEFAULTS
+                        ).preencode_batch_frames == 17
+    assert plan_request(request_of(prompt="p"), TINY_DEFAULTS).preencode_batch_frames == 1
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"preencode_mp4": True, "preencode_batch_frames": 0}, "extra_params.preencode_batch_frames"),
+        ({"preencode_mp4": True, "preencode_batch_frames": -3}, "extra_params.preencode_batch_frames"),
+        ({"preencode_mp4": True, "preencode_batch_frames": 1.5}, "extra_params.preencode_batch_frames"),
+        ({"preencode_mp4": True, "preencode_batch_frames": True}, "extra_params.preencode_batch_frames"),
+        ({"preencode_mp4": True, "preencode_batch_frames": "17"}, "extra_params.preencode_batch_frames"),
+        ({"preencode_mp4": "yes"}, "extra_params.preencode_mp4"),
+        ({"video_codec_options": {"preset": "warp"}}, "extra_params.video_codec_options.preset"),
+        ({"video_codec_options": {"crf": 52}}, "extra_params.video_codec_options.crf"),
+        ({"video_codec_options": {"tune": "film"}}, "extra_params.video_codec_options.tune"),
+    ],
+)
+def test_bad_preencode_fields_are_400_naming_them(extra, param):
+    assert rejected(prompt="p", extra_params=extra).param == param
