@@ -35,7 +35,7 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.api.context import ServerContext
 from h3serve.api.error_envelope import APIError, bad_request, from_request_error
 from h3serve.api.intake.control import CONTROL_UPLOADS, control_request
-from h3serve.api.intake.guides import FILES_FIELD, guide_sources, manifest_entries, placed_guides
+from h3serve.api.intake.guide_fields import FILES_FIELD, guide_sources, manifest_entries, placed_guides
 from h3serve.api.intake.read import KEYFRAME_FIELD, SOURCE_FIELDS, CreateRequest, MediaSource
 from h3serve.api.url_fetch import MediaFetcher, MediaFetchError
 from h3serve.media.media_inputs import MAX_BYTES

@@ -30,7 +30,13 @@ from h3serve.adapters.catalog import LoraField
 from h3serve.api.error_envelope import bad_request
 from h3serve.api.intake.body import RequestBody, read_body
 from h3serve.api.intake.field_errors import field_error
-from h3serve.api.intake.guides import FILES_FIELD, MANIFEST_FIELD, GuideFields, check_extra_params, read_guide_fields
+from h3serve.api.intake.guide_fields import (
+    FILES_FIELD,
+    MANIFEST_FIELD,
+    GuideFields,
+    check_extra_params,
+    read_guide_fields,
+)
 from h3serve.api.intake.json_values import as_json, as_object, as_text, reject_unknown
 from h3serve.api.intake.request_model import MASK_FIELDS, SCALAR_FIELDS, ExtraParams, Target, VideoCreateFields
 from h3serve.rules import limits
