@@ -7,12 +7,13 @@ load the same way; diffusers and native key names both work.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import prepare_fp8, quantizing
@@ -29,6 +30,7 @@ from h3serve.loading.quantize_on_load import TextQuantizer, load_stored_fp8, tex
 from h3serve.loading.tensors import iter_tensors, materialize, realign
 from h3serve.loading.text_encoder_shards import load_parallel_text_conditioner
 from h3serve.model.audio_decode import streamline_audio_vae
+from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
 
 if TYPE_CHECKING:
@@ -233,7 +235,6 @@ def load_text_conditioner(
     from transformers.utils import logging as hf_logging
 
     from h3serve.checkpoint.text_encoder_names import checkpoint_module_names
-    from h3serve.model.text_encoder import TextConditioner
     from h3serve.rules import limits
 
     config = AutoConfig.from_pretrained(folder)
@@ -295,41 +296,66 @@ def load_components(
     qkv_layout: native_keys.QkvLayout | None = None,
     pieces: BlockPieces | None = None,
     merged_lora: WeightEdits | None = None,
+    lean_audio_decode: bool = True,
 ):
-    """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time.
+    """Load the requested DiTs that the checkpoint has, the VAEs and the text conditioner, one at a time, in the
+    steps below (each says what it reads).
 
     `transformer` serves T2VA and FL2VA, `transformer_ref` serves Ref2VA; the encoder and VAEs are shared.
     Components named in `on_host` load into host memory (h3serve.offload moves them to `device` when used).
     `quantization` names the components whose linears load as FP8, on the `kernel` path. `dit_adapter`: a FastH3
     file fused into the T2VA DiT (`transformer`) at load; `merged_lora`: a LoRA adapter fused into every loaded DiT
     (`--merge-lora`: the server serves that adapter only). `pieces`: the DiTs' streamed blocks are left to the offload
-    units, which read only this rank's piece of them (DLO all-gather, `load_transformer`).
+    units, which read only this rank's piece of them (DLO all-gather, `load_transformer`). `lean_audio_decode`: the
+    audio VAE's weight norms folded and its decode streamlined (h3serve.model.audio_decode; the same bits); the demo
+    trainer, which trains the weight norms, loads it as stored.
     """
-    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
-
     from h3serve.model.pipeline_types import H3Components
 
     device = torch.device(device)
-    present = [name for name in dits if layout.has(name)]
-    if not present:
-        raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
 
     def where(name: str) -> torch.device:
         return torch.device("cpu") if name in on_host else device
 
+    dit_models = _load_dits(layout, dits, dtype, where, parallel, quantization, kernel, dit_adapter, qkv_layout,
+                            pieces, merged_lora)
+    return H3Components(
+        transformer=dit_models.get("transformer"),
+        transformer_ref=dit_models.get("transformer_ref"),
+        vae=_load_video_vae(layout, dtype, where("vae")),
+        audio_vae=_load_audio_vae(layout, where("audio_vae"), lean_audio_decode),
+        text=_load_text(layout, dtype, device, where("text_encoder"), parallel, quantization, kernel),
+        vision_config=read_vision_config(layout.component("processor")),
+    )
+
+
+def _load_dits(
+    layout: CheckpointLayout,
+    dits: tuple[str, ...],
+    dtype: torch.dtype,
+    where: Callable[[str], torch.device],
+    parallel: RankParallel | None,
+    quantization: QuantizationConfig | None,
+    kernel: str,
+    dit_adapter: str | None,
+    qkv_layout: native_keys.QkvLayout | None,
+    pieces: BlockPieces | None,
+    merged_lora: WeightEdits | None,
+) -> dict[str, nn.Module]:
+    """Step 1, the DiTs the checkpoint has of `dits`: each read tensor by tensor (this rank's TP shard, FP8 where
+    asked, a FastH3 adapter or a merged LoRA fused in as read)."""
+    present = [name for name in dits if layout.has(name)]
+    if not present:
+        raise CheckpointError(f"{layout.root}: none of the DiTs {', '.join(dits)} is in this checkpoint")
     tp = parallel.dit_tp if parallel is not None else None
-
-    def quant(name: str) -> ComponentQuant | None:
-        return quantization.component(name) if quantization is not None else None
-
-    loaded = {
+    return {
         name: load_transformer(
             layout.component(name),
             dtype,
             where(name),
             qkv_layout=qkv_layout,
             tp=tp,
-            quant=quant(name),
+            quant=quantization.component(name) if quantization is not None else None,
             kernel=kernel,
             component=name,
             adapter=dit_adapter if name == "transformer" else None,
@@ -338,38 +364,54 @@ def load_components(
         )
         for name in present
     }
-    if layout.is_native("vae"):  # the MiniMaxAI video_vae/ (original names, fused tensors): converted as read
-        vae = load_native_video_vae(layout.component("vae"), dtype, where("vae"))
-    else:
-        vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
-        vae = realign(vae.to(where("vae"))).eval()  # diffusers keeps views of the file: see h3serve.loading.tensors
-    # The audio VAE is fp32 by policy (every module is in its keep-in-fp32 list).
+
+
+def _load_video_vae(layout: CheckpointLayout, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Step 2, the video VAE: diffusers' folder, or the MiniMaxAI video_vae/ (original names, fused tensors),
+    converted as read."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    if layout.is_native("vae"):
+        return load_native_video_vae(layout.component("vae"), dtype, device)
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(layout.component("vae"), torch_dtype=dtype)
+    return realign(vae.to(device)).eval()  # diffusers keeps views of the file: see h3serve.loading.tensors
+
+
+def _load_audio_vae(layout: CheckpointLayout, device: torch.device, lean: bool) -> nn.Module:
+    """Step 3, the audio VAE, fp32 by policy (every module is in its keep-in-fp32 list); `lean`: streamlined for
+    decoding (the same bits with less work, h3serve.model.audio_decode)."""
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
     if layout.is_native("audio_vae"):
-        audio_vae = load_native_audio_vae(layout.component("audio_vae"), where("audio_vae"))
+        audio_vae = load_native_audio_vae(layout.component("audio_vae"), device)
     else:
-        audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(where("audio_vae"))
+        audio_vae = AutoencoderKLMiniMaxH3Audio.from_pretrained(layout.component("audio_vae")).to(device)
         realign(audio_vae).eval()
-    streamline_audio_vae(audio_vae)  # the same bits with less work (h3serve.model.audio_decode)
+    return streamline_audio_vae(audio_vae) if lean else audio_vae
+
+
+def _load_text(
+    layout: CheckpointLayout,
+    dtype: torch.dtype,
+    device: torch.device,
+    load_device: torch.device,
+    parallel: RankParallel | None,
+    quantization: QuantizationConfig | None,
+    kernel: str,
+) -> TextConditioner:
+    """Step 4, the text conditioner: Qwen3-VL truncated to the layer the DiT reads, whole, or sharded over the
+    first ranks under text-encoder TP (not loaded on the others); FP8 where asked."""
     text_folders = (layout.component("text_encoder"), layout.component("tokenizer"))
     quantize_text = text_quantizer(quantization, dtype, kernel)
-    if parallel is not None:  # the text encoder runs sharded on the first N ranks and is not loaded on the others
-        text = load_parallel_text_conditioner(
-            parallel,
-            *text_folders,
-            dtype,
-            device,
-            load_whole=partial(load_text_conditioner, quantize=quantize_text, kernel=kernel),
-            load_device=where("text_encoder"),
-            quantize=quantize_text,
-            kernel=kernel,
-        )
-    else:
-        text = load_text_conditioner(*text_folders, dtype, where("text_encoder"), quantize_text, kernel)
-    return H3Components(
-        transformer=loaded.get("transformer"),
-        transformer_ref=loaded.get("transformer_ref"),
-        vae=vae,
-        audio_vae=audio_vae,
-        text=text,
-        vision_config=read_vision_config(layout.component("processor")),
+    if parallel is None:
+        return load_text_conditioner(*text_folders, dtype, load_device, quantize_text, kernel)
+    return load_parallel_text_conditioner(
+        parallel,
+        *text_folders,
+        dtype,
+        device,
+        load_whole=partial(load_text_conditioner, quantize=quantize_text, kernel=kernel),
+        load_device=load_device,
+        quantize=quantize_text,
+        kernel=kernel,
     )

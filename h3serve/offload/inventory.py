@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
+from h3serve.model.audio_decode import streamline_audio_vae
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.measured_engine import H3SERVE, TEXT_ENCODER_LAYERS, VLLM_OMNI, check_engine
 from h3serve.offload.model_configs import RELEASED, checkpoint_configs, released_configs
@@ -285,8 +286,8 @@ def audio_vae_bytes(config: dict) -> ComponentBytes:
 
     with warnings.catch_warnings(), torch.device("meta"):
         warnings.filterwarnings("ignore", message=".*weight_norm.*is deprecated", category=FutureWarning)
-        model = AutoencoderKLMiniMaxH3Audio.from_config(config)
-    # Loaded without a dtype (checkpoint.load_components): fp32 whatever the engine's dtype.
+        model = streamline_audio_vae(AutoencoderKLMiniMaxH3Audio.from_config(config))  # as loaded: norms folded
+    # Loaded without a dtype (loading.components): fp32 whatever the engine's dtype.
     return _diffusers_bytes("audio_vae", model, torch.float32)
 
 

@@ -180,7 +180,7 @@ def measured_costs(recipe: Recipe) -> Costs:
     with tempfile.TemporaryDirectory(prefix="h3serve-demo-plan-") as tmp:
         staging = build_tiny_checkpoint(Path(tmp) / "random", seed=recipe.seed, preset=PRESET)
         layout = read_layout(staging)
-        components = load_components(layout)
+        components = load_components(layout, lean_audio_decode=False)  # as the trainer loads them
         builder = ExampleBuilder(components, 128, 64, layout.defaults().reference_image_short_edge)
         print(f"measuring a DiT step of each kind on {describe_device(torch.device('cpu'))}:")
         seconds = measure_step_seconds(components, builder, recipe)

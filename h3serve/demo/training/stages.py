@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from h3serve.checkpoint.resolver import read_layout
 from h3serve.demo.training import saved
-from h3serve.demo.training.dit import DiTTrainer, Phase, training_init_
+from h3serve.demo.training.dit import DiTTrainer, Phase, intra_op_threads, training_init_
 from h3serve.demo.training.examples import Example, ExampleBuilder
 from h3serve.demo.training.train import (
     LOSS_PLOT,
@@ -234,6 +234,14 @@ class DemoTraining:
         session = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "device_type": self.device.type,
                    "device": describe_device(self.device), "stages": []}
         self.state["sessions"].append(session)
+        # The thread count set explicitly for the session: a process that set it before (the DiT replicas'
+        # `intra_op_threads`, an earlier training in the same process) would otherwise run the VAEs' kernels on
+        # other library thread pools than a fresh process (MKL keeps its own count until torch sets it), and a
+        # resumed run would round differently from an uninterrupted one.
+        with intra_op_threads(torch.get_num_threads()):
+            return self._run_stages(stop, bar, losses, session)
+
+    def _run_stages(self, stop: Stop, bar: _Bar, losses: dict[str, list[float]], session: dict) -> bool:
         try:
             for stage in self.remaining:
                 if stop():
@@ -384,7 +392,7 @@ class DemoTraining:
         """The components, with every finished stage's weights (and the VAEs' latent statistics) in them."""
         if self.components is not None:
             return self.components
-        components = load_components(read_layout(self.folder / "random"))
+        components = load_components(read_layout(self.folder / "random"), lean_audio_decode=False)  # trained as stored
         for name in ("vae", "audio_vae", *DITS):
             if (path := self.folder / f"{name}.safetensors").exists():
                 saved.load_module(getattr(components, name), path)

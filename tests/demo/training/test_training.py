@@ -56,7 +56,7 @@ def demo_random_path(tmp_path_factory):
 def demo_random(demo_random_path):
     """The demo preset with random weights, loaded: the trainers' starting point."""
     layout = read_layout(demo_random_path)
-    return load_components(layout), layout.defaults()
+    return load_components(layout, lean_audio_decode=False), layout.defaults()  # as the trainer loads them
 
 
 def falls(losses: list[float], k: int = 5) -> bool:
