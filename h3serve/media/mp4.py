@@ -10,11 +10,11 @@ import av
 import numpy as np
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation
 
+from h3serve.media.aac_packets import AAC_FRAME_SAMPLES, AacPackets
 from h3serve.media.raw import PathLike, atomic_output, validate_media
 from h3serve.rules import limits
 from h3serve.rules.names import VIDEO_ENCODERS, X264_PRESETS
 
-AAC_FRAME_SAMPLES = 1024
 AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 
 # RGB -> yuv420p with swscale's bit-exact C path (no CPU-specific SIMD rounding); BILINEAR sets chroma filtering.
@@ -152,6 +152,7 @@ class Mp4Writer:
         self._audio_given = 0 if audio_follows else self.n_samples  # samples of `pcm` that hold the soundtrack
         self._output = None
         self._container = None
+        self._aac: AacPackets | None = None  # a whole soundtrack's packets, encoded beside the video
 
     def __enter__(self) -> Mp4Writer:
         self._output = atomic_output(self.path)
@@ -169,6 +170,8 @@ class Mp4Writer:
         self._vstream = self._open_video(container)
         self._astream = astream = container.add_stream("aac", rate=self.sample_rate, layout="stereo")
         astream.bit_rate = options.audio_bitrate
+        if self._audio_given == self.n_samples:  # given whole: encoded on its own thread from now on
+            self._aac = AacPackets(astream, self.pcm, self.sample_rate)
 
     def _open_video(self, container) -> av.VideoStream:
         """The H.264 stream and its encoder: libx264 here (h3serve.media.nvenc's writer: NVENC)."""
@@ -196,6 +199,12 @@ class Mp4Writer:
     def _encode_audio_until(self, end: int) -> None:
         """Encode the 1024-sample frames starting before ``end``."""
         done, container = self._audio_done, self._container
+        if self._aac is not None:
+            while done < min(end, self.n_samples):
+                container.mux(self._aac.frame(done // AAC_FRAME_SAMPLES))
+                done += min(AAC_FRAME_SAMPLES, self.n_samples - done)
+            self._audio_done = done
+            return
         while done < min(end, self.n_samples):
             if self._audio_given < self.n_samples and done + AAC_FRAME_SAMPLES > self._audio_given:
                 break  # the rest of this AAC frame's samples come with the next frames
@@ -235,13 +244,19 @@ class Mp4Writer:
                 self._container.mux(self._encode_video(None, self.written))
                 self._audio_given = self.n_samples  # a following soundtrack's missing end is silence
                 self._encode_audio_until(self.n_samples)
-                self._container.mux(self._astream.encode(None))
+                self._container.mux(self._aac.flush() if self._aac is not None else self._astream.encode(None))
         except BaseException:
+            self._close_aac()
             self._container.close()
             self._output.__exit__(*sys.exc_info())
             raise
+        self._close_aac()
         self._container.close()
         self._output.__exit__(kind, value, tb)
+
+    def _close_aac(self) -> None:
+        if self._aac is not None:
+            self._aac.close()
 
 
 def write_mp4(

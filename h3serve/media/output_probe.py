@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 from h3serve.media import probe_pyav
+from h3serve.media.aac_packets import AAC_FRAME_SAMPLES
 from h3serve.media.probe_result import FFPROBE_READER, NO_STREAMS, PYAV_READER, ProbeResult
 from h3serve.media.raw import PathLike
 
@@ -21,8 +22,9 @@ CONTRACT_FPS = "24/1"
 CONTRACT_FPS_VALUE = 24
 CONTRACT_SAMPLE_RATE = 32000
 CONTRACT_CHANNELS = 2
-AAC_FRAME_SAMPLES = 1024
 _TIMEOUT_S = 300.0
+
+
 def _binaries() -> tuple[str, str] | None:
     """The paths of ffprobe and ffmpeg when both are on PATH, else None (PyAV reads the file)."""
     ffprobe, ffmpeg = shutil.which("ffprobe"), shutil.which("ffmpeg")

@@ -43,7 +43,8 @@ class RunOutput:
     audio: np.ndarray  # [2, N] float32
     stage_durations: dict[str, float]
     plan: GenerationPlan
-    placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only
+    placement: dict | None = None  # the memory planner's plan for this request (plan_json), h3serve side only;
+    # filled by the bench after the clocks stopped (H3Runner.placement)
     streamed_frames: int = 0
     streamed: dict[str, int] | None = None  # "stage/component" -> bytes the offload hooks copied in (one rank)
     stage_timeline: list[tuple[str, float, float]] | None = None  # (stage, start, end) on the time.monotonic clock
@@ -83,15 +84,18 @@ class H3Runner:
             shutil.move(out.files.pop("video"), mp4_path)
             for path in out.files.values():
                 Path(path).unlink(missing_ok=True)
-        # The plan beside the measured peak: what the planner predicts for exactly this request shape.
-        shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task, steps=plan.steps)
-        config = self.local.config if self.local else self.config  # `auto` resident layers resolved
-        placement = plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
         audio = out.audio if out.audio is not None else np.zeros((2, 0), np.float32)  # streamed by the ranks
         log = self.local.offload.log if self.local else None
         streamed = {f"{stage}/{c}": n for (stage, c), n in log.streamed.items()} if log is not None else None
-        return RunOutput(out.video, audio, dict(out.stage_durations), plan, placement, out.num_frames, streamed,
+        return RunOutput(out.video, audio, dict(out.stage_durations), plan, None, out.num_frames, streamed,
                          list(out.stage_timeline))
+
+    def placement(self, plan: GenerationPlan) -> dict:
+        """What the memory planner predicts for exactly this request's shape (for the record, beside the measured
+        peak; computed after the request's clocks stopped)."""
+        shape = RequestShape(plan.width, plan.height, plan.num_frames, plan.task, steps=plan.steps)
+        config = self.local.config if self.local else self.config  # `auto` resident layers resolved
+        return plan_json(plan_for_engine(config, device_memory_of(config, self.device), shape))
 
     def clear_prompt_cache(self) -> None:
         """Empty the in-process engine's prompt cache (a multi-rank engine's ranks cannot be reached from here: a cold

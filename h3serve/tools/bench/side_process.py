@@ -1,8 +1,9 @@
 """One bench side (h3serve or the diffusers peer) in its own process: its memory, threads and profile are its own.
 
 The parent sends ("run", RunSpec) / ("gemm", seconds) / ("stop", None) over a pipe. For a run the worker answers
-("result", record) right after the MP4 is written (so the parent's client clock stops there), then writes the
-raw arrays and answers ("raw", path). Any failure answers ("error", traceback).
+("written", None) the moment the MP4 is complete (the parent's client clock stops there: what a client of a server
+waits for), then ("result", record) once its bookkeeping is done (hashes, CPU time, the planner's prediction), then
+writes the raw arrays and answers ("raw", path). Any failure answers ("error", traceback).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
@@ -48,7 +50,10 @@ class RunSpec:
     warm_prompt_cache: bool = False  # h3serve side: keep the prompt cache from earlier runs (default: start it empty)
 
 
-def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str, Any], RunOutput]:
+def _run(
+    runner: Runner, counter: FlopCounter, spec: RunSpec, written: Callable[[], None]
+) -> tuple[dict[str, Any], RunOutput]:
+    """One request: the engine's clock around it, `written()` as soon as the MP4 is complete, then the record."""
     import numpy as np
     import torch
 
@@ -81,12 +86,15 @@ def _run(runner: Runner, counter: FlopCounter, spec: RunSpec) -> tuple[dict[str,
                 write_mp4(spec.mp4_path, out.video, out.audio)
             out.stage_durations["mux"] = time.monotonic() - start
             spans.append(("mux", start, time.monotonic()))
+        written()
     cpu_s = cpu_seconds() - cpu_before
     raw = None
     if out.video is not None:
         raw = hashlib.sha256(np.ascontiguousarray(out.video).tobytes())
         raw.update(np.ascontiguousarray(out.audio).tobytes())
     plan = out.plan
+    if isinstance(runner, H3Runner):
+        out.placement = runner.placement(plan)
     record = {
         "request": {
             "task": plan.task, "width": plan.width, "height": plan.height, "num_frames": plan.num_frames,
@@ -166,7 +174,7 @@ def worker_main(side: str, config: EngineConfig, tasks: tuple[str, ...], conn: C
                 if command == "gemm":
                     conn.send(("gemm", gemm_peak(runner.device, runner.dtype, payload)))
                 elif command == "run":
-                    record, out = _run(runner, counter, payload)
+                    record, out = _run(runner, counter, payload, lambda: conn.send(("written", None)))
                     conn.send(("result", record))
                     if payload.raw_path:
                         Path(payload.raw_path).parent.mkdir(parents=True, exist_ok=True)
@@ -220,8 +228,10 @@ class Worker:
         """One request; adds the client-side E2E (send -> MP4 written) to the worker's record."""
         start = time.perf_counter()
         self._conn.send(("run", spec))
+        self._expect("written")
+        client_s = time.perf_counter() - start
         record = self._expect("result")
-        record["e2e_client_s"] = time.perf_counter() - start
+        record["e2e_client_s"] = client_s
         if spec.raw_path:
             self._expect("raw")
         return record
