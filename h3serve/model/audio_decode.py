@@ -21,6 +21,10 @@ what replaces it, each giving the same bits:
 - **SnakeBeta** allocates five signal-sized temporaries (`alpha·x`, its sine, the square, the scaled square, the
   sum); it now computes in one buffer, the same operations in the same order.
 
+Which way a resampler takes is probed once per channel count and thread count, at load (`choose_cpu_ways`: the
+probes cost about as much as the steady decode itself, 0.17 s on the demo's audio VAE, and the first request paid
+them before); a decode under another thread count probes for it then.
+
 On other devices (cuDNN chooses its algorithm per shape) only the exact rewrites apply: the weight fold, the ratio
 fold and the in-place Snake; the segments are a CPU layout fix.
 """
@@ -32,6 +36,7 @@ import math
 import torch
 import torch.nn.functional as F
 from diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio import (
+    MiniMaxH3AudioActivation1d,
     MiniMaxH3AudioLowPassFilter1d,
     MiniMaxH3AudioSnakeBeta,
     MiniMaxH3AudioUpSample1d,
@@ -49,7 +54,8 @@ _ways: dict[tuple[str, int, int, int, int, bool], str] = {}
 
 
 def streamline_audio_vae(audio_vae: nn.Module) -> nn.Module:
-    """Fold the weight norms and give the resamplers and activations their lean forwards, in place."""
+    """Fold the weight norms and give the resamplers and activations their lean forwards, in place; on the CPU,
+    each resampler's way is chosen now (`choose_cpu_ways`), not on the first decode."""
     for module in audio_vae.modules():
         if any(isinstance(hook, WeightNorm) for hook in module._forward_pre_hooks.values()):
             torch.nn.utils.remove_weight_norm(module)
@@ -59,7 +65,22 @@ def streamline_audio_vae(audio_vae: nn.Module) -> nn.Module:
             module.__class__ = LeanLowPassFilter1d
         elif type(module) is MiniMaxH3AudioSnakeBeta:
             module.__class__ = InPlaceSnakeBeta
+    choose_cpu_ways(audio_vae)
     return audio_vae
+
+
+def choose_cpu_ways(audio_vae: nn.Module) -> None:
+    """Probe, for every anti-aliased activation on the CPU, the way its resamplers run at its channel count (the
+    Snake's), with the thread count set now: the probes cost about 0.17 s on the demo's audio VAE, which the first
+    decode paid before. A decode under another thread count probes again for it."""
+    for module in audio_vae.modules():
+        if isinstance(module, MiniMaxH3AudioActivation1d) and isinstance(module.upsample, LeanUpSample1d):
+            if module.upsample.filter.device.type != "cpu":
+                continue
+            channels = module.act.alpha.numel()
+            module.upsample.cpu_way(channels)
+            if isinstance(module.downsample.lowpass, LeanLowPassFilter1d):
+                module.downsample.lowpass.cpu_way(channels)
 
 
 def _cpu_way(module: LeanUpSample1d | LeanLowPassFilter1d, kind: str, channels: int, ways: tuple[str, ...]) -> str:
@@ -86,11 +107,13 @@ class LeanUpSample1d(MiniMaxH3AudioUpSample1d):
     kernel at full width) or, where that kernel sums differently, the filter's phases accumulated tap by tap."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        channels = hidden_states.shape[1]
         if hidden_states.device.type != "cpu":
             return self.run(hidden_states, "scaled")
+        return self.run(hidden_states, self.cpu_way(hidden_states.shape[1]))
+
+    def cpu_way(self, channels: int) -> str:
         ways = ("segments", "phases", "scaled") if channels < _FOLD_BELOW else ("scaled",)
-        return self.run(hidden_states, _cpu_way(self, "up", channels, ways))
+        return _cpu_way(self, "up", channels, ways)
 
     def run(self, hidden_states: torch.Tensor, way: str) -> torch.Tensor:
         if way == "original":
@@ -132,10 +155,12 @@ class LeanLowPassFilter1d(MiniMaxH3AudioLowPassFilter1d):
     """The strided low-pass (the downsampler); on the CPU few channels folded into segments."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        channels = hidden_states.shape[1]
-        if hidden_states.device.type != "cpu" or channels >= _FOLD_BELOW:
+        if hidden_states.device.type != "cpu":
             return super().forward(hidden_states)
-        return self.run(hidden_states, _cpu_way(self, "down", channels, ("segments",)))
+        return self.run(hidden_states, self.cpu_way(hidden_states.shape[1]))
+
+    def cpu_way(self, channels: int) -> str:
+        return "original" if channels >= _FOLD_BELOW else _cpu_way(self, "down", channels, ("segments",))
 
     def run(self, hidden_states: torch.Tensor, way: str) -> torch.Tensor:
         if way == "original":

@@ -43,3 +43,27 @@ def test_the_streamlined_decode_has_the_originals_bits(tiny_checkpoint):
     # The lean ways were taken on this CPU (else the bits are equal because nothing changed).
     chosen = {key[:2]: way for key, way in audio_decode._ways.items()}
     assert chosen[("up", 2)] != "original" and chosen[("down", 2)] == "segments", chosen
+
+
+def test_the_ways_are_chosen_at_load_not_on_the_first_decode(tiny_checkpoint, monkeypatch):
+    """`streamline_audio_vae` probes every few-channel resampler of the decoder (and encoder) at its Snake's channel
+    count, so the first decode finds every way chosen."""
+    monkeypatch.setattr(audio_decode, "_ways", {})
+    lean = streamline_audio_vae(AutoencoderKLMiniMaxH3Audio.from_pretrained(tiny_checkpoint / "audio_vae").eval())
+    chosen = dict(audio_decode._ways)
+    assert any(key[0] == "down" for key in chosen) and any(key[0] == "up" for key in chosen)
+    probed = []
+    monkeypatch.setattr(audio_decode, "_PROBE_LENGTHS", ())  # a probe now would choose from no evidence
+    original = audio_decode._cpu_way
+
+    def watched(module, kind, channels, ways):
+        key_count = len(audio_decode._ways)
+        way = original(module, kind, channels, ways)
+        if len(audio_decode._ways) != key_count:
+            probed.append((kind, channels))
+        return way
+
+    monkeypatch.setattr(audio_decode, "_cpu_way", watched)
+    with torch.no_grad():
+        lean.decode(torch.randn((2, 32, 21), generator=torch.Generator().manual_seed(2)), return_dict=False)
+    assert probed == [] and audio_decode._ways == chosen
