@@ -4,6 +4,7 @@ planner lets run at the released size beside the DiT on an H200 and on an 80 GB 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from h3serve.entrypoints import cli
@@ -14,6 +15,7 @@ from h3serve.tools.bench.flops import ForwardShape, forward_flops
 from h3serve.tools.bench.full_depth import (
     RELEASED,
     TINY,
+    _encoders,
     released_dit,
     released_sizes,
     released_text_encoder,
@@ -58,3 +60,13 @@ def test_on_cpu_the_mode_says_it_needs_a_gpu(tiny_checkpoint, tmp_path, capsys):
     code = cli.main(["bench", "--full-depth", "--model", str(tiny_checkpoint), "--out", str(tmp_path)])
     assert code == 2 and "runs the released DiT on one GPU; this machine has none" in capsys.readouterr().err
     assert cli.main(["bench", "--full-depth", "--out", str(tmp_path)]) == 2  # no --model
+
+
+def test_the_encoder_comparison_writes_x264_and_says_why_nvenc_did_not_run(tmp_path):
+    """The row's "NVENC against x264": x264 from the host frames; NVENC from the same frames on the device, where
+    the device has one (a CPU has none: recorded as skipped, with the reason)."""
+    video = np.random.default_rng(0).random((6, 32, 64, 3), dtype=np.float32)
+    audio = np.zeros((2, 8000), np.float32)
+    results = _encoders(tmp_path, video, audio, torch.device("cpu"))
+    assert results["x264"]["bytes"] == (tmp_path / "full_depth-x264.mp4").stat().st_size > 0
+    assert results["nvenc"] == {"error": "skipped: the frames are on cpu, not a CUDA device"}
