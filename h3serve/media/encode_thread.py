@@ -17,8 +17,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -149,3 +149,59 @@ class EncodeThread:
         except RuntimeError:
             pass  # the encoder had failed already
         self._thread.join()
+
+
+# What an `InlineEncoder` holds before it encodes: a few seconds of frames at the released 1344x768 (3 MiB each).
+INLINE_BUFFER_BYTES = 256 * 2**20
+
+
+class InlineEncoder:
+    """The same hand-over as `EncodeThread` for a decode that runs on the CPU, whose cores the encoder needs as
+    well: the frames are held (up to `buffer_bytes`) and encoded in the caller's thread when the buffer is full
+    and when the decode ends, never beside the decode. Overlapped, the two only oversubscribe the cores: the
+    decode's OpenMP threads wait at their barriers for threads x264 displaced, and x264's frame threads finish
+    each clip while the next one decodes. On two cores a Turbo request's output stage took 0.65 s on its own
+    thread, 0.58 s encoded clip by clip inline, 0.52 s held and encoded after (docs/benchmarks.md). The memory
+    stays bounded: at most `buffer_bytes` of uint8 frames besides one clip."""
+
+    on_device = False
+
+    def __init__(self, writer: ChunkWriter, buffer_bytes: int = INLINE_BUFFER_BYTES):
+        self._writer = writer
+        self._buffer_bytes = buffer_bytes
+        self._held: list[Any] = []
+        self._held_bytes = 0
+        self._start: float | None = None
+        self._end: float | None = None
+
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """(start, end) on the `time.monotonic` clock: from the first frames encoded to the file being closed."""
+        return None if self._start is None or self._end is None else (self._start, self._end)
+
+    def write(self, frames: Any) -> None:
+        """Take the next frames [t, H, W, 3] (owned from then on); encode what is held once it passes the bound."""
+        self._held.append(frames)
+        self._held_bytes += frames.nbytes
+        if self._held_bytes >= self._buffer_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held and self._start is None:
+            self._start = time.monotonic()
+        for frames in self._held:
+            self._writer.write(frames)
+        self._held, self._held_bytes = [], 0
+
+
+@contextmanager
+def inline_encoder(
+    open_writer: Callable[[], AbstractContextManager[ChunkWriter]], buffer_bytes: int = INLINE_BUFFER_BYTES
+) -> Iterator[InlineEncoder]:
+    """An `InlineEncoder` on the writer `open_writer` opens; the file is whole (or, after an error on either side,
+    absent) when the block ends."""
+    with open_writer() as writer:
+        encoder = InlineEncoder(writer, buffer_bytes)
+        yield encoder
+        encoder.flush()
+    encoder._end = time.monotonic()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from h3serve.media.encode_thread import EncodeThread
+from h3serve.media.encode_thread import EncodeThread, InlineEncoder, inline_encoder
 from h3serve.media.mp4 import EncoderOptions, Mp4Writer
 from h3serve.media.nvenc import NvencMp4Writer, choose_encoder, say_once
 from h3serve.media.previews import preview_indices, write_previews
@@ -74,7 +74,9 @@ class Mp4Sink:
         return self.more[index]
 
     @contextmanager
-    def open(self, num_frames: int, height: int, width: int, audio: np.ndarray) -> Iterator[EncodeThread]:
+    def open(
+        self, num_frames: int, height: int, width: int, audio: np.ndarray
+    ) -> Iterator[EncodeThread | InlineEncoder]:
         """The file's writer on its own thread: write each clip's frames as they are decoded; the file is whole
         (or, after an error on either side, absent) when the block ends."""
         self.num_frames = num_frames
@@ -90,6 +92,10 @@ class Mp4Sink:
             with NvencMp4Writer(*args, device=self.device) if nvenc else Mp4Writer(*args) as mp4:
                 yield _PreviewKeeper(mp4, wanted, self.kept)
 
+        if self.device.type == "cpu":  # the decode shares the encoder's cores: encoded between its clips
+            with inline_encoder(writer) as inline:
+                yield inline
+            return
         with EncodeThread(writer, batch_frames=self.batch_frames, on_device=nvenc) as encoder:
             yield encoder
 
