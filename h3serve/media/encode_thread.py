@@ -10,6 +10,9 @@ pre-encode ring), so a decode that outruns its encoder waits instead of piling f
 clips into batches of at least that many frames (vLLM-Omni's `preencode_batch_frames`; a clip is never split,
 the tail is flushed at the end). A failure on either side ends both: an encoder error is raised in the decode at
 its next `write` (or at the end), a decode error stops the encoder and leaves no file (the writer's own abort).
+
+That overlap pays where the decode runs on a GPU. A decode on the CPU shares the encoder's cores, so there
+`InlineEncoder` takes the same hand-over and encodes in the caller's thread, never beside the decode.
 """
 
 from __future__ import annotations

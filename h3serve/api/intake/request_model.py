@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -51,6 +52,16 @@ _MAX_S = limits.MAX_CONTINUATION_DURATION_S
 _LO_FRAMES, _HI_FRAMES = int(limits.MIN_DURATION_S * limits.FPS), int(_MAX_S * limits.FPS)
 
 Seconds = Annotated[float, Field(ge=limits.MIN_DURATION_S, le=_MAX_S, allow_inf_nan=False)]
+
+
+def _whole_number(value: Any) -> Any:
+    """A float with no fractional part as the int it is (JSON Schema's integer includes 17.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# After a strict int's Field (the JSON-only extra_params fields): an integer as the schema says it, 17 or 17.0,
+# never true or "17". (After the Field, so that the schema keeps its minimum and maximum.)
+WHOLE_NUMBER = BeforeValidator(_whole_number)
 StartTime = Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)]
 # A continuation's window and overlap, on the 17n+5 grid (a rule the schema states in words): the window 107..345,
 # the overlap from 5 to the largest grid count below the longest window.
@@ -221,7 +232,7 @@ class VideoCodecOptions(_Strict):
     """vLLM-Omni's `video_codec_options`: the H.264 encoder's settings for this request (NVENC: crf is its QP)."""
 
     preset: X264Preset | None = Field(None, description="x264 preset (default: the server's --x264-preset)")
-    crf: Annotated[int, Field(strict=True, ge=0, le=51)] | None = Field(
+    crf: Annotated[int, Field(strict=True, ge=0, le=51), WHOLE_NUMBER] | None = Field(
         None, description="constant rate factor, 0 (lossless) to 51 (default: the server's --crf)"
     )
 
@@ -235,7 +246,7 @@ PREENCODE_RULE = (
 
 class PreencodeFields(_Strict):
     preencode_mp4: Annotated[bool, Field(strict=True)] | None = Field(None, description=PREENCODE_RULE)
-    preencode_batch_frames: Annotated[int, Field(strict=True, ge=1, le=_HI_FRAMES)] | None = Field(
+    preencode_batch_frames: Annotated[int, Field(strict=True, ge=1, le=_HI_FRAMES), WHOLE_NUMBER] | None = Field(
         None, description=PREENCODE_RULE
     )
     video_codec_options: VideoCodecOptions | None = None
@@ -253,7 +264,7 @@ class ExtraParams(LongVideoFields, EditOptions, ControlTypes, PreencodeFields):
     frame_index: FrameIndex | None = None
     target: Target | None = None
     sample_solver: SolverName | None = Field(None, description=SOLVER_RULE, examples=list(SAMPLE_SOLVERS))
-    force_refresh_step_hint: Annotated[int, Field(strict=True, ge=1, le=limits.MAX_STEPS)] | None = Field(
+    force_refresh_step_hint: Annotated[int, Field(strict=True, ge=1, le=limits.MAX_STEPS), WHOLE_NUMBER] | None = Field(
         None, description=REFRESH_RULE
     )
     force_refresh_step_policy: RefreshPolicy | None = Field(

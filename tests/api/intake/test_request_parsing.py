@@ -288,12 +288,15 @@ def test_sample_solver_in_extra_params_any_case_in_json_forms_and_brackets():
     assert rejected(prompt="p", sample_solver="euler").param == "sample_solver"  # extra_params only, as vLLM-Omni
 
 
-def test_force_refresh_in_extra_params_is_a_strict_int_and_a_policy():
+def test_force_refresh_in_extra_params_is_an_integer_and_a_policy():
     request = request_of(prompt="p", quality="high", extra_params=json.dumps(
         {"force_refresh_step_hint": 3, "force_refresh_step_policy": "repeat"}))
     assert (request.force_refresh_step_hint, request.force_refresh_step_policy) == (3, "repeat")
     assert plan_request(request, TINY_DEFAULTS).force_refresh.hint == 3
-    for bad in ("3", 3.0, True, 0):  # vLLM-Omni's strict int, 1 and up
+    # vLLM-Omni's strict int, 1 and up; 3.0 is the integer 3 to JSON Schema (and to the published schema), so it is
+    # read as 3 (more lenient than vLLM-Omni, which no client of it notices).
+    assert request_of(prompt="p", extra_params={"force_refresh_step_hint": 3.0}).force_refresh_step_hint == 3
+    for bad in ("3", 3.5, True, 0):
         assert rejected(prompt="p", extra_params={"force_refresh_step_hint": bad}).param == \
             "extra_params.force_refresh_step_hint"
     assert rejected(prompt="p", extra_params={"force_refresh_step_policy": "always"}).param == \
@@ -384,6 +387,12 @@ def test_preencode_fields_as_vllm_omni_sends_them():
     assert plan_request(request_of(prompt="p", extra_params={"preencode_mp4": True}), TINY_DEFAULTS
                         ).preencode_batch_frames == 17
     assert plan_request(request_of(prompt="p"), TINY_DEFAULTS).preencode_batch_frames == 1
+    # JSON Schema's integer includes 34.0 (the fixed-seed schema fuzz sent 1.0): read as the int it is.
+    request = request_of(prompt="p", extra_params={"preencode_mp4": True, "preencode_batch_frames": 34.0,
+                                                   "video_codec_options": {"crf": 20.0},
+                                                   "force_refresh_step_hint": 3.0})
+    assert (request.preencode_batch_frames, request.video_crf) == (34, 20)
+    assert all(type(v) is int for v in (request.preencode_batch_frames, request.video_crf))
 
 
 @pytest.mark.parametrize(
