@@ -15,7 +15,9 @@ from h3serve.rules import limits
 from h3serve.rules.names import (
     AUDIO_MODES,
     CONTROL_TYPES,
+    DEFAULT_CRF,
     DEFAULT_SAMPLE_SOLVER,
+    DEFAULT_X264_PRESET,
     LONG_VIDEO_MODES,
     SAMPLE_SOLVERS,
     TASKS,
@@ -123,8 +125,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--extend", metavar="VIDEO", help="continue this video (--duration: the new part; --long-video)")
     p.add_argument("--save-raw", metavar="RAW.npz", help="also save the float32 video/audio arrays muxed into the MP4")
-    p.add_argument("--x264-preset", default="medium", help="x264 preset (default medium)")
-    p.add_argument("--crf", type=int, default=18, help="x264 constant rate factor (default 18; lower is better)")
+    p.add_argument("--x264-preset", default=DEFAULT_X264_PRESET,
+                   help=f"x264 preset (default {DEFAULT_X264_PRESET}; with --crf {DEFAULT_CRF}: medium's quality at "
+                        "CRF 18 or better, for a fraction of its CPU)")
+    p.add_argument("--crf", type=int, default=DEFAULT_CRF,
+                   help=f"x264 constant rate factor (default {DEFAULT_CRF}; lower is better; NVENC's constant QP)")
     p.add_argument("--audio-bitrate", type=int, default=192_000, help="AAC bitrate in bit/s (default 192000)")
     p.add_argument("--video-encoder", choices=VIDEO_ENCODERS, default="auto", help=VIDEO_ENCODER_HELP)
     add_engine_args(p)  # device, parallel layout (--num-gpus, --usp, ...), vLLM-Omni recipe flags

@@ -13,7 +13,7 @@ from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTr
 from h3serve.media.aac_packets import AAC_FRAME_SAMPLES, AacPackets
 from h3serve.media.raw import PathLike, atomic_output, validate_media
 from h3serve.rules import limits
-from h3serve.rules.names import VIDEO_ENCODERS, X264_PRESETS
+from h3serve.rules.names import DEFAULT_CRF, DEFAULT_X264_PRESET, VIDEO_ENCODERS, X264_PRESETS
 
 AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 
@@ -35,8 +35,8 @@ class EncoderOptions:
     takes NVENC only where frames stay on a GPU that has one (h3serve.media.nvenc); elsewhere x264 writes.
     """
 
-    preset: str = "medium"  # x264 preset
-    crf: int = 18  # x264 CRF (NVENC: its constant QP)
+    preset: str = DEFAULT_X264_PRESET  # x264 preset
+    crf: int = DEFAULT_CRF  # x264 CRF (NVENC: its constant QP)
     audio_bitrate: int = 192_000
     threads: int = 0  # 0 = auto
     encoder: str = "auto"  # auto | x264 | nvenc (--video-encoder)

@@ -64,3 +64,8 @@ X264Preset = Literal[
     "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo"
 ]
 X264_PRESETS: tuple[str, ...] = get_args(X264Preset)
+# The default x264 settings: superfast at CRF 16 matched or beat medium at CRF 18 (the default until 2026-12-06) in
+# luma PSNR and SSIM on four test sources, for 0.2-0.4x its CPU time and 10-50 % more bytes (docs/benchmarks.md,
+# "x264 presets at matched quality"). vLLM-Omni encodes with ultrafast at CRF 18. CRF is NVENC's constant QP too.
+DEFAULT_X264_PRESET: X264Preset = "superfast"
+DEFAULT_CRF = 16

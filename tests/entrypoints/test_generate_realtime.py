@@ -66,7 +66,7 @@ def test_the_mp4_is_the_sessions_frames_and_audio(outputs, tiny_checkpoint, lora
                          recorder)
     finally:
         torch.set_num_threads(threads)
-    ours = Mp4Chunks(tmp_path / "ours.mp4", 243, 64, 64, EncoderOptions(preset="medium", crf=18, audio_bitrate=192_000))
+    ours = Mp4Chunks(tmp_path / "ours.mp4", 243, 64, 64, EncoderOptions())  # the CLI's defaults
     for frames, audio in zip(recorder.frames, recorder.audio, strict=True):
         ours.segment(frames, audio)
     ours.finish()

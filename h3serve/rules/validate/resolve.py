@@ -18,6 +18,7 @@ from h3serve.rules.edit_mask import LatentMask
 from h3serve.rules.guides import GuideContext, GuideProbe, PlacedGuide, place_guides
 from h3serve.rules.names import (
     CONTROL_TYPES,
+    DEFAULT_CRF,
     DEFAULT_SAMPLE_SOLVER,
     QUALITIES,
     SAMPLE_SOLVERS,
@@ -131,7 +132,8 @@ def resolve_output_encoding(request: GenerationRequest, num_frames: int) -> tupl
     preset = request.video_preset
     if preset is not None and preset not in X264_PRESETS:
         raise RequestError("video_codec_options.preset", f"choose from: {', '.join(X264_PRESETS)}; got {preset!r}")
-    crf = None if request.video_crf is None else check_int("video_codec_options.crf", request.video_crf, 0, 51, 18)
+    crf = request.video_crf
+    crf = None if crf is None else check_int("video_codec_options.crf", crf, 0, 51, DEFAULT_CRF)
     return batch, preset, crf
 
 
