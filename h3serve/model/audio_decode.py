@@ -18,6 +18,9 @@ what replaces it, each giving the same bits:
   filter's reach), so the bits are equal (tests/model/test_audio_decode.py checks every stage shape). A single
   channel is no depthwise convolution to oneDNN's transposed kernel (it sums in another order), so a one-channel
   upsampler runs as it is.
+- **Replicate padding** (both resamplers pad their input by its edge samples) is ATen's replication-pad kernel, which
+  took 13 % of the steady decode; a concatenation of the edges and the signal copies the same values into the same
+  contiguous layout in half the time (`replicate_pad`).
 - **SnakeBeta** allocates five signal-sized temporaries (`alpha·x`, its sine, the square, the scaled square, the
   sum); it now computes in one buffer, the same operations in the same order.
 
@@ -102,6 +105,13 @@ def _cpu_way(module: LeanUpSample1d | LeanLowPassFilter1d, kind: str, channels: 
     return _ways[key]
 
 
+def replicate_pad(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """`F.pad(x, (left, right), mode="replicate")` as a concatenation: the same values in the same contiguous layout,
+    about twice as fast on the CPU (ATen's replication-pad kernel was 13 % of the steady decode)."""
+    edges = x.shape[:-1]
+    return torch.cat([x[..., :1].expand(*edges, left), x, x[..., -1:].expand(*edges, right)], dim=-1)
+
+
 class LeanUpSample1d(MiniMaxH3AudioUpSample1d):
     """`ratio`x upsampler: the ratio in the filter; on the CPU few channels folded into segments (one depthwise
     kernel at full width) or, where that kernel sums differently, the filter's phases accumulated tap by tap."""
@@ -119,7 +129,7 @@ class LeanUpSample1d(MiniMaxH3AudioUpSample1d):
         if way == "original":
             return super().forward(hidden_states)
         channels, length = hidden_states.shape[1], hidden_states.shape[-1]
-        padded = F.pad(hidden_states, (self.pad, self.pad), mode="replicate")
+        padded = replicate_pad(hidden_states, self.pad, self.pad)
         ratio, taps = self.stride, self.filter.shape[-1]
         weight = self.filter * self.ratio  # a power of two scales every product and sum exactly (the probe checks)
         if way == "phases":
@@ -160,13 +170,16 @@ class LeanLowPassFilter1d(MiniMaxH3AudioLowPassFilter1d):
         return self.run(hidden_states, self.cpu_way(hidden_states.shape[1]))
 
     def cpu_way(self, channels: int) -> str:
-        return "original" if channels >= _FOLD_BELOW else _cpu_way(self, "down", channels, ("segments",))
+        ways = ("padded",) if channels >= _FOLD_BELOW else ("segments", "padded")
+        return _cpu_way(self, "down", channels, ways)
 
     def run(self, hidden_states: torch.Tensor, way: str) -> torch.Tensor:
         if way == "original":
             return super().forward(hidden_states)
         channels = hidden_states.shape[1]
-        padded = F.pad(hidden_states, (self.pad_left, self.pad_right), mode="replicate")
+        padded = replicate_pad(hidden_states, self.pad_left, self.pad_right)
+        if way == "padded":  # the original with the fast replicate pad
+            return F.conv1d(padded, self.filter.expand(channels, -1, -1), stride=self.stride, groups=channels)
         segments = max(1, _FOLD_LANES // channels)
         taps, stride = self.filter.shape[-1], self.stride
         outputs = (padded.shape[-1] - taps) // stride + 1
