@@ -1,8 +1,9 @@
 """Where a streamed decode's frames go (`--decode-mode stream`): an MP4 written as the chunks come.
 
 `Mp4Sink` is the pipeline's `FrameSink` on rank 0 (or in-process): it opens an `Mp4Writer` with the already
-decoded soundtrack on the encoder's own thread (h3serve.media.encode_thread), which encodes each uint8 chunk while
-the decode goes on with the next, and keeps only the few frames the previews show.
+decoded soundtrack; for a decode on a GPU on the encoder's own thread (h3serve.media.encode_thread), which encodes
+each uint8 chunk while the decode goes on with the next; for a decode on the CPU inline, after it. It keeps only
+the few frames the previews show.
 `DiscardSink` is what the other ranks pass: they decode their VAE tiles in step but receive no frames. Several
 outputs of one request go to `for_output(i)`: a sink beside this one (`name.i.mp4`), listed by `outputs()`.
 """
@@ -77,8 +78,10 @@ class Mp4Sink:
     def open(
         self, num_frames: int, height: int, width: int, audio: np.ndarray
     ) -> Iterator[EncodeThread | InlineEncoder]:
-        """The file's writer on its own thread: write each clip's frames as they are decoded; the file is whole
-        (or, after an error on either side, absent) when the block ends."""
+        """The file's writer: write each clip's frames as they are decoded. A decode on a device hands them to the
+        encoder's own thread (it encodes while the next clip decodes); a decode on the CPU to an `InlineEncoder`
+        (held, then encoded in this thread: the cores are the decode's too). The file is whole (or, after an error
+        on either side, absent) when the block ends."""
         self.num_frames = num_frames
         wanted = set(preview_indices(num_frames)) if self.previews else set()
         nvenc = choose_encoder(self.options, self.device) == "nvenc"
@@ -92,7 +95,7 @@ class Mp4Sink:
             with NvencMp4Writer(*args, device=self.device) if nvenc else Mp4Writer(*args) as mp4:
                 yield _PreviewKeeper(mp4, wanted, self.kept)
 
-        if self.device.type == "cpu":  # the decode shares the encoder's cores: encoded between its clips
+        if self.device.type == "cpu":  # the decode shares the encoder's cores: never beside it
             with inline_encoder(writer) as inline:
                 yield inline
             return
