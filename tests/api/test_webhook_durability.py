@@ -64,14 +64,16 @@ def test_another_server_on_postgresql_takes_over_a_dead_servers_delivery(tmp_pat
         victim = start_process(data_dir, rx.host, job_store=postgres_url, lease_s=LEASE_S)
         try:
             secret, video_id = hook_and_job(victim, rx)
-            rx.wait_for(1)  # the victim holds the delivery's lease, its attempt hanging
+            rx.wait_for(1)  # the victim holds the delivery's lease, its attempt hanging: read it, then kill the victim
+            with psycopg.connect(postgres_url) as db:
+                row = db.execute("SELECT owner, lease_expires_at FROM webhook_deliveries").fetchone()
+            owner, lease_expires_at = row
+            assert int(owner.split(":")[1]) == victim.proc.pid
+            victim.kill()
+            rx.release()
             with serve_webhooks(data_dir, job_store=postgres_url, api_key=None, job_lease_s=LEASE_S,
                                 webhook_allow_hosts=(rx.host,)) as survivor, psycopg.connect(postgres_url) as db:
-                row = db.execute("SELECT owner, lease_expires_at FROM webhook_deliveries").fetchone()
-                owner, lease_expires_at = row
-                assert int(owner.split(":")[1]) == victim.proc.pid and survivor.manager.owner != owner
-                victim.kill()
-                rx.release()
+                assert survivor.manager.owner != owner
                 delivered_once_more(rx, secret, video_id)
                 # The survivor took the delivery over only once the dead server's lease had run out.
                 assert int(rx.received[1].headers["webhook-timestamp"]) >= int(lease_expires_at)

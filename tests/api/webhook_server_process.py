@@ -24,7 +24,9 @@ from h3serve.media.mp4 import EncoderOptions  # noqa: E402
 def main(data_dir: str, port: str, allow_host: str, job_store: str, lease_s: str) -> None:
     config = ServerConfig(
         served_model_name="tiny", port=int(port), data_dir=Path(data_dir), job_store=job_store or None,
-        job_lease_s=float(lease_s), webhook_allow_hosts=(allow_host,), **{**FAST_WEBHOOKS, "webhook_timeout_s": 1.0},
+        job_lease_s=float(lease_s), webhook_allow_hosts=(allow_host,),
+        # a hung attempt gives up after 2 s (its lease: 4 s), time enough for a test on a loaded host to see it held
+        **{**FAST_WEBHOOKS, "webhook_timeout_s": 2.0},
     ).validate()
     store = open_job_store(config.job_store or config.store_path)
     manager = JobManager(FakeExecutor(step_s=0.005), store, JobFiles(config.jobs_dir), model_name="tiny",
