@@ -18,6 +18,15 @@ import numpy as np
 AAC_FRAME_SAMPLES = 1024
 
 
+def aac_input(pcm: np.ndarray, start: int, sample_rate: int, pts: int | None = None) -> av.AudioFrame:
+    """The AAC encoder's input frame for `pcm` [2, n]'s samples [start, start + 1024) (fewer at the end): stereo
+    fltp on the sample clock, at `pts` (default `start`)."""
+    chunk = np.ascontiguousarray(pcm[:, start : start + AAC_FRAME_SAMPLES])
+    frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
+    frame.sample_rate, frame.pts, frame.time_base = sample_rate, start if pts is None else pts, Fraction(1, sample_rate)
+    return frame
+
+
 class AacPackets:
     """`pcm` [2, n] float32 encoded frame by frame (1024 samples each, the last one shorter) by `stream`'s encoder
     on a thread started here. `frame(i)` waits for AAC frame i's packets, `flush()` for the encoder's last ones;
@@ -34,18 +43,10 @@ class AacPackets:
         self._thread = threading.Thread(target=self._encode, name="h3serve-aac", daemon=True)
         self._thread.start()
 
-    @property
-    def count(self) -> int:
-        """How many AAC frames the soundtrack has."""
-        return -(-self._pcm.shape[1] // AAC_FRAME_SAMPLES)
-
     def _encode(self) -> None:
         try:
             for start in range(0, self._pcm.shape[1], AAC_FRAME_SAMPLES):
-                chunk = np.ascontiguousarray(self._pcm[:, start : start + AAC_FRAME_SAMPLES])
-                frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
-                frame.sample_rate, frame.pts, frame.time_base = self._rate, start, Fraction(1, self._rate)
-                packets = self._stream.encode(frame)
+                packets = self._stream.encode(aac_input(self._pcm, start, self._rate))
                 with self._ready:
                     if self._stop:
                         return

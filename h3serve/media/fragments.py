@@ -18,6 +18,7 @@ from av.codec.context import Flags
 from av.video.frame import PictureType
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc
 
+from h3serve.media.aac_packets import AAC_FRAME_SAMPLES, aac_input
 from h3serve.media.fmp4_boxes import (
     AUDIO_TRACK_ID,
     VIDEO_TRACK_ID,
@@ -29,7 +30,7 @@ from h3serve.media.fmp4_boxes import (
     fragment,
     init_segment,
 )
-from h3serve.media.mp4 import AAC_FRAME_SAMPLES, EncoderOptions, yuv_frame
+from h3serve.media.mp4 import EncoderOptions, yuv_frame
 from h3serve.rules import limits
 
 STREAM_OPTIONS = EncoderOptions(preset="ultrafast")  # as vLLM-Omni streams: ultrafast, tuned for zero latency
@@ -111,11 +112,8 @@ class FragmentWriter:
     def _encode_audio(self, pcm: np.ndarray) -> list[av.Packet]:
         packets = []
         for start in range(0, pcm.shape[1], AAC_FRAME_SAMPLES):
-            chunk = np.ascontiguousarray(pcm[:, start : start + AAC_FRAME_SAMPLES])
-            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
-            frame.sample_rate, frame.pts = self.sample_rate, self._audio_in
-            frame.time_base = Fraction(1, self.sample_rate)
-            self._audio_in += chunk.shape[1]
+            frame = aac_input(pcm, start, self.sample_rate, pts=self._audio_in)
+            self._audio_in += frame.samples
             packets += self._audio.encode(frame)
         return packets
 

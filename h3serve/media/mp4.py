@@ -10,7 +10,7 @@ import av
 import numpy as np
 from av.video.reformatter import ColorPrimaries, ColorRange, Colorspace, ColorTrc, Interpolation
 
-from h3serve.media.aac_packets import AAC_FRAME_SAMPLES, AacPackets
+from h3serve.media.aac_packets import AAC_FRAME_SAMPLES, AacPackets, aac_input
 from h3serve.media.raw import PathLike, atomic_output, validate_media
 from h3serve.rules import limits
 from h3serve.rules.names import DEFAULT_CRF, DEFAULT_X264_PRESET, VIDEO_ENCODERS, X264_PRESETS
@@ -208,11 +208,8 @@ class Mp4Writer:
         while done < min(end, self.n_samples):
             if self._audio_given < self.n_samples and done + AAC_FRAME_SAMPLES > self._audio_given:
                 break  # the rest of this AAC frame's samples come with the next frames
-            chunk = np.ascontiguousarray(self.pcm[:, done : done + AAC_FRAME_SAMPLES])
-            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout="stereo")
-            frame.sample_rate, frame.pts, frame.time_base = self.sample_rate, done, Fraction(1, self.sample_rate)
-            container.mux(self._astream.encode(frame))
-            done += chunk.shape[1]
+            container.mux(self._astream.encode(aac_input(self.pcm, done, self.sample_rate)))
+            done += min(AAC_FRAME_SAMPLES, self.n_samples - done)
         self._audio_done = done
 
     def append_audio(self, samples: np.ndarray) -> None:
