@@ -35,7 +35,7 @@ from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.config import EngineConfig
 from h3serve.loading.tensors import materialize
-from h3serve.media.mp4 import EncoderOptions, Mp4Writer, rgb8, write_mp4
+from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
 from h3serve.media.nvenc import NvencMp4Writer, nvenc_missing
 from h3serve.model.text_encoder import TextConditioner
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig, RotaryEmbedding3D
@@ -226,9 +226,8 @@ def _encoders(out: Path, video, audio, device: torch.device) -> dict[str, Any]:
                 write_mp4(path, video, audio, options=EncoderOptions(encoder="x264"))
             else:
                 pixels = torch.from_numpy(rgb8(video)).to(device)
-                writer: Mp4Writer = NvencMp4Writer(path, frames, height, width, audio,
-                                                   options=EncoderOptions(encoder="nvenc"), device=device)
-                with writer:
+                with NvencMp4Writer(path, frames, height, width, audio, options=EncoderOptions(encoder="nvenc"),
+                                    device=device) as writer:
                     writer.write(pixels)
         except Exception as e:  # an encoder that fails here: say why, time the other
             results[name] = {"error": f"{type(e).__name__}: {e}"}
