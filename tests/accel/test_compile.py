@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from small_dit import SMALL_DIT, random_small_dit
+from small_dit import random_small_dit, small_dit_inputs
 from torch import nn
 
 from h3serve.accel.compile import CompileFailedMidCall, CompileState, compile_transformer
-from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify
 from h3serve.model.transformer import H3Transformer
 from h3serve.parallel.comm import all_reduce_
 
@@ -17,15 +16,9 @@ _model = random_small_dit
 
 
 def _run(model: H3Transformer, frames: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    text_len, lh, lw, audio = 7, 2, 4, 3 * frames
-    layout = build_keyframe_layout(torch.full((text_len,), TEXT_TAG), frames, lh, lw, audio, anchors=("first",))
-    video = patchify(torch.randn(1, 24, frames + 1, lh, lw, generator=g))[None]
-    audio_rows = torch.randn(1, 2 * audio, 32, generator=g)
-    text = torch.randn(1, text_len, SMALL_DIT["text_dim"], generator=g)
-    timestep, row_index = layout.row_timesteps(0.3, 0.6)
+    video, audio_rows, text, timestep, row_index, packed = small_dit_inputs(frames, seed)
     with torch.inference_mode():
-        return model(video, audio_rows, model.embed_text(text), timestep, row_index, layout.packed)
+        return model(video, audio_rows, model.embed_text(text), timestep, row_index, packed)
 
 
 @pytest.mark.slow
