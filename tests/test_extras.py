@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from h3serve import extras
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.extras import EXTRAS, MissingExtra
 from h3serve.jobstore import open_job_store
 
@@ -28,7 +29,7 @@ def without(monkeypatch):
 def test_a_missing_extra_is_refused_naming_it(without, tiny_checkpoint):
     without({"cache_dit", "psycopg"})
     with pytest.raises(MissingExtra, match=r"--cache-backend cache_dit needs .*pip install 'h3serve\[cache\]'"):
-        EngineConfig(model=tiny_checkpoint, cache_backend="cache_dit").validate()
+        check_config(EngineConfig(model=tiny_checkpoint, cache_backend="cache_dit"))
     with pytest.raises(MissingExtra, match=r"pip install 'h3serve\[postgres\]'"):
         open_job_store("postgresql://nobody@127.0.0.1:9/none")
 

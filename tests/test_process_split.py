@@ -11,9 +11,10 @@ import h3serve.engine
 import h3serve.jobstore
 import h3serve.output_store
 
-LEAVES = ["h3serve.config", "h3serve.errors", "h3serve.checkpoint.resolver", "h3serve.rules.request",
-          "h3serve.rules.validate", "h3serve.rules.limits", "h3serve.rules.geometry", "h3serve.rules.long_video",
-          "h3serve.rules.edit_mask", "h3serve.entrypoints.cli", "h3serve.entrypoints.plan", "h3serve.entrypoints.serve"]
+LEAVES = ["h3serve.config.engine_config", "h3serve.config_checks", "h3serve.errors", "h3serve.checkpoint.resolver",
+          "h3serve.rules.request", "h3serve.rules.validate", "h3serve.rules.limits", "h3serve.rules.geometry",
+          "h3serve.rules.long_video", "h3serve.rules.edit_mask", "h3serve.entrypoints.cli", "h3serve.entrypoints.plan",
+          "h3serve.entrypoints.serve"]
 
 
 def _parent_modules() -> list[str]:

@@ -4,9 +4,11 @@ cache-dit); `TeaCacheProfile`: TeaCache (`h3serve.accel.teacache`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
-from h3serve.errors import ServerError
+from h3serve.config.engine_config import EngineConfig
+from h3serve.errors import ConfigError, ServerError
 
 
 class CacheConfigError(ServerError, ValueError):
@@ -101,3 +103,55 @@ def profile_for(quality: str | None, server: ServerCache | None) -> ServerCache 
     if quality is None:
         return server
     return None if quality == "lossless" else HIGH
+
+
+def server_cache_profile(config: EngineConfig) -> ServerCache | None:
+    """The server's cache: a Cache-DiT `CacheProfile` (--cache-backend cache_dit), a `TeaCacheProfile` (tea_cache)
+    over --cache-config, or None without --cache-backend. `ConfigError` on a bad --cache-config."""
+    if config.cache_backend == "none":
+        return None
+    try:
+        data = json.loads(config.cache_config or "{}")
+        if not isinstance(data, dict):
+            raise CacheConfigError(f"--cache-config: expected a JSON object, got {type(data).__name__}")
+        if config.cache_backend == "tea_cache":
+            return TeaCacheProfile.from_json(data)
+        return CacheProfile.from_json(data)
+    except (CacheConfigError, TypeError, json.JSONDecodeError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def backend_refusal(config: EngineConfig, device_type: str | None = None) -> str | None:
+    """Why this engine cannot run its --cache-backend (None: it can, or there is none)."""
+    if config.cache_backend == "tea_cache":
+        return _tea_cache_refusal(config)
+    if config.cache_backend == "cache_dit":
+        return cache_refusal(config, device_type)
+    return None
+
+
+def _tea_cache_refusal(config: EngineConfig) -> str | None:
+    """Why this engine cannot run TeaCache: it skips the whole block loop, so whatever needs every block to run in
+    order (layerwise offload streaming, a whole-forward graph) cannot go with it. Sequence parallelism can: the ranks
+    MAX-reduce each decision (gloo and NCCL both have MAX)."""
+    if config.offload.streamed:
+        return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
+    if config.full_graph:
+        return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+    return None
+
+
+def cache_refusal(config: EngineConfig, device_type: str | None = None) -> str | None:
+    """Why this engine cannot run Cache-DiT's block cache (--cache-backend cache_dit, or a `quality=high` request);
+    None when it can. `device_type` defaults to --device's (None for `auto`: the reasons that need no device)."""
+    device_type = device_type or config.device_type
+    if config.ulysses_degree * config.ring_degree > 1:
+        return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
+    if config.offload.streamed:
+        return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
+    if config.full_graph:
+        return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+    if config.world_size > 1 and device_type == "cpu":
+        return ("several CPU ranks (cache-dit averages the residual over the ranks with an AVG all-reduce, which "
+                "gloo lacks)")
+    return None

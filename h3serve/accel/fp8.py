@@ -174,7 +174,7 @@ class Fp8Twin(Protocol):
 def select_kernel(requested: str, device: torch.device, compute_dtype: torch.dtype) -> tuple[str, str]:
     """(path, why) for `requested` ("auto" | "weight_only" | "fp8_gemm") on `device`. `ValueError` when
     fp8_gemm is asked for where it cannot run (the config refuses it earlier with the same reason)."""
-    from h3serve.accel.quant_config import fp8_gemm_refusal
+    from h3serve.config.quantization_config import fp8_gemm_refusal
 
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     refusal = fp8_gemm_refusal(device.type, capability)

@@ -1,5 +1,5 @@
 """The start-up checks of a QuantizationConfig against the checkpoint and the device (called from
-`EngineConfig.validate`, which already resolves the device through torch): an FP8 GEMM asked for where it
+`rank.device_checks.check_engine`, which already resolves the device through torch): an FP8 GEMM asked for where it
 cannot run, and exclude patterns that match none of a loaded component's quantised linears."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from h3serve.accel.quant_config import QuantizationConfig, fp8_gemm_refusal
+from h3serve.config.quantization_config import QuantizationConfig, fp8_gemm_refusal
 
 
 def dit_linear_names(folder: Path) -> list[str]:
@@ -38,7 +38,7 @@ def text_linear_names(folder: Path) -> list[str]:
 
 def check_quantization(config: QuantizationConfig, model: Path, dits: tuple[str, ...], device: torch.device) -> None:
     """`ConfigError` naming the reason for a kernel path this device lacks or an exclude pattern matching nothing."""
-    from h3serve.accel.quant_config import QuantizationError
+    from h3serve.config.quantization_config import QuantizationError
     from h3serve.errors import ConfigError
 
     if config.kernel == "fp8_gemm":

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed import ProcessGroup
 
 from h3serve.accel.fp8 import FP8, Fp8Linear, Fp8Twin, quantize_fp8, weight_amax
-from h3serve.accel.quant_config import ComponentQuant
+from h3serve.config.quantization_config import ComponentQuant
 
 Tensors = Iterator[tuple[str, torch.Tensor]]
 Rename = Callable[[str], tuple[str, ...]]

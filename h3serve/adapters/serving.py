@@ -6,34 +6,17 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from h3serve.adapters.catalog import LoraCatalog, lora_file
 from h3serve.adapters.header import AdapterError
 from h3serve.adapters.peft import target_shapes
 from h3serve.adapters.taomate import read_config
 from h3serve.adapters.weight_edits import WeightEdits, lora_edits
+from h3serve.config.engine_config import EngineConfig
 from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.defaults import ModelDefaults
 
 DITS = ("transformer", "transformer_ref")
-
-
-class AdapterFlags(Protocol):
-    """The engine flags this module reads (`h3serve.config.EngineConfig` has them)."""
-
-    model: Path
-    dit_adapter: str | None
-    lora_paths: tuple[tuple[str, str], ...]
-    lora_dir: str | None
-    lora_scale: float
-    max_lora_rank: int | None
-    realtime_lora: str | None
-    controlnet_model_path: str | None
-    merge_lora: bool
-
-    @property
-    def dits(self) -> tuple[str, ...]: ...
 
 
 def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
@@ -45,7 +28,7 @@ def dit_config(model: Path, dits: tuple[str, ...] = DITS) -> dict:
     raise AdapterError(f"{model}: none of the DiTs {', '.join(dits)} has a config.json")
 
 
-def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefaults:
+def engine_defaults(config: EngineConfig, defaults: ModelDefaults) -> ModelDefaults:
     """The checkpoint's request defaults on this engine: with a ControlNet branch, control requests are served;
     under a fused FastH3 adapter, its pinned schedule, T2VA only; a merged LoRA adapter (--merge-lora) runs in every
     request (`h3serve.rules.adapter_choice.merged_choice`)."""
@@ -63,11 +46,11 @@ def engine_defaults(config: AdapterFlags, defaults: ModelDefaults) -> ModelDefau
     return dataclasses.replace(defaults, pinned_schedule=pin, fused_adapter=name)
 
 
-def lora_enabled(config: AdapterFlags) -> bool:
+def lora_enabled(config: EngineConfig) -> bool:
     return bool(config.lora_paths) or config.lora_dir is not None
 
 
-def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
+def catalog_for(config: EngineConfig, log: Callable[[str], None] | None = None) -> LoraCatalog | None:
     """The engine's adapter catalog (None without --lora-path/--lora-dir); `AdapterError` on a bad adapter."""
     if not lora_enabled(config):
         return None
@@ -78,7 +61,7 @@ def catalog_for(config: AdapterFlags, log: Callable[[str], None] | None = None) 
                        dit_config=dit, **kwargs)
 
 
-def slot_rank(config: AdapterFlags, catalog: LoraCatalog | None) -> int:
+def slot_rank(config: EngineConfig, catalog: LoraCatalog | None) -> int:
     """The LoRA wrappers' slot rank: the catalog's, or the real-time LoRA's when larger (0: no LoRA wrappers). A
     merged adapter needs none: it is in the weights."""
     realtime = 0 if config.realtime_lora is None else read_config(Path(config.realtime_lora))[0]
@@ -86,7 +69,7 @@ def slot_rank(config: AdapterFlags, catalog: LoraCatalog | None) -> int:
     return max(served, realtime)
 
 
-def merged_adapter(config: AdapterFlags) -> AdapterChoice | None:
+def merged_adapter(config: EngineConfig) -> AdapterChoice | None:
     """The adapter `--merge-lora` fuses into the weights (the one --lora-path, at --lora-scale); None without it."""
     if not config.merge_lora:
         return None
@@ -96,7 +79,7 @@ def merged_adapter(config: AdapterFlags) -> AdapterChoice | None:
     return next(iter(catalog.preloaded.values()))
 
 
-def merged_edits(config: AdapterFlags) -> WeightEdits | None:
+def merged_edits(config: EngineConfig) -> WeightEdits | None:
     """The merged adapter as edits of the DiT's weights (h3serve.loading.fasth3_fusion fuses them at load)."""
     choice = merged_adapter(config)
     if choice is None:

@@ -26,7 +26,7 @@ from h3serve.api.routes import system, videos, web, webhook_endpoints
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.outbox.outbox_worker import OutboxWorker
 from h3serve.engine.outbox.retry import RetryPolicy

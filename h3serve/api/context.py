@@ -11,7 +11,7 @@ from h3serve.api.prometheus import Metrics
 from h3serve.api.server_config import ServerConfig
 from h3serve.api.sync_line import SyncLine
 from h3serve.api.url_fetch import MediaFetcher
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.outbox.outbox_worker import OutboxWorker
 from h3serve.jobstore.store import JobStore

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from h3serve.accel.cache_profile import HIGH, CacheProfile, TeaCacheProfile
+from h3serve.accel.cache_profile import HIGH, CacheProfile, TeaCacheProfile, server_cache_profile
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.rules.defaults import ModelDefaults
 from h3serve.rules.guides import guide_capability
 from h3serve.rules.names import QUALITIES, REFRESH_POLICIES
@@ -24,7 +24,7 @@ VSA_DEFAULT_SPARSITY = 0.8
 
 def _cache(engine: EngineConfig) -> dict[str, Any]:
     """The DiT caches: the server's (`quality` omitted), Cache-DiT's `high`, and the forced refresh's fields."""
-    profile = engine.cache_profile()
+    profile = server_cache_profile(engine)
     server: dict[str, Any] = {"backend": engine.cache_backend}
     if isinstance(profile, TeaCacheProfile):
         server |= {"rel_l1_thresh": profile.rel_l1_thresh, "coefficients": list(profile.coefficients),

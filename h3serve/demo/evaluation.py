@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.checkpoint.resolver import read_layout
+from h3serve.config.quantization_config import QuantizationConfig
 from h3serve.demo.shipped import DEMO_DURATION_S, DEMO_STEPS
 from h3serve.demo.world import checks, drawn
 from h3serve.demo.world import scenes as world

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.errors import ConfigError
 from h3serve.parallel.rendezvous import Rendezvous

@@ -317,6 +317,7 @@ def cmd_realtime(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict, replace
 
+    from h3serve.config_checks import check_config
     from h3serve.engine.executor import EngineError
     from h3serve.engine.realtime_stream import RealtimeSpec
     from h3serve.errors import ConfigError, RequestError
@@ -342,7 +343,7 @@ def cmd_realtime(args: argparse.Namespace) -> int:
             shape = matrix.shapes[0] if matrix.shapes else None
             width, height, frames = (shape.width, shape.height, shape.num_frames) if shape else (64, 64, 243)
             spec = RealtimeSpec(matrix.prompt, width, height, matrix.seed, frames)
-            sessions = measure_realtime(config.validate(), spec, matrix.runs, matrix.warmup,
+            sessions = measure_realtime(check_config(config), spec, matrix.runs, matrix.warmup,
                                            lambda line: print(line, file=sys.stderr))
         device = str(resolve_device(config))
     except (MatrixError, ConfigError, RequestError, EngineError, ValueError) as e:

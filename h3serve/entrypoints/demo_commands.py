@@ -148,7 +148,7 @@ def cmd_check_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_demo(args: argparse.Namespace) -> int:
-    from h3serve.accel.quant_config import QuantizationError, parse_quantization
+    from h3serve.config.quantization_config import QuantizationError, parse_quantization
     from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
     from h3serve.demo.shipped import DEMO_STEPS
     from h3serve.errors import RequestError

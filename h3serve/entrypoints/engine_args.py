@@ -14,12 +14,15 @@ import json
 import sys
 from pathlib import Path
 
-from h3serve.accel.quant_config import QuantizationError, parse_quantization
 from h3serve.adapters.catalog import parse_lora_paths
 from h3serve.adapters.fasth3 import is_fasth3_path
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES, EngineConfig, warmup_shapes
-from h3serve.errors import ConfigError
-from h3serve.offload.modes import (
+from h3serve.config.engine_config import (
+    DEFAULT_ADALN_MEMO_BYTES,
+    DEFAULT_PROMPT_CACHE_BYTES,
+    EngineConfig,
+    warmup_shapes,
+)
+from h3serve.config.offload_config import (
     OffloadConfig,
     OffloadError,
     OffloadFlags,
@@ -27,6 +30,9 @@ from h3serve.offload.modes import (
     parse_bytes,
     parse_denoise_chunk_rows,
 )
+from h3serve.config.quantization_config import QuantizationError, parse_quantization
+from h3serve.config_checks import check_config, notices
+from h3serve.errors import ConfigError
 from h3serve.rules.names import CACHE_BACKENDS as SERVED_CACHE_BACKENDS
 from h3serve.rules.names import TASK_TYPE_ALIASES
 
@@ -484,12 +490,12 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
     """
     if args.task_type not in TASK_TYPE_ALIASES:
         raise ConfigError(f"--task-type: unknown {args.task_type!r}; choose from: {', '.join(TASK_TYPE_ALIASES)}")
-    notices: list[str] = []
-    _recipe_checks(args, notices)
+    lines: list[str] = []
+    _recipe_checks(args, lines)
     timeout = args.init_timeout or args.stage_init_timeout
     offload = offload_config(args)
     attention = _attention_backend(args)
-    config = EngineConfig(
+    config = check_config(EngineConfig(
         model=Path(model if model is not None else args.model),
         base_checkpoint=Path(args.base_checkpoint) if getattr(args, "base_checkpoint", None) else None,
         device=args.device,
@@ -526,8 +532,8 @@ def engine_config_from_args(args: argparse.Namespace, model: Path | None = None)
         controlnet_model_path=getattr(args, "controlnet_model_path", None),
         realtime_lora=getattr(args, "realtime_lora", None),
         **({"init_timeout_s": timeout} if timeout else {}),
-    ).validate()
-    notices += config.notices()
-    for line in notices:
+    ))
+    lines += notices(config)
+    for line in lines:
         print(line, file=sys.stderr)
     return config

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.entrypoints.cli_util import EXIT_ERROR, fail

@@ -70,7 +70,7 @@ def _device(args: argparse.Namespace):
     """Plans are for the target device, not this machine: auto means CUDA."""
     import torch
 
-    from h3serve.config import DTYPES
+    from h3serve.config.engine_config import DTYPES
     from h3serve.errors import ConfigError
 
     if args.device == "cpu":
@@ -124,7 +124,8 @@ def _shapes(args: argparse.Namespace, defaults, tasks: tuple[str, ...]):
 def build_plan(args: argparse.Namespace):
     """(plan, title) for the parsed flags; raises the usual configuration errors."""
     from h3serve.checkpoint.resolver import read_layout
-    from h3serve.config import DECODE_MODES, EngineConfig
+    from h3serve.config.engine_config import DECODE_MODES, EngineConfig
+    from h3serve.config.offload_config import parse_bytes
     from h3serve.entrypoints.engine_args import (
         adaln_memo,
         denoise_chunk_rows,
@@ -137,11 +138,10 @@ def build_plan(args: argparse.Namespace):
     from h3serve.offload.inventory import RELEASED, build_inventory
     from h3serve.offload.measured_engine import H3SERVE, check_engine
     from h3serve.offload.model_configs import model_dims
-    from h3serve.offload.modes import parse_bytes
     from h3serve.offload.planner import Runtime
     from h3serve.offload.realtime_kv import realtime_kv_bytes, with_realtime_cache
     from h3serve.offload.request_shapes import plan_largest, served_tasks
-    from h3serve.parallel.degrees import check_degrees
+    from h3serve.parallel.degrees import ParallelDegrees, check_degrees
     from h3serve.rules import limits
     from h3serve.rules.adapter_choice import FASTH3_TASKS
     from h3serve.rules.names import TASK_TYPE_ALIASES
@@ -158,7 +158,7 @@ def build_plan(args: argparse.Namespace):
     draft = EngineConfig(model=Path(source), **layout_fields(args))
     dits = draft.dits
     offload = offload_config(args)
-    degrees = draft.parallel_degrees()
+    degrees = ParallelDegrees.of(draft)
     memory = device_memory(args.device_memory)
     headroom = parse_bytes(args.headroom, "--headroom") if memory else 0
     check_degrees(degrees, model_dims(source, dits), args.cfg_parallel_size, args.vae_parallel_mode)

@@ -14,7 +14,7 @@ from h3serve.errors import ConfigError
 
 if TYPE_CHECKING:
     from h3serve.api.server_config import ServerConfig
-    from h3serve.config import EngineConfig
+    from h3serve.config.engine_config import EngineConfig
     from h3serve.engine.executor import Executor
     from h3serve.engine.jobs import JobManager
     from h3serve.jobstore.job_files import JobFiles
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_server_args(p: argparse.ArgumentParser, server: Callable[[str], Any]) -> None:
     """Where to serve and where the jobs are kept."""
-    from h3serve.config import WARMUP_DEFAULT
+    from h3serve.config.engine_config import WARMUP_DEFAULT
 
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="checkpoint folder (default: the tiny checkpoint, built on first use)")

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
 from h3serve.accel.quantize import prepare_fp8, quantizing
 from h3serve.adapters.weight_edits import WeightEdits
 from h3serve.checkpoint import native_config, native_names
 from h3serve.checkpoint.file_reading import file_metadata, safetensors_header, weight_keys
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_json, safetensors_files
+from h3serve.config.quantization_config import ComponentQuant, QuantizationConfig
 from h3serve.loading import dit_keys as native_keys
 from h3serve.loading import dit_pieces
 from h3serve.loading import fasth3_fusion as fuse_adapter

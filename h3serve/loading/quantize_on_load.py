@@ -11,8 +11,8 @@ from safetensors import safe_open
 from torch import nn
 
 from h3serve.accel.fp8 import Fp8Linear, select_kernel
-from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.accel.quantize import Rename, fp8_twin, quantize_in_place, stored_fp8
+from h3serve.config.quantization_config import QuantizationConfig
 from h3serve.loading.tensors import aligned
 from h3serve.parallel.tensor_parallel import TensorParallel
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from h3serve.accel.quant_config import ComponentQuant, QuantizationConfig
+from h3serve.config.quantization_config import ComponentQuant, QuantizationConfig
 from h3serve.model.audio_decode import streamline_audio_vae
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.measured_engine import H3SERVE, TEXT_ENCODER_LAYERS, VLLM_OMNI, check_engine

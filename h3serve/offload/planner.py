@@ -26,12 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from h3serve.offload import activations
-from h3serve.offload.activations import RequestShape
-from h3serve.offload.adaln import adaln_slot, modulation_bytes
-from h3serve.offload.inventory import ComponentBytes, Inventory
-from h3serve.offload.measured_engine import H3SERVE, communicators, retains_denoise_cache
-from h3serve.offload.modes import (
+from h3serve.config.offload_config import (
     AUTO,
     DENOISE_CHUNK_LADDER,
     DenoiseChunk,
@@ -39,6 +34,11 @@ from h3serve.offload.modes import (
     OffloadError,
     check_resident_layers,
 )
+from h3serve.offload import activations
+from h3serve.offload.activations import RequestShape
+from h3serve.offload.adaln import adaln_slot, modulation_bytes
+from h3serve.offload.inventory import ComponentBytes, Inventory
+from h3serve.offload.measured_engine import H3SERVE, communicators, retains_denoise_cache
 from h3serve.offload.overhead import runtime_overhead
 from h3serve.offload.placement_plan import (
     ADALN,

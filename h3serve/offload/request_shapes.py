@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from h3serve.config.offload_config import AUTO, OffloadConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import Inventory
-from h3serve.offload.modes import AUTO, OffloadConfig
 from h3serve.offload.placement_plan import MAIN_DIT, TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.rules import geometry, limits

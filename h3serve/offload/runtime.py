@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.model.pipeline_types import H3Components
 from h3serve.offload.host_heap import release_free_heap
 from h3serve.offload.lora_bytes import ADAPTERS
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import (
     ADALN,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
+from h3serve.config.engine_config import EngineConfig
 from h3serve.errors import ConfigError
 from h3serve.model.transformer_config import H3TransformerConfig
 
@@ -89,6 +90,18 @@ class ParallelDegrees:
     text_encoder_tp: int = 1
     vae_patch_parallel: int = 1
     world_size: int = 1
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> ParallelDegrees:
+        """The degrees an engine's flags name."""
+        return cls(
+            tensor_parallel=config.tensor_parallel_size,
+            ulysses=config.ulysses_degree,
+            ring=config.ring_degree,
+            text_encoder_tp=config.text_encoder_tp_size,
+            vae_patch_parallel=config.vae_patch_parallel_size,
+            world_size=config.world_size,
+        )
 
     @property
     def sequence_parallel(self) -> int:

@@ -1,7 +1,7 @@
 """The engine flags' start-up checks that need torch, run by each rank before it reads a weight (and by the CLI
-before it starts any): which device `auto` is, whether the GPUs and kernels asked for are there. The parent
-checks everything else without torch (`EngineConfig.validate`); a refusal here is the same `ConfigError`, and the
-executor hands it to the parent as one (`Fatal.config_error`)."""
+before it starts any): which device `auto` is, whether the GPUs and kernels asked for are there. The parent checks
+everything else without torch (`h3serve.config_checks.check_config`); a refusal here is the same `ConfigError`, and
+the executor hands it to the parent as one (`Fatal.config_error`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from h3serve.accel.attention import AttentionBackendError, resolve_roles
+from h3serve.accel.cache_profile import backend_refusal
 from h3serve.accel.quant_checks import check_quantization
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import device_notices
 from h3serve.errors import ConfigError
 from h3serve.parallel.rendezvous import nodes_from_env
 
@@ -60,7 +62,7 @@ def check_engine(config: EngineConfig) -> RankDevice:
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
     roles = attention_roles(config, device, dtype)
-    refusal = config.backend_refusal(device.type)  # `auto` resolved: the device's own reasons too
+    refusal = backend_refusal(config, device.type)  # `auto` resolved: the device's own reasons too
     if refusal:
         raise ConfigError(f"--cache-backend {config.cache_backend} is not available with {refusal}")
     if config.quantization is not None:
@@ -78,7 +80,7 @@ def check_engine(config: EngineConfig) -> RankDevice:
 
 def start_up_notices(config: EngineConfig, device: torch.device) -> list[str]:
     """The device's notices the parent could not print (it prints them itself when --device names the device)."""
-    return config.device_notices(device.type) if config.device_type is None else []
+    return device_notices(config, device.type) if config.device_type is None else []
 
 
 def cpu_threads(config: EngineConfig, device: torch.device, cpu_count: int | None = None) -> int:

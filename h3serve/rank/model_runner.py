@@ -14,11 +14,13 @@ import torch
 
 from h3serve.accel import attention
 from h3serve.accel.cache import DitBlockCache
+from h3serve.accel.cache_profile import cache_refusal, server_cache_profile
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.video_sparse import SparseSettings
 from h3serve.adapters.serving import catalog_for, engine_defaults, merged_edits
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.engine.planning import check_task_served, plan_request
 from h3serve.errors import ConfigError
 from h3serve.loading.adaln_sidecar import load_sidecars
@@ -34,6 +36,7 @@ from h3serve.model.prompt_cache import PromptCache
 from h3serve.offload.host_arena import pinned_copy
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.runtime import OffloadRuntime
+from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.parallel.setup import RankParallel
 from h3serve.rank.device_checks import RankDevice, check_engine, cpu_threads, start_up_notices
 from h3serve.rank.lora import lora_runtime
@@ -47,6 +50,7 @@ from h3serve.rank.placement import (
     placement_for_engine,
 )
 from h3serve.rules.adapter_choice import merged_choice
+from h3serve.rules.guide_limits import GuideLimits
 from h3serve.rules.guides import attention_refusal
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import GenerationPlan, ModelDefaults, RequestError
@@ -57,7 +61,7 @@ class ModelRunner:
 
     def __init__(self, config: EngineConfig, rank: int = 0, world_size: int = 1, setup: RankDevice | None = None):
         """`setup`: the rank's start-up check, when its caller ran it already (the worker does, first thing)."""
-        self.config = config.validate()
+        self.config = check_config(config)
         setup = setup or check_engine(config)  # what only torch can check: the device, its kernels
         self.rank, self.world_size = rank, world_size
         self.layout = read_layout(config.model, config.dits, base=config.base_checkpoint)
@@ -90,7 +94,7 @@ class ModelRunner:
         host_copy = pinned_copy if self.device.type == "cuda" else plain_host_copy
         memo = None if config.adaln_memo_bytes is None else AdaLNMemo(config.adaln_memo_bytes, host_copy)
         sequence = self.parallel.sequence if self.parallel is not None else None
-        cache = DitBlockCache(config.cache_profile(), components.transformer, sequence and sequence.sp_group)
+        cache = DitBlockCache(server_cache_profile(config), components.transformer, sequence and sequence.sp_group)
         if config.prompt_cache_bytes is not None:  # repeated prompts skip the text encoder (the planner counts it)
             components.text.cache = PromptCache(config.prompt_cache_bytes, host_copy)
         self.pipeline = H3Pipeline(
@@ -103,14 +107,14 @@ class ModelRunner:
                 lambda text: print(f"rank {rank}: {text}", file=sys.stderr),
             )  # fmt: skip
         # quality=high installs the block cache per request even without --cache-backend: same limits apply.
-        self.cache_refusal = config.cache_refusal(self.device.type)
+        self.cache_refusal = cache_refusal(config, self.device.type)
 
     def _load(self, setup: RankDevice, log: Callable[[str], None] | None) -> H3Components:
         """The weights on this rank, then in order: Q/K/V fusion and attention kernels, LoRA wrappers, the
         parallel hooks and the offload placement."""
         config, rank = self.config, self.rank
         # Multi-rank: this rank's process groups, shard loading and parallel hooks (h3serve.parallel).
-        self.parallel = RankParallel.build(config.parallel_degrees(), rank) if self.world_size > 1 else None
+        self.parallel = RankParallel.build(ParallelDegrees.of(config), rank) if self.world_size > 1 else None
         offload = config.offload
         on_host = offload.staged_components() | offload.streamed_components()
         kernel = resolve_kernel(config.quantization, self.device, setup.dtype, log)  # FP8: the path, logged once
@@ -241,7 +245,8 @@ def guide_serving(config: EngineConfig, defaults: ModelDefaults, self_attention:
     """The defaults with this engine's timeline guide serving: its limits, and why it serves none (a self-attention
     backend that is not dense). The cache they refuse per request is the defaults' `server_cache`."""
     refusal = None if self_attention is None else attention_refusal(self_attention)
-    return dataclasses.replace(defaults, guide_limits=config.guide_limits(), guide_refusal=refusal)
+    limits = GuideLimits.from_flag(config.timeline_guide_limits)
+    return dataclasses.replace(defaults, guide_limits=limits, guide_refusal=refusal)
 
 
 def _media(result: GenerationResult) -> GenerationOutput:

@@ -12,17 +12,18 @@ from h3serve.adapters.catalog import LoraCatalog
 from h3serve.adapters.header import read_header
 from h3serve.adapters.serving import catalog_for, slot_rank
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import AUTO, OffloadError
 from h3serve.errors import ConfigError
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import build_inventory
 from h3serve.offload.lora_bytes import lora_bytes, with_adapter_bytes, with_lora_blocks
-from h3serve.offload.modes import AUTO, OffloadError
 from h3serve.offload.placement_plan import TASK_DIT, GiB, PlacementPlan
 from h3serve.offload.plan_report import format_plan
 from h3serve.offload.planner import Runtime
 from h3serve.offload.realtime_kv import realtime_kv_bytes, with_realtime_cache
 from h3serve.offload.request_shapes import DEFAULT_HEADROOM, default_shape, longest_pass, plan_largest, served_tasks
+from h3serve.parallel.degrees import ParallelDegrees
 from h3serve.rank.device_checks import resolve_device, resolve_dtype
 from h3serve.rules import limits
 from h3serve.rules.validate import GenerationPlan
@@ -43,7 +44,7 @@ def plan_for_engine(
     dits = tuple(d for d in config.dits if layout.has(d))
     device = resolve_device(config)
     inv = build_inventory(
-        config.model, config.parallel_degrees(), dits, device.type, resolve_dtype(config, device), config.quantization,
+        config.model, ParallelDegrees.of(config), dits, device.type, resolve_dtype(config, device), config.quantization,
         base=config.base_checkpoint,
     )
     shapes = [shape] if shape is not None else [default_shape(layout.defaults(), t) for t in served_tasks(inv)]

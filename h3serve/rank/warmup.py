@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from h3serve.config_checks import warmup_requests
 from h3serve.loading.adaln_sidecar import default_steps
 from h3serve.model.adaln_memo import memo_key
 
@@ -78,7 +79,7 @@ def warm_up(engine: ModelRunner, log: Callable[[str], None] | None = None) -> Wa
     start = time.perf_counter()
     graphs = engine.counters()["compiled_graphs"]
     report.memo_entries = warm_default_memo(engine)
-    for request in engine.config.warmup_requests(engine.defaults):
+    for request in warmup_requests(engine.config, engine.defaults):
         plan = engine.plan(request)
         began = time.perf_counter()
         output = engine.generate(plan)

@@ -20,7 +20,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.errors import ConfigError, is_client_error, job_error_for
 from h3serve.messages import (
     Done,

@@ -4,9 +4,11 @@ value type below `ModelDefaults`, which carries it to every entry point."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from h3serve.errors import ConfigError
 from h3serve.rules import limits
 
 _RESERVED_LIMIT_KEYS = {  # vLLM-Omni's keys h3serve has no use for, with why (refused rather than ignored)
@@ -46,6 +48,14 @@ class GuideLimits:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
         return cls(**dict(data))
+
+    @classmethod
+    def from_flag(cls, text: str) -> GuideLimits:
+        """A server's limits: vLLM-Omni's defaults under --timeline-guide-limits' JSON overrides (`ConfigError`)."""
+        try:
+            return cls.from_json(json.loads(text or "{}"))
+        except ValueError as e:  # json.JSONDecodeError is one
+            raise ConfigError(f"--timeline-guide-limits: {e}") from None
 
     def max_bytes(self, kind: str) -> int:
         """The per-file byte limit of a guide of `kind` (image, video or audio)."""

@@ -119,12 +119,13 @@ def test_lossless_bypasses_the_server_cache_and_cached_steps_keep_the_audio_head
 
 
 def test_quality_high_is_refused_where_the_engine_cannot_cache(tiny_checkpoint):
-    from h3serve.config import EngineConfig
-    from h3serve.offload.modes import OffloadConfig
+    from h3serve.accel.cache_profile import cache_refusal
+    from h3serve.config.engine_config import EngineConfig
+    from h3serve.config.offload_config import OffloadConfig
     from h3serve.rank.model_runner import ModelRunner
 
     config = EngineConfig(model=tiny_checkpoint, threads=1, offload=OffloadConfig(streamed=frozenset({"dit"})))
-    assert "layerwise offload" in config.cache_refusal()
+    assert "layerwise offload" in cache_refusal(config)
     engine = ModelRunner(config)
     with pytest.raises(RequestError, match="quality=high .* not available with layerwise offload"):
         engine.plan(GenerationRequest(prompt="waves", duration_s=4, quality="high"))

@@ -9,8 +9,8 @@ from test_compile import _model, _run
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import Fp8Linear
-from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import quantize_in_place
+from h3serve.config.quantization_config import ComponentQuant
 
 
 def _fp8_model():

@@ -13,8 +13,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from h3serve.accel.fp8 import Fp8Linear
-from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import Fp8Load, backend_device_types, collective_device, quantize_in_place, quantizing
+from h3serve.config.quantization_config import ComponentQuant
 
 GPU = 1  # this rank's current device: not GPU 0, so a reduction on the wrong GPU would show too
 

@@ -7,7 +7,7 @@ from small_dit import SMALL_DIT
 
 from h3serve.adapters.fasth3 import POSITIONS
 from h3serve.adapters.serving import engine_defaults
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.rules.adapter_choice import AdapterChoice
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.schedule import shifted_sigmas

@@ -16,7 +16,7 @@ from h3serve.adapters.peft import target_shapes
 from h3serve.api.app import create_app
 from h3serve.api.server_config import ServerConfig
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.jobstore.job_files import JobFiles
 from h3serve.jobstore.sqlite import SQLiteJobStore

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from h3serve.api.server_config import ServerConfig
-from h3serve.config import ConfigError
 from h3serve.entrypoints.cli import main
+from h3serve.errors import ConfigError
 from h3serve.media.mp4 import EncoderOptions
 
 

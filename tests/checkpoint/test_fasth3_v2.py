@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from h3serve.checkpoint.fasth3_v2 import CONTRACT, INFERENCE_FILE, PROVENANCE_FILE, read_contract
 from h3serve.checkpoint.resolver import CheckpointError, read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.errors import ConfigError
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, validate
@@ -119,9 +120,9 @@ def test_start_up_refuses_what_the_contract_refuses(v2, tiny_checkpoint, tmp_pat
         ({**VSA, "ulysses_degree": 2, "num_ranks": 2}, "not with --usp/--ring"),
     ):
         with pytest.raises(ConfigError, match=says):
-            EngineConfig(**{**base, **overrides}).validate()
+            check_config(EngineConfig(**{**base, **overrides}))
     with pytest.raises(ConfigError, match="only a FastH3 V2 checkpoint takes its VAEs from a base"):
-        EngineConfig(model=tiny_checkpoint, base_checkpoint=tiny_checkpoint).validate()
+        check_config(EngineConfig(model=tiny_checkpoint, base_checkpoint=tiny_checkpoint))
 
 
 def test_a_tiny_v2_tree_is_served_on_video_sparse_attention(v2, tiny_checkpoint):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Cancelled, EngineError, Executor
 from h3serve.parallel.start_method import START_ENV
 from h3serve.rank.model_runner import ModelRunner
@@ -103,7 +103,7 @@ def test_killed_rank_fails_request_then_recovers(executor):
 _PARENT = r"""
 import sys, time
 from pathlib import Path
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 ex = Executor(EngineConfig(model=Path(sys.argv[1]), threads=1))
 print("PIDS", *ex.pids(), flush=True)

@@ -71,9 +71,10 @@ def test_replicas_run_jobs_side_by_side_and_a_failure_stays_in_its_replica(tmp_p
 
 
 def test_two_servers_share_one_queue_and_complete_each_job_once(servers):
-    # Leases long enough that a loaded CI machine's stalled heartbeat cannot lose one (at 1.5 s one did: a job
-    # was rightly taken over and run again, so each seed's single plan below would not hold).
-    a, b = servers(FakeExecutor(step_s=0.02), lease_s=8), servers(FakeExecutor(step_s=0.02), lease_s=8)
+    # Leases far longer than the test, so no lease runs out here: on a loaded 2-core host a stalled heartbeat lost
+    # one at 1.5 s and once at 8 s (the job was rightly taken over and run again, so each seed's single plan below
+    # would not hold). Expiry has its own test below.
+    a, b = servers(FakeExecutor(step_s=0.02), lease_s=120), servers(FakeExecutor(step_s=0.02), lease_s=120)
     a.start()
     b.start()
     jobs = [submit(a if i % 2 else b, seed=i) for i in range(10)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from realtime_recorder import Recorder
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.realtime_stream import Interaction, RealtimeBusy, RealtimeSpec, RealtimeUnavailable
 from h3serve.errors import RequestError

@@ -10,7 +10,7 @@ import pytest
 import torch
 from waiting import wait_until
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.job_files import JobFiles

@@ -9,7 +9,7 @@ import pytest
 import torch
 from realtime_recorder import Recorder
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.entrypoints.cli import main
 from h3serve.media.mp4 import EncoderOptions, audio_samples_for
 from h3serve.media.output_probe import check_output_contract, probe

@@ -14,11 +14,11 @@ import torch
 from read_counter import counting_reads, dit_file_bytes, read_under
 from safetensors.torch import load_file, save_file
 
-from h3serve.accel.quant_config import ComponentQuant
 from h3serve.adapters.catalog import lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.adapters.weight_edits import lora_edits
 from h3serve.checkpoint.resolver import CheckpointError
+from h3serve.config.quantization_config import ComponentQuant
 from h3serve.loading import dit_keys as keys
 from h3serve.loading.components import load_transformer
 from h3serve.loading.dit_pieces import BlockPieces

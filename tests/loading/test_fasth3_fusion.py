@@ -101,8 +101,8 @@ def test_every_rule_refuses_with_its_reason(dit_folder, tmp_path):
 def test_a_fasth3_file_given_to_lora_path_is_fused_and_a_bad_one_is_refused(tiny_checkpoint, tmp_path):
     import argparse
 
-    from h3serve.config import ConfigError
     from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+    from h3serve.errors import ConfigError
 
     cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
     good = write_fasth3_adapter(tmp_path / "good", cfg, rank=2)

@@ -18,7 +18,8 @@ from small_dit import small_dit_outputs as _run
 from h3serve.adapters.catalog import lora_file
 from h3serve.adapters.peft import target_shapes
 from h3serve.adapters.weight_edits import lora_edits
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.errors import ConfigError, RequestError
 from h3serve.loading.components import load_transformer
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
@@ -105,7 +106,7 @@ def test_start_up_refuses_what_cannot_go_with_a_merged_adapter(tiny_checkpoint, 
     cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
     one = str(write_peft_adapter(tmp_path / "one", cfg).parent)
     two = str(write_peft_adapter(tmp_path / "two", cfg, seed=2).parent)
-    _config(tiny_checkpoint, lora_paths=(("one", one),), merge_lora=True).validate()
+    check_config(_config(tiny_checkpoint, lora_paths=(("one", one),), merge_lora=True))
     taomate = str(write_taomate_adapter(tmp_path / "taomate", cfg))
     pdd = str(write_pdd_adapter(tmp_path / "pdd", cfg))
     cases = {
@@ -117,9 +118,9 @@ def test_start_up_refuses_what_cannot_go_with_a_merged_adapter(tiny_checkpoint, 
     }
     for reason, fields in cases.items():
         with pytest.raises(ConfigError, match=reason):
-            _config(tiny_checkpoint, merge_lora=True, **fields).validate()
+            check_config(_config(tiny_checkpoint, merge_lora=True, **fields))
     with pytest.raises(ConfigError, match="give exactly one"):
-        _config(tiny_checkpoint, merge_lora=True).validate()
+        check_config(_config(tiny_checkpoint, merge_lora=True))
 
 
 def test_a_request_for_another_adapter_scale_or_task_is_refused_with_the_reason():

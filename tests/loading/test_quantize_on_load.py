@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from h3serve.accel.fp8 import FP8, Fp8Linear, quantize_fp8
-from h3serve.accel.quant_config import ComponentQuant, parse_quantization
 from h3serve.accel.quantize import selected_linears
+from h3serve.config.quantization_config import ComponentQuant, parse_quantization
 from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
 from h3serve.loading.components import load_transformer
 from h3serve.offload.inventory import build_inventory

@@ -8,7 +8,8 @@ import dataclasses
 
 from small_dit import SMALL_DIT
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.offload.lora_bytes import ADAPTERS, lora_bytes, slot_elements
 from h3serve.offload.plan_report import format_plan
@@ -41,10 +42,12 @@ def test_the_engine_plan_shows_the_adapters(tiny_checkpoint, tmp_path):
 
     cfg = json.loads((tiny_checkpoint / "transformer" / "config.json").read_text())
     path = write_peft_adapter(tmp_path / "a", cfg, rank=4)
-    config = EngineConfig(model=tiny_checkpoint, device="cpu", lora_paths=(("a", str(path)),), max_loras=3).validate()
+    config = check_config(
+        EngineConfig(model=tiny_checkpoint, device="cpu", lora_paths=(("a", str(path)),), max_loras=3)
+    )
     plan = plan_for_engine(config, None)
     stage = plan.ranks[0].stage("denoise")
-    without = plan_for_engine(EngineConfig(model=tiny_checkpoint, device="cpu").validate(), None)
+    without = plan_for_engine(check_config(EngineConfig(model=tiny_checkpoint, device="cpu")), None)
     slot = slot_elements(H3TransformerConfig.from_dict(cfg), 4, 1) * 4
     assert stage.weights[ADAPTERS] == 3 * slot  # 3 cached adapters
     for dit in ("transformer", "transformer_ref"):  # and each DiT's blocks carry a zero slot

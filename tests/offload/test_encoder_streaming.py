@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
+from h3serve.config.offload_config import OffloadError, OffloadFlags, offload_config_from_flags
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
-from h3serve.offload.modes import OffloadError, OffloadFlags, offload_config_from_flags
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.planner import plan_placement
 from h3serve.parallel.degrees import ParallelDegrees

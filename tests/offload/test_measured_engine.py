@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.offload import activations
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import EMBEDDING, RELEASED, build_inventory
@@ -20,7 +21,6 @@ from h3serve.offload.measured_engine import (
     communicators,
     retains_denoise_cache,
 )
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.planner import Runtime, plan_placement
 from h3serve.parallel.degrees import ParallelDegrees

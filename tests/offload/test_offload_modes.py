@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from h3serve.config import ConfigError
 from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from h3serve.errors import ConfigError
 from h3serve.media.mp4 import write_mp4
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.placement_plan import stages_for

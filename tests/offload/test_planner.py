@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from h3serve.checkpoint.resolver import read_layout
+from h3serve.config.offload_config import OffloadConfig, OffloadError, parse_bytes
 from h3serve.loading.components import load_components, load_transformer
 from h3serve.model.transformer import H3Transformer
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
-from h3serve.offload.modes import OffloadConfig, OffloadError, parse_bytes
 from h3serve.offload.placement_plan import GiB, stages_for
 from h3serve.offload.plan_report import format_plan, plan_json
 from h3serve.offload.planner import Runtime, plan_placement
@@ -309,7 +309,7 @@ def test_parse_bytes_refuses(text):
 
 
 def test_plan_for_engine_plans_the_default_canvas_of_the_largest_task(tiny_checkpoint, tiny_layout):
-    from h3serve.config import EngineConfig
+    from h3serve.config.engine_config import EngineConfig
     from h3serve.offload.plan_report import format_plan
     from h3serve.rank.placement import plan_for_engine
 

@@ -17,10 +17,10 @@ from typing import NamedTuple
 
 import pytest
 
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.inventory import RELEASED, build_inventory
 from h3serve.offload.measured_engine import H3SERVE, UNMODELLED, UNMODELLED_PROFILES, VLLM_OMNI
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.overhead import RESERVED_TERMS
 from h3serve.offload.placement_plan import GiB, PlacementPlan
 from h3serve.offload.planner import Runtime, plan_placement

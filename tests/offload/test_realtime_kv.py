@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.loading.components import load_components
 from h3serve.model.realtime.causal_session import CausalSession
 from h3serve.offload.placement_plan import GiB

@@ -8,10 +8,10 @@ from pathlib import Path
 from offload_sessions import dlo
 from rank_sessions import plan_for
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.loading.adaln_sidecar import load_sidecars
 from h3serve.media.mp4 import write_mp4
-from h3serve.offload.modes import OffloadConfig
 from h3serve.rank.model_runner import ModelRunner
 
 ADALN_HOST = OffloadConfig(adaln=True)  # the DiT resident, its AdaLN projections in host memory

@@ -10,9 +10,9 @@ from read_counter import counting_reads, read_under
 
 from h3serve.adapters.catalog import LoraField
 from h3serve.adapters.serving import catalog_for
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.offload.activations import RequestShape
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.model_runner import ModelRunner

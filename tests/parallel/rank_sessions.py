@@ -9,11 +9,11 @@ import torch
 import torch.distributed as dist
 from rank_plans import PROMPT, plan_for
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.demo.evaluation import DemoEvaluator
 from h3serve.demo.shipped import DEMO_PROMPT
 from h3serve.model.pipeline_types import LatentTarget, StageClock
-from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.setup import parameter_bytes
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.media_conditioning import load_conditioning

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from realtime_recorder import Recorder
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import generate_offline
 from h3serve.rules.validate.realtime_plan import plan_realtime

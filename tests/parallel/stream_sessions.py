@@ -10,12 +10,12 @@ import torch.distributed as dist
 from offload_sessions import dlo
 from rank_sessions import plan_for
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.media.sink import DiscardSink, Mp4Sink
 from h3serve.model.pipeline_types import StageClock
 from h3serve.model.stream_decode import decode_chunks
-from h3serve.offload.modes import OffloadConfig
 from h3serve.parallel.vae_tiles import TileParallelDecode
 from h3serve.rank.model_runner import ModelRunner
 

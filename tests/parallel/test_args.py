@@ -7,8 +7,10 @@ import shlex
 
 import pytest
 
-from h3serve.config import ConfigError
+from h3serve.accel.cache_profile import server_cache_profile
+from h3serve.config_checks import check_config, notices
 from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from h3serve.errors import ConfigError
 from h3serve.rank.device_checks import check_engine
 
 # Every flag of the reference's launch-recipe table (§5) and its "related flags" list.
@@ -118,16 +120,16 @@ def test_the_collective_timeout_sets_the_process_group_timeout_with_a_keepalive_
 def test_cache_flags_become_the_server_profile(parallel_checkpoint):
     line = "--device cpu --cache-backend cache_dit --cache-config '{\"residual_diff_threshold\": 0.08}'"
     config = engine_config_from_args(_parse(line), parallel_checkpoint)
-    profile = config.cache_profile()
+    profile = server_cache_profile(config)
     assert profile.residual_diff_threshold == 0.08 and profile.max_warmup_steps == 4
-    assert engine_config_from_args(_parse("--device cpu"), parallel_checkpoint).cache_profile() is None
+    assert server_cache_profile(engine_config_from_args(_parse("--device cpu"), parallel_checkpoint)) is None
     # TeaCache: vLLM-Omni's calibration unless given; sequence parallelism allowed (the ranks agree on each step);
     # combined serving caches the FL2VA DiT only, said once at start-up.
     line = "--device cpu --cache-backend tea_cache --usp 2 --cache-config '{\"rel_l1_thresh\": 0.2}'"
     config = engine_config_from_args(_parse(line), parallel_checkpoint)
-    profile = config.cache_profile()
+    profile = server_cache_profile(config)
     assert profile.rel_l1_thresh == 0.2 and profile.coefficients[0] == 2283.7040658527776
-    assert any("Ref2VA requests run uncached" in line for line in config.notices())
+    assert any("Ref2VA requests run uncached" in line for line in notices(config))
     check_engine(config)  # the rank's start-up check lets it through too
 
 
@@ -139,7 +141,7 @@ def test_task_types_map_onto_the_dits_to_load(parallel_checkpoint):
 
 def test_defaults_are_one_rank(parallel_checkpoint, capsys):
     config = engine_config_from_args(_parse(f"--model {parallel_checkpoint} --device cpu"))
-    assert config.world_size == 1 and config.notices() == []
+    assert config.world_size == 1 and notices(config) == []
     assert capsys.readouterr().err == ""
 
 
@@ -173,8 +175,8 @@ def test_illegal_data_parallel_layouts_name_the_flag():
 @pytest.mark.parametrize("layout", [{"ulysses_degree": 2}, {"data_parallel_size": 2}])
 def test_one_named_gpu_with_several_ranks_is_refused(parallel_checkpoint, layout):
     """Each rank takes the GPU of its local rank: a named GPU would put every rank (and NCCL's view) apart."""
-    from h3serve.config import EngineConfig
+    from h3serve.config.engine_config import EngineConfig
 
     with pytest.raises(ConfigError, match=r"--device cuda:1 names one GPU, but this engine runs 2 ranks .* "
                                           "use --device cuda and choose the GPUs with CUDA_VISIBLE_DEVICES"):
-        EngineConfig(model=parallel_checkpoint, device="cuda:1", **layout).validate()
+        check_config(EngineConfig(model=parallel_checkpoint, device="cuda:1", **layout))

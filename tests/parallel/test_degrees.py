@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from h3serve.config import ConfigError
+from h3serve.errors import ConfigError
 from h3serve.parallel.degrees import ModelDims, ParallelDegrees, check_degrees, parallel_notices
 
 H3 = ModelDims(dit_heads=56, dit_ffn=14336, dit_hidden=5376, text_heads=64, text_kv_heads=8)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from rank_sessions import PROMPT, plan_for
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import EngineError, Executor
 from h3serve.parallel.rendezvous import Rendezvous, free_port
 

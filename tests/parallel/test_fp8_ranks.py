@@ -9,7 +9,7 @@ from offload_sessions import dlo
 from rank_harness import run_ranks
 from rank_sessions import fp8_cases
 
-from h3serve.accel.quant_config import parse_quantization
+from h3serve.config.quantization_config import parse_quantization
 
 pytestmark = pytest.mark.slow
 

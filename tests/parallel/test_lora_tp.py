@@ -18,7 +18,7 @@ from rank_harness import run_ranks
 from safetensors.torch import save_file
 from small_dit import SMALL_DIT
 
-from h3serve.accel.quant_config import ComponentQuant
+from h3serve.config.quantization_config import ComponentQuant
 from h3serve.loading.components import load_transformer
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.parallel.tensor_parallel import Fp8RowParallelLinear

@@ -12,10 +12,10 @@ from offload_sessions import dlo, offload_cases
 from rank_harness import run_ranks
 from read_counter import dit_file_bytes
 
-from h3serve.config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES
+from h3serve.config.engine_config import DEFAULT_ADALN_MEMO_BYTES, DEFAULT_PROMPT_CACHE_BYTES
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.loading.dit_pieces import BlockPieces
 from h3serve.offload.lora_bytes import ADAPTERS
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.pieces import PieceSources
 from h3serve.offload.placement_plan import ADALN_MEMO, PROMPT_CACHE
 from h3serve.tools.tiny.make_adapter import write_peft_adapter

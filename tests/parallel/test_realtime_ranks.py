@@ -13,7 +13,7 @@ from realtime_recorder import Recorder
 from realtime_sessions import realtime_cases
 from tiny_parallel import PARALLEL_DIT
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.realtime_stream import Interaction, RealtimeSpec
 from h3serve.rank.model_runner import ModelRunner

@@ -39,7 +39,7 @@ def test_rendezvous_from_torchrun_environment():
     ],
 )
 def test_bad_launcher_environment_is_a_config_error(env, message):
-    from h3serve.config import ConfigError
+    from h3serve.errors import ConfigError
     from h3serve.parallel.rendezvous import Rendezvous
 
     with pytest.raises(ConfigError, match=message):

@@ -30,7 +30,7 @@ import torch
 from rank_plans import DURATION_S, PROMPT, SEED, STEPS, plan_for
 from two_namespaces import JsonLines, NamespacesUnavailable, TwoNodes, log_tail
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.media.raw import read_raw
 from h3serve.rank.model_runner import ModelRunner

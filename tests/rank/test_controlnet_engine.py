@@ -12,8 +12,10 @@ import pytest
 import torch
 from PIL import Image
 
-from h3serve.config import ConfigError, EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.entrypoints.cli import main
+from h3serve.errors import ConfigError
 from h3serve.media.mp4 import EncoderOptions, write_mp4
 from h3serve.rank.media_conditioning import control_pixels
 from h3serve.rank.model_runner import ModelRunner
@@ -104,7 +106,7 @@ def test_refusals_name_the_field_or_the_flag(tiny_checkpoint, control_file, medi
     assert e.value.field == "extra_params.canny"
     for overrides, says in (({"ulysses_degree": 2}, "--usp/--ring"), ({"cache_backend": "cache_dit"}, "--cache")):
         with pytest.raises(ConfigError, match=says):
-            EngineConfig(model=tiny_checkpoint, controlnet_model_path=str(control_file), **overrides).validate()
+            check_config(EngineConfig(model=tiny_checkpoint, controlnet_model_path=str(control_file), **overrides))
 
 
 def test_generate_cli_with_a_control_video(tiny_checkpoint, control_file, media, tmp_path, capsys):

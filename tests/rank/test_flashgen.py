@@ -19,11 +19,12 @@ from h3serve.adapters.flashgen import FINAL_TARGET, inspect_flashgen, native_sha
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.peft import target_shapes
 from h3serve.checkpoint.native_names import native_to_diffusers_name
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
+from h3serve.config_checks import check_config
 from h3serve.errors import ConfigError
 from h3serve.loading.dit_keys import split_native_tensor
 from h3serve.model.transformer_config import H3TransformerConfig
-from h3serve.offload.modes import OffloadConfig
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError, validate
@@ -139,7 +140,7 @@ def test_start_up_refuses_what_the_contract_refuses(tiny_checkpoint, flash_file)
         ({"offload": OffloadConfig(streamed=frozenset({"dit"}))}, "model-level and layerwise DiT offload are refused"),
     ):
         with pytest.raises(ConfigError, match=says):
-            EngineConfig(model=tiny_checkpoint, lora_paths=lora, **overrides).validate()
+            check_config(EngineConfig(model=tiny_checkpoint, lora_paths=lora, **overrides))
 
 
 def test_the_released_size_is_259_targets_of_the_documented_shapes(tmp_path):

@@ -15,8 +15,8 @@ from small_dit import small_dit_outputs as _run
 
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import Fp8Linear
-from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import quantize_in_place
+from h3serve.config.quantization_config import ComponentQuant
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.rank.lora import LoraLinear, LoraRuntime, wrapped_targets
 from h3serve.rules.adapter_choice import AdapterChoice

@@ -12,11 +12,11 @@ from safetensors.torch import load_file
 
 from h3serve.adapters.catalog import LoraCatalog, LoraField
 from h3serve.adapters.peft import target_shapes
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
 from h3serve.errors import RequestError
 from h3serve.offload.activations import RequestShape
 from h3serve.offload.lora_bytes import ADAPTERS
-from h3serve.offload.modes import OffloadConfig
 from h3serve.offload.placement_plan import stages_for
 from h3serve.offload.runtime import placement_mismatches
 from h3serve.rank.model_runner import ModelRunner

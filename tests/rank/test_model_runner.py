@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.rules.validate import RequestError
@@ -75,4 +76,4 @@ def test_a_denoise_row_chunk_below_the_floor_is_refused():
         with pytest.raises(ConfigError, match="--denoise-chunk-rows"):
             denoise_chunk_rows(bad)
     with pytest.raises(ConfigError, match=r"--denoise-chunk-rows: must be >= 256"):
-        EngineConfig(model=".", denoise_chunk_rows=100).validate()
+        check_config(EngineConfig(model=".", denoise_chunk_rows=100))

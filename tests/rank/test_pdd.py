@@ -16,7 +16,7 @@ from h3serve.adapters.catalog import LoraCatalog, LoraField
 from h3serve.adapters.header import AdapterError, read_header
 from h3serve.adapters.pdd import inspect_pdd, is_pdd
 from h3serve.adapters.peft import target_shapes
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
 from h3serve.rules.validate import RequestError
@@ -187,7 +187,7 @@ def test_a_ref2va_file_refuses_t2va_and_a_plain_lora_is_not_pdd(tiny_checkpoint,
 def test_an_engine_with_its_dit_offloaded_refuses_a_pdd_request_by_name(tiny_checkpoint, pdd_file):
     """Layerwise offload streams each block's AdaLN projection with it: the AdaLN factors are not placed, so the
     request is refused (as the client's error naming `lora`), and plain requests still run."""
-    from h3serve.offload.modes import OffloadConfig
+    from h3serve.config.offload_config import OffloadConfig
 
     engine = ModelRunner(EngineConfig(model=tiny_checkpoint, threads=1, task_type="fl2va",
                                       offload=OffloadConfig(streamed=frozenset({"dit"})),

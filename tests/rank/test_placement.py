@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from h3serve.config import ConfigError, EngineConfig
-from h3serve.offload.modes import OffloadConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.offload_config import OffloadConfig
+from h3serve.errors import ConfigError
 from h3serve.offload.placement_plan import GiB
 from h3serve.offload.request_shapes import longest_pass
 from h3serve.rank.model_runner import ModelRunner

@@ -12,7 +12,8 @@ import pytest
 import torch
 from realtime_recorder import Recorder
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.errors import ConfigError
 from h3serve.media.raw import read_chunk
 from h3serve.messages import (
@@ -139,12 +140,12 @@ def test_a_cancel_ends_the_session_at_the_next_boundary(engine, tmp_path):
 ])
 def test_configurations_taomate_does_not_run_are_refused(tiny_checkpoint, lora_dir, flags, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
-        EngineConfig(model=tiny_checkpoint, realtime_lora=str(lora_dir), **flags).validate()
+        check_config(EngineConfig(model=tiny_checkpoint, realtime_lora=str(lora_dir), **flags))
 
 
 def test_a_directory_that_is_not_the_streaming_lora_is_refused(tiny_checkpoint, tmp_path):
     with pytest.raises(ConfigError, match="--realtime-lora x: x: a TaoMate-H3 LoRA is a directory"):
-        EngineConfig(model=tiny_checkpoint, realtime_lora=str(tmp_path / "x")).validate()
+        check_config(EngineConfig(model=tiny_checkpoint, realtime_lora=str(tmp_path / "x")))
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from h3serve.config import WARMUP_STEPS, EngineConfig, warmup_shapes
+from h3serve.config.engine_config import WARMUP_STEPS, EngineConfig, warmup_shapes
+from h3serve.config_checks import check_config, warmup_requests
 from h3serve.errors import ConfigError
 from h3serve.loading.adaln_sidecar import default_steps
 from h3serve.messages import Fatal, Ready, Stop
@@ -88,15 +89,15 @@ def test_the_worker_says_ready_only_after_the_warm_up(monkeypatch, fails):
 def test_warm_up_shapes_are_checked_at_start_up(tiny_checkpoint):
     assert warmup_shapes(None) == warmup_shapes("off") == ()
     assert warmup_shapes("default, 64x32x97") == ("default", SHAPE)
-    assert [r.steps for r in _config(tiny_checkpoint, warmup=("default", SHAPE)).validate().warmup_requests(
-        ModelDefaults())] == [WARMUP_STEPS, WARMUP_STEPS]
+    config = check_config(_config(tiny_checkpoint, warmup=("default", SHAPE)))
+    assert [r.steps for r in warmup_requests(config, ModelDefaults())] == [WARMUP_STEPS, WARMUP_STEPS]
     turbo = TurboContract("minimax_h3_fl2v_turbo_4step_v1.0.safetensors", "fl2v", 4, "1.0", 12.0)
     merged = AdapterChoice("turbo", "/a/turbo.safetensors", 1.0, 7, 8, 8.0, turbo)
-    pinned = _config(tiny_checkpoint, warmup=("default",)).warmup_requests(ModelDefaults(merged_lora=merged))
+    pinned = warmup_requests(_config(tiny_checkpoint, warmup=("default",)), ModelDefaults(merged_lora=merged))
     assert pinned[0].steps is None  # the adapter's own count
     for shapes, reason in (((SHAPE.replace("x97", ""),), "expected default, off or WIDTHxHEIGHTxFRAMES"),
                            (("64x32x5",), "--warmup 64x32x5: num_frames: must be between")):
         with pytest.raises(ConfigError, match=reason):
-            _config(tiny_checkpoint, warmup=shapes).validate()
+            check_config(_config(tiny_checkpoint, warmup=shapes))
     with pytest.raises(ConfigError, match="only the Ref2VA DiT"):
-        EngineConfig(model=tiny_checkpoint, task_type="ref2va", warmup=("default",)).validate()
+        check_config(EngineConfig(model=tiny_checkpoint, task_type="ref2va", warmup=("default",)))

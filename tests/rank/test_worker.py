@@ -13,7 +13,7 @@ import torch.distributed as dist
 from collective_devices import CollectiveDevices
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.parallel.peers import Peers
 from h3serve.rank import model_runner, worker
 from h3serve.rank.device_checks import RankDevice

@@ -6,8 +6,8 @@ import pytest
 import torch
 from small_dit import SMALL_DIT
 
-from h3serve.accel.quant_config import ComponentQuant, parse_quantization
 from h3serve.accel.quantize import selected_linears
+from h3serve.config.quantization_config import ComponentQuant, parse_quantization
 from h3serve.entrypoints.cli import main
 from h3serve.model.transformer import H3Transformer, H3TransformerConfig
 from h3serve.tools.bench.dit_forward import REFERENCE, DitBenchSpec, run_dit_bench, summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from small_dit import SMALL_DIT
 
-from h3serve.accel.quant_config import parse_quantization
+from h3serve.config.quantization_config import parse_quantization
 from h3serve.model.transformer import H3TransformerConfig
 from h3serve.tools.bench.fp8_block import block_errors, summary
 from h3serve.tools.bench.matrix import EngineSpec, MatrixError

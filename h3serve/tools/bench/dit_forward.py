@@ -45,8 +45,8 @@ from torch import nn
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
 from h3serve.accel.fp8 import select_kernel
-from h3serve.accel.quant_config import QuantizationConfig
 from h3serve.accel.quantize import quantize_in_place
+from h3serve.config.quantization_config import QuantizationConfig
 from h3serve.loading.components import load_transformer
 from h3serve.loading.tensors import materialize
 from h3serve.model.layout import TEXT_TAG, build_keyframe_layout, patchify

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from h3serve.accel.quant_config import ComponentQuant
 from h3serve.accel.quantize import quantize_in_place
+from h3serve.config.quantization_config import ComponentQuant
 from h3serve.model.transformer import NUM_MODALITIES, H3TransformerConfig, RotaryEmbedding3D, TransformerBlock
 
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from h3serve.accel import attention
 from h3serve.accel.compile import CompileState, compile_transformer
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.loading.tensors import materialize
 from h3serve.media.mp4 import EncoderOptions, rgb8, write_mp4
 from h3serve.media.nvenc import NvencMp4Writer, nvenc_missing
@@ -171,7 +171,7 @@ def _engine(
     the Turbo-4 schedule."""
     shape = f"{spec.width}x{spec.height}x{spec.num_frames}"
     config = EngineConfig(model=spec.model, device="cuda", dtype="bfloat16", task_type="fl2va", warmup=(shape,))
-    engine = ModelRunner(config.validate())
+    engine = ModelRunner(config)
     device, dtype = engine.device, torch.bfloat16
     sizes, plan = released_sizes(torch.cuda.get_device_properties(device).total_memory, spec.width, spec.height,
                                  spec.num_frames, plan_from_argv)

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.rules import limits
 from h3serve.rules.request import GenerationRequest, MediaRef
 from h3serve.tools.bench.matrix import SIDE, BenchCase, BenchMatrix, EngineSpec, Shape
@@ -121,7 +122,7 @@ class _Bench:
             plan = plan_request(GenerationRequest(prompt=self.m.prompt), defaults)
             self.m = replace(self.m, shapes=(Shape(plan.width, plan.height, plan.num_frames),))
         for engine in self.m.engines:
-            self.engine_config(engine).validate()
+            check_config(self.engine_config(engine))
         for case in self.m.cases():
             plan_request(self.request_for(case), defaults)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.messages import GenerationOutput
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rules.request import GenerationRequest
@@ -50,9 +50,7 @@ def measure_outputs(
 ) -> tuple[list[OutputsTiming], str]:
     """([one after another, one batch], the device): each the median of `rounds` alternating rounds after one
     warm-up each. Raises if the two ways give different bits for any output."""
-    config = EngineConfig(model=model, threads=threads, decode_mode="full",
-                          max_output_batch=outputs).validate()
-    engine = ModelRunner(config)
+    engine = ModelRunner(EngineConfig(model=model, threads=threads, decode_mode="full", max_output_batch=outputs))
     request = GenerationRequest(prompt=PROMPT, width=size[0], height=size[1], duration_s=duration_s, steps=steps,
                                 seed=0, num_outputs=outputs)
     plan = engine.plan(request)

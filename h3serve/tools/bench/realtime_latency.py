@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.realtime_stream import RealtimeSpec
 from h3serve.rules import limits

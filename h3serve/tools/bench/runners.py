@@ -17,7 +17,7 @@ from PIL import Image
 from torch import nn
 
 from h3serve.checkpoint.resolver import read_layout
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.engine.executor import Executor
 from h3serve.engine.planning import plan_request
 from h3serve.media.mp4 import EncoderOptions

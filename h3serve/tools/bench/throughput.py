@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config_checks import check_config
 from h3serve.engine.jobs import JobManager
 from h3serve.engine.replicas import start_replicas
 from h3serve.jobstore.job_files import JobFiles
@@ -80,7 +81,7 @@ def _server(
 ) -> Iterator[JobManager]:
     """A job manager over `layout.replicas` CPU replicas of `threads` threads per rank, on a temporary store."""
     replicas = layout.replicas
-    config = EngineConfig(model=model, device="cpu", threads=threads, data_parallel_size=replicas).validate()
+    config = check_config(EngineConfig(model=model, device="cpu", threads=threads, data_parallel_size=replicas))
     log(f"starting {layout} x {threads} thread(s)")
     executors = start_replicas(config, Rendezvous.local())
     try:

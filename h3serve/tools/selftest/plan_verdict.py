@@ -26,9 +26,9 @@ def layerwise_stage(cfg, dtype: torch.dtype, shape: tuple[int, int, int], text_r
     blocks, so the projections stream with them (no AdaLN slot, no modulations)."""
     from dataclasses import replace
 
+    from h3serve.config.offload_config import OffloadConfig
     from h3serve.offload.activations import RequestShape
     from h3serve.offload.inventory import RELEASED, build_inventory, dit_bytes
-    from h3serve.offload.modes import OffloadConfig
     from h3serve.offload.planner import Runtime, plan_placement
 
     # The released inventory supplies the text and VAE shapes the other stages read; its components are dropped.

@@ -54,7 +54,7 @@ def _driver() -> str:
 def _request(ctx: SelftestContext, request, inspect=None) -> tuple[str, dict]:
     """`request` through the real engine (the engine flags, the selftest's checkpoint; loaded once), muxed and
     probed; `inspect(path)`, when given, checks the MP4 further and returns a figure to add."""
-    from h3serve.config import EngineConfig
+    from h3serve.config.engine_config import EngineConfig
     from h3serve.media.mp4 import write_mp4
     from h3serve.media.output_probe import check_output_contract, probe
     from h3serve.rank.model_runner import ModelRunner

@@ -16,7 +16,7 @@ from realtime_recorder import Recorder
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from h3serve.config import EngineConfig
+from h3serve.config.engine_config import EngineConfig
 from h3serve.media.fragments import FragmentWriter
 from h3serve.rank.model_runner import ModelRunner
 from h3serve.rank.realtime_loop import generate_offline

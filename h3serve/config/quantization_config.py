@@ -155,7 +155,7 @@ def parse_quantization(method: str | None, config_json: str | None) -> Quantizat
     """The QuantizationConfig of `--quantization` and `--diffusion-quantization-config`; None: full precision."""
     if method is None and not config_json:
         return None
-    data: dict = {}
+    data: dict[str, object] = {}
     if config_json:
         try:
             data = json.loads(config_json)

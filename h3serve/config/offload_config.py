@@ -26,7 +26,7 @@ ADALN = "adaln"  # the DiTs' AdaLN projections: kept in host memory, used once p
 MODES = ("module", "layer")
 TRANSFERS = ("rank-local", "allgather")
 Transfer = Literal["rank-local", "allgather"]
-AUTO = "auto"
+AUTO: Literal["auto"] = "auto"
 # The denoise working set in row chunks (h3serve.model.transformer `TransformerBlock.row_chunk`): the planner's
 # ladder for `auto`, largest first, and the smallest bound a user may pin (smaller chunks only add launches).
 DENOISE_CHUNK_LADDER = (16384, 8192, 4096, 2048, 1024)

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from h3serve.accel.quant_checks import dit_linear_names, text_linear_names
-from h3serve.accel.quant_config import ComponentQuant, QuantizationError, parse_quantization
-from h3serve.config import ConfigError, EngineConfig
+from h3serve.config.engine_config import EngineConfig
+from h3serve.config.quantization_config import ComponentQuant, QuantizationError, parse_quantization
+from h3serve.config_checks import check_config
 from h3serve.entrypoints.engine_args import add_engine_args, engine_config_from_args
+from h3serve.errors import ConfigError
 from h3serve.rank.device_checks import check_engine
 
 
@@ -91,17 +93,17 @@ def test_engine_flags_build_the_config_and_refuse_at_start_up(tiny_checkpoint):
                                       "--diffusion-quantization-config", '{"vae": true}'))
     typo = parse_quantization("fp8", '{"dit": {"exclude": ["transformer_block.0.*"]}}')
     with pytest.raises(ConfigError, match=r"dit.exclude pattern 'transformer_block.0.\*' matches none of its \d+ "):
-        check_engine(EngineConfig(model=tiny_checkpoint, quantization=typo).validate())
+        check_engine(check_config(EngineConfig(model=tiny_checkpoint, quantization=typo)))
     # a pattern that matches only a kept layer excludes nothing either
     kept = parse_quantization("fp8", '{"text_encoder": {"exclude": ["visual.*"]}}')
     with pytest.raises(ConfigError, match="text_encoder.exclude pattern 'visual.*' matches none"):
-        check_engine(EngineConfig(model=tiny_checkpoint, quantization=kept).validate())
+        check_engine(check_config(EngineConfig(model=tiny_checkpoint, quantization=kept)))
     fine = parse_quantization("fp8", '{"dit": {"exclude": ["transformer_blocks.0.*"]}}')
-    check_engine(EngineConfig(model=tiny_checkpoint, quantization=fine).validate())
+    check_engine(check_config(EngineConfig(model=tiny_checkpoint, quantization=fine)))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
 def test_fp8_gemm_on_cpu_is_refused_with_the_reason(tiny_checkpoint):
     gemm = parse_quantization("fp8", '{"kernel": "fp8_gemm"}')
     with pytest.raises(ConfigError, match='kernel "fp8_gemm" cannot run here: the cpu device has no FP8 GEMM'):
-        check_engine(EngineConfig(model=tiny_checkpoint, device="cpu", quantization=gemm).validate())
+        check_engine(check_config(EngineConfig(model=tiny_checkpoint, device="cpu", quantization=gemm)))
