@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from h3serve.accel.quant_config import parse_quantization
+from h3serve.config.quantization_config import parse_quantization
 from h3serve.demo.evaluation import TASKS, DemoEvaluator, evaluate, summarize
 from h3serve.demo.shipped import DEMO_STEPS
 
