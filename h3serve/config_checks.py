@@ -13,7 +13,6 @@ from h3serve.adapters.header import AdapterError
 from h3serve.adapters.serving import catalog_for, dit_config, engine_defaults, lora_enabled
 from h3serve.adapters.taomate import inspect_taomate, is_taomate_dir
 from h3serve.checkpoint import fasth3_v2
-from h3serve.checkpoint.fasth3_v2 import FastH3Contract
 from h3serve.checkpoint.resolver import CheckpointError, CheckpointLayout, read_layout
 from h3serve.config.engine_config import (
     COMPILE_BACKENDS,
@@ -153,7 +152,7 @@ def _check_model(config: EngineConfig) -> None:
         raise ConfigError("--adaln-cache-dir fills the AdaLN memo, which --adaln-memo off turns off; drop one")
 
 
-def _check_fasth3_v2(config: EngineConfig, layout: CheckpointLayout, contract: FastH3Contract) -> None:
+def _check_fasth3_v2(config: EngineConfig, layout: CheckpointLayout, contract: fasth3_v2.FastH3Contract) -> None:
     """A FastH3 V2 tree's start-up contract (vLLM-Omni's): its base VAEs named, video sparse attention on, no
     top-k override, no LoRA or fused adapter (sequence parallelism: refused with VSA itself)."""
     flag = f"--model {config.model.name} ({fasth3_v2.NAME})"
