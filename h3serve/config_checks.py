@@ -208,13 +208,16 @@ def _check_lora(config: EngineConfig) -> None:
     except AdapterError as e:
         raise ConfigError(str(e)) from None
     for name, choice in sorted(catalog.preloaded.items() if catalog is not None else ()):
+        if config.merge_lora and choice.pdd is not None:
+            raise ConfigError(f"--merge-lora {name}: a PDD adapter also swaps the DiT's output heads per step and "
+                              "trains the AdaLN projections; it is served unmerged (drop --merge-lora)")
         if choice.flashgen is not None:
             _check_flashgen(config, name)
 
 
 def _check_merge_lora(config: EngineConfig) -> None:
     """--merge-lora: a dedicated server of one adapter, fused into the weights; what cannot go with it, refused
-    with the reason."""
+    with the reason (a PDD adapter once `_check_lora` has read the catalog)."""
     if not config.merge_lora:
         return
     if len(config.lora_paths) != 1 or config.lora_dir is not None:
@@ -232,13 +235,6 @@ def _check_merge_lora(config: EngineConfig) -> None:
     if is_taomate_dir(path):
         raise ConfigError(f"{flag} {name}: a TaoMate-H3 streaming LoRA serves real-time sessions "
                           "(--realtime-lora), unmerged")
-    try:
-        catalog = catalog_for(config, log=lambda text: None)
-    except AdapterError as e:
-        raise ConfigError(str(e)) from None
-    if catalog is not None and catalog.preloaded[name].pdd is not None:
-        raise ConfigError(f"{flag} {name}: a PDD adapter also swaps the DiT's output heads per step and trains "
-                          "the AdaLN projections; it is served unmerged (drop --merge-lora)")
 
 
 def _check_flashgen(config: EngineConfig, name: str) -> None:
