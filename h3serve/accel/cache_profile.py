@@ -123,17 +123,16 @@ def server_cache_profile(config: EngineConfig) -> ServerCache | None:
 
 def backend_refusal(config: EngineConfig, device_type: str | None = None) -> str | None:
     """Why this engine cannot run its --cache-backend (None: it can, or there is none)."""
-    if config.cache_backend == "tea_cache":
-        return _tea_cache_refusal(config)
+    if config.cache_backend == "tea_cache":  # sequence parallelism is fine: the ranks MAX-reduce each decision
+        return _block_loop_refusal(config)
     if config.cache_backend == "cache_dit":
         return cache_refusal(config, device_type)
     return None
 
 
-def _tea_cache_refusal(config: EngineConfig) -> str | None:
-    """Why this engine cannot run TeaCache: it skips the whole block loop, so whatever needs every block to run in
-    order (layerwise offload streaming, a whole-forward graph) cannot go with it. Sequence parallelism can: the ranks
-    MAX-reduce each decision (gloo and NCCL both have MAX)."""
+def _block_loop_refusal(config: EngineConfig) -> str | None:
+    """Why a cache that skips DiT blocks cannot run here: layerwise offload streams every block in order, and a
+    whole-forward graph has no block loop to swap."""
     if config.offload.streamed:
         return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
     if config.full_graph:
@@ -147,10 +146,8 @@ def cache_refusal(config: EngineConfig, device_type: str | None = None) -> str |
     device_type = device_type or config.device_type
     if config.ulysses_degree * config.ring_degree > 1:
         return "sequence parallelism (each rank would judge the residual on its own rows); drop --usp/--ring"
-    if config.offload.streamed:
-        return "layerwise offload (skipped blocks would break the streaming order); use module offload or none"
-    if config.full_graph:
-        return "diffusion_compile_granularity='full' (the cache swaps the block loop); use 'regional'"
+    if refusal := _block_loop_refusal(config):
+        return refusal
     if config.world_size > 1 and device_type == "cpu":
         return ("several CPU ranks (cache-dit averages the residual over the ranks with an AVG all-reduce, which "
                 "gloo lacks)")
