@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from h3serve.config.quantization_config import fp8_gemm_refusal
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 _TINY = torch.finfo(torch.float32).tiny  # an all-zero row still gets a usable (positive) scale
@@ -174,8 +176,6 @@ class Fp8Twin(Protocol):
 def select_kernel(requested: str, device: torch.device, compute_dtype: torch.dtype) -> tuple[str, str]:
     """(path, why) for `requested` ("auto" | "weight_only" | "fp8_gemm") on `device`. `ValueError` when
     fp8_gemm is asked for where it cannot run (the config refuses it earlier with the same reason)."""
-    from h3serve.config.quantization_config import fp8_gemm_refusal
-
     capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     refusal = fp8_gemm_refusal(device.type, capability)
     if refusal is None and compute_dtype not in (torch.bfloat16, torch.float16):

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from h3serve.config.quantization_config import QuantizationConfig, fp8_gemm_refusal
+from h3serve.config.quantization_config import QuantizationConfig, QuantizationError, fp8_gemm_refusal
+from h3serve.errors import ConfigError
 
 
 def dit_linear_names(folder: Path) -> list[str]:
@@ -38,9 +39,6 @@ def text_linear_names(folder: Path) -> list[str]:
 
 def check_quantization(config: QuantizationConfig, model: Path, dits: tuple[str, ...], device: torch.device) -> None:
     """`ConfigError` naming the reason for a kernel path this device lacks or an exclude pattern matching nothing."""
-    from h3serve.config.quantization_config import QuantizationError
-    from h3serve.errors import ConfigError
-
     if config.kernel == "fp8_gemm":
         capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
         refusal = fp8_gemm_refusal(device.type, capability)

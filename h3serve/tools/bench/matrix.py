@@ -14,7 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from h3serve.config.engine_config import EngineConfig
+from h3serve.config.engine_config import EngineConfig, warmup_shapes
 from h3serve.config.offload_config import (
     OffloadConfig,
     OffloadError,
@@ -22,6 +22,7 @@ from h3serve.config.offload_config import (
     offload_config_from_flags,
     parse_bytes,
 )
+from h3serve.config.quantization_config import GRANULARITIES, QuantizationError, parse_quantization
 from h3serve.errors import ServerError
 from h3serve.rules.names import TASKS
 
@@ -189,8 +190,6 @@ _MATRIX_KEYS = {f.name for f in fields(BenchMatrix)}
 def _quantization(value: Any):
     """`quantization=fp8 | per_channel | per_tensor` (FP8 with those scales), or in YAML a mapping in the
     `--diffusion-quantization-config` JSON form."""
-    from h3serve.config.quantization_config import GRANULARITIES, QuantizationError, parse_quantization
-
     if isinstance(value, str) and value in GRANULARITIES:
         value = {"granularity": value}
     try:
@@ -247,8 +246,6 @@ def _adaln_memo(value: Any) -> int | None:
 def _warmup(value: Any) -> tuple[str, ...]:
     """`warmup`: shapes the engine runs before its first request ("default", WxHxFRAMES; a list, or one
     comma-separated string), or off / an empty list (none): what `serve --warmup` does."""
-    from h3serve.config.engine_config import warmup_shapes
-
     if value is None or value == []:
         return ()
     return warmup_shapes(value if isinstance(value, str) else ",".join(str(v) for v in value))
