@@ -4,6 +4,7 @@ tests (marked `fuzz`) with a fresh seed and more examples, printing the seed so 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pkgutil
@@ -33,13 +34,10 @@ def fuzz_examples(recorded: int) -> int:
     return int(os.environ.get("FUZZ_EXAMPLES") or recorded * 10) if RANDOMISED else recorded
 
 
-@contextmanager
-def fixed_constants(*packages: str) -> Iterator[None]:
-    """Hypothesis draws now and then (5 %) a constant it harvested from the source of every local module in
-    `sys.modules`, so what one seed draws depends on which modules the worker's earlier tests happened to import
-    (the schema fuzz drew other requests after `tests/hostile/test_media_bombs.py` had imported the rank side). Inside
-    this block the pool is the constants of `packages`' modules only, every one imported, held in sorted sets (a
-    plain set's order follows the interpreter's string hashing): one seed, one example set, whatever ran before."""
+@functools.cache
+def _constants_of(packages: tuple[str, ...]) -> Constants:
+    """The constants of every module of `packages`, each imported, in sorted sets (a plain set's order follows the
+    interpreter's string hashing); built once per process."""
     pool = Constants(integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(), strings=SortedSet())
     for name in packages:
         package = importlib.import_module(name)
@@ -48,6 +46,17 @@ def fixed_constants(*packages: str) -> Iterator[None]:
         for module in modules:
             for constant in constants_from_module(module):
                 pool.add(constant)
+    return pool
+
+
+@contextmanager
+def fixed_constants(*packages: str) -> Iterator[None]:
+    """Hypothesis draws now and then (5 %) a constant it harvested from the source of every local module in
+    `sys.modules`, so what one seed draws depends on which modules the worker's earlier tests happened to import
+    (the schema fuzz drew other requests after `tests/hostile/test_media_bombs.py` had imported the rank side). Inside
+    this block the pool is the constants of `packages`' modules only: one seed, one example set, whatever ran
+    before."""
+    pool = _constants_of(packages)
     harvest = providers._get_local_constants  # private (hypothesis 6.170): tests/test_fuzzing.py checks it
     providers._get_local_constants = lambda: pool
     providers.CONSTANTS_CACHE.cache.clear()
